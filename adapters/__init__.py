@@ -1,0 +1,1 @@
+"""Engines behind one protocol (`adapters.base.Engine`), registered by CLI name."""

@@ -1,0 +1,60 @@
+"""The ``hbench`` command line: a click group whose commands live in
+``harness/commands/``, one module per command (or command group).
+
+Each command is thin: it parses flags, calls into the room that does the work
+(organizations, workloads, engines, analysis) and prints. A user error raises
+`HbenchError`, which the group turns into ``Error: ...`` and exit status 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from harness import __version__
+from harness.errors import HbenchError
+
+# (module, attribute) of each registered command; imported lazily so that a
+# command's heavy imports (pandas, matplotlib) do not slow the others.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "geometry": ("harness.commands.geometry", "geometry"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, attr = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except HbenchError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hbench")
+def cli():
+    """hbench: how should serving memory be laid out for hybrid
+    (attention + state-space) LLMs?
+
+    \b
+    Typical use:
+      hbench geometry --model falcon-h1-7b     state sizes per layer
+      hbench budget b83                        what a budget buys each organization
+      hbench run --org s2 --budget b83         one simulated serving run
+      hbench analyze results/                  paired-seed statistics and figures
+    """
+
+
+def main():
+    cli(prog_name="hbench")

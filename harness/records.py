@@ -1,0 +1,66 @@
+"""What an engine returns from a run: typed per-request records and per-step rows.
+
+Every engine (the simulator, vLLM, SGLang) fills the same `RequestRecord`, so
+metrics, results files and analysis never ask which engine produced a run.
+Failures are data, not exceptions: a failed request carries ``status`` and
+``error``. Times are seconds on the engine's clock (virtual for the
+simulator, wall for real engines), with the run's benchmark window recorded
+alongside in `EngineRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISHED = "finished"
+FAILED = "failed"
+CANCELLED = "cancelled"
+STATUSES = (FINISHED, FAILED, CANCELLED)
+
+
+@dataclass
+class RequestRecord:
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    target_output_tokens: int
+    status: str = FINISHED
+    error: str = ""
+    dispatch_s: float | None = None        # real engines: when the request was sent
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times: list[float] = field(default_factory=list)  # one per output token
+    output_tokens: int = 0
+    reused_tokens: int = 0                 # prompt tokens served from cache (first admission)
+    initial_input_tokens: int = 0          # prompt tokens computed at first admission
+    recomputed_tokens: int = 0             # tokens computed again after preemption
+    preemptions: int = 0
+    j_adopt: int = 0                       # deepest joint (attention + checkpoint) hit
+    r_max: int = 0                         # deepest valid checkpoint regardless of attention
+    attn_depth: int = 0                    # available attention depth at first lookup
+    prefix_group: int = -1
+    warmup: bool = False
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
+
+
+@dataclass
+class EngineRun:
+    """Everything an engine hands back for one run.
+
+    ``window_start_s``/``window_end_s`` bound the ledger timebase: the whole
+    benchmark window including completion polling, excluding engine start and
+    stop. ``steps`` are per-step rows (dicts of scalars) whose columns depend
+    on the engine; ``engine_info`` is what the engine resolved (block counts,
+    block size, versions) and goes into the manifest.
+    """
+
+    requests: list[RequestRecord]
+    steps: list[dict]
+    window_start_s: float
+    window_end_s: float
+    engine_info: dict = field(default_factory=dict)
+    peak_memory: dict = field(default_factory=dict)   # bytes by state kind, whole model
+    counters: dict = field(default_factory=dict)      # preemptions, invalidations, ...

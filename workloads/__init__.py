@@ -1,0 +1,1 @@
+"""Workloads: request streams that every engine and organization replays identically."""
