@@ -1,0 +1,252 @@
+"""Run-level metrics from an `EngineRun`: pure functions, identical for every engine.
+
+`summarize` turns one run into a flat dict of scalars (the ``summary.json`` of
+a results directory); `per_request_table` turns it into one row per request
+(``requests.parquet``). Analysis code reads these keys by name, so
+`SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
+
+Which requests count where:
+
+- warm-up requests (``RequestRecord.warmup``) are excluded from every summary
+  metric, including counts;
+- throughput, ``output_tokens`` and the latency distributions (TTFT, ITL,
+  TPOT, end-to-end) use finished requests only: a failed or cancelled request
+  has no meaningful completion time and its partial tokens were not served;
+- work and cache counters (reused / initial / recomputed tokens, preemptions,
+  J_adopt, R_max, attention depth) and dispatch lag use every non-warm-up
+  request, because the engine did that work whether or not the request
+  finished.
+
+Percentiles are numpy's linear interpolation; an empty sample gives NaN
+(written to JSON as null by `harness.results`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from harness.records import CANCELLED, FAILED, FINISHED, EngineRun, RequestRecord
+
+SUMMARY_KEYS = (
+    "throughput_ledger_tok_s", "throughput_span_tok_s", "output_tokens",
+    "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+    "itl_p50_s", "itl_p90_s", "itl_p99_s",
+    "tpot_p50_s", "tpot_p90_s", "tpot_p99_s",
+    "e2e_p50_s", "e2e_p90_s", "e2e_p99_s",
+    "peak_mem_total_bytes", "peak_mem_attention_bytes", "peak_mem_ssm_bytes",
+    "peak_mem_conv_bytes",
+    "waiting_median", "running_median",
+    "preemptions", "invalidations", "slab_occupancy_mean", "rounding_waste_bytes",
+    "initial_input_tokens", "reused_tokens", "recomputed_tokens",
+    "j_adopt_mean", "r_max_mean", "attn_depth_mean",
+    "finished", "failed", "cancelled", "requests",
+    "dispatch_lag_p99_s",
+)
+
+# Columns of `per_request_table`, in order, with the dtype each is stored as.
+REQUEST_COLUMNS = {
+    "request_id": "int64",
+    "arrival_s": "float64",
+    "dispatch_s": "float64",
+    "first_token_s": "float64",
+    "finish_s": "float64",
+    "prompt_tokens": "int64",
+    "target_output_tokens": "int64",
+    "output_tokens": "int64",
+    "reused_tokens": "int64",
+    "initial_input_tokens": "int64",
+    "recomputed_tokens": "int64",
+    "preemptions": "int64",
+    "j_adopt": "int64",
+    "r_max": "int64",
+    "attn_depth": "int64",
+    "prefix_group": "int64",
+    "status": "object",
+    "error": "object",
+    "warmup": "bool",
+    "ttft_s": "float64",
+    "e2e_s": "float64",
+    "itl_mean_s": "float64",
+    "itl_p50_s": "float64",
+    "itl_p99_s": "float64",
+    "itl_max_s": "float64",
+    "tpot_s": "float64",
+    "n_token_times": "int64",
+}
+
+NAN = float("nan")
+
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile (0..100, linear interpolation) of ``values``; NaN if empty."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return NAN
+    return float(np.percentile(arr, q))
+
+
+def _mean(values) -> float:
+    arr = np.asarray(values, dtype=float)
+    return float(arr.mean()) if arr.size else NAN
+
+
+def _median(values) -> float:
+    arr = np.asarray(values, dtype=float)
+    return float(np.median(arr)) if arr.size else NAN
+
+
+def _diff(later: float | None, earlier: float | None) -> float:
+    if later is None or earlier is None:
+        return NAN
+    return float(later) - float(earlier)
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 and math.isfinite(den) else NAN
+
+
+def ttft(r: RequestRecord) -> float:
+    """Time to first token: first token minus arrival (NaN without a first token)."""
+    return _diff(r.first_token_s, r.arrival_s)
+
+
+def e2e(r: RequestRecord) -> float:
+    """End-to-end latency: finish minus arrival (NaN without a finish time)."""
+    return _diff(r.finish_s, r.arrival_s)
+
+
+def tpot(r: RequestRecord) -> float:
+    """Time per output token after the first: (finish - first) / (tokens - 1).
+
+    NaN for requests with fewer than two output tokens or missing times.
+    """
+    if r.output_tokens < 2:
+        return NAN
+    return _diff(r.finish_s, r.first_token_s) / (r.output_tokens - 1)
+
+
+def inter_token_gaps(r: RequestRecord) -> np.ndarray:
+    """Gaps between consecutive token times (empty with fewer than two)."""
+    return np.diff(np.asarray(r.token_times, dtype=float))
+
+
+def _steps_column(steps: list[dict], name: str) -> list[float]:
+    return [float(row[name]) for row in steps if row.get(name) is not None]
+
+
+def _counter_total(value) -> float:
+    """A counter may be a number or a per-kind dict of numbers (summed)."""
+    if isinstance(value, dict):
+        return sum(value.values())
+    return value
+
+
+def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
+    """The flat summary of one run, with exactly the keys in `SUMMARY_KEYS`.
+
+    ``weights_bytes`` is added to the per-state-kind peaks to give
+    ``peak_mem_total_bytes`` (engines report state memory only).
+    """
+    measured = [r for r in run.requests if not r.warmup]
+    finished = [r for r in measured if r.status == FINISHED]
+
+    output_tokens = int(sum(r.output_tokens for r in finished))
+    ledger = run.window_end_s - run.window_start_s
+    completions = [r.finish_s for r in finished if r.finish_s is not None]
+    span = (max(completions) - min(r.arrival_s for r in measured)) if completions else NAN
+
+    ttfts = [ttft(r) for r in finished if r.first_token_s is not None]
+    e2es = [e2e(r) for r in finished if r.finish_s is not None]
+    tpots = [t for t in (tpot(r) for r in finished) if not math.isnan(t)]
+    gaps = [inter_token_gaps(r) for r in finished]
+    itls = np.concatenate(gaps) if gaps else np.empty(0)
+    lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
+
+    peaks = run.peak_memory
+    counters = run.counters
+    if "slab_occupancy_mean" in counters:
+        slab = float(counters["slab_occupancy_mean"])
+    else:
+        slab = _mean(_steps_column(run.steps, "slab_occupancy"))
+
+    summary = {
+        "throughput_ledger_tok_s": _ratio(output_tokens, ledger),
+        "throughput_span_tok_s": _ratio(output_tokens, span),
+        "output_tokens": output_tokens,
+    }
+    for name, sample in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
+        for q in (50, 90, 99):
+            summary[f"{name}_p{q}_s"] = percentile(sample, q)
+    summary.update({
+        "peak_mem_total_bytes": int(sum(peaks.values()) + weights_bytes),
+        "peak_mem_attention_bytes": int(peaks.get("attention", 0)),
+        "peak_mem_ssm_bytes": int(peaks.get("ssm", 0)),
+        "peak_mem_conv_bytes": int(peaks.get("conv", 0)),
+        "waiting_median": _median(_steps_column(run.steps, "waiting")),
+        "running_median": _median(_steps_column(run.steps, "running")),
+        "preemptions": int(sum(r.preemptions for r in measured)),
+        "invalidations": int(_counter_total(counters.get("invalidations", 0))),
+        "slab_occupancy_mean": slab,
+        "rounding_waste_bytes": int(_counter_total(counters.get("rounding_waste_bytes", 0))),
+        "initial_input_tokens": int(sum(r.initial_input_tokens for r in measured)),
+        "reused_tokens": int(sum(r.reused_tokens for r in measured)),
+        "recomputed_tokens": int(sum(r.recomputed_tokens for r in measured)),
+        "j_adopt_mean": _mean([r.j_adopt for r in measured]),
+        "r_max_mean": _mean([r.r_max for r in measured]),
+        "attn_depth_mean": _mean([r.attn_depth for r in measured]),
+        "finished": len(finished),
+        "failed": sum(r.status == FAILED for r in measured),
+        "cancelled": sum(r.status == CANCELLED for r in measured),
+        "requests": len(measured),
+        "dispatch_lag_p99_s": percentile(lags, 99),
+    })
+    assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
+    return summary
+
+
+def _request_row(r: RequestRecord) -> dict:
+    gaps = inter_token_gaps(r)
+    has_gaps = gaps.size > 0
+    return {
+        "request_id": r.request_id,
+        "arrival_s": r.arrival_s,
+        "dispatch_s": NAN if r.dispatch_s is None else r.dispatch_s,
+        "first_token_s": NAN if r.first_token_s is None else r.first_token_s,
+        "finish_s": NAN if r.finish_s is None else r.finish_s,
+        "prompt_tokens": r.prompt_tokens,
+        "target_output_tokens": r.target_output_tokens,
+        "output_tokens": r.output_tokens,
+        "reused_tokens": r.reused_tokens,
+        "initial_input_tokens": r.initial_input_tokens,
+        "recomputed_tokens": r.recomputed_tokens,
+        "preemptions": r.preemptions,
+        "j_adopt": r.j_adopt,
+        "r_max": r.r_max,
+        "attn_depth": r.attn_depth,
+        "prefix_group": r.prefix_group,
+        "status": r.status,
+        "error": r.error,
+        "warmup": r.warmup,
+        "ttft_s": ttft(r),
+        "e2e_s": e2e(r),
+        "itl_mean_s": float(gaps.mean()) if has_gaps else NAN,
+        "itl_p50_s": percentile(gaps, 50),
+        "itl_p99_s": percentile(gaps, 99),
+        "itl_max_s": float(gaps.max()) if has_gaps else NAN,
+        "tpot_s": tpot(r),
+        "n_token_times": len(r.token_times),
+    }
+
+
+def per_request_table(run: EngineRun) -> pd.DataFrame:
+    """One row per request (warm-up included, flagged by ``warmup``).
+
+    Token times are summarized (ITL mean/p50/p99/max, count), not stored:
+    they would dominate the file. Missing times are NaN.
+    """
+    rows = [_request_row(r) for r in run.requests]
+    df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
+    return df.astype(REQUEST_COLUMNS)

