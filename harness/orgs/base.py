@@ -1,0 +1,576 @@
+"""The organization protocol and the machinery all four organizations share.
+
+A scheduler talks to an organization in request ids and token positions only;
+it never sees a page. Per step it asks, then acts:
+
+    hit = org.lookup(keys, max_tokens)              # pure: J_adopt, R_max, attention depth
+    d   = org.demand(rid, end, prefill_until, keys, hit)   # pure: pages per pool
+    if org.can_allocate(d, headroom):               # pure
+        org.allocate(rid, end, prefill_until, keys, hit)   # adopts on first call
+    ... the engine computes tokens ...
+    org.commit(rid, keys, computed, prefill_until)  # registers blocks, publishes checkpoints
+    org.finish(rid) | org.preempt(rid) | org.abandon(rid)
+
+Logical objects are `Entry`s: an attention block (one page of the attention
+pool) or a checkpoint (SSM + conv state at one token position, laid out as
+the organization lays out checkpoints). A running request owns one *live*
+checkpoint-sized object; when its computed tokens reach a grid boundary
+during prefill, the live object becomes the published checkpoint for that
+prefix and a spare reserved in `allocate` becomes the new live object.
+
+Holds. ``Entry.refs`` are execution references (owner, adopters) and are
+mirrored as member-level page reference counts. ``pins`` (a preempted
+request's checkpoint, a correctness requirement) and ``retains`` (a policy)
+are separate counters; while either is non-zero the entry puts one *hold* on
+each member page. A page is reclaimable only with zero references and zero
+holds, and reclaiming follows invalidate-before-free: freeze the dependent
+entries, remove them from lookup, clear their reverse links, then hand the
+page out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from harness.layout import OrgLayout
+from harness.orgs.keys import KEY_TOKENS, key_at
+from harness.orgs.pool import ATTN, CONV, KINDS, SSM, PagePool
+from harness.orgs.slabs import NO_SLOT, SlabTable
+
+ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """What a lookup found, in tokens.
+
+    ``j_adopt``: deepest J with valid attention for [0, J) AND a valid
+    checkpoint at J (what a request can reuse). ``r_max``: deepest valid
+    checkpoint regardless of attention. ``attn_depth``: contiguous valid
+    attention prefix from token 0.
+    """
+
+    j_adopt: int = 0
+    r_max: int = 0
+    attn_depth: int = 0
+
+
+@dataclass(frozen=True)
+class Demand:
+    """Pages per pool an allocation would take from the free queues."""
+
+    pages: tuple[int, ...]
+
+
+class Entry:
+    __slots__ = ("id", "kind", "key", "pos", "members", "slot", "refs", "pins", "retains",
+                 "valid", "generations")
+
+    def __init__(self, eid: int, kind: str, members: list[tuple[int, int]], slot=NO_SLOT):
+        self.id = eid
+        self.kind = kind
+        self.key: int | None = None   # set when registered for lookup
+        self.pos = 0                  # tokens covered ([0, pos) prefix)
+        self.members = members        # (pool index, page)
+        self.slot = slot              # SlotRef or NO_SLOT
+        self.refs = 0
+        self.pins = 0
+        self.retains = 0
+        self.valid = True
+        self.generations: tuple[int, ...] = ()   # of its pages when it was built
+
+    @property
+    def held(self) -> bool:
+        return self.pins > 0 or self.retains > 0
+
+    def __repr__(self) -> str:
+        return (f"Entry({self.id}, {self.kind}, pos={self.pos}, refs={self.refs}, "
+                f"pins={self.pins}, retains={self.retains}, valid={self.valid})")
+
+
+@dataclass
+class RequestState:
+    """What an organization tracks for one admitted request (private to it)."""
+
+    attn: list[Entry] = field(default_factory=list)   # block i covers [i*B, (i+1)*B)
+    live: Entry | None = None
+    spares: list[Entry] = field(default_factory=list)
+    adopted: Entry | None = None
+    published: list[Entry] = field(default_factory=list)
+    retained: list[Entry] = field(default_factory=list)
+    reserved_until: int = 0    # grid boundaries <= this have a spare or were published
+    computed: int = 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Blocks and bytes by state kind and state, per pool layer."""
+
+    pages: dict            # {pool: {"referenced": n, "cached": n, "free": n}}
+    pages_by_kind: dict    # {kind: {"referenced": n, "cached": n}}
+    bytes_by_kind: dict    # {kind: {"referenced": B, "cached": B}} logical state bytes
+    waste_by_kind: dict    # {kind: B} allocated minus logical bytes over pages holding content
+    slab_occupancy: float
+    invalidations: int
+
+
+class Organization:
+    """Shared machinery; subclasses choose the layout of checkpoints and pools."""
+
+    name = "base"
+
+    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
+        self.layout = layout
+        self.B = layout.attn_block_tokens
+        self.grid = layout.grid_tokens
+        assert self.B % KEY_TOKENS == 0 and self.grid % self.B == 0, (self.B, self.grid)
+        if layout.dual_pool:
+            self.pools = [PagePool("attention", pool_pages[0], layout.attn_page_bytes),
+                          PagePool("checkpoint", pool_pages[1], layout.ckpt_page_bytes)]
+            self.ckpt_pool = 1
+        else:
+            self.pools = [PagePool("shared", pool_pages[0], layout.attn_page_bytes)]
+            self.ckpt_pool = 0
+        self.slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
+        self.entries: dict[int, Entry] = {}
+        self.attn_map: dict[int, Entry] = {}
+        self.ckpt_map: dict[int, Entry] = {}
+        self.reqs: dict[object, RequestState] = {}
+        self.pinned: dict[object, Entry] = {}
+        self._ids = itertools.count()
+        self.invalidations = 0
+        self.published_count = 0
+
+    # ================= queries: change nothing =================================
+    def lookup(self, keys, max_tokens: int) -> PrefixHit:
+        """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
+        limit = min(max_tokens, len(keys) * KEY_TOKENS)
+        depth = 0
+        while depth + self.B <= limit:
+            e = self.attn_map.get(key_at(keys, depth + self.B))
+            if e is None:
+                break
+            depth += self.B
+        j_adopt = r_max = 0
+        for j in range(limit - limit % self.grid, 0, -self.grid):
+            if key_at(keys, j) in self.ckpt_map:
+                if not r_max:
+                    r_max = j
+                if j <= depth:
+                    j_adopt = j
+                    break
+        return PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth)
+
+    def _new_objects(self, st: RequestState | None, start: int, end: int,
+                     prefill_until: int) -> tuple[int, int]:
+        """(attention blocks, checkpoint objects) needed to cover tokens up to ``end``."""
+        have_blocks = len(st.attn) if st else start // self.B
+        blocks = max(0, -(-end // self.B) - have_blocks)
+        reserved = st.reserved_until if st else start
+        last = min(end, prefill_until)
+        ckpts = max(0, last // self.grid - reserved // self.grid)
+        if st is None:
+            ckpts += 1   # the live state
+        return blocks, ckpts
+
+    def demand(self, rid, end: int, prefill_until: int, keys=None,
+               hit: PrefixHit | None = None) -> Demand:
+        """Pages per pool that ``allocate`` with the same arguments would take."""
+        st = self.reqs.get(rid)
+        adopt_pages = [0] * len(self.pools)
+        adopted_slabs: set[int] = set()
+        start = 0
+        if st is None:
+            start = hit.j_adopt if hit else 0
+            for e in self._adoptable(keys, start):
+                for pool, page in e.members:
+                    if self.pools[pool].is_free(page):
+                        adopt_pages[pool] += 1
+                if e.slot and self.pools[self.ckpt_pool].is_free(e.slot.slab):
+                    adopt_pages[self.ckpt_pool] += 1
+                    adopted_slabs.add(e.slot.slab)
+        blocks, ckpts = self._new_objects(st, start, end, prefill_until)
+        pages = list(adopt_pages)
+        pages[0] += blocks
+        pages[self.ckpt_pool] += ckpts * self.layout.ckpt_pages
+        if self.slabs is not None:
+            pages[self.ckpt_pool] += self._slot_pages(ckpts, adopted_slabs)
+        return Demand(tuple(pages))
+
+    def _slot_pages(self, n: int, also_referenced: set[int]) -> int:
+        """Pages that placing ``n`` conv slots costs, following `SlabTable.choose`."""
+        if n == 0:
+            return 0
+        pool = self.pools[self.ckpt_pool]
+        ref_room, cached_rooms = 0, []
+        for slab in self.slabs.occupants:
+            room = self.slabs.free_slots(slab)
+            if not pool.is_free(slab) or slab in also_referenced:
+                ref_room += room
+            elif room:
+                cached_rooms.append(room)
+        rem = n - ref_room
+        pages = 0
+        for room in sorted(cached_rooms, reverse=True):
+            if rem <= 0:
+                break
+            rem -= room
+            pages += 1
+        if rem > 0:
+            pages += -(-rem // self.slabs.slots)
+        return pages
+
+    def headroom_pages(self, fraction: float) -> tuple[int, ...]:
+        """H = floor(f x B) per pool."""
+        return tuple(int(fraction * p.num_pages) for p in self.pools)
+
+    def can_allocate(self, demand: Demand, headroom: float = 0.0) -> bool:
+        """True iff every pool keeps at least floor(headroom x pages) free afterwards."""
+        return all(p.available - d >= h for p, d, h in
+                   zip(self.pools, demand.pages, self.headroom_pages(headroom), strict=True))
+
+    def is_admitted(self, rid) -> bool:
+        return rid in self.reqs
+
+    def _adoptable(self, keys, j: int) -> list[Entry]:
+        if j <= 0:
+            return []
+        out = [self.attn_map[key_at(keys, b)] for b in range(self.B, j + 1, self.B)]
+        out.append(self.ckpt_map[key_at(keys, j)])
+        return out
+
+    # ================= actions ==================================================
+    def allocate(self, rid, end: int, prefill_until: int, keys=None,
+                 hit: PrefixHit | None = None) -> bool:
+        """Make room for tokens up to ``end``; False (nothing changed) if it does not fit.
+
+        On the first call for ``rid`` the request adopts ``hit.j_adopt`` tokens of
+        cached attention and the checkpoint at J, gets its live state, and any pin
+        from an earlier preemption is released. Grid boundaries up to
+        ``min(end, prefill_until)`` get a spare checkpoint object for publication.
+        """
+        if not self.can_allocate(self.demand(rid, end, prefill_until, keys, hit)):
+            return False
+        st = self.reqs.get(rid)
+        if st is None:
+            st = self.reqs[rid] = RequestState()
+            j = hit.j_adopt if hit else 0
+            adopted = self._adoptable(keys, j)
+            for e in adopted:
+                self._ref(e)
+            if adopted:
+                st.attn = adopted[:-1]
+                st.adopted = adopted[-1]
+            st.computed = st.reserved_until = j
+            st.live = self._new_ckpt()
+            self._ref(st.live)
+            old_pin = self.pinned.pop(rid, None)
+            if old_pin is not None:
+                self._unpin(old_pin)
+        while len(st.attn) * self.B < end:
+            e = self._new_attn()
+            self._ref(e)
+            st.attn.append(e)
+        last = min(end, prefill_until)
+        while (st.reserved_until // self.grid + 1) * self.grid <= last:
+            e = self._new_ckpt()
+            self._ref(e)
+            st.spares.append(e)
+            st.reserved_until = (st.reserved_until // self.grid + 1) * self.grid
+        return True
+
+    def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]:
+        """Tokens up to ``computed`` are done: register full attention blocks and
+        publish checkpoints at grid boundaries reached during prefill. Returns the
+        positions of newly published checkpoints."""
+        st = self.reqs[rid]
+        assert computed <= len(st.attn) * self.B, (computed, len(st.attn), self.B)
+        for b in range(st.computed // self.B, computed // self.B):
+            e = st.attn[b]
+            if e.key is None:
+                k = key_at(keys, (b + 1) * self.B)
+                e.pos = (b + 1) * self.B
+                if k not in self.attn_map:
+                    e.key = k
+                    self.attn_map[k] = e
+        published = []
+        last = min(computed, prefill_until)
+        j = (st.computed // self.grid + 1) * self.grid
+        while j <= last:
+            spare = st.spares.pop(0)
+            k = key_at(keys, j)
+            if k in self.ckpt_map:
+                self._drop_owned(spare)   # someone published this prefix already
+            else:
+                ck = st.live
+                ck.key, ck.pos = k, j
+                self.ckpt_map[k] = ck
+                st.published.append(ck)
+                self._unref(ck)
+                st.live = spare
+                published.append(j)
+                self.published_count += 1
+            j += self.grid
+        if st.adopted is not None and computed > st.computed:
+            self._unref(st.adopted)   # consumed into the live state
+            st.adopted = None
+        st.computed = max(st.computed, computed)
+        return published
+
+    def retain(self, rid, position: int, keys) -> bool:
+        """Policy hold on the request's published checkpoint at ``position``."""
+        st = self.reqs[rid]
+        e = self.ckpt_map.get(key_at(keys, position))
+        if e is None or e in st.retained:
+            return False
+        if not e.held:
+            self._hold(e)
+        e.retains += 1
+        st.retained.append(e)
+        return True
+
+    def finish(self, rid) -> None:
+        """Release everything the request holds; its registered blocks stay cached."""
+        st = self.reqs.pop(rid)
+        for e in st.retained:
+            self._unretain(e)
+        if st.adopted is not None:
+            self._unref(st.adopted)
+        for e in st.attn:
+            if e.key is not None:
+                self._unref(e)
+            else:
+                self._drop_owned(e)
+        for e in [st.live, *st.spares]:
+            if e is not None:
+                self._drop_owned(e)
+
+    def preempt(self, rid) -> None:
+        """Recompute-style preemption: release, pinning the latest checkpoint."""
+        st = self.reqs[rid]
+        latest = None
+        for e in [*st.published, st.adopted]:
+            if e is not None and e.valid and (latest is None or e.pos > latest.pos):
+                latest = e
+        if latest is not None:
+            if not latest.held:
+                self._hold(latest)
+            latest.pins += 1
+        self.finish(rid)
+        if latest is not None:
+            self.pinned[rid] = latest
+
+    def abandon(self, rid) -> None:
+        """Cancel: release what the request holds and any pin it left behind."""
+        if rid in self.reqs:
+            self.finish(rid)
+        pin = self.pinned.pop(rid, None)
+        if pin is not None:
+            self._unpin(pin)
+
+    # ================= entry and page plumbing ==================================
+    def _take_page(self, pool_idx: int) -> int:
+        pool = self.pools[pool_idx]
+        page = pool.take_empty()
+        if page is not None:
+            return page
+        page = pool.lru_victim()
+        if page is None:
+            raise AssertionError(f"{self.name}: pool {pool.name} exhausted after can_allocate")
+        for eid in list(pool.dependents[page]):
+            self._invalidate(self.entries[eid])
+        pool.claim(page)
+        return page
+
+    def _register_members(self, e: Entry) -> None:
+        self.entries[e.id] = e
+        for pool, page in e.members:
+            self.pools[pool].dependents[page].add(e.id)
+        e.generations = tuple(self.pools[pool].generation[page] for pool, page in self._pages_of(e))
+
+    def _new_attn(self) -> Entry:
+        page = self._take_page(0)
+        self.pools[0].set_kind(page, ATTN)
+        e = Entry(next(self._ids), ATTN_ENTRY, [(0, page)])
+        self._register_members(e)
+        return e
+
+    def _new_ckpt(self) -> Entry:
+        lay, cp = self.layout, self.ckpt_pool
+        pool = self.pools[cp]
+        eid = next(self._ids)
+        slot = NO_SLOT
+        if self.slabs is not None:     # place the slot first: a chosen cached slab
+            slab = self.slabs.choose(lambda p: not pool.is_free(p))   # is then referenced
+            if slab is None:
+                slab = self._take_page(cp)
+                pool.set_kind(slab, CONV)
+                self.slabs.open(slab)
+            slot = self.slabs.place(slab, eid)
+            pool.dependents[slab].add(eid)
+        members = []
+        for i in range(lay.ckpt_pages):
+            page = self._take_page(cp)
+            pool.set_kind(page, SSM if i < lay.ssm_pages else CONV)
+            members.append((cp, page))
+        e = Entry(eid, CKPT_ENTRY, members, slot)
+        self._register_members(e)
+        return e
+
+    def _pages_of(self, e: Entry):
+        yield from e.members
+        if e.slot:
+            yield self.ckpt_pool, e.slot.slab
+
+    def _ref(self, e: Entry) -> None:
+        assert e.valid, f"{self.name}: referencing invalid {e}"
+        e.refs += 1
+        for pool, page in self._pages_of(e):
+            self.pools[pool].incref(page)
+
+    def _unref(self, e: Entry) -> None:
+        assert e.refs > 0, f"{self.name}: {e} reference count would go negative"
+        e.refs -= 1
+        for pool, page in self._pages_of(e):
+            self.pools[pool].decref(page)
+
+    def _hold(self, e: Entry) -> None:
+        for pool, page in self._pages_of(e):
+            self.pools[pool].add_hold(page)
+
+    def _drop_hold(self, e: Entry) -> None:
+        for pool, page in self._pages_of(e):
+            self.pools[pool].drop_hold(page)
+
+    def _unpin(self, e: Entry) -> None:
+        assert e.pins > 0, f"{self.name}: unpin of unpinned {e}"
+        e.pins -= 1
+        if not e.held:
+            self._drop_hold(e)
+
+    def _unretain(self, e: Entry) -> None:
+        assert e.retains > 0, f"{self.name}: unretain of unretained {e}"
+        e.retains -= 1
+        if not e.held:
+            self._drop_hold(e)
+
+    def _unlink(self, e: Entry) -> None:
+        """Remove ``e`` from lookup and the reverse index (it must be unreferenced)."""
+        e.valid = False
+        if e.key is not None:
+            m = self.attn_map if e.kind == ATTN_ENTRY else self.ckpt_map
+            if m.get(e.key) is e:
+                del m[e.key]
+        for pool, page in self._pages_of(e):
+            self.pools[pool].dependents[page].discard(e.id)
+        if e.slot:
+            self.slabs.vacate(e.slot, e.id)   # an emptied slab is dissolved
+        del self.entries[e.id]
+
+    def _invalidate(self, e: Entry) -> None:
+        """Invalidate-before-free for a cached entry whose page is being reclaimed."""
+        assert e.refs == 0 and not e.held, f"{self.name}: reclaiming a page of live {e}"
+        self._unlink(e)
+        for pool, page in self._pages_of(e):
+            self.pools[pool].forget_content(page)
+        self.invalidations += 1
+
+    def _drop_owned(self, e: Entry) -> None:
+        """Free an object only its owner references (live state, spare, private block)."""
+        assert e.refs == 1 and not e.held, f"{self.name}: dropping shared {e}"
+        pages = list(self._pages_of(e))
+        self._unlink(e)
+        e.refs = 0
+        for pool, page in pages:
+            self.pools[pool].decref(page)
+
+    # ================= invariants and usage =====================================
+    def check_invariants(self) -> None:
+        """Raise AssertionError with the broken values if any invariant fails."""
+        for p in self.pools:
+            p.check()
+        refs = [[0] * p.num_pages for p in self.pools]
+        holds = [[0] * p.num_pages for p in self.pools]
+        deps = [[set() for _ in range(p.num_pages)] for p in self.pools]
+        for eid, e in self.entries.items():
+            assert e.valid and e.id == eid, f"{self.name}: bad entry record {e}"
+            assert e.refs >= 0 and e.pins >= 0 and e.retains >= 0, f"{self.name}: negative {e}"
+            if e.kind == ATTN_ENTRY:
+                assert all(pool == 0 for pool, _ in e.members), f"{self.name}: {e} outside attention pool"
+            else:
+                assert all(pool == self.ckpt_pool for pool, _ in e.members), (
+                    f"{self.name}: {e} outside checkpoint pool")
+            now = tuple(self.pools[pool].generation[page] for pool, page in self._pages_of(e))
+            assert now == e.generations, (
+                f"{self.name}: storage of {e} was handed out again: generations {e.generations} -> {now}")
+            for pool, page in self._pages_of(e):
+                refs[pool][page] += e.refs
+                holds[pool][page] += 1 if e.held else 0
+                deps[pool][page].add(eid)
+            if e.slot:
+                occ = self.slabs.occupants.get(e.slot.slab)
+                assert occ is not None and occ[e.slot.slot] == eid, (
+                    f"{self.name}: {e} slot {e.slot} not recorded in slab table")
+        for i, p in enumerate(self.pools):
+            assert refs[i] == p.ref, f"{self.name}: pool {p.name} page refs {p.ref} != entry refs {refs[i]}"
+            assert holds[i] == p.hold, f"{self.name}: pool {p.name} holds {p.hold} != {holds[i]}"
+            assert deps[i] == p.dependents, f"{self.name}: pool {p.name} reverse index out of step"
+        for m, kind in ((self.attn_map, ATTN_ENTRY), (self.ckpt_map, CKPT_ENTRY)):
+            for k, e in m.items():
+                assert e.valid and e.key == k and e.kind == kind and e.id in self.entries, (
+                    f"{self.name}: lookup map holds stale {e}")
+        if self.slabs is not None:
+            for slab, occ in self.slabs.occupants.items():
+                assert any(o is not None for o in occ), f"{self.name}: empty slab {slab} kept open"
+                for o in occ:
+                    assert o is None or (o in self.entries and self.entries[o].slot.slab == slab), (
+                        f"{self.name}: slab {slab} lists unknown occupant {o}")
+        for rid, st in self.reqs.items():
+            for e in [*st.attn, st.live, *st.spares, st.adopted]:
+                assert e is None or (e.valid and e.refs >= 1), f"{self.name}: request {rid} holds {e}"
+        for rid, e in self.pinned.items():
+            assert e.valid and e.pins >= 1, f"{self.name}: pin of {rid} on {e}"
+
+    def usage(self) -> Usage:
+        lay = self.layout
+        pages = {p.name: {"referenced": p.num_referenced, "cached": p.num_cached,
+                          "free": len(p.empty)} for p in self.pools}
+        by_kind = {k: {"referenced": 0, "cached": 0} for k in KINDS}
+        for p in self.pools:
+            for k in KINDS:
+                by_kind[k]["cached"] += p.cached_pages[k]
+                by_kind[k]["referenced"] += p.kind_pages[k] - p.cached_pages[k]
+        per_ckpt_ssm = max(lay.ssm_pages, 1)
+        bytes_by_kind = {k: {} for k in KINDS}
+        for state in ("referenced", "cached"):
+            n_ckpt = by_kind[SSM][state] / per_ckpt_ssm
+            bytes_by_kind[ATTN][state] = by_kind[ATTN][state] * lay.attn_block_bytes
+            bytes_by_kind[SSM][state] = int(n_ckpt * lay.ssm_bytes)
+            bytes_by_kind[CONV][state] = int(n_ckpt * lay.conv_bytes)
+        n_ckpt_all = sum(by_kind[SSM].values()) / per_ckpt_ssm
+        conv_pages = sum(by_kind[CONV].values())
+        ssm_alloc = sum(by_kind[SSM].values()) * lay.ckpt_page_bytes
+        if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
+            ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
+            conv_waste = 0
+        else:
+            ssm_logical = n_ckpt_all * lay.ssm_bytes
+            conv_waste = conv_pages * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
+        waste = {
+            ATTN: sum(by_kind[ATTN].values()) * (lay.attn_page_bytes - lay.attn_block_bytes),
+            SSM: int(ssm_alloc - ssm_logical),
+            CONV: int(conv_waste),
+        }
+        occ = self.slabs.occupancy() if self.slabs is not None else float("nan")
+        return Usage(pages, by_kind, bytes_by_kind, waste, occ, self.invalidations)
+
+    def referenced_bytes(self) -> dict:
+        """Logical bytes of referenced state by kind (a cheap per-step figure)."""
+        u = self.usage()
+        return {k: u.bytes_by_kind[k]["referenced"] for k in KINDS}
+
+    def holds_no_references(self) -> bool:
+        """True when no request is admitted and no page has an execution reference
+        (pages are free or cached; pins of preempted requests may remain)."""
+        return not self.reqs and all(r == 0 for p in self.pools for r in p.ref)

@@ -1,0 +1,167 @@
+"""One physical pool of equal-sized pages: reference counts, holds, the free
+queue and the reverse index.
+
+A page is in exactly one of three states:
+
+    empty       no content; handed out first
+    cached      content that some logical entry still describes, no
+                reference and no hold: reusable on a lookup hit, evictable
+                in LRU order (``lru``: front = least recently released)
+    referenced  ref > 0 (execution references: a running request owns or
+                adopted it) or hold > 0 (a pinned or retained entry uses it)
+
+Only `harness.orgs.base.Organization` touches a pool; it owns the logical
+entries and keeps ``dependents`` (the reverse index page -> entry ids) in step
+with each entry's member list. Reclaiming a cached page therefore costs what
+depends on it, never a scan of the cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+# What a page holds, for usage figures by state kind.
+EMPTY, ATTN, SSM, CONV = "empty", "attention", "ssm", "conv"
+KINDS = (ATTN, SSM, CONV)
+
+
+class PagePool:
+    def __init__(self, name: str, num_pages: int, page_bytes: int):
+        if num_pages < 0:
+            raise ValueError(f"pool {name}: negative page count {num_pages}")
+        self.name = name
+        self.num_pages = num_pages
+        self.page_bytes = page_bytes
+        self.ref = [0] * num_pages
+        self.hold = [0] * num_pages
+        self.kind = [EMPTY] * num_pages
+        # bumped each time a page is handed out: an entry remembers the generation
+        # of its pages, so storage reassigned under it is detectable
+        self.generation = [0] * num_pages
+        self.dependents: list[set[int]] = [set() for _ in range(num_pages)]
+        # empty pages (insertion-ordered set), popped from the end: page 0 goes first
+        self.empty: dict[int, None] = dict.fromkeys(range(num_pages - 1, -1, -1))
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.kind_pages = dict.fromkeys(KINDS, 0)    # pages with content, by kind
+        self.cached_pages = dict.fromkeys(KINDS, 0)  # of those, in the LRU queue
+
+    # ---- queries (change nothing) -------------------------------------------
+    @property
+    def available(self) -> int:
+        """Pages an allocation could take now: empty plus evictable cached."""
+        return len(self.empty) + len(self.lru)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.lru)
+
+    @property
+    def num_referenced(self) -> int:
+        return self.num_pages - len(self.empty) - len(self.lru)
+
+    def is_free(self, page: int) -> bool:
+        return self.ref[page] == 0 and self.hold[page] == 0
+
+    # ---- transitions ---------------------------------------------------------
+    def take_empty(self) -> int | None:
+        if not self.empty:
+            return None
+        page = self.empty.popitem()[0]
+        self.generation[page] += 1
+        return page
+
+    def lru_victim(self) -> int | None:
+        """The least recently released cached page (not removed)."""
+        return next(iter(self.lru), None)
+
+    def set_kind(self, page: int, kind: str) -> None:
+        old = self.kind[page]
+        if old != EMPTY:
+            self.kind_pages[old] -= 1
+        if kind != EMPTY:
+            self.kind_pages[kind] += 1
+        self.kind[page] = kind
+
+    def _leave_free(self, page: int) -> None:
+        if page in self.lru:
+            del self.lru[page]
+            self.cached_pages[self.kind[page]] -= 1
+
+    def _maybe_enter_free(self, page: int) -> None:
+        if self.ref[page] == 0 and self.hold[page] == 0:
+            if self.dependents[page]:
+                self.lru[page] = None
+                self.cached_pages[self.kind[page]] += 1
+            else:
+                self.set_kind(page, EMPTY)
+                self.empty[page] = None
+
+    def incref(self, page: int) -> None:
+        if self.is_free(page):
+            self._leave_free(page)
+        self.ref[page] += 1
+
+    def decref(self, page: int) -> None:
+        if self.ref[page] <= 0:
+            raise AssertionError(f"pool {self.name}: page {page} ref would go negative")
+        self.ref[page] -= 1
+        self._maybe_enter_free(page)
+
+    def add_hold(self, page: int) -> None:
+        if self.is_free(page):
+            self._leave_free(page)
+        self.hold[page] += 1
+
+    def drop_hold(self, page: int) -> None:
+        if self.hold[page] <= 0:
+            raise AssertionError(f"pool {self.name}: page {page} hold would go negative")
+        self.hold[page] -= 1
+        self._maybe_enter_free(page)
+
+    def claim(self, page: int) -> None:
+        """Hand out a reclaimed page: its dependents are already invalidated, so it
+        sits in the LRU queue or (if invalidation emptied it) in the empty set."""
+        assert not self.dependents[page], f"page {page} still has dependents"
+        assert self.is_free(page), f"page {page} ref={self.ref[page]} hold={self.hold[page]}"
+        self._leave_free(page)
+        self.empty.pop(page, None)
+        self.set_kind(page, EMPTY)
+        self.generation[page] += 1
+
+    def forget_content(self, page: int) -> None:
+        """The last dependent of a free page is gone: move it from cached to empty."""
+        if self.is_free(page) and not self.dependents[page] and page in self.lru:
+            self._leave_free(page)
+            self.set_kind(page, EMPTY)
+            self.empty[page] = None
+
+    def check(self) -> None:
+        """Pool-local invariants; the organization checks the cross-links."""
+        n = self.num_pages
+        empty = set(self.empty)
+        lru = set(self.lru)
+        assert not (empty & lru), f"pool {self.name}: pages both empty and cached: {empty & lru}"
+        for p in range(n):
+            assert self.ref[p] >= 0 and self.hold[p] >= 0, (
+                f"pool {self.name}: page {p} ref={self.ref[p]} hold={self.hold[p]}")
+            free = self.ref[p] == 0 and self.hold[p] == 0
+            if p in empty:
+                assert free and not self.dependents[p] and self.kind[p] == EMPTY, (
+                    f"pool {self.name}: empty page {p} ref={self.ref[p]} hold={self.hold[p]} "
+                    f"deps={self.dependents[p]} kind={self.kind[p]}")
+            elif p in lru:
+                assert free and self.dependents[p], (
+                    f"pool {self.name}: cached page {p} ref={self.ref[p]} hold={self.hold[p]} "
+                    f"deps={self.dependents[p]}")
+            else:
+                assert not free, f"pool {self.name}: page {p} is free but in no free list"
+        counts = dict.fromkeys(KINDS, 0)
+        cached = dict.fromkeys(KINDS, 0)
+        for p in range(n):
+            if self.kind[p] != EMPTY:
+                counts[self.kind[p]] += 1
+                if p in lru:
+                    cached[self.kind[p]] += 1
+        assert counts == self.kind_pages, f"pool {self.name}: kind counts {self.kind_pages} != {counts}"
+        assert cached == self.cached_pages, (
+            f"pool {self.name}: cached counts {self.cached_pages} != {cached}")
