@@ -1,0 +1,412 @@
+"""Roofline cost of one engine step of a hybrid (attention + SSM) model.
+
+The simulator's scheduler describes each step by a handful of aggregate
+counts (`StepShape`); `CostModel.step` turns them into seconds with a
+roofline: a step takes as long as the slower of moving its bytes through HBM
+and doing its FLOPs on the tensor cores, plus a fixed per-step overhead::
+
+    memory_s  = (weights + KV + state I/O bytes) / (bandwidth x mem_efficiency)
+    compute_s = GEMM-like FLOPs / (peak x compute_efficiency)
+              + SSM scan FLOPs  / (peak x compute_efficiency x scan_efficiency)
+    total_s   = max(memory_s, compute_s) + step_overhead_s
+
+Bytes per step:
+  * weights: every weight streamed once per step, except the input embedding
+    table of an untied model (a gather reads only the step's rows);
+  * KV: the cached context every attention layer reads (decode contexts plus
+    the earlier prefix of prefill chunks) and the new tokens' K/V it writes;
+  * state I/O: each request touched this step reads and writes its SSM + conv
+    state (a checkpoint's bytes) in every SSM layer; a published checkpoint is
+    a copy (read + write), and so is a checkpoint gathered into a live state.
+
+FLOPs per step:
+  * linear layers: 2 x active non-embedding parameters per token
+    (prefill tokens + decode requests), plus the LM head for each decode;
+  * attention: 4 x head_dim x query heads per (query, key) pair per layer
+    (QK^T and PV), pairs counted causally for prefill, the context for decode;
+  * SSM: Mamba-2 SSD chunked scan for prefill tokens, the recurrent update for
+    decode tokens, and the short causal convolution (`ssm_flops_per_token`).
+
+Everything is reduced to per-unit coefficients in ``CostModel.__init__``;
+``step`` is a few multiply-adds, because the simulator calls it once per step,
+tens of thousands of times per run. docs/cost-model.md gives the derivation,
+the provenance of every constant and the measured call rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from adapters.sim.hardware import Hardware
+from harness.errors import HbenchError
+
+
+# --------------------------------------------------------------------------
+# What the scheduler hands in
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepShape:
+    """Aggregate description of one engine step, built by the scheduler.
+
+    All counts are sums over the step's batch; `from_requests` shows the
+    definition of each in code. A step must do something: compute at least
+    one token or move at least one checkpoint.
+    """
+
+    prefill_tokens: int  # new prompt tokens computed this step (all prefill chunks)
+    prefill_attn_pairs: float  # sum over chunks: new * (context_before + (new + 1) / 2)
+    decode_requests: int  # requests generating one token this step
+    decode_context_tokens: int  # sum over decodes of their current context length
+    prefill_context_tokens: int  # sum over chunks of context_before (KV of the prefix read)
+    state_requests: int  # requests whose SSM + conv state is read and written
+    checkpoint_copies: int  # checkpoints published (copied) this step
+    checkpoint_loads: int = 0  # checkpoints gathered/adopted into a live state
+
+    def __post_init__(self) -> None:
+        if (
+            self.prefill_tokens < 0
+            or self.prefill_attn_pairs < 0
+            or self.decode_requests < 0
+            or self.decode_context_tokens < 0
+            or self.prefill_context_tokens < 0
+            or self.state_requests < 0
+            or self.checkpoint_copies < 0
+            or self.checkpoint_loads < 0
+        ):
+            raise ValueError(f"StepShape counts must be non-negative: {self}")
+        if self.prefill_tokens == 0:
+            if self.prefill_attn_pairs or self.prefill_context_tokens:
+                raise ValueError(f"StepShape has prefill pairs/context but no prefill tokens: {self}")
+            if not (self.decode_requests or self.checkpoint_copies or self.checkpoint_loads):
+                raise ValueError(f"empty StepShape: nothing to compute or copy: {self}")
+        elif self.prefill_attn_pairs < self.prefill_tokens:
+            # every new token attends at least to itself
+            raise ValueError(
+                f"StepShape prefill_attn_pairs {self.prefill_attn_pairs} < "
+                f"prefill_tokens {self.prefill_tokens}"
+            )
+
+    @classmethod
+    def from_requests(
+        cls,
+        prefill_chunks: tuple[tuple[int, int], ...] = (),
+        decode_contexts: tuple[int, ...] = (),
+        checkpoint_copies: int = 0,
+        checkpoint_loads: int = 0,
+    ) -> StepShape:
+        """Reference construction from per-request pieces.
+
+        ``prefill_chunks`` holds ``(new_tokens, context_before)`` per prefill
+        chunk; ``decode_contexts`` the context length of each decoding request.
+        The scheduler may keep running sums instead; it must agree with this.
+        """
+        return cls(
+            prefill_tokens=sum(n for n, _ in prefill_chunks),
+            prefill_attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in prefill_chunks),
+            decode_requests=len(decode_contexts),
+            decode_context_tokens=sum(decode_contexts),
+            prefill_context_tokens=sum(c for _, c in prefill_chunks),
+            state_requests=len(prefill_chunks) + len(decode_contexts),
+            checkpoint_copies=checkpoint_copies,
+            checkpoint_loads=checkpoint_loads,
+        )
+
+
+# --------------------------------------------------------------------------
+# Tunable constants, all in one place
+# --------------------------------------------------------------------------
+def _const(default: float, provenance: str):
+    return field(default=default, metadata={"provenance": provenance})
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Every tunable number of the cost model, each with its provenance.
+
+    None is fitted to published throughput. ``hbench hardware`` prints them
+    with the provenance stored in each field's metadata.
+    """
+
+    mem_efficiency: float = _const(
+        0.8,
+        "assumed: achieved fraction of peak HBM bandwidth over a whole step; a tuned "
+        "read kernel reaches 88% of peak on an A100 80GB SXM (Nsight Compute, NVIDIA "
+        "developer forum 'Trouble to reach peak bandwidth of A100'), a step of mixed "
+        "GEMV, attention and state-copy kernels somewhat less",
+    )
+    compute_efficiency: float = _const(
+        0.6,
+        "assumed: achieved fraction of dense bf16 tensor-core peak for prefill GEMMs "
+        "and flash attention at serving batch shapes",
+    )
+    scan_efficiency: float = _const(
+        0.5,
+        "assumed: Mamba-2 SSD chunked scan throughput relative to the GEMMs (its "
+        "matmuls are chunk-sized, 256 x 256, interleaved with element-wise work)",
+    )
+    step_overhead_s: float = _const(
+        0.004,
+        "assumed: fixed per-step cost of a Python engine without CUDA graphs "
+        "(scheduling, input preparation, kernel launches)",
+    )
+    ssd_chunk_size: int = _const(
+        256,
+        "model config: Mamba-2 SSD chunk length; transformers FalconH1Config "
+        "default mamba_chunk_size=256",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("mem_efficiency", "compute_efficiency", "scan_efficiency"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise HbenchError(f"cost constant {name}={v} must be in (0, 1]")
+        if self.step_overhead_s < 0:
+            raise HbenchError(f"cost constant step_overhead_s={self.step_overhead_s} must be >= 0")
+        if self.ssd_chunk_size < 1:
+            raise HbenchError(f"cost constant ssd_chunk_size={self.ssd_chunk_size} must be >= 1")
+
+    def provenance(self) -> dict[str, tuple[float, str]]:
+        """name -> (value, provenance), in declaration order."""
+        return {f.name: (getattr(self, f.name), f.metadata["provenance"]) for f in fields(self)}
+
+
+DEFAULTS = CostConstants()
+
+
+# --------------------------------------------------------------------------
+# What comes back
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepCost:
+    """One step's time and where it went.
+
+    ``weights_s + kv_s + state_io_s`` is the memory side of the roofline,
+    ``compute_s`` the compute side; ``total_s`` is the larger plus
+    ``overhead_s``, and ``bound`` names the side that won.
+    """
+
+    weights_s: float
+    kv_s: float
+    state_io_s: float
+    compute_s: float
+    overhead_s: float
+    total_s: float
+    bound: str  # "memory" | "compute"
+    flops: float
+    bytes: float
+
+    @property
+    def memory_s(self) -> float:
+        return self.weights_s + self.kv_s + self.state_io_s
+
+
+# --------------------------------------------------------------------------
+# Parameter and FLOP counts from the geometry
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts the cost model needs (not bytes: dtype applies later)."""
+
+    embedding: int  # input embedding table
+    lm_head: int  # output projection (0 if tied to the embedding)
+    body: int  # everything else: attention, SSM, MLP/experts, norms
+    body_active: int  # body parameters one token multiplies by (MoE: routed experts only)
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.body
+
+
+def param_counts(g) -> ParamCounts:
+    """Parameter counts of ``g``: from ``g.param_breakdown()`` (harness.geometry),
+    or from `estimate_params` for a geometry object that has none."""
+    if not hasattr(g, "param_breakdown"):
+        return estimate_params(g)
+    b = g.param_breakdown()
+    emb, lm = b["embeddings"], b["lm_head"]
+    body = sum(b.values()) - emb - lm
+    return ParamCounts(embedding=emb, lm_head=lm, body=body, body_active=body - _idle_experts(g))
+
+
+def _expert_params(g) -> int:
+    mats = 3 if getattr(g, "mlp_gated", True) else 2
+    width = getattr(g, "moe_intermediate_size", 0) or g.intermediate_size
+    return mats * g.hidden_size * width
+
+
+def _idle_experts(g) -> int:
+    """Routed-expert parameters a token does not multiply by.
+
+    The routed count per token is ``extra["num_experts_per_tok"]`` when a
+    builder recorded it, else all experts (an upper bound on compute).
+    """
+    if not g.n_moe_layers or g.n_experts <= 1:
+        return 0
+    routed = g.extra.get("num_experts_per_tok", g.n_experts)
+    return g.n_moe_layers * (g.n_experts - routed) * _expert_params(g)
+
+
+def _ssm_layer_params(g) -> int:
+    h, d_in, n, heads = g.hidden_size, g.ssm_d_inner, g.ssm_d_state, g.ssm_n_heads
+    norm = d_in if getattr(g, "ssm_norm", True) else 0  # gated RMSNorm before out_proj
+    if g.ssm_kind == "mamba1":
+        dt_rank = getattr(g, "ssm_dt_rank", 0) or math.ceil(h / 16)
+        return (
+            h * 2 * d_in  # in_proj (x, z)
+            + d_in * (g.ssm_d_conv + 1)  # depthwise conv weight + bias
+            + d_in * (dt_rank + 2 * n)  # x_proj -> (dt, B, C)
+            + dt_rank * d_in
+            + d_in  # dt_proj weight + bias
+            + d_in * n
+            + d_in  # A_log, D
+            + d_in * h  # out_proj
+        )
+    conv_ch = d_in + 2 * g.ssm_n_groups * n
+    return (
+        h * (2 * d_in + 2 * g.ssm_n_groups * n + heads)  # in_proj (z, x, B, C, dt)
+        + conv_ch * (g.ssm_d_conv + 1)  # depthwise conv weight + bias
+        + 3 * heads  # A_log, D, dt_bias
+        + norm
+        + d_in * h  # out_proj
+    )
+
+
+def estimate_params(g) -> ParamCounts:
+    """Parameter counts of a hybrid decoder from its layer sizes alone.
+
+    The fallback for geometry objects without ``param_breakdown``. Every layer
+    has two RMSNorms and one gated MLP (``n_moe_layers`` of them instead have
+    ``n_experts`` experts and a router); ``n_attn_layers`` layers have q/k/v/o
+    projections without bias; ``n_ssm_layers`` layers have a Mamba mixer.
+    """
+    h = g.hidden_size
+    q, kv = g.num_attention_heads * g.head_dim, g.num_kv_heads * g.head_dim
+    attn = h * (q + 2 * kv) + q * h
+    moe = g.n_moe_layers if g.n_experts > 1 else 0
+    body = (
+        g.n_attn_layers * attn
+        + (g.n_ssm_layers * _ssm_layer_params(g) if g.n_ssm_layers else 0)
+        + (g.n_layers - moe) * 3 * h * g.intermediate_size
+        + moe * (g.n_experts * _expert_params(g) + h * g.n_experts)
+        + (2 * g.n_layers + 1) * h
+    )
+    emb = g.vocab_size * h
+    return ParamCounts(
+        embedding=emb,
+        lm_head=0 if g.tie_word_embeddings else emb,
+        body=body,
+        body_active=body - _idle_experts(g),
+    )
+
+
+def ssm_flops_per_token(g, chunk_size: int) -> tuple[float, float]:
+    """(prefill, decode) FLOPs of the SSM scan + conv for one token in one layer.
+
+    Mamba-2 prefill uses the SSD chunked algorithm (chunk length Q, state N,
+    head dim P, H heads, G groups); per token, counting a multiply-add as 2:
+    C B^T within the chunk 2GQN, its masked product with X 2HQP, the chunk
+    state B^T X 2HNP and the output from carried states C h 2HNP. Decode is the
+    recurrence h = a h + x B^T, y = C h: about 5 FLOPs per state element (HPN).
+    Mamba-1 scans recurrently in both phases: about 7 FLOPs per state element
+    (d_inner x N): exp(dt A) 2, a h + (dt B) x 3, C h accumulate 2.
+    The causal conv adds 2 x channels x d_conv to both.
+    """
+    n = g.ssm_d_state
+    if g.ssm_kind == "mamba1":
+        conv = 2 * g.ssm_d_inner * g.ssm_d_conv
+        scan = 7 * g.ssm_d_inner * n + conv
+        return float(scan), float(scan)
+    h, p, q, grp = g.ssm_n_heads, g.ssm_head_dim, chunk_size, g.ssm_n_groups
+    conv = 2 * (g.ssm_d_inner + 2 * grp * n) * g.ssm_d_conv
+    prefill = 2 * (grp * q * n + h * q * p + 2 * h * n * p) + conv
+    decode = 5 * h * p * n + conv
+    return float(prefill), float(decode)
+
+
+# --------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------
+class CostModel:
+    """Roofline step time of one model on one accelerator (see module docstring).
+
+    Weight bytes come from the geometry when it knows them (``weights_bytes``,
+    else ``param_count`` x dtype bytes), else from `param_counts`; linear-layer
+    FLOPs from the active body parameters of `param_counts`.
+    """
+
+    def __init__(self, geometry, hardware: Hardware, constants: CostConstants = DEFAULTS):
+        g, c = geometry, constants
+        self.geometry, self.hardware, self.constants = g, hardware, c
+        counts = param_counts(g)
+        dtype_b = g.dtype_bytes
+
+        weights_bytes = getattr(g, "weights_bytes", None)
+        if weights_bytes is None and getattr(g, "param_count", None) is not None:
+            weights_bytes = g.param_count * dtype_b
+        if weights_bytes is None:
+            weights_bytes = counts.total * dtype_b
+        self.params = counts
+        self.weights_bytes = float(weights_bytes)
+        # An untied input embedding is gathered row by row, not streamed.
+        untied_emb = 0 if g.tie_word_embeddings else counts.embedding
+        self.weights_read_bytes = self.weights_bytes - untied_emb * dtype_b
+        if self.weights_read_bytes <= 0:
+            raise HbenchError(
+                f"{g.name}: weights_bytes {weights_bytes} is smaller than its embedding table"
+            )
+
+        # bytes per unit
+        self.kv_bytes_per_token = float(g.attn_bytes_per_token * g.n_attn_layers)
+        self.state_rw_bytes = float(2 * g.checkpoint_bytes * g.n_ssm_layers)
+        # FLOPs per unit
+        self.linear_flops_per_token = 2.0 * counts.body_active
+        self.lm_head_flops_per_seq = 2.0 * g.vocab_size * g.hidden_size
+        self.attn_flops_per_pair = 4.0 * g.num_attention_heads * g.head_dim * g.n_attn_layers
+        scan_p, scan_d = ssm_flops_per_token(g, c.ssd_chunk_size) if g.n_ssm_layers else (0, 0)
+        self.scan_flops_per_prefill_token = scan_p * g.n_ssm_layers
+        self.scan_flops_per_decode_token = scan_d * g.n_ssm_layers
+        # rates
+        self.mem_rate = hardware.mem_bw_bytes_s * c.mem_efficiency
+        self.gemm_rate = hardware.dense_flops_s * c.compute_efficiency
+        self.scan_rate = self.gemm_rate * c.scan_efficiency
+        self._weights_s = self.weights_read_bytes / self.mem_rate
+
+    def step(self, shape: StepShape) -> StepCost:
+        """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
+        p, d = shape.prefill_tokens, shape.decode_requests
+        kv_b = (
+            shape.decode_context_tokens + shape.prefill_context_tokens + p + d
+        ) * self.kv_bytes_per_token
+        state_b = (
+            shape.state_requests + shape.checkpoint_copies + shape.checkpoint_loads
+        ) * self.state_rw_bytes
+        gemm_f = (
+            (p + d) * self.linear_flops_per_token
+            + d * self.lm_head_flops_per_seq
+            + (shape.prefill_attn_pairs + shape.decode_context_tokens) * self.attn_flops_per_pair
+        )
+        scan_f = p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
+
+        rate = self.mem_rate
+        weights_s = self._weights_s
+        kv_s = kv_b / rate
+        state_s = state_b / rate
+        memory_s = weights_s + kv_s + state_s
+        compute_s = gemm_f / self.gemm_rate + scan_f / self.scan_rate
+        overhead = self.constants.step_overhead_s
+        if compute_s > memory_s:
+            bound, busy = "compute", compute_s
+        else:
+            bound, busy = "memory", memory_s
+        return StepCost(
+            weights_s=weights_s,
+            kv_s=kv_s,
+            state_io_s=state_s,
+            compute_s=compute_s,
+            overhead_s=overhead,
+            total_s=busy + overhead,
+            bound=bound,
+            flops=gemm_f + scan_f,
+            bytes=self.weights_read_bytes + kv_b + state_b,
+        )
