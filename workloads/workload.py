@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -56,7 +55,7 @@ class Workload:
         if ids != list(range(len(ids))):
             raise HbenchError("workload request ids must be 0..N-1 in order")
         arrivals = [r.arrival_s for r in self.requests]
-        if any(b < a for a, b in zip(arrivals, arrivals[1:])):
+        if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
             raise HbenchError("workload arrivals must be non-decreasing")
 
     def __len__(self) -> int:

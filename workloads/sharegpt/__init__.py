@@ -1,0 +1,2 @@
+"""ShareGPT-derived workloads: loading (loader), token counting (tokenizer),
+the working-point derivation (derive) and arrival processes (arrivals)."""

@@ -1,0 +1,182 @@
+"""``hbench workload build|describe``: derive a ShareGPT workload to a Parquet
+file, and summarize one (length percentiles, sharing, offered load, figure).
+
+`summarize` is a pure function of a `Workload` so analysis and tests can use
+it without the CLI; the commands only parse flags, call and print.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+
+from harness.errors import HbenchError
+from workloads.sharegpt.arrivals import ARRIVALS
+from workloads.workload import Workload
+
+PERCENTILES = (50, 90, 99)
+
+
+def summarize(w: Workload) -> dict:
+    """Length percentiles, shared fraction, offered load and identity of ``w``.
+
+    Offered load divides the requested tokens by the arrival span (the
+    process starts at t = 0, so the span is the last arrival time).
+    """
+    if len(w) == 0:
+        raise HbenchError("the workload has no requests")
+    inputs = np.array([r.prompt_len for r in w.requests], dtype=np.float64)
+    outputs = np.array([r.output_len for r in w.requests], dtype=np.float64)
+    duration = float(w.requests[-1].arrival_s)
+
+    def dist(x: np.ndarray) -> dict:
+        d = {f"p{p}": float(np.percentile(x, p)) for p in PERCENTILES}
+        d["mean"] = float(x.mean())
+        return d
+
+    per_s = (lambda total: total / duration) if duration > 0 else (lambda total: float("nan"))
+    return {
+        "requests": len(w),
+        "input_tokens": dist(inputs),
+        "output_tokens": dist(outputs),
+        "shared_fraction": float(np.mean([r.prefix_group >= 0 for r in w.requests])),
+        "duration_s": duration,
+        "offered_req_per_s": per_s(len(w)),
+        "offered_input_tok_per_s": per_s(float(inputs.sum())),
+        "offered_output_tok_per_s": per_s(float(outputs.sum())),
+        "content_hash": w.content_hash,
+        "meta": w.meta,
+    }
+
+
+def plot_lengths(w: Workload, path: Path) -> Path:
+    """Histograms of input and output lengths, side by side, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    inputs = [r.prompt_len for r in w.requests]
+    outputs = [r.output_len for r in w.requests]
+    fig, (ax_in, ax_out) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, data, label in ((ax_in, inputs, "input"), (ax_out, outputs, "output")):
+        ax.hist(data, bins=40, color="#4472c4" if label == "input" else "#ed7d31")
+        ax.axvline(float(np.mean(data)), color="black", linestyle="--", linewidth=1,
+                   label=f"mean {np.mean(data):.0f}")
+        ax.set_xlabel(f"{label} tokens per request")
+        ax.set_ylabel("requests")
+        ax.legend()
+    meta = w.meta
+    fig.suptitle(f"{len(w)} requests, q={meta.get('q')}, {meta.get('rate')} req/s "
+                 f"({meta.get('arrival')}), tokenizer {meta.get('tokenizer')}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+@click.group()
+def workload():
+    """Derive and inspect ShareGPT-derived request streams."""
+
+
+@workload.command()
+@click.option("--q", "q", type=float, default=1.0, show_default=True,
+              help="Shared-prefix fraction: probability a request uses a shared context.")
+@click.option("--rate", type=float, default=3.0, show_default=True, help="Arrival rate, req/s.")
+@click.option("--requests", type=int, default=240, show_default=True, help="Number of requests.")
+@click.option("--duration", "duration_s", type=float, default=None,
+              help="Instead of --requests: all arrivals before this many seconds.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--arrival", type=click.Choice(sorted(ARRIVALS)), default="poisson",
+              show_default=True)
+@click.option("--burstiness", type=float, default=1.0, show_default=True,
+              help="Gamma arrivals: squared coefficient of variation of the gaps.")
+@click.option("--contexts", type=int, default=8, show_default=True,
+              help="Number of shared contexts K.")
+@click.option("--mean-input", "mean_input", type=int, default=3332, show_default=True,
+              help="Target mean prompt length in tokens (sets the context length).")
+@click.option("--max-model-len", type=int, default=8192, show_default=True)
+@click.option("--max-output", type=int, default=1024, show_default=True)
+@click.option("--isolate", is_flag=True, help="Give every request a unique cache salt.")
+@click.option("--dataset", type=click.Path(dir_okay=False), default=None,
+              help="A ShareGPT JSON/JSONL file instead of the packaged ShareGPT V3.")
+@click.option("--tokenizer", type=click.Path(), default=None,
+              help="A tokenizer.json (or a folder holding one) for exact token counts.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
+              help="Parquet file to write.")
+def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
+          max_model_len, max_output, isolate, dataset, tokenizer, output):
+    """Derive a workload and save it as Parquet."""
+    from rich.console import Console
+
+    from workloads.build import build_workload
+    from workloads.io import save_workload
+
+    with Console(stderr=True).status("Loading ShareGPT and deriving the workload..."):
+        w = build_workload(
+            seed=seed, q=q, rate=rate, arrival=arrival, burstiness=burstiness,
+            requests=requests, duration_s=duration_s, contexts=contexts,
+            max_model_len=max_model_len, max_output=max_output, isolate=isolate,
+            dataset=dataset, tokenizer=tokenizer, mean_input_tokens=mean_input,
+        )
+        path = save_workload(w, output)
+    m = w.meta
+    cut = ", file truncated" if m["truncated"] else ""
+    click.echo(
+        f"wrote {path}: {len(w)} requests, q={m['q']:g}, {m['rate']:g} req/s {m['arrival']}, "
+        f"mean input {m['mean_input_tokens']:.0f} tok (context {m['context_tokens']}), "
+        f"mean output {m['mean_output_tokens']:.0f} tok; {m['dataset']}: "
+        f"{m['records_read']} records read{cut}; hash {w.content_hash}"
+    )
+
+
+@workload.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Also write a histogram of input and output lengths.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def describe(path, png, as_json):
+    """Summarize a saved workload."""
+    from workloads.io import load_workload
+
+    w = load_workload(path)
+    s = summarize(w)
+    if png:
+        plot_lengths(w, Path(png))
+    if as_json:
+        click.echo(json.dumps(s, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{path}: {s['requests']} requests")
+    table.add_column("tokens per request")
+    for p in PERCENTILES:
+        table.add_column(f"p{p}", justify="right")
+    table.add_column("mean", justify="right")
+    for label, key in (("input", "input_tokens"), ("output", "output_tokens")):
+        d = s[key]
+        table.add_row(label, *(f"{d[f'p{p}']:.0f}" for p in PERCENTILES), f"{d['mean']:.1f}")
+    console = Console()
+    console.print(table)
+    m = s["meta"]
+    lines = [
+        f"shared fraction   {s['shared_fraction']:.3f} (q={m.get('q')}, {m.get('contexts')} contexts"
+        f" of {m.get('context_tokens')} tokens, {'ISOLATE' if m.get('isolate') else 'SHARE'})",
+        f"duration          {s['duration_s']:.1f} s ({m.get('arrival')}, {m.get('rate')} req/s asked,"
+        f" {s['offered_req_per_s']:.2f} offered)",
+        f"offered load      {s['offered_input_tok_per_s']:.0f} input tok/s,"
+        f" {s['offered_output_tok_per_s']:.0f} output tok/s",
+        f"dataset           {m.get('dataset')}: {m.get('records_read')} records read"
+        f"{' (file truncated)' if m.get('truncated') else ''}; tokenizer {m.get('tokenizer')}",
+        f"content hash      {s['content_hash']}",
+    ]
+    if png:
+        lines.append(f"histogram         {png}")
+    for line in lines:
+        click.echo(line)

@@ -1,0 +1,100 @@
+"""Save and load a `Workload` as one Parquet file.
+
+One row per request; token ids as a list<int64> column; the workload's
+``meta`` as JSON in the schema metadata, next to a schema version. A saved
+workload is what `hbench workload describe` reads and what a run can replay
+instead of re-deriving; loading it back gives the same `content_hash`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.errors import HbenchError
+from workloads.workload import WORKLOAD_SCHEMA_VERSION, Workload, WorkloadRequest
+
+_META = b"hbench.workload.meta"
+_VERSION = b"hbench.workload.schema"
+_COLUMNS = ("request_id", "arrival_s", "prompt_text", "prompt_token_ids", "output_len",
+            "prefix_group", "prefix_tokens", "salt")
+
+
+def save_workload(w: Workload, path: str | Path) -> Path:
+    """Write ``w`` to ``path`` (atomically: a temp file renamed into place)."""
+    path = Path(path)
+    rs = w.requests
+    lengths = np.array([r.prompt_len for r in rs], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32 if lengths.sum() < 2**31 else np.int64)
+    flat = (np.concatenate([np.asarray(r.prompt_token_ids, dtype=np.int64) for r in rs])
+            if rs else np.zeros(0, dtype=np.int64))
+    list_type = pa.ListArray if offsets.dtype == np.int32 else pa.LargeListArray
+    table = pa.table({
+        "request_id": pa.array([r.request_id for r in rs], pa.int64()),
+        "arrival_s": pa.array([float(r.arrival_s) for r in rs], pa.float64()),
+        "prompt_text": pa.array([r.prompt_text for r in rs], pa.large_string()),
+        "prompt_token_ids": list_type.from_arrays(pa.array(offsets), pa.array(flat, pa.int64())),
+        "output_len": pa.array([r.output_len for r in rs], pa.int64()),
+        "prefix_group": pa.array([r.prefix_group for r in rs], pa.int64()),
+        "prefix_tokens": pa.array([r.prefix_tokens for r in rs], pa.int64()),
+        "salt": pa.array([r.salt for r in rs], pa.string()),
+    })
+    table = table.replace_schema_metadata({
+        _META: json.dumps(w.meta, sort_keys=True).encode(),
+        _VERSION: str(WORKLOAD_SCHEMA_VERSION).encode(),
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read a file written by `save_workload`; a user error for anything else."""
+    path = Path(path)
+    if not path.is_file():
+        raise HbenchError(f"workload file not found: {path}")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise HbenchError(f"{path}: not a Parquet workload ({str(exc).splitlines()[0]})") from None
+    md = table.schema.metadata or {}
+    if _META not in md or _VERSION not in md or not set(_COLUMNS) <= set(table.column_names):
+        raise HbenchError(f"{path}: not an hbench workload file")
+    version = int(md[_VERSION])
+    if version != WORKLOAD_SCHEMA_VERSION:
+        raise HbenchError(
+            f"{path}: workload schema {version}, this hbench reads {WORKLOAD_SCHEMA_VERSION}"
+        )
+    cols = {c: table.column(c).combine_chunks() for c in _COLUMNS}
+    ids = cols["prompt_token_ids"]
+    flat = ids.values.to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = ids.offsets.to_numpy()
+    py = {c: cols[c].to_pylist() for c in _COLUMNS if c != "prompt_token_ids"}
+    requests = tuple(
+        WorkloadRequest(
+            request_id=py["request_id"][i],
+            arrival_s=py["arrival_s"][i],
+            prompt_text=py["prompt_text"][i],
+            prompt_token_ids=flat[offsets[i]:offsets[i + 1]].copy(),
+            output_len=py["output_len"][i],
+            prefix_group=py["prefix_group"][i],
+            prefix_tokens=py["prefix_tokens"][i],
+            salt=py["salt"][i],
+        )
+        for i in range(table.num_rows)
+    )
+    return Workload(requests=requests, meta=json.loads(md[_META]))

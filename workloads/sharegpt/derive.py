@@ -1,0 +1,310 @@
+"""Derive the study's working point from ShareGPT pairs.
+
+Each request is ``context + "\\n\\n" + user turn``. A context is exactly L
+tokens of concatenated ShareGPT conversation text; with probability q it is
+one of K shared contexts (identical leading token ids across the requests
+that use it), otherwise a private context of the same L tokens that shares
+no prefix with any other. L is chosen once per (dataset, tokenizer, target
+mean input, max_model_len), so q only changes *which* context a request gets,
+never its input or output length: q = 0 is the no-share control with the
+same token work as q = 1.
+
+Randomness: every draw comes from its own named stream,
+``Generator(PCG64(SeedSequence([seed, STREAMS[name]])))``. Changing q touches
+only how the share coin is read, changing the rate only the arrival stream,
+so the rest of the workload stays byte-identical.
+
+Caps (documented in docs/workloads.md): a user turn is eligible if it has at
+least `MIN_TURN_TOKENS` tokens and ``L + turn + 1 <= max_model_len``
+(ineligible draws are skipped, i.e. dropped, not truncated); the output is
+the paired reply's token count, capped at ``max_output`` and at
+``max_model_len - prompt_len``, and at least 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow.compute as pc
+
+from harness.errors import HbenchError
+from workloads.sharegpt.arrivals import ARRIVALS, arrival_times
+from workloads.sharegpt.loader import ShareGPTPairs
+from workloads.sharegpt.tokenizer import Tokenizer
+from workloads.workload import Workload, WorkloadRequest
+
+# Stream ids are part of the workload definition: never renumber them.
+STREAMS = {
+    "pairs": 1,  # which (turn, reply) pair each request uses
+    "share": 2,  # the share coin: u < q -> shared context
+    "context_choice": 3,  # which of the K shared contexts
+    "arrivals": 4,  # inter-arrival gaps
+    "contexts": 5,  # order of conversations that context text is cut from
+    "calibration": 6,  # sample that fixes L (drawn with seed 0, see context_length)
+}
+MIN_TURN_TOKENS = 4
+CALIBRATION_SAMPLE = 2048
+PAIR_BLOCK = 256
+CONTEXT_KEY_CHARS = 200  # conversations whose opening text repeats are not context sources
+
+
+def stream(seed: int, name: str) -> np.random.Generator:
+    """The generator for one purpose; the same (seed, name) always draws the same."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, STREAMS[name]])))
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The recipe of one derived workload (mirrors the workload part of RunConfig)."""
+
+    seed: int
+    q: float
+    rate: float
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    requests: int = 240
+    duration_s: float | None = None
+    contexts: int = 8
+    max_model_len: int = 8192
+    max_output: int = 1024
+    isolate: bool = False
+    mean_input_tokens: int = 3332
+
+    def __post_init__(self):
+        if self.arrival not in ARRIVALS:
+            raise HbenchError(
+                f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}"
+            )
+        checks = [
+            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
+            (0.0 <= self.q <= 1.0, f"q must be in [0, 1], got {self.q}"),
+            (self.rate > 0, f"rate must be > 0, got {self.rate}"),
+            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
+            (self.requests >= 1, f"requests must be >= 1, got {self.requests}"),
+            (self.duration_s is None or self.duration_s > 0, "duration must be > 0"),
+            (self.contexts >= 1, f"contexts must be >= 1, got {self.contexts}"),
+            (1 <= self.max_output < self.max_model_len,
+             f"max output ({self.max_output}) must be in [1, max model len {self.max_model_len})"),
+            (self.mean_input_tokens > MIN_TURN_TOKENS,
+             f"mean input must be > {MIN_TURN_TOKENS} tokens, got {self.mean_input_tokens}"),
+            (self.mean_input_tokens < self.max_model_len,
+             f"mean input ({self.mean_input_tokens}) must be < max model len ({self.max_model_len})"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise HbenchError(msg)
+
+
+class TokenMemo:
+    """Token ids of turns, replies and conversations of one (dataset, tokenizer).
+
+    A sweep derives many workloads from the same pairs; encoding each text
+    once per process is what keeps that cheap. Bounded: cleared when full.
+    """
+
+    LIMIT = 50_000
+
+    def __init__(self, pairs: ShareGPTPairs, tok: Tokenizer):
+        self.pairs, self.tok = pairs, tok
+        self._turn: dict[int, np.ndarray] = {}
+        self._reply: dict[int, int] = {}
+        self._conv: dict[int, tuple[np.ndarray, np.ndarray, str]] = {}
+        first = np.unique(pairs.conv, return_index=True)[1]
+        self._conv_rows = np.append(first, len(pairs.conv))  # conv c -> rows [a, b)
+        self._conv_ids = pairs.conv[first]
+        self._pool: np.ndarray | None = None
+
+    def _room(self, d: dict) -> None:
+        if len(d) >= self.LIMIT:
+            d.clear()
+
+    def turn(self, i: int) -> np.ndarray:
+        ids = self._turn.get(i)
+        if ids is None:
+            self._room(self._turn)
+            ids = self._turn[i] = self.tok.encode(self.pairs.turn(i))[0]
+        return ids
+
+    def reply_len(self, i: int) -> int:
+        n = self._reply.get(i)
+        if n is None:
+            self._room(self._reply)
+            n = self._reply[i] = len(self.tok.encode(self.pairs.reply(i))[0])
+        return n
+
+    def conversation(self, c: int) -> tuple[np.ndarray, np.ndarray, str]:
+        """(ids, token end offsets, text) of the c-th conversation that has pairs.
+
+        Text is its paired turns and replies, stripped, joined by blank lines
+        and ended by one newline. A single trailing newline tokenizes the same
+        whether or not text follows (a longer whitespace run would not), so a
+        context's ids are exactly the ids of its text.
+        """
+        hit = self._conv.get(c)
+        if hit is None:
+            a, b = int(self._conv_rows[c]), int(self._conv_rows[c + 1])
+            parts = []
+            for r in range(a, b):
+                parts += [self.pairs.turn(r).strip(), self.pairs.reply(r).strip()]
+            text = "\n\n".join(parts) + "\n"
+            ids, ends = self.tok.encode(text)
+            self._room(self._conv)
+            # int32 halves the memo; a sweep at q = 0 may touch every conversation.
+            hit = self._conv[c] = (ids.astype(np.int32), ends.astype(np.int32), text)
+        return hit
+
+    def context_pool(self) -> np.ndarray:
+        """Conversations usable as context sources: those whose opening
+        `CONTEXT_KEY_CHARS` characters are unique, so no two contexts that
+        start at different conversations can share a leading prefix."""
+        if self._pool is None:
+            first_turns = self.pairs.human.take(self._conv_rows[:-1])
+            keys = pc.utf8_slice_codeunits(first_turns, 0, CONTEXT_KEY_CHARS).to_pylist()
+            seen: set[str] = set()
+            pool = []
+            for c, k in enumerate(keys):
+                if k not in seen:
+                    seen.add(k)
+                    pool.append(c)
+            self._pool = np.asarray(pool, dtype=np.int64)
+        return self._pool
+
+
+_MEMOS: dict[tuple[str, str], TokenMemo] = {}
+_LENGTHS: dict[tuple, int] = {}
+
+
+def token_memo(pairs: ShareGPTPairs, tok: Tokenizer) -> TokenMemo:
+    key = (pairs.key, tok.name)
+    memo = _MEMOS.get(key)
+    if memo is None or memo.pairs is not pairs:
+        memo = _MEMOS[key] = TokenMemo(pairs, tok)
+    return memo
+
+
+def context_length(memo: TokenMemo, mean_input: int, max_model_len: int) -> int:
+    """L such that L + E[eligible turn tokens] ~= mean_input.
+
+    The expectation is taken over a fixed calibration sample (seed 0, stream
+    "calibration"), so L is a property of the working point, not of the run
+    seed. Eligibility depends on L, hence the fixed-point iteration.
+    """
+    key = (memo.pairs.key, memo.tok.name, mean_input, max_model_len)
+    if key in _LENGTHS:
+        return _LENGTHS[key]
+    n = len(memo.pairs)
+    idx = stream(0, "calibration").choice(n, size=min(CALIBRATION_SAMPLE, n), replace=False)
+    turns = np.array([len(memo.turn(int(i))) for i in idx])
+    turns = turns[turns >= MIN_TURN_TOKENS]
+    if len(turns) == 0:
+        raise HbenchError(f"no user turn in {memo.pairs.name} has >= {MIN_TURN_TOKENS} tokens")
+    length = round(mean_input - turns.mean())
+    for _ in range(50):
+        eligible = turns[length + turns + 1 <= max_model_len]
+        if len(eligible) == 0:
+            break
+        new = round(mean_input - eligible.mean())
+        if new == length:
+            break
+        length = new
+    if length < 1 or length + MIN_TURN_TOKENS + 1 > max_model_len:
+        raise HbenchError(
+            f"mean input {mean_input} cannot be reached: the mean ShareGPT user turn is "
+            f"{turns.mean():.0f} tokens and max model len is {max_model_len}"
+        )
+    _LENGTHS[key] = length
+    return length
+
+
+def _sample_pairs(memo: TokenMemo, seed: int, n: int, length: int, max_model_len: int) -> list[int]:
+    """n eligible pair indices, drawn in fixed blocks (so n+1 extends n)."""
+    rng = stream(seed, "pairs")
+    chosen: list[int] = []
+    tries = 0
+    while len(chosen) < n:
+        for i in rng.integers(len(memo.pairs), size=PAIR_BLOCK):
+            t = len(memo.turn(int(i)))
+            if t >= MIN_TURN_TOKENS and length + t + 1 <= max_model_len:
+                chosen.append(int(i))
+                if len(chosen) == n:
+                    break
+        tries += PAIR_BLOCK
+        if len(chosen) < n and tries > 50 * (n + PAIR_BLOCK):
+            raise HbenchError("too few ShareGPT turns fit the max model len; raise --max-model-len")
+    return chosen
+
+
+def _build_context(memo: TokenMemo, order: np.ndarray, start: int, length: int):
+    """Exactly `length` tokens of conversation text starting at order[start]."""
+    ids_parts, text_parts, have = [], [], 0
+    for j in range(start, start + len(order)):
+        ids, ends, text = memo.conversation(int(order[j % len(order)]))
+        need = length - have
+        if len(ids) >= need:
+            ids_parts.append(ids[:need])
+            text_parts.append(text[: int(ends[need - 1])])
+            return np.concatenate(ids_parts), "".join(text_parts)
+        ids_parts.append(ids)
+        text_parts.append(text)
+        have += len(ids)
+    raise HbenchError(f"the dataset holds fewer than {length} tokens of context text")
+
+
+def derive_workload(pairs: ShareGPTPairs, tok: Tokenizer, spec: WorkloadSpec) -> Workload:
+    """The workload for ``spec`` (see module docstring for every rule)."""
+    memo = token_memo(pairs, tok)
+    length = context_length(memo, spec.mean_input_tokens, spec.max_model_len)
+    arrivals = arrival_times(spec.arrival, stream(spec.seed, "arrivals"), spec.rate,
+                             requests=spec.requests, duration_s=spec.duration_s,
+                             burstiness=spec.burstiness)
+    n = len(arrivals)
+    chosen = _sample_pairs(memo, spec.seed, n, length, spec.max_model_len)
+    shared = stream(spec.seed, "share").random(n) < spec.q
+    group = stream(spec.seed, "context_choice").integers(spec.contexts, size=n)
+    order = stream(spec.seed, "contexts").permutation(memo.context_pool())
+    if len(order) < spec.contexts + 1:
+        raise HbenchError(f"{pairs.name} has too few conversations for {spec.contexts} contexts")
+    shared_ctx = [_build_context(memo, order, k, length) for k in range(spec.contexts)]
+
+    requests = []
+    for rid in range(n):
+        if shared[rid]:
+            ctx_ids, ctx_text = shared_ctx[group[rid]]
+        else:  # private: starts at its own conversation, after the K shared ones
+            start = spec.contexts + rid % (len(order) - spec.contexts)
+            ctx_ids, ctx_text = _build_context(memo, order, start, length)
+        pair = chosen[rid]
+        turn_ids = memo.turn(pair)
+        prompt_len = length + len(turn_ids)
+        output_len = max(1, min(memo.reply_len(pair), spec.max_output,
+                                spec.max_model_len - prompt_len))
+        requests.append(WorkloadRequest(
+            request_id=rid,
+            arrival_s=float(arrivals[rid]),
+            prompt_text=ctx_text + "\n\n" + pairs.turn(pair),
+            prompt_token_ids=np.concatenate([ctx_ids, turn_ids]).astype(np.int64),
+            output_len=int(output_len),
+            prefix_group=int(group[rid]) if shared[rid] else -1,
+            prefix_tokens=length if shared[rid] else 0,
+            salt=f"iso-{spec.seed}-{rid}" if spec.isolate else None,
+        ))
+    inputs = np.array([r.prompt_len for r in requests])
+    outputs = np.array([r.output_len for r in requests])
+    meta = {
+        "generator": "sharegpt",
+        "seed": int(spec.seed), "q": float(spec.q), "rate": float(spec.rate),
+        "arrival": spec.arrival, "burstiness": float(spec.burstiness), "requests": n,
+        "duration_s": None if spec.duration_s is None else float(spec.duration_s),
+        "contexts": spec.contexts, "context_tokens": length,
+        "max_model_len": spec.max_model_len, "max_output": spec.max_output,
+        "isolate": spec.isolate,
+        "dataset": pairs.name, "dataset_path": pairs.source,
+        "records_read": pairs.records_read, "truncated": pairs.truncated,
+        "pairs": len(pairs), "tokenizer": tok.name,
+        "mean_input_target": spec.mean_input_tokens,
+        "mean_input_tokens": round(float(inputs.mean()), 3),
+        "mean_output_tokens": round(float(outputs.mean()), 3),
+        "shared_requests": int(shared.sum()),
+    }
+    return Workload(requests=tuple(requests), meta=meta)
