@@ -1,0 +1,245 @@
+"""Figures of a results root, written as PNG and SVG.
+
+Each ``*_figure`` function takes tables and returns a matplotlib `Figure`
+(or None when the data lack the variation the figure needs, e.g. a headroom
+plot from runs at one headroom); `save` writes it. `render_figures` draws
+every figure the data support and returns the written paths. Figures are
+built on bare `matplotlib.figure.Figure` objects (Agg canvas), never through
+pyplot's global state, so analysis can run in threads and tests.
+
+Error bars are 95% t intervals over seeds, the same intervals the tables
+report.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import stats
+from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
+from analysis.load import load_requests, load_steps
+
+GIB = 1024**3
+DEPTH_METRICS = (("j_adopt_mean", "J_adopt (tokens)"), ("r_max_mean", "R_max (tokens)"),
+                 ("attn_depth_mean", "attention depth (tokens)"))
+MEMORY_KINDS = (("mem_attention_bytes", "attention KV"), ("mem_ssm_bytes", "SSM state"),
+                ("mem_conv_bytes", "conv state"))
+METRIC_LABELS = {
+    "throughput_ledger_tok_s": "output tok/s (ledger)",
+    "throughput_span_tok_s": "output tok/s (request span)",
+}
+
+
+def budget_order(label) -> tuple:
+    """Sort key that puts b63 < b83 < b108 (numeric, not lexical)."""
+    m = re.fullmatch(r"b(\d+)", str(label))
+    return (0, int(m.group(1)), "") if m else (1, 0, str(label))
+
+
+def _label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, metric)
+
+
+def _mean_ci(values) -> tuple[float, float]:
+    """Mean and half-width of its 95% t interval (0 for a single run)."""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna().to_numpy()
+    lo, hi = stats.t_interval(v)
+    half = 0.0 if math.isnan(lo) else (hi - lo) / 2
+    return stats.mean_over_seeds(v), half
+
+
+def _series_label(parts: Mapping) -> str:
+    return ", ".join(f"{k}={v}" for k, v in parts.items())
+
+
+def save(fig: Figure, out_dir, stem: str) -> list[Path]:
+    """Write ``stem.png`` and ``stem.svg`` under ``out_dir``; return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.png", out / f"{stem}.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=120, bbox_inches="tight")
+    return paths
+
+
+def headroom_figure(runs: pd.DataFrame, metric: str = "throughput_ledger_tok_s") -> Figure | None:
+    """Metric vs admission headroom f, one panel per budget, a line per org."""
+    if runs["headroom"].nunique() < 2:
+        return None
+    others = [k for k in varying_keys(runs, group_keys(runs)) if k not in ("headroom", "budget")]
+    budgets = sorted(runs["budget"].unique(), key=budget_order)
+    fig = Figure(figsize=(4.2 * len(budgets), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(budgets), squeeze=False, sharey=True)[0]
+    for ax, budget in zip(axes, budgets, strict=True):
+        sub = runs[runs["budget"] == budget]
+        for where, line in sorted(cells(sub, ["org", *others]), key=lambda c: str(c[0])):
+            pts = sorted((h, *_mean_ci(g[metric])) for h, g in line.groupby("headroom"))
+            h, m, e = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
+            label = _series_label(where) if others else where["org"].upper()
+            ax.errorbar(h, m, yerr=e, marker="o", capsize=3, label=label)
+        ax.set_title(f"budget {budget}")
+        ax.set_xlabel("admission headroom f")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(_label(metric))
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(f"{_label(metric)} vs headroom (mean, 95% CI over seeds)")
+    return fig
+
+
+def ratio_figure(
+    runs: pd.DataFrame, x: str, num_org: str = "d0", den_org: str = "s2",
+    metric: str = "throughput_ledger_tok_s",
+) -> Figure | None:
+    """Paired ratio num_org/den_org vs ``x`` ("budget" or "rate") with t-CI
+    error bars and a y = 1 line; a series per combination of the other
+    varying design fields."""
+    both = runs[runs["org"].isin([num_org, den_org])]
+    if both.empty:
+        return None
+    keys = group_keys(both)
+    others = [k for k in varying_keys(both, keys) if k != x]
+    series: dict[tuple, list] = {}
+    for where, grp in cells(both, keys):
+        if set(grp["org"]) != {num_org, den_org}:
+            continue
+        c = Contrast(f"{num_org}/{den_org}", metric, {**where, "org": num_org}, {**where, "org": den_org})
+        p = pair(grp, c)
+        r = np.array(list(stats.paired_ratios(p["num"].to_dict(), p["den"].to_dict()).values()))
+        lo, hi = stats.t_interval(r)
+        m = r.mean()
+        err = (0.0, 0.0) if math.isnan(lo) else (m - lo, hi - m)
+        series.setdefault(tuple(where[k] for k in others), []).append((where[x], m, err))
+    xs = {pt[0] for pts in series.values() for pt in pts}
+    if len(xs) < 2:
+        return None
+    categorical = x == "budget"
+    order = sorted(xs, key=budget_order) if categorical else sorted(xs)
+    fig = Figure(figsize=(5.6, 3.8), layout="constrained")
+    ax = fig.subplots()
+    # Dodge series sideways so identical ratios at one x stay visible.
+    span = 1.0 if categorical else (max(order) - min(order))
+    width = 0.04 * span
+    for i, (key, pts) in enumerate(sorted(series.items(), key=lambda kv: str(kv[0]))):
+        pts = sorted(pts, key=lambda p: order.index(p[0]))
+        shift = (i - (len(series) - 1) / 2) * width
+        pos = [(order.index(p[0]) if categorical else p[0]) + shift for p in pts]
+        yerr = np.array([p[2] for p in pts]).T
+        label = _series_label(dict(zip(others, key, strict=True))) or f"{num_org.upper()}/{den_org.upper()}"
+        ax.errorbar(pos, [p[1] for p in pts], yerr=yerr, marker="o", capsize=4, label=label)
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    if categorical:
+        ax.set_xticks(range(len(order)), [str(o) for o in order])
+    ax.set_xlabel("budget" if categorical else "arrival rate (req/s)")
+    ax.set_ylabel(f"{num_org.upper()}/{den_org.upper()} {_label(metric)} ratio")
+    ax.set_title(f"{num_org.upper()} vs {den_org.upper()} by {x} (paired mean ratio, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
+    """Per-org means over runs of J_adopt, R_max and attention depth."""
+    present = [(m, lab) for m, lab in DEPTH_METRICS if m in runs.columns and runs[m].notna().any()]
+    if not present:
+        return None
+    orgs = sorted(runs["org"].unique())
+    fig = Figure(figsize=(3.6 * len(present), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(present), squeeze=False)[0]
+    for ax, (m, lab) in zip(axes, present, strict=True):
+        mc = [_mean_ci(runs.loc[runs["org"] == o, m]) for o in orgs]
+        ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[v[1] for v in mc], capsize=4,
+               color=[f"C{i}" for i in range(len(orgs))])
+        ax.set_xticks(range(len(orgs)), [o.upper() for o in orgs])
+        ax.set_title(lab)
+        ax.set_ylabel("mean per request (tokens)")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("joint depth by organization (mean over runs, 95% CI)")
+    return fig
+
+
+def _cdf(ax, values: np.ndarray, label: str):
+    v = np.sort(values[np.isfinite(values)])
+    if v.size:
+        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label)
+
+
+def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | None:
+    """TTFT and ITL (per-request mean) CDFs, one line per organization."""
+    if not requests_by_org:
+        return None
+    fig = Figure(figsize=(9.5, 3.6), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, col, title in ((axes[0], "ttft_s", "TTFT"), (axes[1], "itl_mean_s", "ITL (per-request mean)")):
+        allv = []
+        for org, req in sorted(requests_by_org.items()):
+            v = pd.to_numeric(req[col], errors="coerce").to_numpy(dtype=float)
+            _cdf(ax, v, org.upper())
+            allv.append(v[np.isfinite(v)])
+        v = np.concatenate(allv) if allv else np.array([])
+        if v.size and v.min() > 0 and v.max() / v.min() > 50:
+            ax.set_xscale("log")
+        ax.set_title(title)
+        ax.set_xlabel(f"{title.split()[0]} (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("latency CDFs by organization (all requests of all runs)")
+    return fig
+
+
+def memory_figure(steps: pd.DataFrame, title: str) -> Figure | None:
+    """Memory in use by state kind over one run (stacked area, GiB)."""
+    kinds = [(c, lab) for c, lab in MEMORY_KINDS if c in steps.columns]
+    if not kinds or steps.empty:
+        return None
+    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+    ax = fig.subplots()
+    ax.stackplot(steps["time_s"].to_numpy(dtype=float),
+                 *[steps[c].to_numpy(dtype=float) / GIB for c, _ in kinds],
+                 labels=[lab for _, lab in kinds], alpha=0.85)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("memory in use (GiB)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _requests_by_org(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    out: dict[str, list] = {}
+    for _, r in runs.iterrows():
+        if (Path(r["path"]) / "requests.parquet").is_file():
+            out.setdefault(r["org"], []).append(load_requests(r["path"]))
+    return {o: pd.concat(frames, ignore_index=True) for o, frames in out.items()}
+
+
+def render_figures(
+    runs: pd.DataFrame, out_dir, metrics: Sequence[str] = ("throughput_ledger_tok_s",),
+) -> list[Path]:
+    """Draw every figure the data support under ``out_dir``; return the paths."""
+    figs: list[tuple[str, Figure | None]] = []
+    for m in metrics:
+        figs.append((f"headroom_{m}", headroom_figure(runs, m)))
+        for x in ("budget", "rate"):
+            figs.append((f"d0_s2_ratio_vs_{x}_{m}", ratio_figure(runs, x, metric=m)))
+    figs.append(("joint_depth", joint_depth_figure(runs)))
+    figs.append(("latency_cdf", latency_cdf_figure(_requests_by_org(runs))))
+    # The memory timeline is per run: draw the first run (by id) that has steps.
+    with_steps = [r for _, r in runs.sort_values("run_id").iterrows() if (Path(r["path"]) / "steps.parquet").is_file()]
+    if with_steps:
+        first = with_steps[0]
+        figs.append(("memory_" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(first["run_id"])),
+                     memory_figure(load_steps(first["path"]), f"memory by state kind, run {first['run_id']}")))
+    paths: list[Path] = []
+    for stem, fig in figs:
+        if fig is not None:
+            paths.extend(save(fig, out_dir, stem))
+    return paths

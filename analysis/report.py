@@ -1,0 +1,170 @@
+"""Rendering evaluated contrasts: a rich terminal table, CSV, versioned JSON
+and a Markdown report with the figure list.
+
+Ratios are shown as signed percent effects, ``(ratio - 1) x 100``, with the
+t CI of the mean ratio in the same units; interactions in their own unit
+(pp for differences, % for ratios of ratios). A row whose CI contains the
+null value says "not significant" -- the report never presents it as a
+finding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+JSON_SCHEMA_VERSION = 1
+
+
+def fmt_pct(ratio: float) -> str:
+    return "n/a" if _nan(ratio) else f"{(ratio - 1) * 100:+.2f}%"
+
+
+def fmt_num(x: float, unit: str = "") -> str:
+    return "n/a" if _nan(x) else f"{x:+.2f}{unit}"
+
+
+def fmt_p(p: float) -> str:
+    if _nan(p):
+        return "n/a"
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def fmt_value(x: float) -> str:
+    if _nan(x):
+        return "n/a"
+    return f"{x:.4g}" if abs(x) < 1000 else f"{x:,.1f}"
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _ci_pct(lo: float, hi: float) -> str:
+    return "n/a" if _nan(lo) else f"[{fmt_pct(lo)}, {fmt_pct(hi)}]"
+
+
+def contrast_rows(df: pd.DataFrame) -> list[list[str]]:
+    """Display cells of each contrast, shared by the terminal and Markdown tables."""
+    return [
+        [r["family"], r["name"], str(r["n"]), fmt_value(r["mean_numerator"]), fmt_value(r["mean_denominator"]),
+         fmt_pct(r["mean_ratio"]), _ci_pct(r["ci_low"], r["ci_high"]), _ci_pct(r["boot_ci_low"], r["boot_ci_high"]),
+         fmt_p(r["p"]), fmt_p(r["p_holm"]), fmt_p(r["p_wilcoxon"]), r["verdict"]]
+        for _, r in df.iterrows()
+    ]
+
+
+CONTRAST_HEADER = ["family", "contrast", "n", "mean num", "mean den", "effect", "95% CI (t)",
+                   "95% CI (bootstrap)", "p", "p Holm", "p Wilcoxon", "verdict"]
+INTERACTION_HEADER = ["family", "interaction", "kind", "n", "effect", "95% CI (t)", "95% CI (bootstrap)",
+                      "p", "p Holm", "verdict"]
+
+
+def interaction_rows(df: pd.DataFrame) -> list[list[str]]:
+    rows = []
+    for _, r in df.iterrows():
+        u = r["unit"]
+        ci = "n/a" if _nan(r["effect_ci_low"]) else f"[{fmt_num(r['effect_ci_low'], u)}, {fmt_num(r['effect_ci_high'], u)}]"
+        boot = "n/a" if _nan(r["boot_effect_low"]) else f"[{fmt_num(r['boot_effect_low'], u)}, {fmt_num(r['boot_effect_high'], u)}]"
+        n = f"{r['n_a']}" if r["paired"] else f"{r['n_a']}+{r['n_b']}"
+        rows.append([r["family"], r["name"], r["kind"] + ("" if r["paired"] else " (unpaired)"), n,
+                     fmt_num(r["effect"], u), ci, boot, fmt_p(r["p"]), fmt_p(r["p_holm"]), r["verdict"]])
+    return rows
+
+
+def print_tables(console: Console, contrasts: pd.DataFrame, interactions: pd.DataFrame | None = None) -> None:
+    """The contrast (and interaction) tables on the terminal."""
+    for title, header, rows in (
+        ("contrasts (paired by seed, Holm within family)", CONTRAST_HEADER, contrast_rows(contrasts)),
+        ("interactions", INTERACTION_HEADER,
+         interaction_rows(interactions) if interactions is not None else []),
+    ):
+        if not rows:
+            continue
+        table = Table(title=title)
+        for h in header:
+            table.add_column(h, overflow="fold")
+        for row in rows:
+            style = "bold green" if row[-1] == "significant" else None
+            # Text, not markup: names such as "s1/s0 [ttft_p99_s]" contain brackets.
+            table.add_row(*(Text(c) for c in row), style=style)
+        console.print(table)
+
+
+def _records(df: pd.DataFrame | None) -> list[dict]:
+    if df is None:
+        return []
+    out = []
+    for rec in df.to_dict(orient="records"):
+        out.append({k: (None if _nan(v) else (v.item() if hasattr(v, "item") else v)) for k, v in rec.items()})
+    return out
+
+
+def to_json(contrasts: pd.DataFrame, interactions: pd.DataFrame | None = None,
+            arms: pd.DataFrame | None = None) -> str:
+    """Versioned JSON document; NaN becomes null."""
+    doc = {"schema_version": JSON_SCHEMA_VERSION, "contrasts": _records(contrasts),
+           "interactions": _records(interactions), "arms": _records(arms)}
+    return json.dumps(doc, indent=2, allow_nan=False, default=str)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def esc(s):
+        return str(s).replace("|", "\\|")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
+                    arms: pd.DataFrame | None, figures: Sequence[Path], out_dir) -> str:
+    """The report.md text: runs analysed, arm means, contrasts, interactions, figures."""
+    parts = [f"# hbench analysis of `{root}`", ""]
+    parts += ["Relative effects are within-seed ratios averaged over seeds; p is a t test on the log "
+              "ratios, Holm-adjusted within each family; a result is significant only when p Holm < "
+              "alpha and its 95% t CI excludes the null (ratio 1, difference 0 pp). Definitions: docs/statistics.md.", ""]
+    if arms is not None and not arms.empty:
+        parts += ["## Arms (mean over seeds)", ""]
+        cols = [c for c in arms.columns if not c.endswith(("_ci_low", "_ci_high"))]
+        parts += [markdown_table(cols, [[fmt_value(v) if isinstance(v, float) else str(v) for v in r]
+                                        for r in arms[cols].itertuples(index=False)]), ""]
+    parts += ["## Contrasts", ""]
+    if contrasts.empty:
+        parts += ["No contrasts: every design cell holds a single organization.", ""]
+    else:
+        parts += [markdown_table(CONTRAST_HEADER, contrast_rows(contrasts)), ""]
+        sig = contrasts[contrasts["significant"]]
+        parts += [f"{len(sig)} of {len(contrasts)} contrasts significant.", ""]
+    if interactions is not None and not interactions.empty:
+        parts += ["## Interactions", "", markdown_table(INTERACTION_HEADER, interaction_rows(interactions)), ""]
+    if figures:
+        parts += ["## Figures", ""]
+        out_dir = Path(out_dir)
+        for p in figures:
+            if p.suffix == ".png":
+                rel = p.relative_to(out_dir) if p.is_relative_to(out_dir) else p
+                parts.append(f"- [{p.stem}]({rel}) ![{p.stem}]({rel})")
+        parts.append("")
+    return "\n".join(parts)
+
+
+def write_outputs(out_dir, root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
+                  arms: pd.DataFrame | None, figures: Sequence[Path]) -> list[Path]:
+    """contrasts.csv (+ interactions.csv), contrasts.json and report.md under ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "contrasts.csv", out / "contrasts.json", out / "report.md"]
+    contrasts.to_csv(written[0], index=False)
+    written[1].write_text(to_json(contrasts, interactions, arms))
+    written[2].write_text(markdown_report(root, contrasts, interactions, arms, figures, out))
+    if interactions is not None and not interactions.empty:
+        interactions.to_csv(out / "interactions.csv", index=False)
+        written.append(out / "interactions.csv")
+    return written

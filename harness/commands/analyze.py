@@ -1,0 +1,68 @@
+"""``hbench analyze DIR``: paired-seed contrasts, Holm per family, report and figures.
+
+Thin: loads the runs, builds the contrasts (automatic, or from a design
+file), evaluates them and hands the tables to `analysis.report` and
+`analysis.figures`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import click
+
+from harness.errors import HbenchError
+
+
+@click.command("analyze")
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Where to write the analysis (default: RESULTS_DIR/analysis).")
+@click.option("--metric", "metrics", multiple=True, default=("throughput_ledger_tok_s",), show_default=True,
+              help="Summary metric to contrast (repeatable); each metric is one Holm family.")
+@click.option("--design", "--family-file", "design", type=click.Path(path_type=Path), default=None,
+              help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
+@click.option("--alpha", type=float, default=0.05, show_default=True, help="Significance level after Holm.")
+@click.option("--no-figures", is_flag=True, help="Skip the figures.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
+def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
+    """Compare organizations across seeds in RESULTS_DIR.
+
+    Without --design, runs are grouped by every configuration field except
+    org and seed, and each organization is contrasted with s0 (else s2) on
+    each --metric. Writes contrasts.csv, contrasts.json, report.md and
+    figures/ under --out.
+    """
+    from rich.console import Console
+
+    from analysis import contrasts as C
+    from analysis.figures import render_figures
+    from analysis.load import load_runs
+    from analysis.report import print_tables, to_json, write_outputs
+
+    if not 0 < alpha < 1:
+        raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(results_dir)
+        if design is not None:
+            d = C.load_design(design)
+            contrasts, interactions = list(d.contrasts), list(d.interactions)
+        else:
+            contrasts, interactions = C.auto_contrasts(runs, metrics), []
+        table = C.evaluate(runs, contrasts, alpha=alpha)
+        inter = C.evaluate_interactions(runs, contrasts, interactions, alpha=alpha) if interactions else None
+        used = sorted({c.metric for c in contrasts}) or list(metrics)
+        arms = C.arm_means(runs, used)
+        out = out_dir if out_dir is not None else results_dir / "analysis"
+        figures = [] if no_figures else render_figures(runs, out / "figures", used)
+        write_outputs(out, results_dir, table, inter, arms, figures)
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
+    if as_json:
+        click.echo(to_json(table, inter, arms))
+    else:
+        print_tables(Console(), table, inter)
+        click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md"
+                   + (f" and {len(figures)} figure files" if figures else ""))
