@@ -20,6 +20,7 @@ else the first by name). Each metric is one Holm family.
 from __future__ import annotations
 
 import math
+import tomllib
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import tomllib
 
 from analysis import stats
 from analysis.load import config_keys

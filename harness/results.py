@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +65,7 @@ def new_run_id(config: RunConfig, workload_hash: str, *, now: datetime | None = 
     different ids. Repeating the identical cell within one second collides,
     and `write_run` then refuses rather than overwrite.
     """
-    utc = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    utc = (now or datetime.now(UTC)).astimezone(UTC)
     short = hashlib.sha256(
         _canonical({"config": config.to_dict(), "workload_hash": workload_hash}).encode()
     ).hexdigest()[:8]
@@ -168,7 +168,7 @@ def write_run(
         "engine_info": run.engine_info,
         "org": config.org,
         "budget": budget,
-        "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "status": "complete",
     }
     clash = set(extra_manifest or {}) & set(manifest)

@@ -8,7 +8,7 @@ import json
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -191,7 +191,7 @@ def test_list_runs_of_missing_root_is_an_error(tmp_path):
 
 
 def test_run_id_is_readable_and_separates_configs():
-    now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc)
+    now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
     cfg = RunConfig(org="s1", budget="b83", seed=4)
     rid = results.new_run_id(cfg, WORKLOAD_HASH, now=now)
     assert re.fullmatch(r"20240506T070809Z-sim-s1-b83-s4-[0-9a-f]{8}", rid), rid
