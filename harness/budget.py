@@ -1,0 +1,210 @@
+"""Budget labels -> bytes -> each organization's integer page counts.
+
+A budget is one byte target per pool layer (harness/geometry.py explains
+pool layers). Every organization turns the *same* target into its own page
+counts with `harness.layout.layout_for` and keeps its own rounding loss, so
+organizations are compared at equal memory, never at equal page counts
+(DESIGN.md section 4). Accepted budget texts:
+
+    bN       N x geom.slot_checkpoint_bytes per pool layer: N coarse S0 pages
+             for Falcon-H1 (the study's labels b63, b83, b108)
+    Np       N pages of the organization's own page: the S0 page for s0, the
+             512-token attention page A for s1/s2, and N x A bytes for d0
+             (the bytes S1/S2 get from the same label)
+    12GiB    a whole-model size (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB),
+             divided evenly over geom.pool_layers
+
+Conversion per organization (page sizes from the layout, never re-derived):
+
+    s0        pages = floor(bytes / S0 page)
+    s1, s2    pages = floor(bytes / A)
+    d0        M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
+              the rest -> floor((bytes - M_A) / C) checkpoint units
+
+Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
+floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`).
+
+Why D0's default attention fraction f is 0.5. The two D0 pools are sized once,
+so f should match the bytes a typical running request keeps of each kind. At
+the study's working point (mean input 3,332 tokens, grid 1792, 16-token
+blocks) one request holds, per layer of Falcon-H1-7B:
+
+    attention   ceil(3332 / 16) = 209 blocks x 16 KiB          = 3,344 KiB
+    recurrent   (1 live + floor(3332 / 1792) = 1 published)
+                = 2 checkpoints x 1557 KiB                     = 3,114 KiB
+    attention share = 3344 / (3344 + 3114)                    = 0.518
+
+The cap (63 running requests) scales both sides alike and so drops out.
+`working_point_attn_share` computes this for any geometry (the test
+re-derives 0.518); generated tokens (up to 1,024) push the share up, cached
+checkpoints of finished requests push it down, so hbench uses the round 0.5
+and reports f with every D0 result.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+
+from harness.config import ORG_NAMES
+from harness.errors import HbenchError
+from harness.geometry import ModelGeometry
+from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, layout_for
+
+#: Largest whole-model budget accepted (1 PiB); anything above is a typo.
+MAX_WHOLE_MODEL_BYTES = 1 << 50
+DEFAULT_D0_ATTN_FRACTION = 0.5
+
+UNITS = {
+    "b": ("B", 1),
+    "kib": ("KiB", 1 << 10), "mib": ("MiB", 1 << 20), "gib": ("GiB", 1 << 30), "tib": ("TiB", 1 << 40),
+    "kb": ("KB", 10**3), "mb": ("MB", 10**6), "gb": ("GB", 10**9), "tb": ("TB", 10**12),
+}
+FORMS = ("bN (N checkpoints' bytes per pool layer, e.g. b83), Np (N pages of the "
+         "organization's page, e.g. 252p), or a whole-model size such as 12GiB, 512MiB, "
+         "1.5GB, 123456789B")
+
+_B_RE = re.compile(r"b(\d+)", re.IGNORECASE)
+_P_RE = re.compile(r"(\d+)p", re.IGNORECASE)
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """One pool of one organization: what it was given and what that buys."""
+
+    name: str  # "shared" (S0/S1/S2) or "attention" / "checkpoint" (D0)
+    page_bytes: int  # bytes per page per pool layer
+    pages: int  # integer page count
+    target_bytes: int  # bytes this pool was given (per pool layer)
+
+    @property
+    def rounding_loss_bytes(self) -> int:
+        """Bytes of the target no whole page fits in."""
+        return self.target_bytes - self.pages * self.page_bytes
+
+
+@dataclass(frozen=True)
+class OrgBudget:
+    """A budget resolved for one organization. Bytes are per pool layer."""
+
+    org: str
+    label: str
+    target_bytes: int
+    pools: tuple[PoolCapacity, ...]  # one for s0/s1/s2; two for d0, attention first
+    d0_attn_fraction: float | None
+    pool_layers: int
+
+    def pool(self, name: str) -> PoolCapacity:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(f"{self.org} has no pool {name!r}; pools: {[p.name for p in self.pools]}")
+
+    @property
+    def total_pages(self) -> int:
+        return sum(p.pages for p in self.pools)
+
+    @property
+    def rounding_loss_bytes(self) -> int:
+        return sum(p.rounding_loss_bytes for p in self.pools)
+
+    @property
+    def whole_model_bytes(self) -> int:
+        return self.target_bytes * self.pool_layers
+
+
+def applicable_orgs(geom: ModelGeometry) -> tuple[str, ...]:
+    """Organizations that make sense for ``geom``: D0 needs recurrent state."""
+    return ORG_NAMES if geom.slot_checkpoint_bytes else tuple(o for o in ORG_NAMES if o != "d0")
+
+
+def _org_page_bytes(org: str, geom: ModelGeometry) -> int:
+    """The page an ``Np`` label counts: S0's page for s0, A for s1/s2/d0."""
+    if org == "s0":
+        return layout_for("s0", geom).attn_page_bytes
+    return layout_for("s1", geom).attn_page_bytes
+
+
+def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -> tuple[int, str]:
+    """(bytes per pool layer, canonical label) of a budget text; see the module docstring."""
+    if org is not None and org not in ORG_NAMES:
+        raise HbenchError(f"unknown organization {org!r}; choose from {', '.join(ORG_NAMES)}")
+    s = str(text).strip()
+    if m := _B_RE.fullmatch(s):
+        n = int(m.group(1))
+        if geom.slot_checkpoint_bytes == 0:
+            raise HbenchError(f"budget {s!r} counts checkpoints but {geom.name} has no recurrent "
+                              "state; give Np or a whole-model size")
+        per_layer, label = n * geom.slot_checkpoint_bytes, f"b{n}"
+    elif m := _P_RE.fullmatch(s):
+        n = int(m.group(1))
+        if org is None:
+            raise HbenchError(f"budget {s!r} counts pages, which differ by organization; "
+                              "give an organization")
+        per_layer, label = n * _org_page_bytes(org, geom), f"{n}p"
+    elif (m := _SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
+        unit, mult = UNITS[m.group(2).lower()]
+        whole = int(Decimal(m.group(1)) * mult)  # exact: the regex admits only decimals
+        if whole > MAX_WHOLE_MODEL_BYTES:
+            raise HbenchError(f"budget {s!r} exceeds 1 PiB for the whole model; use {FORMS}")
+        per_layer, label = whole // geom.pool_layers, f"{m.group(1)}{unit}"
+    else:
+        raise HbenchError(f"unknown budget {s!r}; use {FORMS}")
+    if per_layer <= 0:
+        raise HbenchError(f"budget {s!r} is zero bytes per pool layer; use a positive {FORMS}")
+    if per_layer * geom.pool_layers > MAX_WHOLE_MODEL_BYTES:
+        raise HbenchError(f"budget {s!r} exceeds 1 PiB for the whole model; use {FORMS}")
+    return per_layer, label
+
+
+def resolve_budget(text: str, org: str, geom: ModelGeometry,
+                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> OrgBudget:
+    """Turn a budget text into ``org``'s pools and integer page counts.
+
+    Raises HbenchError if the pools cannot hold one request's state: one
+    checkpoint (as ``org`` lays it out) plus one attention block.
+    """
+    target, label = parse_budget_bytes(text, geom, org)
+    layout = layout_for(org, geom)
+    if org == "d0":
+        if not 0.0 < d0_attn_fraction < 1.0:
+            raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
+        if layout.ckpt_page_bytes == 0:
+            raise HbenchError(f"d0 keeps a checkpoint pool, but {geom.name} has no recurrent state")
+        m_a = math.floor(d0_attn_fraction * target)
+        attn = PoolCapacity("attention", layout.attn_page_bytes, m_a // layout.attn_page_bytes, m_a)
+        ckpt = PoolCapacity("checkpoint", layout.ckpt_page_bytes,
+                            (target - m_a) // layout.ckpt_page_bytes, target - m_a)
+        if attn.pages < 1 or ckpt.pages < 1:
+            raise HbenchError(
+                f"budget {label} with d0 attention fraction {d0_attn_fraction} gives "
+                f"{attn.pages} attention blocks and {ckpt.pages} checkpoint units; "
+                "each pool must hold at least one: raise the budget or change the fraction")
+        return OrgBudget(org, label, target, (attn, ckpt), d0_attn_fraction, geom.pool_layers)
+    page = layout.attn_page_bytes
+    shared = PoolCapacity("shared", page, target // page, target)
+    need = 1 + layout.ckpt_pages + (1 if layout.conv_slots else 0)  # attention + checkpoint (+slab)
+    if shared.pages < need:
+        raise HbenchError(f"budget {label} gives {org} {shared.pages} pages; one request needs "
+                          f"{need} (an attention block and a checkpoint): raise the budget")
+    return OrgBudget(org, label, target, (shared,), None, geom.pool_layers)
+
+
+def resolve_all(text: str, geom: ModelGeometry,
+                d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> dict[str, OrgBudget]:
+    """`resolve_budget` for every organization that applies to ``geom`` (no d0
+    for a pure-attention model)."""
+    return {org: resolve_budget(text, org, geom, d0_attn_fraction) for org in applicable_orgs(geom)}
+
+
+def working_point_attn_share(geom: ModelGeometry, mean_input_tokens: int = 3332,
+                             grid_tokens: int = D0_GRID_TOKENS,
+                             block_tokens: int = D0_BLOCK_TOKENS) -> float:
+    """Share of one running request's D0 bytes that is attention (module docstring)."""
+    attn = math.ceil(mean_input_tokens / block_tokens) * block_tokens * geom.slot_attn_bytes_per_token
+    ckpts = 1 + mean_input_tokens // grid_tokens
+    recurrent = ckpts * geom.slot_checkpoint_bytes
+    return attn / (attn + recurrent)
