@@ -20,6 +20,15 @@ from harness.errors import HbenchError
 # command's heavy imports (pandas, matplotlib) do not slow the others.
 COMMANDS: dict[str, tuple[str, str]] = {
     "geometry": ("harness.commands.geometry", "geometry"),
+    "budget": ("harness.commands.budget", "budget"),
+    "ledger": ("harness.commands.ledger", "ledger"),
+    "tiny-model": ("harness.commands.tiny_model", "tiny_model"),
+    "verify": ("harness.commands.verify", "verify"),
+    "analyze": ("harness.commands.analyze", "analyze"),
+    "regress": ("harness.commands.regress", "regress"),
+    "hardware": ("harness.commands.hardware", "hardware"),
+    "workload": ("harness.commands.workload", "workload"),
+    "run": ("harness.commands.run", "run"),
 }
 
 
@@ -58,3 +67,7 @@ def cli():
 
 def main():
     cli(prog_name="hbench")
+
+
+if __name__ == "__main__":
+    main()

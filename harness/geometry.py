@@ -601,3 +601,26 @@ def preset(name: str, **dtypes) -> ModelGeometry:
     if key not in PRESETS:
         raise HbenchError(f"unknown model {name!r}; presets: {', '.join(sorted(PRESETS))}")
     return from_config(PRESETS[key], name=key, **dtypes)
+
+
+DEFAULT_MODEL = "falcon-h1-7b"
+
+
+def geometry_from_options(model: str | None, config_path: str | None, dtype: str = "bf16",
+                          ssm_dtype: str = "bf16") -> ModelGeometry:
+    """The geometry the model flags select (one-line HbenchError on bad input)."""
+    for flag, value in (("--dtype", dtype), ("--ssm-dtype", ssm_dtype)):
+        if value not in DTYPE_BYTES:
+            raise HbenchError(f"{flag} {value!r} is not one of {', '.join(DTYPE_BYTES)}")
+    if model and config_path:
+        raise HbenchError("give --model or --config, not both")
+    dtypes = dict(dtype=dtype, ssm_state_dtype=ssm_dtype)
+    if config_path:
+        return from_config(load_config(config_path), **dtypes)
+    return preset(model or DEFAULT_MODEL, **dtypes)
+
+
+def geometry_for_run(config) -> ModelGeometry:
+    """The geometry a `RunConfig` names (its config.json wins over the preset name)."""
+    return geometry_from_options(None if config.config_path else config.model,
+                                 config.config_path, "bf16", config.ssm_state_dtype)

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, FORMS, OrgBudget, resolve_all
-from harness.commands.geometry import geometry_from_options, model_options
+from harness.commands.geometry import model_options
+from harness.geometry import geometry_from_options
 from harness.ledger import kib
 
 

@@ -14,12 +14,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from harness.errors import HbenchError
-from harness.geometry import DTYPE_BYTES, PRESETS, ModelGeometry, from_config, load_config, preset
+from harness.geometry import (
+    DEFAULT_MODEL,
+    DTYPE_BYTES,
+    PRESETS,
+    ModelGeometry,
+    geometry_from_options,
+)
 from harness.layout import OrgLayout, layout_for
 from harness.ledger import kib
-
-DEFAULT_MODEL = "falcon-h1-7b"
 
 
 def model_options(func):
@@ -39,20 +42,6 @@ def model_options(func):
     for opt in reversed(opts):
         func = opt(func)
     return func
-
-
-def geometry_from_options(model: str | None, config_path: str | None, dtype: str = "bf16",
-                          ssm_dtype: str = "bf16") -> ModelGeometry:
-    """The geometry the model flags select (one-line HbenchError on bad input)."""
-    for flag, value in (("--dtype", dtype), ("--ssm-dtype", ssm_dtype)):
-        if value not in DTYPE_BYTES:
-            raise HbenchError(f"{flag} {value!r} is not one of {', '.join(DTYPE_BYTES)}")
-    if model and config_path:
-        raise HbenchError("give --model or --config, not both")
-    dtypes = dict(dtype=dtype, ssm_state_dtype=ssm_dtype)
-    if config_path:
-        return from_config(load_config(config_path), **dtypes)
-    return preset(model or DEFAULT_MODEL, **dtypes)
 
 
 def describe_members(layout: OrgLayout) -> str:

@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, applicable_orgs, resolve_all
-from harness.commands.geometry import geometry_from_options, model_options
+from harness.commands.geometry import model_options
 from harness.errors import HbenchError
+from harness.geometry import geometry_from_options
 from harness.layout import BLOCK_TOKENS, D0_BLOCK_TOKENS, layout_for
 from harness.ledger import (
     WASTE_KINDS,

@@ -1,0 +1,196 @@
+"""The embedded default engine: a discrete-event simulation in virtual time.
+
+One event order, defined once: events are ``(time, kind, seq)`` tuples on a
+heap, a step completing at t is handled before an arrival at t, and only this
+loop advances the clock. Each step's duration comes from the roofline cost
+model (`adapters.sim.cost`) applied to the batch the scheduler planned, so the
+simulator needs no GPU and is deterministic: the same workload and config give
+identical results, bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from pathlib import Path
+
+from adapters.sim.cost import CostModel, StepShape
+from adapters.sim.hardware import get_hardware
+from harness import __version__
+from harness.budget import resolve_budget
+from harness.geometry import geometry_for_run
+from harness.orgs import build_organization
+from harness.orgs.pool import KINDS
+from harness.records import EngineRun
+from harness.scheduler import Scheduler, SchedulerPolicy
+
+STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
+#: The benchmark notices completions by polling at this interval (assumed, like a
+#: serving benchmark's client loop); the ledger window ends at the next poll.
+POLL_INTERVAL_S = 0.05
+
+_SOURCES = ("adapters/sim/engine.py", "adapters/sim/cost.py", "adapters/sim/hardware.py",
+            "harness/scheduler.py", "harness/orgs", "harness/layout.py", "harness/budget.py",
+            "harness/geometry.py")
+
+
+def _source_digest() -> str:
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for rel in _SOURCES:
+        p = root / rel
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+class SimEngine:
+    name = "sim"
+    supported_orgs = ("s0", "s1", "s2", "d0")
+
+    def version(self) -> str:
+        """Changes whenever the simulator's code (hence possibly its outputs) changes."""
+        return f"sim-{__version__}-{_source_digest()}"
+
+    def build(self, config):
+        """(geometry, budget, organization) for a config; raises HbenchError if infeasible."""
+        geom = geometry_for_run(config)
+        budget = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
+        org = build_organization(config.org, geom, tuple(p.pages for p in budget.pools))
+        return geom, budget, org
+
+    def run(self, workload, config, progress=None) -> EngineRun:
+        geom, budget, org = self.build(config)
+        cost_model = CostModel(geom, get_hardware(config.gpu))
+        sched = Scheduler(org, SchedulerPolicy(
+            cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
+            retention=config.retention, retention_threshold=config.retention_threshold))
+        layers = geom.pool_layers
+        events: list[tuple] = []
+        seq = 0
+        for wr in workload.requests:
+            events.append((wr.arrival_s, ARRIVAL, seq, wr))
+            seq += 1
+        heapq.heapify(events)
+        steps: list[dict] = []
+        peak = dict.fromkeys(KINDS, 0)
+        waste_peak = dict.fromkeys(KINDS, 0)
+        occupancy: list[float] = []
+        plan = None
+        done = 0
+        warmup = config.warmup_requests
+        while events:
+            now, kind, _, payload = heapq.heappop(events)
+            if kind == ARRIVAL:
+                sched.add(payload.request_id, payload.arrival_s, payload.prompt_token_ids,
+                          payload.output_len, payload.salt, payload.prefix_group,
+                          warmup=payload.request_id < warmup)
+            else:
+                finished = sched.complete(plan, now)
+                steps[-1]["time_s"] = now
+                plan = None
+                if finished and progress:
+                    done += len(finished)
+                    progress(done)
+                if config.debug_invariants:
+                    org.check_invariants()
+            if plan is None and sched.has_work:
+                plan, cost, failed = self._next_plan(sched, cost_model)
+                if failed and progress:
+                    done += failed
+                    progress(done)
+                if plan is None:
+                    continue
+                heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
+                seq += 1
+                u = org.usage()
+                row = {
+                    "time_s": now, "start_s": now, "duration_s": cost.total_s,
+                    "running": len(sched.running), "waiting": len(sched.waiting),
+                    "batch_tokens": plan.batch_tokens,
+                    "prefill_tokens": sum(i.end - i.start for i in plan.items if i.prefill),
+                    "decode_requests": sum(1 for i in plan.items if not i.prefill),
+                    "preempted": len(plan.preempted),
+                    "weights_s": cost.weights_s, "kv_s": cost.kv_s,
+                    "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
+                    "overhead_s": cost.overhead_s, "bound": cost.bound,
+                    "invalidations": u.invalidations,
+                    "slab_occupancy": u.slab_occupancy,
+                }
+                for pool, counts in u.pages.items():
+                    for state, n in counts.items():
+                        row[f"pages_{pool}_{state}"] = n
+                for k in KINDS:
+                    b = u.bytes_by_kind[k]["referenced"] * layers
+                    row[f"mem_{k}_bytes"] = b
+                    row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
+                    peak[k] = max(peak[k], b)
+                    waste_peak[k] = max(waste_peak[k], u.waste_by_kind[k] * layers)
+                if not math.isnan(u.slab_occupancy):
+                    occupancy.append(u.slab_occupancy)
+                steps.append(row)
+        self._check_nothing_lost(sched, org)
+        records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
+        last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+        window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
+        counters = {
+            "invalidations": org.invalidations,
+            "preemptions": sched.preemptions,
+            "checkpoints_published": org.published_count,
+            "rounding_waste_bytes": {"budget": budget.rounding_loss_bytes * layers,
+                                     **{f"pages_{k}": v for k, v in waste_peak.items()}},
+        }
+        if occupancy:
+            counters["slab_occupancy_mean"] = sum(occupancy) / len(occupancy)
+        info = {
+            "engine": self.name, "pool_layers": layers,
+            "pools": [{"name": p.name, "pages": p.pages, "page_bytes": p.page_bytes}
+                      for p in budget.pools],
+            "attn_block_tokens": org.layout.attn_block_tokens,
+            "grid_tokens": org.layout.grid_tokens,
+            "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
+            "cache_state": "cold", "warmup_requests": warmup,
+        }
+        return EngineRun(requests=records, steps=steps, window_start_s=0.0,
+                         window_end_s=window_end, engine_info=info, peak_memory=peak,
+                         counters=counters)
+
+    @staticmethod
+    def _next_plan(sched: Scheduler, cost_model: CostModel):
+        """Plan the next step; replan after a step that only preempted or failed."""
+        failed = 0
+        for _ in range(len(sched.requests) + 2):
+            plan = sched.schedule()
+            failed += len(plan.failed)
+            if plan.items:
+                return plan, cost_model.step(_shape(plan)), failed
+            if not (plan.preempted or plan.failed) or not sched.has_work:
+                break
+        if sched.has_work:
+            raise AssertionError(
+                f"scheduler stalled: {len(sched.waiting)} waiting, {len(sched.running)} running")
+        return None, None, failed
+
+    @staticmethod
+    def _check_nothing_lost(sched: Scheduler, org) -> None:
+        open_reqs = [r.rid for r in sched.requests.values() if r.state != "done"]
+        if open_reqs:
+            raise AssertionError(f"requests neither finished, failed nor cancelled: {open_reqs[:10]}")
+        org.check_invariants()
+        if not org.holds_no_references():
+            raise AssertionError(f"{org.name}: references left after every request ended")
+
+
+def _shape(plan) -> StepShape:
+    """Aggregate the planned batch into the cost model's step description."""
+    chunks, decodes, copies, loads = [], [], 0, 0
+    for it in plan.items:
+        if it.prefill:
+            chunks.append((it.end - it.start, it.start))
+            loads += it.adopted
+            grid = it.grid
+            copies += min(it.end, it.req.prefill_until) // grid - it.start // grid
+        else:
+            decodes.append(it.start)
+    return StepShape.from_requests(tuple(chunks), tuple(decodes), copies, loads)

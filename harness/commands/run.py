@@ -1,0 +1,144 @@
+"""``hbench run``: one serving run of one organization at one budget.
+
+Thin: flags -> `RunConfig` (validated once) -> `harness.runner.execute` ->
+summary table. The run directory it prints holds everything needed to trace
+and rerun the result (see README "What each number means").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from adapters.registry import ENGINES
+from harness.config import ARRIVALS, ORG_NAMES, RunConfig
+from harness.results import read_run
+from harness.runner import build_run_workload, execute
+
+D = RunConfig()
+
+# (summary key, label, scale, unit) for the table printed after a run
+SUMMARY_ROWS = [
+    ("throughput_ledger_tok_s", "output tok/s (ledger window)", 1, ""),
+    ("throughput_span_tok_s", "output tok/s (request span)", 1, ""),
+    ("ttft_p50_s", "TTFT p50", 1e3, "ms"), ("ttft_p99_s", "TTFT p99", 1e3, "ms"),
+    ("itl_p50_s", "ITL p50", 1e3, "ms"), ("itl_p99_s", "ITL p99", 1e3, "ms"),
+    ("tpot_p99_s", "TPOT p99", 1e3, "ms"), ("e2e_p99_s", "end-to-end p99", 1, "s"),
+    ("initial_input_tokens", "initial input tokens", 1, ""),
+    ("reused_tokens", "reused prompt tokens", 1, ""),
+    ("recomputed_tokens", "recomputed tokens", 1, ""),
+    ("j_adopt_mean", "mean J_adopt", 1, "tok"), ("r_max_mean", "mean R_max", 1, "tok"),
+    ("preemptions", "preemptions", 1, ""), ("invalidations", "invalidations", 1, ""),
+    ("waiting_median", "waiting (median)", 1, ""), ("running_median", "running (median)", 1, ""),
+    ("peak_mem_total_bytes", "peak memory incl. weights", 2**-30, "GiB"),
+    ("peak_mem_attention_bytes", "peak attention state", 2**-30, "GiB"),
+    ("peak_mem_ssm_bytes", "peak SSM state", 2**-30, "GiB"),
+    ("slab_occupancy_mean", "slab occupancy (mean)", 100, "%"),
+    ("finished", "finished", 1, ""), ("failed", "failed", 1, ""), ("cancelled", "cancelled", 1, ""),
+]
+
+
+def _fmt(v, scale) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    x = v * scale
+    return f"{x:,.0f}" if abs(x) >= 1000 or float(x).is_integer() else f"{x:,.2f}"
+
+
+def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> None:
+    cfg = manifest["config"]
+    t = Table(title=f"{cfg['org'].upper()} @ {manifest['budget']['label']}  "
+                    f"({cfg['engine']}, {cfg['rate']} req/s, q={cfg['q']}, seed {cfg['seed']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_column("unit")
+    for key, label, scale, unit in SUMMARY_ROWS:
+        t.add_row(label, _fmt(summary.get(key), scale), unit)
+    console.print(t)
+    console.print(f"results: {run_dir}")
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.option("--org", type=click.Choice(ORG_NAMES), default=D.org, show_default=True,
+              help="Memory organization: s0 coarse shared pages, s1 paged checkpoints, "
+                   "s2 conv-slot packing, d0 native dual pools.")
+@click.option("--budget", default=D.budget, show_default=True,
+              help="State memory: bN = N checkpoint-sized pages per layer (b63, b83, b108), "
+                   "Np = N of the organization's pages (254p), or a whole-model size (12GiB).")
+@click.option("--engine", type=click.Choice(sorted(ENGINES)), default=D.engine, show_default=True,
+              help="sim: the embedded simulator (no GPU); vllm/sglang: a real server.")
+@click.option("--model", default=D.model, show_default=True, help="Model preset (see hbench geometry).")
+@click.option("--config", "config_path", type=click.Path(), default=None,
+              help="A Hugging Face config.json instead of the preset.")
+@click.option("--gpu", default=D.gpu, show_default=True,
+              help="Simulated hardware preset (see hbench hardware).")
+@click.option("--ssm-dtype", "ssm_state_dtype", default=D.ssm_state_dtype, show_default=True,
+              help="SSM state dtype (bf16 or fp32).")
+@click.option("--d0-attn-fraction", type=float, default=D.d0_attn_fraction, show_default=True,
+              help="D0: share of the budget given to the attention pool (fixed at start).")
+@click.option("--rate", type=float, default=D.rate, show_default=True, help="Arrivals per second.")
+@click.option("--arrival", type=click.Choice(ARRIVALS), default=D.arrival, show_default=True)
+@click.option("--burstiness", type=float, default=D.burstiness, show_default=True,
+              help="Gamma arrivals: squared coefficient of variation of the gaps.")
+@click.option("--q", type=float, default=D.q, show_default=True,
+              help="Shared-prefix fraction (0 = no-share control, same lengths).")
+@click.option("--requests", type=int, default=D.requests, show_default=True)
+@click.option("--duration", "duration_s", type=float, default=None,
+              help="Generate arrivals for this many seconds instead of --requests.")
+@click.option("--contexts", type=int, default=D.contexts, show_default=True,
+              help="Number of shared contexts.")
+@click.option("--max-model-len", type=int, default=D.max_model_len, show_default=True)
+@click.option("--max-output", type=int, default=D.max_output, show_default=True)
+@click.option("--cap", type=int, default=D.cap, show_default=True,
+              help="Maximum running requests.")
+@click.option("--token-budget", type=int, default=D.token_budget, show_default=True,
+              help="Tokens per engine step (prefill chunks plus decodes).")
+@click.option("--headroom", type=float, default=D.headroom, show_default=True,
+              help="Admission headroom f: floor(f x pages) must stay free after admitting.")
+@click.option("--retention/--no-retention", default=D.retention, show_default=True,
+              help="Retain a running producer's demanded checkpoints.")
+@click.option("--retention-threshold", type=int, default=D.retention_threshold, show_default=True,
+              help="Distinct requests that must want a prefix before it is retained.")
+@click.option("--isolate", is_flag=True, help="ISOLATE: a unique cache salt per request.")
+@click.option("--seed", type=int, default=D.seed, show_default=True)
+@click.option("--warmup", "warmup_requests", type=int, default=0, show_default=True,
+              help="Warm-up requests served first and excluded from every metric.")
+@click.option("--endpoint", default=None, help="Real engines: URL of a running server.")
+@click.option("--launch", is_flag=True, help="Real engines: start the server and stop it after.")
+@click.option("--server-cmd", default=None, help="Real engines: the command that starts the server.")
+@click.option("--debug-invariants", is_flag=True,
+              help="Check every organization invariant after every step (slow).")
+@click.option("--out", default="results", show_default=True, type=click.Path(),
+              help="Results root; the run goes into OUT/<run-id>/.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def run(out, as_json, **flags):
+    """Serve one ShareGPT-derived workload under one memory organization.
+
+    \b
+    Example (the study's working point, simulated A100, Falcon-H1-7B):
+      hbench run --org s2 --budget b83 --rate 3 --requests 240 --seed 1
+
+    Writes OUT/<run-id>/ with manifest.json (config, seed, workload hash, git
+    commit, versions, resolved pages), requests.parquet, steps.parquet and
+    summary.json, then prints the summary.
+    """
+    config = RunConfig(**flags)
+    console = Console(stderr=True)
+    with console.status("building workload"):
+        workload = build_run_workload(config)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=as_json) as bar:
+        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}", total=len(workload))
+        run_dir = execute(config, out, workload=workload,
+                          progress=lambda n: bar.update(task, completed=n))
+    data = read_run(run_dir)
+    if as_json:
+        click.echo(json.dumps({"run_dir": str(run_dir), **data["summary"]}, indent=2))
+    else:
+        print_summary(Console(), run_dir, data["summary"], data["manifest"])

@@ -1,0 +1,80 @@
+"""One run, end to end: config -> workload -> engine -> results directory.
+
+`execute` is what `hbench run` calls and what every sweep cell calls, so a
+cell and a hand-typed run can never differ. It checks the engine can express
+the organization, builds the workload (warm-up requests first, flagged and
+excluded from every metric), runs the engine, insists that nothing was lost,
+and writes the self-describing results directory atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict
+from pathlib import Path
+
+from adapters.registry import ENGINES, make_engine
+from harness.budget import resolve_budget
+from harness.config import RunConfig
+from harness.errors import HbenchError
+from harness.geometry import geometry_for_run
+from harness.results import new_run_id, write_run
+
+
+def engines_supporting(org: str) -> list[str]:
+    out = []
+    for name in ENGINES:
+        try:
+            if org in make_engine(name).supported_orgs:
+                out.append(name)
+        except Exception:   # an engine whose optional dependencies are missing
+            continue
+    return out
+
+
+def check_engine_supports(engine, org: str) -> None:
+    if org not in engine.supported_orgs:
+        raise HbenchError(
+            f"organization {org} is not expressible on {engine.name}; engines that can run it: "
+            f"{', '.join(engines_supporting(org)) or 'none'}")
+
+
+def budget_manifest(config: RunConfig, geom) -> dict:
+    b = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
+    return {
+        "label": b.label, "org": b.org, "target_bytes_per_pool_layer": b.target_bytes,
+        "whole_model_bytes": b.whole_model_bytes, "pool_layers": b.pool_layers,
+        "d0_attn_fraction": b.d0_attn_fraction,
+        "rounding_loss_bytes_per_pool_layer": b.rounding_loss_bytes,
+        "pools": [asdict(p) for p in b.pools],
+    }
+
+
+def build_run_workload(config: RunConfig):
+    """The workload a config describes, with its warm-up requests in front."""
+    from workloads.build import workload_from_config
+
+    if config.warmup_requests:
+        config = dataclasses.replace(config, requests=config.requests + config.warmup_requests)
+    return workload_from_config(config)
+
+
+def execute(config: RunConfig, out_root: str | Path = "results", *, workload=None,
+            progress=None, run_id: str | None = None) -> Path:
+    """Run ``config`` and write ``out_root/<run-id>/``; returns that path."""
+    engine = make_engine(config.engine)
+    check_engine_supports(engine, config.org)
+    geom = geometry_for_run(config)
+    budget = budget_manifest(config, geom)   # validates the budget before any work
+    if workload is None:
+        workload = build_run_workload(config)
+    run = engine.run(workload, config, progress)
+    wl_hash = workload.content_hash
+    return write_run(
+        Path(out_root), run_id=run_id or new_run_id(config, wl_hash), config=config, run=run,
+        workload_hash=wl_hash, workload_meta=dict(workload.meta), budget=budget,
+        engine_name=engine.name, engine_version=engine.version(),
+        weights_bytes=geom.weights_bytes,
+        extra_manifest={"cache_state": run.engine_info.get("cache_state", "cold"),
+                        "warmup_requests": config.warmup_requests},
+    )

@@ -1,0 +1,266 @@
+"""A vLLM-V1-style continuous-batching scheduler over any organization.
+
+Engine-independent: it decides which requests compute how many tokens in the
+next step, and talks to the organization only through `harness.orgs.base`'s
+ask/act calls. An in-process engine (the simulator) loops:
+
+    plan = sched.schedule()            # admission, chunking, preemption
+    ... execute plan.items for plan-dependent time ...
+    sched.complete(plan, now)          # commit, publish, emit tokens, finish
+
+Policy, in the order it is applied each step:
+1. Running requests in admission order: a decode token each, or the next
+   prefill chunk (a chunk that does not finish the prefill ends on the
+   organization's checkpoint grid). If the organization cannot make room,
+   the most recently admitted running request is preempted
+   (recompute-style: its blocks are released and stay cached, its latest
+   checkpoint is pinned) until the request fits or is itself the victim.
+2. If nobody was preempted this step: waiting requests FCFS while fewer than
+   ``cap`` run: joint prefix lookup (reuse = J_adopt), first chunk, and
+   admission only if floor(f x B) pages per pool stay free afterwards.
+3. Retention (policy): a running producer's published checkpoints whose
+   prefix was demanded by at least ``retention_threshold`` distinct requests
+   are retained until the producer finishes or is preempted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from harness.orgs.base import Organization, PrefixHit
+from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
+from harness.records import CANCELLED, FAILED, FINISHED, RequestRecord
+
+WAITING, RUNNING, DONE = "waiting", "running", "done"
+
+
+@dataclass(frozen=True)
+class SchedulerPolicy:
+    cap: int = 63
+    token_budget: int = 8192
+    headroom: float = 0.0
+    retention: bool = False
+    retention_threshold: int = 2
+
+
+@dataclass
+class SchedRequest:
+    """The scheduler's view of one request (its record is filled as it runs)."""
+
+    rid: int
+    arrival_s: float
+    tokens: list[int]           # prompt, then generated tokens
+    keys: list[int]             # chained 16-token prefix keys of `tokens`
+    salt: str | None
+    prompt_len: int
+    output_len: int
+    record: RequestRecord
+    computed: int = 0           # tokens whose state is computed
+    prefill_until: int = 0      # tokens to (re)compute before generating
+    generated: int = 0
+    state: str = WAITING
+    admitted_seq: int = -1
+    first_admission: bool = True
+
+    @property
+    def decoding(self) -> bool:
+        return self.computed >= self.prefill_until
+
+
+@dataclass
+class PlanItem:
+    req: SchedRequest
+    start: int
+    end: int
+    prefill: bool
+    grid: int                    # the organization's checkpoint interval
+    adopted: bool = False        # loads a cached checkpoint into its live state
+
+
+@dataclass
+class StepPlan:
+    items: list[PlanItem] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+
+    @property
+    def batch_tokens(self) -> int:
+        return sum(i.end - i.start for i in self.items)
+
+
+def generated_token(rid: int, index: int) -> int:
+    """A deterministic stand-in for the token a request generates (unique per request)."""
+    return 1_000_000 + ((rid * 7919 + index * 104729) % 1_000_000_007)
+
+
+class Scheduler:
+    def __init__(self, org: Organization, policy: SchedulerPolicy):
+        self.org = org
+        self.policy = policy
+        self.waiting: deque[SchedRequest] = deque()
+        self.running: list[SchedRequest] = []
+        self.requests: dict[int, SchedRequest] = {}
+        self.demand: dict[int, int] = {}      # grid key -> distinct requests wanting it
+        self._seq = 0
+        self.preemptions = 0
+
+    # ---- arrivals and cancellation --------------------------------------------
+    def add(self, rid: int, arrival_s: float, token_ids, output_len: int, salt: str | None,
+            prefix_group: int = -1, warmup: bool = False) -> SchedRequest:
+        tokens = [int(t) for t in token_ids]
+        rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
+                            target_output_tokens=output_len, prefix_group=prefix_group,
+                            warmup=warmup)
+        r = SchedRequest(rid, arrival_s, tokens, chain_keys(tokens, salt), salt, len(tokens),
+                         output_len, rec, prefill_until=len(tokens))
+        self.requests[rid] = r
+        self.waiting.append(r)
+        grid = self.org.grid
+        for j in range(grid, r.prompt_len + 1, grid):
+            k = key_at(r.keys, j)
+            self.demand[k] = self.demand.get(k, 0) + 1
+        return r
+
+    def cancel(self, rid: int, reason: str = "cancelled") -> None:
+        r = self.requests[rid]
+        if r.state == DONE:
+            return
+        if r.state == RUNNING:
+            self.running.remove(r)
+        else:
+            self.waiting.remove(r)
+        self.org.abandon(rid)
+        self._close(r, CANCELLED, reason)
+
+    def _close(self, r: SchedRequest, status: str, error: str = "") -> None:
+        r.state = DONE
+        r.record.status = status
+        r.record.error = error
+        r.record.output_tokens = r.generated
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- planning -------------------------------------------------------------------
+    def _chunk_end(self, start: int, until: int, room: int) -> int:
+        """End of a prefill chunk from ``start``: the whole rest if it fits, else the
+        furthest grid boundary within ``room`` tokens (``start`` if none fits)."""
+        if until - start <= room:
+            return until
+        grid = self.org.grid
+        return max(start, (start + room) // grid * grid)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.policy.token_budget
+        for r in list(self.running):
+            if r.state != RUNNING:          # preempted earlier in this loop
+                continue
+            start = r.computed
+            if r.decoding:
+                end, prefill = start + 1, False
+            else:
+                end, prefill = self._chunk_end(start, r.prefill_until, budget), True
+            if end <= start or end - start > budget:
+                continue
+            while not self.org.allocate(r.rid, end, r.prefill_until):
+                victim = self.running[-1]   # most recently admitted; not yet planned
+                self._preempt(victim)
+                plan.preempted.append(victim.rid)
+                if victim is r:
+                    break
+            if r.state == RUNNING:
+                plan.items.append(PlanItem(r, start, end, prefill, self.org.grid))
+                budget -= end - start
+        if not plan.preempted:
+            self._admit(plan, budget)
+        return plan
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        org = self.org
+        while self.waiting and len(self.running) < self.policy.cap and budget > 0:
+            r = self.waiting[0]
+            hit = org.lookup(r.keys, len(r.tokens) - 1)
+            start = hit.j_adopt
+            end = self._chunk_end(start, r.prefill_until, budget)
+            if end <= start:
+                break
+            demand = org.demand(r.rid, end, r.prefill_until, r.keys, hit)
+            if not org.can_allocate(demand, self.policy.headroom):
+                if self.running or plan.items:
+                    break
+                # Nothing runs, so nothing will ever free pages for it: fail it
+                # rather than wait forever.
+                self.waiting.popleft()
+                org.abandon(r.rid)
+                self._close(r, FAILED, "cannot be admitted with nothing running: "
+                            "budget or headroom too small for this request")
+                plan.failed.append(r.rid)
+                continue
+            assert org.allocate(r.rid, end, r.prefill_until, r.keys, hit)
+            self.waiting.popleft()
+            self._on_admit(r, hit)
+            self.running.append(r)
+            plan.items.append(PlanItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
+            budget -= end - start
+
+    def _on_admit(self, r: SchedRequest, hit: PrefixHit) -> None:
+        r.state = RUNNING
+        r.admitted_seq = self._seq
+        self._seq += 1
+        r.computed = hit.j_adopt
+        rec = r.record
+        if r.first_admission:
+            r.first_admission = False
+            rec.j_adopt, rec.r_max, rec.attn_depth = hit.j_adopt, hit.r_max, hit.attn_depth
+            rec.reused_tokens = hit.j_adopt
+            rec.initial_input_tokens = r.prompt_len - hit.j_adopt
+        else:
+            rec.recomputed_tokens += r.prefill_until - hit.j_adopt
+
+    def _preempt(self, r: SchedRequest) -> None:
+        self.org.preempt(r.rid)
+        self.running.remove(r)
+        r.state = WAITING
+        r.computed = 0
+        r.prefill_until = len(r.tokens)
+        r.record.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+
+    # ---- completion -------------------------------------------------------------------
+    def complete(self, plan: StepPlan, now: float) -> list[SchedRequest]:
+        """The plan's tokens are computed at ``now``: commit, publish, emit, finish."""
+        org = self.org
+        finished = []
+        for item in plan.items:
+            r = item.req
+            if r.state != RUNNING:
+                continue
+            published = org.commit(r.rid, r.keys, item.end, r.prefill_until)
+            r.computed = item.end
+            if published and self.policy.retention:
+                for j in published:
+                    if self.demand.get(key_at(r.keys, j), 0) >= self.policy.retention_threshold:
+                        org.retain(r.rid, j, r.keys)
+            if r.computed < len(r.tokens):
+                continue            # mid-prefill chunk: nothing emitted
+            # the step produced the next token
+            r.generated += 1
+            r.record.token_times.append(now)
+            if r.record.first_token_s is None:
+                r.record.first_token_s = now
+            if r.generated >= r.output_len:
+                org.finish(r.rid)
+                self.running.remove(r)
+                r.record.finish_s = now
+                self._close(r, FINISHED)
+                finished.append(r)
+            else:
+                r.tokens.append(generated_token(r.rid, r.generated))
+                if len(r.tokens) % KEY_TOKENS == 0:
+                    extend_keys(r.keys, r.tokens, r.salt)
+        return finished
+
