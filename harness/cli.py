@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hardware": ("harness.commands.hardware", "hardware"),
     "workload": ("harness.commands.workload", "workload"),
     "run": ("harness.commands.run", "run"),
+    "sweep": ("harness.commands.sweep", "sweep"),
+    "reproduce": ("harness.commands.reproduce", "reproduce"),
 }
 
 
@@ -48,6 +50,9 @@ class LazyGroup(click.Group):
         except HbenchError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(1)
+        except click.UsageError as exc:   # bad flag value: one line, not the usage text
+            click.echo(f"Error: {exc.format_message()}", err=True)
+            sys.exit(2)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -152,6 +152,18 @@ class Scheduler:
         grid = self.org.grid
         return max(start, (start + room) // grid * grid)
 
+    def _fit_chunk(self, r: SchedRequest, start: int, end: int, hit: PrefixHit | None = None,
+                   headroom: float = 0.0) -> int | None:
+        """The longest chunk [start, e], e <= end, that fits now: the whole chunk, or
+        shorter grid-aligned chunks that publish fewer checkpoints at once."""
+        org = self.org
+        keys = r.keys if hit is not None else None
+        candidates = [end] + list(range((end - 1) // org.grid * org.grid, start, -org.grid))
+        for e in candidates:
+            if org.can_allocate(org.demand(r.rid, e, r.prefill_until, keys, hit), headroom):
+                return e
+        return None
+
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.policy.token_budget
@@ -166,6 +178,11 @@ class Scheduler:
             if end <= start or end - start > budget:
                 continue
             while not self.org.allocate(r.rid, end, r.prefill_until):
+                if prefill:   # publish fewer checkpoints this step before preempting anyone
+                    smaller = self._fit_chunk(r, start, end)
+                    if smaller is not None:
+                        end = smaller
+                        continue
                 victim = self.running[-1]   # most recently admitted; not yet planned
                 self._preempt(victim)
                 plan.preempted.append(victim.rid)
@@ -187,8 +204,8 @@ class Scheduler:
             end = self._chunk_end(start, r.prefill_until, budget)
             if end <= start:
                 break
-            demand = org.demand(r.rid, end, r.prefill_until, r.keys, hit)
-            if not org.can_allocate(demand, self.policy.headroom):
+            end = self._fit_chunk(r, start, end, hit, self.policy.headroom)
+            if end is None:
                 if self.running or plan.items:
                     break
                 # Nothing runs, so nothing will ever free pages for it: fail it

@@ -13,6 +13,8 @@ asking said yes, and a lookup hit is backed by valid, unreassigned storage.
 
 from __future__ import annotations
 
+import os
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
@@ -153,7 +155,9 @@ class OrgMachine(RuleBasedStateMachine):
             assert all(h == 0 for h in p.hold), "a hold outlived every request"
 
 
-SETTINGS = settings(max_examples=60, stateful_step_count=60, deadline=None,
+# HBENCH_STATEFUL_EXAMPLES raises the example count for a deeper local search.
+SETTINGS = settings(max_examples=int(os.environ.get("HBENCH_STATEFUL_EXAMPLES", "60")),
+                    stateful_step_count=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 

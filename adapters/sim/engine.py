@@ -19,6 +19,7 @@ from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.hardware import get_hardware
 from harness import __version__
 from harness.budget import resolve_budget
+from harness.errors import HbenchError
 from harness.geometry import geometry_for_run
 from harness.orgs import build_organization
 from harness.orgs.pool import KINDS
@@ -62,6 +63,7 @@ class SimEngine:
 
     def run(self, workload, config, progress=None) -> EngineRun:
         geom, budget, org = self.build(config)
+        check_fits(org, workload, config, budget.label)
         cost_model = CostModel(geom, get_hardware(config.gpu))
         sched = Scheduler(org, SchedulerPolicy(
             cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
@@ -180,6 +182,23 @@ class SimEngine:
         org.check_invariants()
         if not org.holds_no_references():
             raise AssertionError(f"{org.name}: references left after every request ended")
+
+
+def check_fits(org, workload, config, label: str) -> None:
+    """Refuse a budget that cannot serve the longest request even alone: its
+    attention for prompt + output, its live state and a spare for one checkpoint
+    publication (HbenchError before any simulated time passes)."""
+    if not workload.requests:
+        raise HbenchError("the workload has no requests")
+    longest = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
+    total = longest.prompt_len + longest.output_len
+    one_boundary = min(longest.prompt_len, org.grid)   # the scheduler can shrink chunks to this
+    need = org.demand(-1, total, one_boundary).pages
+    for pool, n in zip(org.pools, need, strict=True):
+        if n > pool.num_pages:
+            raise HbenchError(
+                f"budget {label} gives {org.name} {pool.num_pages} {pool.name} pages, but the "
+                f"longest request ({total} tokens) alone needs {n}: raise the budget")
 
 
 def _shape(plan) -> StepShape:

@@ -1,0 +1,157 @@
+"""The scheduler's policy on tiny organizations, driven step by step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.geometry import preset
+from harness.orgs import build_organization
+from harness.orgs.keys import key_at
+from harness.records import CANCELLED, FINISHED
+from harness.scheduler import Scheduler, SchedulerPolicy
+
+GEOM = preset("falcon-h1-7b")
+
+
+def make(org="s2", pages=(60,), **policy):
+    org = build_organization(org, GEOM, pages)
+    return org, Scheduler(org, SchedulerPolicy(**policy))
+
+
+def prompt(n, base=0):
+    return list(range(base, base + n))
+
+
+def drive(sched, now=0.0, max_steps=10_000, on_step=None):
+    steps = 0
+    while sched.has_work and steps < max_steps:
+        plan = sched.schedule()
+        now += 0.01
+        sched.complete(plan, now)
+        sched.org.check_invariants()
+        if on_step:
+            on_step(steps, plan)
+        steps += 1
+    return steps
+
+
+def test_prefill_chunks_end_on_the_checkpoint_grid():
+    org, sched = make("s1", (200,), token_budget=1300)
+    sched.add(0, 0.0, prompt(3000), 2, None)
+    plan = sched.schedule()
+    (item,) = plan.items
+    assert (item.start, item.end) == (0, 1024)          # 1300 rounded down to the 512 grid
+    sched.complete(plan, 0.01)
+    assert sched.requests[0].computed == 1024
+    ends = []
+    while sched.has_work:
+        plan = sched.schedule()
+        ends += [i.end for i in plan.items if i.prefill]
+        sched.complete(plan, 1.0)
+    assert ends == [2048, 3000]                           # the last chunk ends at the prompt
+
+
+def test_d0_grid_is_1792():
+    org, sched = make("d0", (4000, 40), token_budget=4000)
+    sched.add(0, 0.0, prompt(5000), 1, None)
+    plan = sched.schedule()
+    assert plan.items[0].end == 3584
+
+
+def test_cap_limits_running_requests():
+    org, sched = make("s2", (300,), cap=2)
+    for i in range(4):
+        sched.add(i, 0.0, prompt(600, 10_000 * i), 3, None)
+    sched.schedule()
+    assert len(sched.running) == 2 and len(sched.waiting) == 2
+
+
+def test_headroom_blocks_admission_but_not_growth():
+    # 40 pages; f = 0.5 keeps 20 free after each admission
+    org, sched = make("s1", (40,), headroom=0.5)
+    sched.add(0, 0.0, prompt(1500), 1, None)   # 3 blocks + live + 2 spares -> 15 pages
+    sched.add(1, 0.0, prompt(1500, 9_000), 1, None)
+    plan = sched.schedule()
+    assert [i.req.rid for i in plan.items] == [0]
+    assert org.pools[0].available >= 20
+    assert len(sched.waiting) == 1
+
+
+def test_preemption_takes_the_most_recent_request_which_resumes_later():
+    # S1, 22 pages: both 600-token prompts fit (2 blocks + live + 1 spare = 10 pages
+    # each), but decoding to 3,600 tokens needs 8 blocks + live = 12 pages each.
+    org, sched = make("s1", (22,))
+    sched.add(0, 0.0, prompt(600), 3000, None)
+    sched.add(1, 0.0, prompt(600, 50_000), 3000, None)
+    plan = sched.schedule()
+    assert len(plan.items) == 2
+    sched.complete(plan, 0.01)
+    preempted = []
+    for _ in range(4000):
+        plan = sched.schedule()
+        preempted += plan.preempted
+        if preempted:
+            break
+        sched.complete(plan, 0.02)
+    assert preempted == [1]                       # admitted last, preempted first
+    assert sched.requests[0].state == "running"
+    assert sched.waiting[0].rid == 1              # resumes first (FCFS head)
+    assert sched.requests[1].record.preemptions == 1
+    drive(sched)
+    assert all(r.record.status == FINISHED for r in sched.requests.values())
+    assert all(r.record.output_tokens == 3000 for r in sched.requests.values())
+    assert sched.requests[1].record.recomputed_tokens > 0
+    assert not org.pinned and org.holds_no_references()
+
+
+def test_retention_holds_demanded_checkpoints_only_while_the_producer_runs():
+    org, sched = make("s2", (200,), retention=True, retention_threshold=2)
+    shared = prompt(1600)
+    sched.add(0, 0.0, shared + [7, 7, 7], 50, None)
+    sched.add(1, 0.0, shared + [8, 8], 5, None)        # demand for the shared grid keys = 2
+    sched.add(2, 0.0, prompt(1600, 90_000), 5, None)   # private: demand 1
+    plan = sched.schedule()
+    sched.complete(plan, 0.01)
+    retained = [e for e in org.ckpt_map.values() if e.retains]
+    shared_keys = {key_at(sched.requests[0].keys, j) for j in (512, 1024, 1536)}
+    assert {e.key for e in retained} == shared_keys        # the private prefix is not retained
+    assert all(e.retains == 1 for e in retained)
+    drive(sched)
+    assert not any(e.retains for e in org.ckpt_map.values())
+    assert org.holds_no_references()
+
+
+def test_isolate_salts_defeat_reuse_share_reuses():
+    for salt_fn, expect_reuse in ((lambda i: None, True), (lambda i: f"iso-{i}", False)):
+        org, sched = make("s2", (200,))
+        sched.add(0, 0.0, prompt(2000), 2, salt_fn(0))
+        drive(sched)
+        sched.add(1, 1.0, prompt(2000) + [5], 2, salt_fn(1))
+        drive(sched, now=1.0)
+        assert (sched.requests[1].record.reused_tokens > 0) == expect_reuse
+
+
+@pytest.mark.parametrize("org_name, pages", [("s0", (30,)), ("s1", (70,)), ("s2", (70,)),
+                                             ("d0", (1500, 12))])
+def test_random_cancellation_leaks_nothing(org_name, pages):
+    rng = np.random.default_rng(5)
+    org, sched = make(org_name, pages, cap=8, token_budget=2048)
+    n = 30
+    for i in range(n):
+        base = 0 if rng.random() < 0.5 else 100_000 * (i + 1)
+        sched.add(i, 0.0, prompt(int(rng.integers(300, 2500)), base), int(rng.integers(1, 60)),
+                  None)
+
+    def maybe_cancel(step, plan):
+        live = [r for r in sched.requests.values() if r.state != "done"]
+        if live and rng.random() < 0.08:
+            sched.cancel(int(rng.choice([r.rid for r in live])))
+
+    drive(sched, on_step=maybe_cancel)
+    statuses = {r.record.status for r in sched.requests.values()}
+    assert CANCELLED in statuses and statuses <= {FINISHED, CANCELLED}
+    assert org.holds_no_references()
+    assert not org.pinned
+    assert all(h == 0 for p in org.pools for h in p.hold)
+    org.check_invariants()
