@@ -378,10 +378,17 @@ class Organization:
         page = pool.lru_victim()
         if page is None:
             raise AssertionError(f"{self.name}: pool {pool.name} exhausted after can_allocate")
-        for eid in list(pool.dependents[page]):
-            self._invalidate(self.entries[eid])
+        self._evict(pool_idx, page)
         pool.claim(page)
         return page
+
+    def _evict(self, pool_idx: int, page: int) -> None:
+        """Invalidate everything stored in a cached page (and, through the reverse
+        index, only that); afterwards the page holds nothing."""
+        pool = self.pools[pool_idx]
+        assert pool.is_free(page), f"{self.name}: evicting referenced or held page {page}"
+        for eid in list(pool.dependents[page]):
+            self._invalidate(self.entries[eid])
 
     def _register_members(self, e: Entry) -> None:
         self.entries[e.id] = e
