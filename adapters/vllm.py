@@ -84,7 +84,7 @@ def model_max_len(model: str, wanted: int) -> int:
 def s0_block_override(config) -> int | None:
     """hbench's S0 page count for the budget, when the model geometry is known."""
     from harness.budget import resolve_budget
-    from harness.geometry import from_config, load_config, preset
+    from harness.model_configs import from_config, load_config, preset
 
     source = config.config_path or (Path(config.model) / "config.json")
     try:

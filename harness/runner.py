@@ -16,7 +16,7 @@ from pathlib import Path
 from adapters.registry import check_expressible, make_engine
 from harness.budget import resolve_budget
 from harness.config import RunConfig
-from harness.geometry import geometry_for_run
+from harness.model_configs import geometry_for_run
 from harness.results import new_run_id, write_run
 
 

@@ -14,7 +14,7 @@ from harness.budget import (
     working_point_attn_share,
 )
 from harness.errors import HbenchError
-from harness.geometry import from_config, load_config, preset
+from harness.model_configs import from_config, load_config, preset
 
 C = 1_594_368  # Falcon-H1-7B checkpoint bytes per layer (DESIGN.md section 1)
 A = 512 * 1024  # 512-token attention page

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import HbenchError
-from harness.geometry import BUILDERS, PRESETS, from_config, load_config, preset
+from harness.model_configs import BUILDERS, PRESETS, from_config, load_config, preset
 
 FIX = Path(__file__).parent / "fixtures" / "configs"
 

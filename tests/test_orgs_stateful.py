@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from harness.geometry import preset
+from harness.model_configs import preset
 from harness.orgs import build_organization
 from harness.orgs.keys import chain_keys, extend_keys, key_at
 

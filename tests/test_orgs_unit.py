@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.geometry import preset
+from harness.model_configs import preset
 from harness.orgs import build_organization
 from harness.orgs.keys import chain_keys, key_at
 from harness.orgs.slabs import NO_SLOT, SlotRef, conv_row

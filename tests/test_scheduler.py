@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.geometry import preset
+from harness.model_configs import preset
 from harness.orgs import build_organization
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED

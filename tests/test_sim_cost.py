@@ -26,7 +26,7 @@ from adapters.sim.cost import (
 from adapters.sim.hardware import HARDWARE, Hardware, get_hardware
 from harness.cli import cli
 from harness.errors import HbenchError
-from harness.geometry import preset
+from harness.model_configs import preset
 
 A100_RATE = 1555e9 * 0.8  # bytes/s at the default mem_efficiency
 GEMM_RATE = 312e12 * 0.6  # FLOP/s at the default compute_efficiency

@@ -20,7 +20,7 @@ from adapters.sim.hardware import get_hardware
 from harness import __version__
 from harness.budget import resolve_budget
 from harness.errors import HbenchError
-from harness.geometry import geometry_for_run
+from harness.model_configs import geometry_for_run
 from harness.orgs import build_organization
 from harness.orgs.pool import KINDS
 from harness.records import EngineRun
@@ -33,7 +33,7 @@ POLL_INTERVAL_S = 0.05
 
 _SOURCES = ("adapters/sim/engine.py", "adapters/sim/cost.py", "adapters/sim/hardware.py",
             "harness/scheduler.py", "harness/orgs", "harness/layout.py", "harness/budget.py",
-            "harness/geometry.py")
+            "harness/geometry.py", "harness/model_configs.py")
 
 
 def _source_digest() -> str:

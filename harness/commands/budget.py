@@ -10,8 +10,8 @@ from rich.table import Table
 
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, FORMS, OrgBudget, resolve_all
 from harness.commands.geometry import model_options
-from harness.geometry import geometry_from_options
 from harness.ledger import kib
+from harness.model_configs import geometry_from_options
 
 
 def budget_report(budgets: dict[str, OrgBudget]) -> dict:

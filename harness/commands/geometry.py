@@ -14,15 +14,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from harness.geometry import (
-    DEFAULT_MODEL,
-    DTYPE_BYTES,
-    PRESETS,
-    ModelGeometry,
-    geometry_from_options,
-)
+from harness.geometry import DTYPE_BYTES, ModelGeometry
 from harness.layout import OrgLayout, layout_for
 from harness.ledger import kib
+from harness.model_configs import DEFAULT_MODEL, PRESETS, geometry_from_options
 
 
 def model_options(func):

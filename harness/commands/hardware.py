@@ -13,7 +13,7 @@ import click
 
 from adapters.sim.cost import DEFAULTS, CostModel, StepShape
 from adapters.sim.hardware import GIB, HARDWARE, get_hardware
-from harness.geometry import preset
+from harness.model_configs import preset
 
 # Reference steps shown with --model: what one decode and one long prefill cost.
 PROBES = {

@@ -12,7 +12,6 @@ from rich.table import Table
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, applicable_orgs, resolve_all
 from harness.commands.geometry import model_options
 from harness.errors import HbenchError
-from harness.geometry import geometry_from_options
 from harness.layout import BLOCK_TOKENS, D0_BLOCK_TOKENS, layout_for
 from harness.ledger import (
     WASTE_KINDS,
@@ -24,6 +23,7 @@ from harness.ledger import (
     kv_tokens_for,
     tail_waste_summary,
 )
+from harness.model_configs import geometry_from_options
 
 #: Largest count accepted: more blocks than any GPU holds is a typo.
 MAX_COUNT = 10**9

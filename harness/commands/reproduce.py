@@ -1,0 +1,88 @@
+"""``hbench reproduce``: run one of the study's designs (or all) and compare
+hbench's numbers with the published ones.
+
+Thin: `analysis.designs` says what to run, `harness.sweep.run_sweep` runs it
+(resumably, into OUT/<design>[-quick]/), `analysis.reproduce.evaluate_design`
+evaluates the contrast families, renders figures and writes reproduce.md and
+reproduce.csv. With ``all`` the per-design tables are also concatenated into
+OUT/reproduce.md and OUT/reproduce.csv.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from analysis.designs import DESIGNS
+from harness.errors import HbenchError
+
+
+def _print_table(console: Console, title: str, table) -> None:
+    from analysis.reproduce import display_rows
+
+    if table.empty:
+        console.print(f"{title}: the study published no number for this design (see analysis/report.md)")
+        return
+    t = Table(title=title)
+    for h in ("published figure", "study", "hbench [95% CI]", "n", "direction", "CI covers", "ratio"):
+        t.add_column(h, overflow="fold")
+    for r in display_rows(table):
+        t.add_row(r[1], r[2], f"{r[3]} {r[4]}", r[5], r[6], r[7], r[8])
+    console.print(t)
+
+
+@click.command("reproduce", context_settings={"max_content_width": 100})
+@click.argument("name", type=click.Choice([*DESIGNS, "all"]))
+@click.option("--quick", is_flag=True, help="Fewer seeds and 120 requests per run (minutes, not hours).")
+@click.option("--out", default="results/reproduce", show_default=True, type=click.Path(path_type=Path),
+              help="Root; each design runs into OUT/<design>/ (OUT/<design>-quick/ with --quick).")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--no-figures", is_flag=True, help="Skip rendering figures.")
+def reproduce(name, quick, out, jobs, executor, no_figures):
+    """Reproduce design NAME of the study (q1..q9, or all).
+
+    \b
+    Example:
+      hbench reproduce q1 --quick --jobs 2
+
+    Finished cells are reused, so an interrupted reproduction continues where
+    it stopped. Prints, and writes to reproduce.md / reproduce.csv, one row
+    per published figure: the study's value, hbench's with its 95% CI,
+    whether the direction and the magnitude agree.
+    """
+    import pandas as pd
+
+    from analysis.reproduce import evaluate_design, markdown
+    from harness.sweep import run_sweep
+
+    names = list(DESIGNS) if name == "all" else [name]
+    console = Console(stderr=True)
+    tables = []
+    for n in names:
+        d = DESIGNS[n]
+        root = out / (f"{n}-quick" if quick else n)
+        base, grids = d.axes(quick)
+        configs = d.configs(quick)
+        with Progress(TextColumn(f"[bold]{n}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task(n, total=None)
+            result = run_sweep(configs, root, jobs=jobs, executor=executor, grids=grids, base=base,
+                               on_plan=lambda total, done, t=task: bar.update(t, total=total, completed=done),
+                               on_cell=lambda o, t=task: bar.advance(t))
+        if result.failed:
+            raise HbenchError(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
+        rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures)
+        _print_table(Console(), f"{d.title}  ({len(rep.runs)} runs{', quick' if quick else ''})", rep.table)
+        click.echo(f"wrote {root}/reproduce.md, reproduce.csv and analysis/")
+        tables.append(rep.table)
+    if len(names) > 1:
+        combined = pd.concat(tables, ignore_index=True)
+        out.mkdir(parents=True, exist_ok=True)
+        combined.to_csv(out / "reproduce.csv", index=False)
+        (out / "reproduce.md").write_text(markdown(combined, "Reproduction of the study (all designs)"))
+        click.echo(f"wrote {out}/reproduce.md and reproduce.csv")

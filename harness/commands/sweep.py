@@ -1,0 +1,112 @@
+"""``hbench sweep``: run a grid of content-addressed, resumable cells.
+
+Thin: flags and/or a TOML grid -> `harness.sweep.expand` -> `run_sweep`,
+with one progress bar over all cells. Each axis flag takes a comma list
+(integer axes also take ranges such as ``1-6``); the cartesian product of all
+axes is the grid.
+"""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness.errors import HbenchError
+
+# (flag, RunConfig field, help) of the axis flags; each takes a comma list.
+AXES = [
+    ("--org", "org", "organizations, e.g. s0,s1,s2,d0"),
+    ("--budget", "budget", "budget labels, e.g. b63,b83,b108"),
+    ("--rate", "rate", "arrival rates in req/s"),
+    ("--q", "q", "shared-prefix fractions"),
+    ("--headroom", "headroom", "admission headroom fractions f"),
+    ("--retention", "retention", "retention on/off, e.g. off,on"),
+    ("--isolate", "isolate", "ISOLATE on/off, e.g. off,on"),
+    ("--seeds", "seed", "seeds, e.g. 1-6 or 76400-76411"),
+    ("--requests", "requests", "requests per run"),
+    ("--cap", "cap", "maximum running requests"),
+    ("--engine", "engine", "engines (sim, vllm, sglang)"),
+    ("--d0-attn-fraction", "d0_attn_fraction", "D0 attention-pool shares"),
+    ("--model", "model", "model presets"),
+    ("--gpu", "gpu", "simulated hardware presets"),
+    ("--arrival", "arrival", "arrival processes"),
+    ("--warmup", "warmup_requests", "warm-up requests"),
+]
+
+
+def _axis_options(f):
+    for flag, field, text in reversed(AXES):
+        f = click.option(flag, field, default=None, metavar="LIST", help=f"Axis: {text}.")(f)
+    return f
+
+
+@click.command("sweep", context_settings={"max_content_width": 100})
+@click.option("--grid", "grid_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML grid: keys are RunConfig fields, lists expand; [[grid]] tables form a union.")
+@_axis_options
+@click.option("--set", "extra", multiple=True, metavar="KEY=LIST",
+              help="Any other RunConfig field as an axis (repeatable), e.g. --set max_output=512.")
+@click.option("--out", default="results/sweep", show_default=True, type=click.Path(),
+              help="Output directory; each cell goes into OUT/<cell-id>/, the plan into OUT/sweep.json.")
+@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: a process pool on this machine; ray: Ray tasks (needs pip install ray).")
+@click.option("--force", is_flag=True, help="Rerun cells that are already complete (default: skip them).")
+@click.option("--dry-run", is_flag=True, help="List the cells and whether they are done; run nothing.")
+def sweep(grid_file, extra, out, jobs, executor, force, dry_run, **axes):
+    """Run every combination of the given axes, resumably.
+
+    \b
+    Example (3 orgs x 2 budgets x 2 q x 2 headrooms x 6 seeds = 144 cells):
+      hbench sweep --org s0,s1,s2 --budget b63,b83 --rate 3 --q 0,1 \\
+                   --headroom 0,0.19 --seeds 1-6 --requests 240 --jobs 2
+
+    A cell's id hashes its resolved config, its workload and the engine
+    version; rerunning the same command skips finished cells, so an
+    interrupted sweep continues where it stopped.
+    """
+    from pathlib import Path
+
+    from harness.sweep import expand, is_complete, load_grid_file, plan, run_sweep
+
+    base, subgrids = load_grid_file(grid_file) if grid_file else ({}, [])
+    flags = {field: value for field, value in axes.items() if value is not None}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise HbenchError(f"--set expects KEY=LIST, got {item!r}")
+        flags[key.strip().replace("-", "_")] = value
+    base = {**base, **flags}
+    # A flag replaces the same key inside [[grid]] tables too.
+    subgrids = [{k: v for k, v in g.items() if k not in flags} for g in subgrids]
+    configs = expand(subgrids, base)
+    console = Console(stderr=True)
+    if dry_run:
+        cells = plan(configs)
+        done = sum(is_complete(Path(out) / c.cell_id) for c in cells)
+        for c in cells:
+            mark = "done" if is_complete(Path(out) / c.cell_id) else "todo"
+            cfg = c.config
+            click.echo(f"{c.cell_id}  {mark}  {cfg.engine}:{cfg.org}@{cfg.budget} rate={cfg.rate} q={cfg.q} "
+                       f"f={cfg.headroom} ret={cfg.retention} iso={cfg.isolate} seed={cfg.seed} n={cfg.requests}")
+        click.echo(f"{len(cells)} cells, {done} done, {len(cells) - done} to run")
+        return
+    with Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("sweep", total=None, note="planning")
+
+        def on_plan(total, done):
+            bar.update(task, total=total, completed=done, note=f"{done} already done" if done else "")
+
+        def on_cell(o):
+            bar.advance(task)
+            if o.status == "failed":
+                console.print(f"[red]cell {o.cell_id} failed:[/red] {o.error}")
+
+        result = run_sweep(configs, out, jobs=jobs, executor=executor, force=force,
+                           grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell)
+    click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "
+               f"{result.count('failed')} failed; results in {result.out}")
+    if result.failed:
+        raise HbenchError(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
