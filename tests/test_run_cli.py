@@ -106,3 +106,17 @@ def test_bad_input_is_one_line_error(tmp_path, args, needle):
     assert needle.lower() in lines[0].lower()
     assert "Traceback" not in res.output
     assert not list_runs(tmp_path)
+
+
+def test_warmup_requests_are_served_but_excluded_and_recorded(tmp_path):
+    res = run_cli(tmp_path, "--org", "s1", "--warmup", "4", "--debug-invariants", *SMALL)
+    assert res.exit_code == 0, res.output
+    data = only_run(tmp_path)
+    req = data["requests"]
+    assert len(req) == 20 and req["warmup"].sum() == 4
+    assert (req["status"] == "finished").all()
+    s = data["summary"]
+    assert s["requests"] == 16 and s["finished"] == 16
+    assert s["output_tokens"] == req.loc[~req["warmup"], "output_tokens"].sum()
+    assert data["manifest"]["warmup_requests"] == 4
+    assert data["manifest"]["cache_state"] == "cold"
