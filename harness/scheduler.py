@@ -108,7 +108,7 @@ class Scheduler:
     # ---- arrivals and cancellation --------------------------------------------
     def add(self, rid: int, arrival_s: float, token_ids, output_len: int, salt: str | None,
             prefix_group: int = -1, warmup: bool = False) -> SchedRequest:
-        tokens = [int(t) for t in token_ids]
+        tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
         rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
                             target_output_tokens=output_len, prefix_group=prefix_group,
                             warmup=warmup)
@@ -158,11 +158,23 @@ class Scheduler:
         shorter grid-aligned chunks that publish fewer checkpoints at once."""
         org = self.org
         keys = r.keys if hit is not None else None
-        candidates = [end] + list(range((end - 1) // org.grid * org.grid, start, -org.grid))
-        for e in candidates:
-            if org.can_allocate(org.demand(r.rid, e, r.prefill_until, keys, hit), headroom):
-                return e
-        return None
+
+        def fits(e: int) -> bool:
+            return org.can_allocate(org.demand(r.rid, e, r.prefill_until, keys, hit), headroom)
+
+        if fits(end):
+            return end
+        # shorter chunks end on grid boundaries; demand grows with the end, so
+        # bisect for the longest that fits (None if even the shortest does not)
+        ends = list(range(start // org.grid * org.grid + org.grid, end, org.grid))
+        lo, hi = 0, len(ends)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(ends[mid]):
+                lo = mid + 1
+            else:
+                hi = mid
+        return ends[lo - 1] if lo else None
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()

@@ -79,7 +79,7 @@ class OrgMachine(RuleBasedStateMachine):
         if hit.j_adopt:
             e = org.ckpt_map[key_at(keys, hit.j_adopt)]
             assert e.valid
-            gens = tuple(org.pools[p].generation[pg] for p, pg in org._pages_of(e))
+            gens = tuple(org.pools[p].generation[pg] for p, pg in e.pages)
             assert gens == e.generations, "lookup hit a checkpoint whose storage was reassigned"
             for b in range(org.B, hit.j_adopt + 1, org.B):
                 assert org.attn_map[key_at(keys, b)].valid

@@ -110,7 +110,7 @@ def test_pinning_is_not_retention():
     ck = org.ckpt_map[key_at(keys, 1024)]
     assert (ck.pins, ck.retains) == (1, 0)
     assert org.pinned[0] is ck
-    held_pages = [pg for _, pg in org._pages_of(ck)]
+    held_pages = [pg for _, pg in ck.pages]
     assert all(org.pools[0].hold[p] == 1 for p in held_pages)
     # the pin survives pressure: fill the pool with private blocks
     while org.pools[0].available:

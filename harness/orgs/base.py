@@ -54,6 +54,11 @@ class PrefixHit:
     j_adopt: int = 0
     r_max: int = 0
     attn_depth: int = 0
+    # Adoption cost as of the organization state `version` (a lookup computes it
+    # so that the asks that follow it need not walk the prefix again).
+    version: int = field(default=-1, compare=False, repr=False)
+    adopt_pages: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    adopt_slabs: frozenset = field(default=frozenset(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -64,8 +69,8 @@ class Demand:
 
 
 class Entry:
-    __slots__ = ("id", "kind", "key", "pos", "members", "slot", "refs", "pins", "retains",
-                 "valid", "generations")
+    __slots__ = ("id", "kind", "key", "pos", "members", "slot", "pages", "refs", "pins",
+                 "retains", "valid", "generations")
 
     def __init__(self, eid: int, kind: str, members: list[tuple[int, int]], slot=NO_SLOT):
         self.id = eid
@@ -74,6 +79,7 @@ class Entry:
         self.pos = 0                  # tokens covered ([0, pos) prefix)
         self.members = members        # (pool index, page)
         self.slot = slot              # SlotRef or NO_SLOT
+        self.pages: tuple[tuple[int, int], ...] = ()   # members + conv slab; set by the org
         self.refs = 0
         self.pins = 0
         self.retains = 0
@@ -141,17 +147,20 @@ class Organization:
         self._ids = itertools.count()
         self.invalidations = 0
         self.published_count = 0
+        self._headroom: dict[float, tuple[int, ...]] = {}
 
     # ================= queries: change nothing =================================
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
         limit = min(max_tokens, len(keys) * KEY_TOKENS)
-        depth = 0
-        while depth + self.B <= limit:
-            e = self.attn_map.get(key_at(keys, depth + self.B))
-            if e is None:
+        step = self.B // KEY_TOKENS
+        blocks = 0
+        attn_map = self.attn_map
+        for k in keys[step - 1:limit // KEY_TOKENS:step]:
+            if k not in attn_map:
                 break
-            depth += self.B
+            blocks += 1
+        depth = blocks * self.B
         j_adopt = r_max = 0
         for j in range(limit - limit % self.grid, 0, -self.grid):
             if key_at(keys, j) in self.ckpt_map:
@@ -160,36 +169,62 @@ class Organization:
                 if j <= depth:
                     j_adopt = j
                     break
-        return PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth)
+        pages, slabs = self._adoption_cost(keys, j_adopt)
+        return PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth,
+                         version=self.version(), adopt_pages=pages, adopt_slabs=slabs)
+
+    def version(self) -> int:
+        """Changes whenever any page changes state (pools count their transitions)."""
+        return sum(p.version for p in self.pools)
+
+    def _adoption_cost(self, keys, j: int) -> tuple[tuple[int, ...], frozenset]:
+        """Free (cached) pages per pool that adopting the prefix [0, j) takes out of
+        the free queues, and the cached slabs it would make referenced."""
+        pages = [0] * len(self.pools)
+        slabs: set[int] = set()
+        if j > 0:
+            step = self.B // KEY_TOKENS
+            attn_pool = self.pools[0]
+            ref, hold, attn_map = attn_pool.ref, attn_pool.hold, self.attn_map
+            for k in keys[step - 1:j // KEY_TOKENS:step]:
+                page = attn_map[k].members[0][1]
+                if ref[page] == 0 and hold[page] == 0:
+                    pages[0] += 1
+            ck = self.ckpt_map[key_at(keys, j)]
+            cpool = self.pools[self.ckpt_pool]
+            for _, page in ck.members:
+                if cpool.is_free(page):
+                    pages[self.ckpt_pool] += 1
+            if ck.slot is not NO_SLOT and cpool.is_free(ck.slot.slab):
+                pages[self.ckpt_pool] += 1
+                slabs.add(ck.slot.slab)
+        return tuple(pages), frozenset(slabs)
 
     def _new_objects(self, st: RequestState | None, start: int, end: int,
                      prefill_until: int) -> tuple[int, int]:
         """(attention blocks, checkpoint objects) needed to cover tokens up to ``end``."""
-        have_blocks = len(st.attn) if st else start // self.B
-        blocks = max(0, -(-end // self.B) - have_blocks)
-        reserved = st.reserved_until if st else start
-        last = min(end, prefill_until)
-        ckpts = max(0, last // self.grid - reserved // self.grid)
         if st is None:
-            ckpts += 1   # the live state
-        return blocks, ckpts
+            have_blocks, reserved, live = start // self.B, start, 1   # + the live state
+        else:
+            have_blocks, reserved, live = len(st.attn), st.reserved_until, 0
+        blocks = -(-end // self.B) - have_blocks
+        last = end if end < prefill_until else prefill_until
+        ckpts = last // self.grid - reserved // self.grid
+        return (blocks if blocks > 0 else 0), (ckpts if ckpts > 0 else 0) + live
 
     def demand(self, rid, end: int, prefill_until: int, keys=None,
                hit: PrefixHit | None = None) -> Demand:
         """Pages per pool that ``allocate`` with the same arguments would take."""
         st = self.reqs.get(rid)
-        adopt_pages = [0] * len(self.pools)
-        adopted_slabs: set[int] = set()
+        adopt_pages: tuple[int, ...] = (0,) * len(self.pools)
+        adopted_slabs: frozenset = frozenset()
         start = 0
-        if st is None:
-            start = hit.j_adopt if hit else 0
-            for e in self._adoptable(keys, start):
-                for pool, page in e.members:
-                    if self.pools[pool].is_free(page):
-                        adopt_pages[pool] += 1
-                if e.slot and self.pools[self.ckpt_pool].is_free(e.slot.slab):
-                    adopt_pages[self.ckpt_pool] += 1
-                    adopted_slabs.add(e.slot.slab)
+        if st is None and hit is not None and hit.j_adopt:
+            start = hit.j_adopt
+            if hit.version == self.version():
+                adopt_pages, adopted_slabs = hit.adopt_pages, hit.adopt_slabs
+            else:
+                adopt_pages, adopted_slabs = self._adoption_cost(keys, start)
         blocks, ckpts = self._new_objects(st, start, end, prefill_until)
         pages = list(adopt_pages)
         pages[0] += blocks
@@ -222,8 +257,11 @@ class Organization:
         return pages
 
     def headroom_pages(self, fraction: float) -> tuple[int, ...]:
-        """H = floor(f x B) per pool."""
-        return tuple(int(fraction * p.num_pages) for p in self.pools)
+        """H = floor(f x B) per pool (pool sizes are fixed, so this is memoized)."""
+        h = self._headroom.get(fraction)
+        if h is None:
+            h = self._headroom[fraction] = tuple(int(fraction * p.num_pages) for p in self.pools)
+        return h
 
     def can_allocate(self, demand: Demand, headroom: float = 0.0) -> bool:
         """True iff every pool keeps at least floor(headroom x pages) free afterwards."""
@@ -250,9 +288,11 @@ class Organization:
         from an earlier preemption is released. Grid boundaries up to
         ``min(end, prefill_until)`` get a spare checkpoint object for publication.
         """
+        st = self.reqs.get(rid)
+        if st is not None and self._new_objects(st, 0, end, prefill_until) == (0, 0):
+            return True        # room already reserved (most decode steps)
         if not self.can_allocate(self.demand(rid, end, prefill_until, keys, hit)):
             return False
-        st = self.reqs.get(rid)
         if st is None:
             st = self.reqs[rid] = RequestState()
             j = hit.j_adopt if hit else 0
@@ -337,7 +377,7 @@ class Organization:
             self._unretain(e)
         if st.adopted is not None:
             self._unref(st.adopted)
-        for e in st.attn:
+        for e in reversed(st.attn):   # tail first, so LRU evicts a prefix's tail first
             if e.key is not None:
                 self._unref(e)
             else:
@@ -394,7 +434,9 @@ class Organization:
         self.entries[e.id] = e
         for pool, page in e.members:
             self.pools[pool].dependents[page].add(e.id)
-        e.generations = tuple(self.pools[pool].generation[page] for pool, page in self._pages_of(e))
+        e.pages = tuple(e.members) + (
+            ((self.ckpt_pool, e.slot.slab),) if e.slot is not NO_SLOT else ())
+        e.generations = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
 
     def _new_attn(self) -> Entry:
         page = self._take_page(0)
@@ -425,29 +467,24 @@ class Organization:
         self._register_members(e)
         return e
 
-    def _pages_of(self, e: Entry):
-        yield from e.members
-        if e.slot:
-            yield self.ckpt_pool, e.slot.slab
-
     def _ref(self, e: Entry) -> None:
         assert e.valid, f"{self.name}: referencing invalid {e}"
         e.refs += 1
-        for pool, page in self._pages_of(e):
+        for pool, page in e.pages:
             self.pools[pool].incref(page)
 
     def _unref(self, e: Entry) -> None:
         assert e.refs > 0, f"{self.name}: {e} reference count would go negative"
         e.refs -= 1
-        for pool, page in self._pages_of(e):
+        for pool, page in e.pages:
             self.pools[pool].decref(page)
 
     def _hold(self, e: Entry) -> None:
-        for pool, page in self._pages_of(e):
+        for pool, page in e.pages:
             self.pools[pool].add_hold(page)
 
     def _drop_hold(self, e: Entry) -> None:
-        for pool, page in self._pages_of(e):
+        for pool, page in e.pages:
             self.pools[pool].drop_hold(page)
 
     def _unpin(self, e: Entry) -> None:
@@ -469,9 +506,9 @@ class Organization:
             m = self.attn_map if e.kind == ATTN_ENTRY else self.ckpt_map
             if m.get(e.key) is e:
                 del m[e.key]
-        for pool, page in self._pages_of(e):
+        for pool, page in e.pages:
             self.pools[pool].dependents[page].discard(e.id)
-        if e.slot:
+        if e.slot is not NO_SLOT:
             self.slabs.vacate(e.slot, e.id)   # an emptied slab is dissolved
         del self.entries[e.id]
 
@@ -479,14 +516,14 @@ class Organization:
         """Invalidate-before-free for a cached entry whose page is being reclaimed."""
         assert e.refs == 0 and not e.held, f"{self.name}: reclaiming a page of live {e}"
         self._unlink(e)
-        for pool, page in self._pages_of(e):
+        for pool, page in e.pages:
             self.pools[pool].forget_content(page)
         self.invalidations += 1
 
     def _drop_owned(self, e: Entry) -> None:
         """Free an object only its owner references (live state, spare, private block)."""
         assert e.refs == 1 and not e.held, f"{self.name}: dropping shared {e}"
-        pages = list(self._pages_of(e))
+        pages = list(e.pages)
         self._unlink(e)
         e.refs = 0
         for pool, page in pages:
@@ -508,14 +545,14 @@ class Organization:
             else:
                 assert all(pool == self.ckpt_pool for pool, _ in e.members), (
                     f"{self.name}: {e} outside checkpoint pool")
-            now = tuple(self.pools[pool].generation[page] for pool, page in self._pages_of(e))
+            now = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
             assert now == e.generations, (
                 f"{self.name}: storage of {e} was handed out again: generations {e.generations} -> {now}")
-            for pool, page in self._pages_of(e):
+            for pool, page in e.pages:
                 refs[pool][page] += e.refs
                 holds[pool][page] += 1 if e.held else 0
                 deps[pool][page].add(eid)
-            if e.slot:
+            if e.slot is not NO_SLOT:
                 occ = self.slabs.occupants.get(e.slot.slab)
                 assert occ is not None and occ[e.slot.slot] == eid, (
                     f"{self.name}: {e} slot {e.slot} not recorded in slab table")

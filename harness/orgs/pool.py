@@ -38,6 +38,7 @@ class PagePool:
         # bumped each time a page is handed out: an entry remembers the generation
         # of its pages, so storage reassigned under it is detectable
         self.generation = [0] * num_pages
+        self.version = 0   # counts state transitions, so cached answers can be checked
         self.dependents: list[set[int]] = [set() for _ in range(num_pages)]
         # empty pages (insertion-ordered set), popped from the end: page 0 goes first
         self.empty: dict[int, None] = dict.fromkeys(range(num_pages - 1, -1, -1))
@@ -64,6 +65,7 @@ class PagePool:
 
     # ---- transitions ---------------------------------------------------------
     def take_empty(self) -> int | None:
+        self.version += 1
         if not self.empty:
             return None
         page = self.empty.popitem()[0]
@@ -97,22 +99,26 @@ class PagePool:
                 self.empty[page] = None
 
     def incref(self, page: int) -> None:
+        self.version += 1
         if self.is_free(page):
             self._leave_free(page)
         self.ref[page] += 1
 
     def decref(self, page: int) -> None:
+        self.version += 1
         if self.ref[page] <= 0:
             raise AssertionError(f"pool {self.name}: page {page} ref would go negative")
         self.ref[page] -= 1
         self._maybe_enter_free(page)
 
     def add_hold(self, page: int) -> None:
+        self.version += 1
         if self.is_free(page):
             self._leave_free(page)
         self.hold[page] += 1
 
     def drop_hold(self, page: int) -> None:
+        self.version += 1
         if self.hold[page] <= 0:
             raise AssertionError(f"pool {self.name}: page {page} hold would go negative")
         self.hold[page] -= 1
@@ -121,6 +127,7 @@ class PagePool:
     def claim(self, page: int) -> None:
         """Hand out a reclaimed page: its dependents are already invalidated, so it
         sits in the LRU queue or (if invalidation emptied it) in the empty set."""
+        self.version += 1
         assert not self.dependents[page], f"page {page} still has dependents"
         assert self.is_free(page), f"page {page} ref={self.ref[page]} hold={self.hold[page]}"
         self._leave_free(page)
@@ -131,6 +138,7 @@ class PagePool:
     def forget_content(self, page: int) -> None:
         """The last dependent of a free page is gone: move it from cached to empty."""
         if self.is_free(page) and not self.dependents[page] and page in self.lru:
+            self.version += 1
             self._leave_free(page)
             self.set_kind(page, EMPTY)
             self.empty[page] = None
