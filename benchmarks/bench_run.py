@@ -1,0 +1,129 @@
+"""Wall time of the study-sized simulated run, per organization, on one core.
+
+For each organization: the workload build (the first one in the process also
+loads the packaged ShareGPT data from its disk cache; later ones reuse it) and
+`SimEngine.run` alone, then simulated requests per wall-second. With
+``--profile ORG`` one more run of that organization goes under cProfile and
+the top functions by cumulative and by own time are listed as a share of
+the profiled `SimEngine.run`.
+
+    python -m benchmarks.bench_run [--orgs s0,s1,s2,d0] [--requests 240] [--rate 3]
+        [--repeats 1] [--cpu 0] [--profile s2] [--top 20] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import gc
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from adapters.sim.engine import SimEngine
+from benchmarks.bench_orgs import pin_cpu
+from harness.config import ORG_NAMES, RunConfig
+from harness.runner import build_run_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config_for(org: str, args) -> RunConfig:
+    return dataclasses.replace(RunConfig(), org=org, budget=args.budget, requests=args.requests,
+                               rate=args.rate, seed=args.seed)
+
+
+def time_org(org: str, args) -> dict:
+    config = config_for(org, args)
+    builds, runs = [], []
+    run = None
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        workload = build_run_workload(config)
+        builds.append(time.perf_counter() - t)
+        gc.collect()
+        t = time.perf_counter()
+        run = SimEngine().run(workload, config)
+        runs.append(time.perf_counter() - t)
+    best = min(runs)
+    return {"build_s": builds, "run_s": runs, "best_run_s": best,
+            "median_run_s": statistics.median(runs), "steps": len(run.steps),
+            "simulated_s": run.window_end_s, "preemptions": run.counters["preemptions"],
+            "requests_per_wall_s": len(run.requests) / best}
+
+
+def _where(func: tuple) -> str:
+    file, line, name = func
+    try:
+        file = str(Path(file).resolve().relative_to(ROOT))
+    except ValueError:
+        file = Path(file).name
+    return f"{file}:{line}({name})" if line else name
+
+
+def profile(org: str, args) -> dict:
+    config = config_for(org, args)
+    workload = build_run_workload(config)
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.runcall(SimEngine().run, workload, config)
+    wall = time.perf_counter() - t
+    st = pstats.Stats(prof)
+    rows = [(func, tt, ct, nc) for func, (_, nc, tt, ct, _) in st.stats.items()]
+    total = max(ct for _, _, ct, _ in rows)      # SimEngine.run's own cumulative time
+    out = {"wall_s_under_profiler": wall, "profiled_s": total}
+    for key, col in (("cumulative", 2), ("own", 1)):
+        top = sorted(rows, key=lambda r: r[col], reverse=True)[:args.top]
+        out[key] = [{"function": _where(f), "calls": nc, "own_pct": 100 * tt / total,
+                     "cum_pct": 100 * ct / total} for f, tt, ct, nc in top]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--orgs", default=",".join(ORG_NAMES))
+    ap.add_argument("--requests", type=int, default=240)
+    ap.add_argument("--rate", type=float, default=3.0)
+    ap.add_argument("--budget", default="b83")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--cpu", type=int, default=0, help="pin to this CPU (-1: do not pin)")
+    ap.add_argument("--profile", choices=ORG_NAMES, help="also profile one run of this org")
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    orgs = [o.strip() for o in args.orgs.split(",")]
+
+    pinned = pin_cpu(args.cpu)
+    print(f"{args.requests} requests at {args.rate:g} req/s, budget {args.budget}, seed "
+          f"{args.seed}; {pinned}; best of {args.repeats}")
+    print(f"{'org':4} {'build s':>8} {'run s':>7} {'median':>7} {'req/wall-s':>10} "
+          f"{'steps':>6} {'sim s':>7} {'preempt':>7}")
+    result = {"requests": args.requests, "rate": args.rate, "budget": args.budget,
+              "cpu": pinned, "orgs": {}}
+    for o in orgs:
+        r = result["orgs"][o] = time_org(o, args)
+        print(f"{o:4} {r['build_s'][0]:8.3f} {r['best_run_s']:7.3f} {r['median_run_s']:7.3f} "
+              f"{r['requests_per_wall_s']:10.1f} {r['steps']:6d} {r['simulated_s']:7.1f} "
+              f"{r['preemptions']:7d}")
+    if args.profile:
+        p = result["profile"] = {"org": args.profile, **profile(args.profile, args)}
+        print(f"\ncProfile of one {args.profile} run: {p['wall_s_under_profiler']:.2f} s wall "
+              f"under the profiler")
+        for key in ("cumulative", "own"):
+            print(f"top {args.top} by {key} time (% of the profiled SimEngine.run)")
+            print(f"  {'cum %':>6} {'own %':>6} {'calls':>9}  function")
+            for row in p[key]:
+                print(f"  {row['cum_pct']:6.1f} {row['own_pct']:6.1f} {row['calls']:9d}  "
+                      f"{row['function']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
