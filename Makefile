@@ -28,6 +28,9 @@ lint: install
 ## Benchmarks: numbers go to stdout; see docs/benchmarks.md for recorded figures.
 bench: install
 	$(BIN)/python benchmarks/bench_workload.py
+	$(BIN)/python -m benchmarks.bench_orgs
+	$(BIN)/python -m benchmarks.bench_run
+	$(BIN)/python -m benchmarks.bench_client
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
