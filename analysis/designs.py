@@ -1,0 +1,225 @@
+"""The study's experiment designs (DESIGN.md section 9) as data.
+
+Each `ExperimentDesign` is a grid (a union of axis sets over `RunConfig`
+fields, expanded by `harness.sweep.expand`), the paired seeds it runs on,
+and the contrast and interaction families `analysis.contrasts` evaluates.
+`hbench reproduce NAME` runs the grid and evaluates the families; nothing
+here holds a result.
+
+Every design starts from the study's main working point (`WORKING_POINT`:
+3 req/s, cap 63, headroom 0, SHARE, q = 1, b63) and overrides what it
+varies. Seeds are the study's where DESIGN.md names them (Q6 76400-76411,
+Q8 79010-79012, Q9 88001-88006); elsewhere we use 1-6 (Q7: 1-3, the
+study's count). ``quick`` variants keep the grid and the contrasts but run
+fewer seeds and 120 requests, for a smoke-sized reproduction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from analysis.contrasts import Contrast, Interaction
+from harness.config import RunConfig
+
+THROUGHPUT = "throughput_ledger_tok_s"
+SPAN_THROUGHPUT = "throughput_span_tok_s"
+QUICK_REQUESTS = 120
+FULL_REQUESTS = 240
+
+WORKING_POINT: dict = {"rate": 3.0, "cap": 63, "headroom": 0.0, "isolate": False, "q": 1.0,
+                       "budget": "b63", "retention": False}
+HEADROOMS = (0.0, 0.10, 0.19, 0.27, 0.35)
+BUDGETS = ("b63", "b83", "b108")
+RATES = (0.8, 3.0, 4.5)
+
+
+@dataclass(frozen=True)
+class ExperimentDesign:
+    """One of the study's designs: what to run and which contrasts to test."""
+
+    name: str
+    title: str
+    grids: tuple[Mapping, ...]
+    seeds: tuple[int, ...]
+    quick_seeds: tuple[int, ...]
+    contrasts: tuple[Contrast, ...] = ()
+    interactions: tuple[Interaction, ...] = ()
+    metrics: tuple[str, ...] = (THROUGHPUT,)     # reported as arm means
+    notes: str = ""
+    base: Mapping = field(default_factory=lambda: dict(WORKING_POINT))
+
+    def axes(self, quick: bool = False) -> tuple[dict, list[dict]]:
+        """(base, axis sets) for `harness.sweep.expand`."""
+        seeds = self.quick_seeds if quick else self.seeds
+        base = {**self.base, "seed": list(seeds),
+                "requests": QUICK_REQUESTS if quick else FULL_REQUESTS}
+        return base, [dict(g) for g in self.grids]
+
+    def configs(self, quick: bool = False) -> list[RunConfig]:
+        from harness.sweep import expand
+
+        base, grids = self.axes(quick)
+        return expand(grids, base)
+
+
+def _ratio(name: str, num: Mapping, den: Mapping, family: str, metric: str = THROUGHPUT) -> Contrast:
+    return Contrast(name, metric, dict(num), dict(den), family)
+
+
+def _q1() -> ExperimentDesign:
+    contrasts = []
+    for q in (0.0, 0.5, 1.0):
+        contrasts.append(_ratio(f"S1/S0 q={q:g}", {"org": "s1", "q": q}, {"org": "s0", "q": q}, "Q1"))
+        contrasts.append(_ratio(f"S2/S1 q={q:g}", {"org": "s2", "q": q}, {"org": "s1", "q": q}, "Q1"))
+    inter = tuple(Interaction(f"{pair} q=1 minus q=0", f"{pair} q=1", f"{pair} q=0", "difference",
+                              "Q1-interactions") for pair in ("S1/S0", "S2/S1"))
+    return ExperimentDesign(
+        "q1", "Q1 sharing: S0, S1, S2 at q in {0, 0.5, 1}",
+        grids=({"org": ["s0", "s1", "s2"], "q": [0.0, 0.5, 1.0]},),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2, 3),
+        contrasts=tuple(contrasts), interactions=inter,
+        notes="Six contrasts in one Holm family; endpoint interactions (q=1 minus q=0) in pp.")
+
+
+def _q2() -> ExperimentDesign:
+    contrasts = []
+    for budget in ("b63", "b108"):
+        for num, den in (("s1", "s0"), ("s2", "s1")):
+            contrasts.append(_ratio(f"{num.upper()}/{den.upper()} initial input {budget}",
+                                    {"org": num, "budget": budget}, {"org": den, "budget": budget},
+                                    "Q2", "initial_input_tokens"))
+    return ExperimentDesign(
+        "q2", "Q2 served-state counters: S0..S2 at (b63, 3 req/s) and (b108, 4.5 req/s)",
+        grids=({"org": ["s0", "s1", "s2"], "budget": "b63", "rate": 3.0, "cap": 63},
+               {"org": ["s0", "s1", "s2"], "budget": "b108", "rate": 4.5, "cap": 109}),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2),
+        contrasts=tuple(contrasts),
+        metrics=("initial_input_tokens", "waiting_median", "running_median", THROUGHPUT),
+        notes="The b108 point uses cap 109, as the study's b108 load experiment did.")
+
+
+def _q3() -> ExperimentDesign:
+    contrasts = (
+        _ratio("S1/S0 q=0", {"org": "s1"}, {"org": "s0"}, "Q3"),
+        _ratio("S2/S1 q=0", {"org": "s2"}, {"org": "s1"}, "Q3"),
+        _ratio("S1/S0 initial input q=0", {"org": "s1"}, {"org": "s0"}, "Q3-input", "initial_input_tokens"),
+        _ratio("S2/S1 initial input q=0", {"org": "s2"}, {"org": "s1"}, "Q3-input", "initial_input_tokens"),
+    )
+    return ExperimentDesign(
+        "q3", "Q3 no-share control (q = 0): S0, S1, S2",
+        grids=({"org": ["s0", "s1", "s2"], "q": 0.0},),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2),
+        contrasts=contrasts, metrics=(THROUGHPUT, "initial_input_tokens", "preemptions"),
+        notes="Initial input work must be identical across organizations (ratio exactly 1).")
+
+
+def _q4() -> ExperimentDesign:
+    contrasts = tuple(_ratio(f"D0/S2 {b}", {"org": "d0", "budget": b}, {"org": "s2", "budget": b}, "Q4")
+                      for b in BUDGETS)
+    return ExperimentDesign(
+        "q4", "Q4 budget: D0 vs S2 at b63, b83, b108 (3 req/s, cap 63, f = 0)",
+        grids=({"org": ["s2", "d0"], "budget": list(BUDGETS)},),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2), contrasts=contrasts,
+        notes="D0 splits each budget 50/50 between its pools (RunConfig.d0_attn_fraction).")
+
+
+def _q5() -> ExperimentDesign:
+    points = (("b63", 63), ("b108", 109))
+    contrasts = tuple(
+        _ratio(f"D0/S2 {b} cap{cap} rate={r:g}", {"org": "d0", "budget": b, "rate": r},
+               {"org": "s2", "budget": b, "rate": r}, "Q5")
+        for b, cap in points for r in RATES)
+    return ExperimentDesign(
+        "q5", "Q5 load: D0 vs S2 at 0.8, 3.0, 4.5 req/s, at b63/cap 63 and b108/cap 109",
+        grids=tuple({"org": ["s2", "d0"], "rate": list(RATES), "budget": b, "cap": cap} for b, cap in points),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2), contrasts=contrasts)
+
+
+def _q6() -> ExperimentDesign:
+    contrasts = tuple(
+        _ratio(f"D0/S2 {b} f={f:g}", {"org": "d0", "budget": b, "headroom": f},
+               {"org": "s2", "budget": b, "headroom": f}, "Q6")
+        for b in BUDGETS for f in HEADROOMS)
+    return ExperimentDesign(
+        "q6", "Q6 headroom: S2 and D0, f in {0, .10, .19, .27, .35} x b63/b83/b108",
+        grids=({"org": ["s2", "d0"], "headroom": list(HEADROOMS), "budget": list(BUDGETS)},),
+        seeds=tuple(range(76400, 76412)), quick_seeds=(76400, 76401), contrasts=contrasts,
+        notes="Common-headroom contrasts are declared; each org at its own best headroom is "
+              "selected on the same runs (see selected_headroom_contrasts), so it is descriptive.")
+
+
+def _q7() -> ExperimentDesign:
+    contrasts = tuple(
+        _ratio(f"f=0.19/f=0 {label}", {"headroom": 0.19}, {"headroom": 0.0}, "Q7", metric)
+        for label, metric in (("R_max", "r_max_mean"), ("J_adopt", "j_adopt_mean"),
+                              ("throughput", THROUGHPUT)))
+    return ExperimentDesign(
+        "q7", "Q7 joint depth: S2 at b83, f in {0, 0.19}",
+        grids=({"org": "s2", "budget": "b83", "headroom": [0.0, 0.19]},),
+        seeds=(1, 2, 3), quick_seeds=(1, 2), contrasts=contrasts,
+        metrics=("r_max_mean", "j_adopt_mean", "gap_r_mean", THROUGHPUT),
+        notes="Gap_R = R_max - J_adopt per run (mean over requests), reported as an arm mean.")
+
+
+def _q8() -> ExperimentDesign:
+    metrics = (("ledger", THROUGHPUT), ("span", SPAN_THROUGHPUT), ("J_adopt", "j_adopt_mean"),
+               ("attention depth", "attn_depth_mean"))
+    contrasts = tuple(_ratio(f"retention/none {label}", {"retention": True}, {"retention": False},
+                             "Q8", metric) for label, metric in metrics)
+    return ExperimentDesign(
+        "q8", "Q8 retention: S2 vs S2+retention at a fixed 254-page S2 budget",
+        grids=({"org": "s2", "budget": "254p", "retention": [False, True]},),
+        seeds=(79010, 79011, 79012), quick_seeds=(79010, 79011), contrasts=contrasts,
+        metrics=(THROUGHPUT, SPAN_THROUGHPUT, "j_adopt_mean", "attn_depth_mean"))
+
+
+def _q9() -> ExperimentDesign:
+    contrasts = (
+        _ratio("retention/none SHARE", {"retention": True, "isolate": False},
+               {"retention": False, "isolate": False}, "Q9"),
+        _ratio("retention/none ISOLATE", {"retention": True, "isolate": True},
+               {"retention": False, "isolate": True}, "Q9"),
+    )
+    return ExperimentDesign(
+        "q9", "Q9 crossover: {S2, S2+retention} x {SHARE, ISOLATE}",
+        grids=({"org": "s2", "budget": "254p", "retention": [False, True], "isolate": [False, True]},),
+        seeds=tuple(range(88001, 88007)), quick_seeds=(88001, 88002, 88003), contrasts=contrasts,
+        interactions=(Interaction("K_ret", "retention/none SHARE", "retention/none ISOLATE", "ratio",
+                                  "Q9-interactions"),),
+        notes="Budget 254p as in Q8. Run order is irrelevant to the deterministic simulator.")
+
+
+DESIGNS: dict[str, ExperimentDesign] = {d.name: d for d in (
+    _q1(), _q2(), _q3(), _q4(), _q5(), _q6(), _q7(), _q8(), _q9())}
+
+
+def selected_headroom_contrasts(runs, budgets: Sequence[str] = BUDGETS,
+                                metric: str = THROUGHPUT) -> list[Contrast]:
+    """Q6's "each org at its own headroom": per budget, D0 at its best f over
+    S2 at its best f (best = highest mean ``metric`` over seeds in ``runs``).
+
+    The selection uses the same runs it is then evaluated on, so these
+    contrasts describe the data; the study preselected on other seeds.
+    """
+    out = []
+    for b in budgets:
+        best = {}
+        for org in ("d0", "s2"):
+            arm = runs[(runs["org"] == org) & (runs["budget"] == b)]
+            if arm.empty:
+                break
+            best[org] = float(arm.groupby("headroom")[metric].mean().idxmax())
+        if len(best) == 2:
+            out.append(_ratio(f"D0 f={best['d0']:g} / S2 f={best['s2']:g} {b} (own best headroom)",
+                              {"org": "d0", "budget": b, "headroom": best["d0"]},
+                              {"org": "s2", "budget": b, "headroom": best["s2"]}, "Q6-selected", metric))
+    return out
+
+
+def design(name: str) -> ExperimentDesign:
+    from harness.errors import HbenchError
+
+    if name not in DESIGNS:
+        raise HbenchError(f"unknown design {name!r}; choose from {', '.join(DESIGNS)} or all")
+    return DESIGNS[name]

@@ -1,0 +1,413 @@
+"""Grids of runs: expansion, content-addressed cells, resumable execution.
+
+A grid is a union of axis sets; each axis set maps `RunConfig` field names
+to a value or a list of values and expands to their cartesian product (so
+"b63 at cap 63 plus b108 at cap 109" is two axis sets, not a product).
+Every expanded config is one **cell**, whose id is
+`harness.results.cell_id(config, workload_hash, engine_version)`: the same
+knobs, request stream and engine code always give the same id, and the run
+directory of a cell is ``<out>/<cell id>/``.
+
+Because `harness.runner.execute` writes run directories atomically, a cell
+directory either exists complete or not at all; resuming a sweep simply skips
+cells whose complete directory exists. A killed sweep leaves at most hidden
+``.tmp-*`` directories of dead processes, which the next sweep removes.
+
+Cells run serially, on a local process pool (``jobs`` workers, each running
+many cells and keeping the few workloads it last built), or on Ray. All three
+call `run_cell`, so the results are identical whichever executes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import time
+import tomllib
+import typing
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness.config import RunConfig
+from harness.errors import HbenchError
+from harness.results import MANIFEST, RUN_FILES, TMP_PREFIX, cell_id, to_jsonable
+
+SWEEP_FILE = "sweep.json"
+SWEEP_SCHEMA_VERSION = 1
+EXECUTORS = ("local", "ray")
+
+# RunConfig fields that change the request stream (see workloads.build and
+# harness.runner.build_run_workload); cells equal on these share a workload.
+WORKLOAD_FIELDS = ("seed", "q", "rate", "arrival", "burstiness", "requests", "warmup_requests",
+                   "duration_s", "contexts", "max_model_len", "max_output", "isolate")
+
+FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
+Axes = Mapping[str, Sequence]
+
+
+# ------------------------------------------------------------------ values
+
+def _base_type(field: str):
+    t = FIELD_TYPES[field]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return (args[0] if args else t), type(None) in typing.get_args(t)
+
+
+def parse_scalar(field: str, value):
+    """One value of ``field`` from TOML or command-line text, typed as RunConfig wants it."""
+    if field not in FIELD_TYPES:
+        raise HbenchError(f"unknown grid key {field!r}; keys are RunConfig fields "
+                          f"({', '.join(f.name for f in fields(RunConfig))})")
+    base, optional = _base_type(field)
+    if isinstance(value, str):
+        text = value.strip()
+        if optional and text.lower() in ("none", "null", ""):
+            return None
+        try:
+            if base is bool:
+                if text.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if text.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(text)
+            return base(text)
+        except ValueError:
+            raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}") from None
+    if value is None and optional:
+        return None
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}")
+    return value
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def parse_values(field: str, raw) -> tuple:
+    """All values of one axis: a scalar, a list, or text ``"a,b,c"``; integer
+    fields also take ranges ``"1-6"`` (inclusive). Duplicates are an error."""
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    out: list = []
+    for item in items:
+        parts = item.split(",") if isinstance(item, str) else [item]
+        for part in parts:
+            m = _RANGE.match(part) if isinstance(part, str) else None
+            if m and _base_type(field)[0] is int:
+                lo, hi = int(m.group(1)), int(m.group(2))
+                if hi < lo:
+                    raise HbenchError(f"grid key {field}: empty range {part.strip()!r}")
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(parse_scalar(field, part))
+    if not out:
+        raise HbenchError(f"grid key {field}: no values")
+    if len(set(out)) != len(out):
+        raise HbenchError(f"grid key {field}: repeated values in {raw!r}")
+    return tuple(out)
+
+
+def normalize_axes(axes: Mapping) -> dict[str, tuple]:
+    return {k: parse_values(k, v) for k, v in axes.items()}
+
+
+# -------------------------------------------------------------------- grids
+
+def expand(grids: Sequence[Axes], base: Mapping | None = None) -> list[RunConfig]:
+    """The configs of a union of axis sets, in order, without duplicates.
+
+    ``base`` holds values shared by every axis set (an axis set overrides it).
+    Each combination is validated by `RunConfig`, so an impossible value fails
+    with its one-line message before anything runs.
+    """
+    base_axes = normalize_axes(base or {})
+    out: dict[str, RunConfig] = {}
+    for axes in grids or [{}]:
+        merged = {**base_axes, **normalize_axes(axes)}
+        keys = list(merged)
+        for combo in itertools.product(*(merged[k] for k in keys)):
+            cfg = RunConfig(**dict(zip(keys, combo, strict=True)))
+            out.setdefault(cfg.digest(), cfg)
+    return list(out.values())
+
+
+def load_grid_file(path) -> tuple[dict, list[dict]]:
+    """(base, axis sets) from a TOML grid file: top-level keys are RunConfig
+    fields (a list expands); optional ``[[grid]]`` tables are a union of axis
+    sets that each extend the top-level keys."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise HbenchError(f"cannot read grid file {path}: {exc}") from None
+    subgrids = doc.pop("grid", [])
+    if not isinstance(subgrids, list) or not all(isinstance(g, dict) for g in subgrids):
+        raise HbenchError(f"{path}: 'grid' must be an array of tables ([[grid]])")
+    for axes in [doc, *subgrids]:
+        for k, v in axes.items():
+            if isinstance(v, dict):
+                raise HbenchError(f"{path}: key {k!r} is a table; grid values are scalars or lists")
+            parse_values(k, v)
+    return doc, subgrids
+
+
+# -------------------------------------------------------------------- cells
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a sweep: its config, the hash of its request stream, and
+    the content address that names its run directory."""
+
+    config: RunConfig
+    workload_hash: str
+    engine_version: str
+    cell_id: str
+
+
+def workload_key(config: RunConfig) -> tuple:
+    return tuple(getattr(config, f) for f in WORKLOAD_FIELDS)
+
+
+# Per-process workloads, most recently used last: a worker runs many cells of
+# the same few request streams, and building one costs more than looking it up.
+_WORKLOADS: OrderedDict[tuple, object] = OrderedDict()
+_WORKLOAD_CACHE_SIZE = 4
+
+
+def cached_workload(config: RunConfig):
+    from harness.runner import build_run_workload
+
+    key = workload_key(config)
+    if key in _WORKLOADS:
+        _WORKLOADS.move_to_end(key)
+    else:
+        _WORKLOADS[key] = build_run_workload(config)
+        while len(_WORKLOADS) > _WORKLOAD_CACHE_SIZE:
+            _WORKLOADS.popitem(last=False)
+    return _WORKLOADS[key]
+
+
+def plan(configs: Sequence[RunConfig]) -> list[Cell]:
+    """Content-address every config: build each distinct workload once (for
+    its hash) and ask each engine for its version once."""
+    from adapters.registry import make_engine
+
+    versions: dict[str, str] = {}
+    hashes: dict[tuple, str] = {}
+    cells = []
+    for cfg in configs:
+        if cfg.engine not in versions:
+            versions[cfg.engine] = make_engine(cfg.engine).version()
+        key = workload_key(cfg)
+        if key not in hashes:
+            hashes[key] = cached_workload(cfg).content_hash
+        cells.append(Cell(cfg, hashes[key], versions[cfg.engine],
+                          cell_id(cfg, hashes[key], versions[cfg.engine])))
+    return cells
+
+
+def is_complete(run_dir: Path) -> bool:
+    """A run directory whose manifest says complete and whose files all exist."""
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(manifest, dict) and manifest.get("status") == "complete"
+            and all((run_dir / f).is_file() for f in RUN_FILES))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out: Path) -> list[Path]:
+    """Remove ``.tmp-*`` directories under ``out`` left by dead processes
+    (their name ends in the writer's pid); return what was removed."""
+    removed = []
+    if not out.is_dir():
+        return removed
+    for p in sorted(out.glob(f"{TMP_PREFIX}*")):
+        m = re.search(r"-(\d+)$", p.name)
+        if p.is_dir() and (m is None or not _pid_alive(int(m.group(1)))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    cell_id: str
+    status: str          # "ran", "skipped" or "failed"
+    seconds: float = 0.0
+    error: str = ""
+
+
+def run_cell(cell: Cell, out: str, force: bool = False) -> CellOutcome:
+    """Run one cell into ``out/<cell id>/`` unless it is complete already.
+
+    Module-level so that process pools and Ray can ship it. A user error
+    (HbenchError) becomes a "failed" outcome; anything else propagates.
+    """
+    from harness.runner import execute
+
+    run_dir = Path(out) / cell.cell_id
+    if is_complete(run_dir) and not force:
+        return CellOutcome(cell.cell_id, "skipped")
+    t0 = time.perf_counter()
+    try:
+        if run_dir.exists():
+            # --force, or a directory some other tool left under our name:
+            # the cell is rerun from scratch (resume redoes it if we die now).
+            shutil.rmtree(run_dir)
+        workload = cached_workload(cell.config)
+        if workload.content_hash != cell.workload_hash:
+            raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
+                              "the workload builder is not deterministic")
+        execute(cell.config, out, workload=workload, run_id=cell.cell_id)
+    except HbenchError as exc:
+        return CellOutcome(cell.cell_id, "failed", time.perf_counter() - t0, str(exc))
+    return CellOutcome(cell.cell_id, "ran", time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- execution
+
+@dataclass(frozen=True)
+class SweepResult:
+    out: Path
+    cells: tuple[Cell, ...]
+    outcomes: tuple[CellOutcome, ...]
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def failed(self) -> tuple[CellOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.status == "failed")
+
+
+def _cell_entry(c: Cell, o: CellOutcome | None) -> dict:
+    entry = {"cell_id": c.cell_id, "status": o.status if o else "pending"}
+    if o and o.status != "skipped":
+        entry["seconds"] = round(o.seconds, 3)
+    if o and o.error:
+        entry["error"] = o.error
+    return {**entry, "workload_hash": c.workload_hash, "config": c.config.to_dict()}
+
+
+def _write_sweep_file(out: Path, grids, base, cells, outcomes: dict[str, CellOutcome]) -> None:
+    doc = {
+        "schema_version": SWEEP_SCHEMA_VERSION,
+        "updated_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "base": {k: list(v) for k, v in normalize_axes(base or {}).items()},
+        "grid": [{k: list(v) for k, v in normalize_axes(g).items()} for g in grids],
+        "engine_versions": sorted({c.engine_version for c in cells}),
+        "cells": [_cell_entry(c, outcomes.get(c.cell_id)) for c in cells],
+    }
+    tmp = out / f".{SWEEP_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(to_jsonable(doc), indent=1) + "\n")
+    os.replace(tmp, out / SWEEP_FILE)
+
+
+def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
+    # Group cells that share a request stream so a worker's workload cache hits.
+    first: dict[tuple, int] = {}
+    for i, c in enumerate(cells):
+        first.setdefault(workload_key(c.config), i)
+    return sorted(cells, key=lambda c: first[workload_key(c.config)])
+
+
+def _execute_local(todo, out, jobs, force, report) -> None:
+    if jobs <= 1:
+        for c in todo:
+            report(run_cell(c, str(out), force))
+        return
+    pool = ProcessPoolExecutor(max_workers=jobs)
+    try:
+        pending = {pool.submit(run_cell, c, str(out), force) for c in todo}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                report(f.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _execute_ray(todo, out, jobs, force, report) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise HbenchError("--executor ray needs Ray: pip install ray (or pip install 'hbench[ray]')") from None
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=jobs if jobs > 0 else None, include_dashboard=False,
+                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
+    try:
+        remote = ray.remote(run_cell)
+        pending = [remote.remote(c, str(out), force) for c in todo]
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                report(ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
+              force: bool = False, grids: Sequence[Axes] = (), base: Mapping | None = None,
+              on_plan: Callable[[int, int], None] | None = None,
+              on_cell: Callable[[CellOutcome], None] | None = None) -> SweepResult:
+    """Run every config as a content-addressed cell under ``out``.
+
+    Finished cells are skipped unless ``force``; stale ``.tmp-*`` directories
+    are removed first; ``sweep.json`` (grid, cells, engine versions, status)
+    is written before and after. ``on_plan(total, already_done)`` and
+    ``on_cell(outcome)`` drive a progress display. Ctrl-C stops the sweep,
+    leaving only complete cells.
+    """
+    if executor not in EXECUTORS:
+        raise HbenchError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    if jobs < 1:
+        raise HbenchError(f"--jobs must be >= 1, got {jobs}")
+    if not configs:
+        raise HbenchError("the grid expands to no cells")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    clean_stale(out)
+    cells = plan(configs)
+    outcomes: dict[str, CellOutcome] = {}
+    todo = []
+    for c in cells:
+        if not force and is_complete(out / c.cell_id):
+            outcomes[c.cell_id] = CellOutcome(c.cell_id, "skipped")
+        else:
+            todo.append(c)
+    _write_sweep_file(out, grids, base, cells, outcomes)
+    if on_plan:
+        on_plan(len(cells), len(cells) - len(todo))
+
+    def report(o: CellOutcome) -> None:
+        outcomes[o.cell_id] = o
+        if on_cell:
+            on_cell(o)
+
+    try:
+        run = _execute_ray if executor == "ray" else _execute_local
+        run(_pending_order(todo), out, jobs, force, report)
+    finally:
+        _write_sweep_file(out, grids, base, cells, outcomes)
+    return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))
