@@ -49,6 +49,7 @@ class RunConfig:
     max_output: int = 1024
     warmup_requests: int = 0
     seed: int = 0
+    workload_path: str | None = None       # a saved workload (hbench workload build) instead
     # engine connection (real engines)
     endpoint: str | None = None
     launch: bool = False

@@ -16,6 +16,7 @@ from pathlib import Path
 from adapters.registry import check_expressible, make_engine
 from harness.budget import resolve_budget
 from harness.config import RunConfig
+from harness.errors import HbenchError
 from harness.model_configs import geometry_for_run
 from harness.results import new_run_id, write_run
 
@@ -32,9 +33,18 @@ def budget_manifest(config: RunConfig, geom) -> dict:
 
 
 def build_run_workload(config: RunConfig):
-    """The workload a config describes, with its warm-up requests in front."""
+    """The workload a config describes, with its warm-up requests in front; or
+    the saved workload it names (whose first ``warmup_requests`` are warm-up)."""
     from workloads.build import workload_from_config
 
+    if config.workload_path:
+        from workloads.io import load_workload
+
+        workload = load_workload(config.workload_path)
+        if config.warmup_requests >= len(workload):
+            raise HbenchError(f"--warmup {config.warmup_requests} leaves no measured request "
+                              f"in {config.workload_path} ({len(workload)} requests)")
+        return workload
     if config.warmup_requests:
         config = dataclasses.replace(config, requests=config.requests + config.warmup_requests)
     return workload_from_config(config)

@@ -120,3 +120,21 @@ def test_warmup_requests_are_served_but_excluded_and_recorded(tmp_path):
     assert s["output_tokens"] == req.loc[~req["warmup"], "output_tokens"].sum()
     assert data["manifest"]["warmup_requests"] == 4
     assert data["manifest"]["cache_state"] == "cold"
+
+
+def test_run_serves_a_saved_workload(tmp_path):
+    wl = tmp_path / "wl.parquet"
+    res = CliRunner().invoke(cli, ["workload", "build", "--q", "1", "--rate", "5", "--requests", "10",
+                                   "--seed", "7", "-o", str(wl)])
+    assert res.exit_code == 0, res.output
+    from workloads.io import load_workload
+
+    expected_hash = load_workload(wl).content_hash
+    out = tmp_path / "runs"
+    res = run_cli(out, "--org", "s2", "--workload", str(wl))
+    assert res.exit_code == 0, res.output
+    data = only_run(out)
+    assert data["manifest"]["workload_hash"] == expected_hash
+    assert data["summary"]["finished"] == 10
+    missing = CliRunner().invoke(cli, ["run", "--out", str(out), "--workload", str(tmp_path / "nope")])
+    assert missing.exit_code == 1 and "not found" in missing.output

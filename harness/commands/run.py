@@ -106,6 +106,9 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
               help="Distinct requests that must want a prefix before it is retained.")
 @click.option("--isolate", is_flag=True, help="ISOLATE: a unique cache salt per request.")
 @click.option("--seed", type=int, default=D.seed, show_default=True)
+@click.option("--workload", "workload_path", type=click.Path(), default=None,
+              help="Serve a saved workload (hbench workload build) instead of building one; "
+                   "the workload flags above are then ignored.")
 @click.option("--warmup", "warmup_requests", type=int, default=0, show_default=True,
               help="Warm-up requests served first and excluded from every metric.")
 @click.option("--endpoint", default=None, help="Real engines: URL of a running server.")
