@@ -274,7 +274,9 @@ class Organization:
     def _adoptable(self, keys, j: int) -> list[Entry]:
         if j <= 0:
             return []
-        out = [self.attn_map[key_at(keys, b)] for b in range(self.B, j + 1, self.B)]
+        step = self.B // KEY_TOKENS
+        attn_map = self.attn_map
+        out = [attn_map[k] for k in keys[step - 1:j // KEY_TOKENS:step]]
         out.append(self.ckpt_map[key_at(keys, j)])
         return out
 
@@ -439,10 +441,15 @@ class Organization:
         e.generations = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
 
     def _new_attn(self) -> Entry:
+        """An attention block on one page (the hot path: D0 makes one per 16 tokens)."""
+        pool = self.pools[0]
         page = self._take_page(0)
-        self.pools[0].set_kind(page, ATTN)
+        pool.set_kind(page, ATTN)
         e = Entry(next(self._ids), ATTN_ENTRY, [(0, page)])
-        self._register_members(e)
+        self.entries[e.id] = e
+        pool.dependents[page].add(e.id)
+        e.pages = ((0, page),)
+        e.generations = (pool.generation[page],)
         return e
 
     def _new_ckpt(self) -> Entry:
