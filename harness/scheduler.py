@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness.orgs.base import Organization, PrefixHit
+from harness.orgs.base import Organization
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
+from harness.orgs.values import PrefixHit
 from harness.records import CANCELLED, FAILED, FINISHED, RequestRecord
 
 WAITING, RUNNING, DONE = "waiting", "running", "done"

@@ -7,11 +7,12 @@ a model geometry and a budget into a ready organization.
 from __future__ import annotations
 
 from harness.layout import layout_for
-from harness.orgs.base import Demand, Organization, PrefixHit, Usage
+from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.s0 import S0
 from harness.orgs.s1 import S1
 from harness.orgs.s2 import S2
+from harness.orgs.values import Demand, PrefixHit, Usage
 
 ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0}
 

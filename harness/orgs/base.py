@@ -31,94 +31,21 @@ page out.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 
 from harness.layout import OrgLayout
+from harness.orgs import audit
 from harness.orgs.keys import KEY_TOKENS, key_at
-from harness.orgs.pool import ATTN, CONV, KINDS, SSM, PagePool
+from harness.orgs.pool import ATTN, CONV, SSM, PagePool
 from harness.orgs.slabs import NO_SLOT, SlabTable
-
-ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
-
-
-@dataclass(frozen=True)
-class PrefixHit:
-    """What a lookup found, in tokens.
-
-    ``j_adopt``: deepest J with valid attention for [0, J) AND a valid
-    checkpoint at J (what a request can reuse). ``r_max``: deepest valid
-    checkpoint regardless of attention. ``attn_depth``: contiguous valid
-    attention prefix from token 0.
-    """
-
-    j_adopt: int = 0
-    r_max: int = 0
-    attn_depth: int = 0
-    # Adoption cost as of the organization state `version` (a lookup computes it
-    # so that the asks that follow it need not walk the prefix again).
-    version: int = field(default=-1, compare=False, repr=False)
-    adopt_pages: tuple[int, ...] = field(default=(), compare=False, repr=False)
-    adopt_slabs: frozenset = field(default=frozenset(), compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class Demand:
-    """Pages per pool an allocation would take from the free queues."""
-
-    pages: tuple[int, ...]
-
-
-class Entry:
-    __slots__ = ("id", "kind", "key", "pos", "members", "slot", "pages", "refs", "pins",
-                 "retains", "valid", "generations")
-
-    def __init__(self, eid: int, kind: str, members: list[tuple[int, int]], slot=NO_SLOT):
-        self.id = eid
-        self.kind = kind
-        self.key: int | None = None   # set when registered for lookup
-        self.pos = 0                  # tokens covered ([0, pos) prefix)
-        self.members = members        # (pool index, page)
-        self.slot = slot              # SlotRef or NO_SLOT
-        self.pages: tuple[tuple[int, int], ...] = ()   # members + conv slab; set by the org
-        self.refs = 0
-        self.pins = 0
-        self.retains = 0
-        self.valid = True
-        self.generations: tuple[int, ...] = ()   # of its pages when it was built
-
-    @property
-    def held(self) -> bool:
-        return self.pins > 0 or self.retains > 0
-
-    def __repr__(self) -> str:
-        return (f"Entry({self.id}, {self.kind}, pos={self.pos}, refs={self.refs}, "
-                f"pins={self.pins}, retains={self.retains}, valid={self.valid})")
-
-
-@dataclass
-class RequestState:
-    """What an organization tracks for one admitted request (private to it)."""
-
-    attn: list[Entry] = field(default_factory=list)   # block i covers [i*B, (i+1)*B)
-    live: Entry | None = None
-    spares: list[Entry] = field(default_factory=list)
-    adopted: Entry | None = None
-    published: list[Entry] = field(default_factory=list)
-    retained: list[Entry] = field(default_factory=list)
-    reserved_until: int = 0    # grid boundaries <= this have a spare or were published
-    computed: int = 0
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Blocks and bytes by state kind and state, per pool layer."""
-
-    pages: dict            # {pool: {"referenced": n, "cached": n, "free": n}}
-    pages_by_kind: dict    # {kind: {"referenced": n, "cached": n}}
-    bytes_by_kind: dict    # {kind: {"referenced": B, "cached": B}} logical state bytes
-    waste_by_kind: dict    # {kind: B} allocated minus logical bytes over pages holding content
-    slab_occupancy: float
-    invalidations: int
+from harness.orgs.values import (
+    ATTN_ENTRY,
+    CKPT_ENTRY,
+    Demand,
+    Entry,
+    PrefixHit,
+    RequestState,
+    Usage,
+)
 
 
 class Organization:
@@ -536,90 +463,14 @@ class Organization:
         for pool, page in pages:
             self.pools[pool].decref(page)
 
-    # ================= invariants and usage =====================================
+    # ================= invariants and usage (harness/orgs/audit.py) =============
     def check_invariants(self) -> None:
         """Raise AssertionError with the broken values if any invariant fails."""
-        for p in self.pools:
-            p.check()
-        refs = [[0] * p.num_pages for p in self.pools]
-        holds = [[0] * p.num_pages for p in self.pools]
-        deps = [[set() for _ in range(p.num_pages)] for p in self.pools]
-        for eid, e in self.entries.items():
-            assert e.valid and e.id == eid, f"{self.name}: bad entry record {e}"
-            assert e.refs >= 0 and e.pins >= 0 and e.retains >= 0, f"{self.name}: negative {e}"
-            if e.kind == ATTN_ENTRY:
-                assert all(pool == 0 for pool, _ in e.members), f"{self.name}: {e} outside attention pool"
-            else:
-                assert all(pool == self.ckpt_pool for pool, _ in e.members), (
-                    f"{self.name}: {e} outside checkpoint pool")
-            now = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
-            assert now == e.generations, (
-                f"{self.name}: storage of {e} was handed out again: generations {e.generations} -> {now}")
-            for pool, page in e.pages:
-                refs[pool][page] += e.refs
-                holds[pool][page] += 1 if e.held else 0
-                deps[pool][page].add(eid)
-            if e.slot is not NO_SLOT:
-                occ = self.slabs.occupants.get(e.slot.slab)
-                assert occ is not None and occ[e.slot.slot] == eid, (
-                    f"{self.name}: {e} slot {e.slot} not recorded in slab table")
-        for i, p in enumerate(self.pools):
-            assert refs[i] == p.ref, f"{self.name}: pool {p.name} page refs {p.ref} != entry refs {refs[i]}"
-            assert holds[i] == p.hold, f"{self.name}: pool {p.name} holds {p.hold} != {holds[i]}"
-            assert deps[i] == p.dependents, f"{self.name}: pool {p.name} reverse index out of step"
-        for m, kind in ((self.attn_map, ATTN_ENTRY), (self.ckpt_map, CKPT_ENTRY)):
-            for k, e in m.items():
-                assert e.valid and e.key == k and e.kind == kind and e.id in self.entries, (
-                    f"{self.name}: lookup map holds stale {e}")
-        if self.slabs is not None:
-            for slab, occ in self.slabs.occupants.items():
-                assert any(o is not None for o in occ), f"{self.name}: empty slab {slab} kept open"
-                for o in occ:
-                    assert o is None or (o in self.entries and self.entries[o].slot.slab == slab), (
-                        f"{self.name}: slab {slab} lists unknown occupant {o}")
-        for rid, st in self.reqs.items():
-            for e in [*st.attn, st.live, *st.spares, st.adopted]:
-                assert e is None or (e.valid and e.refs >= 1), f"{self.name}: request {rid} holds {e}"
-        for rid, e in self.pinned.items():
-            assert e.valid and e.pins >= 1, f"{self.name}: pin of {rid} on {e}"
+        audit.check_invariants(self)
 
     def usage(self) -> Usage:
-        lay = self.layout
-        pages = {p.name: {"referenced": p.num_referenced, "cached": p.num_cached,
-                          "free": len(p.empty)} for p in self.pools}
-        by_kind = {k: {"referenced": 0, "cached": 0} for k in KINDS}
-        for p in self.pools:
-            for k in KINDS:
-                by_kind[k]["cached"] += p.cached_pages[k]
-                by_kind[k]["referenced"] += p.kind_pages[k] - p.cached_pages[k]
-        per_ckpt_ssm = max(lay.ssm_pages, 1)
-        bytes_by_kind = {k: {} for k in KINDS}
-        for state in ("referenced", "cached"):
-            n_ckpt = by_kind[SSM][state] / per_ckpt_ssm
-            bytes_by_kind[ATTN][state] = by_kind[ATTN][state] * lay.attn_block_bytes
-            bytes_by_kind[SSM][state] = int(n_ckpt * lay.ssm_bytes)
-            bytes_by_kind[CONV][state] = int(n_ckpt * lay.conv_bytes)
-        n_ckpt_all = sum(by_kind[SSM].values()) / per_ckpt_ssm
-        conv_pages = sum(by_kind[CONV].values())
-        ssm_alloc = sum(by_kind[SSM].values()) * lay.ckpt_page_bytes
-        if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
-            ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
-            conv_waste = 0
-        else:
-            ssm_logical = n_ckpt_all * lay.ssm_bytes
-            conv_waste = conv_pages * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
-        waste = {
-            ATTN: sum(by_kind[ATTN].values()) * (lay.attn_page_bytes - lay.attn_block_bytes),
-            SSM: int(ssm_alloc - ssm_logical),
-            CONV: int(conv_waste),
-        }
-        occ = self.slabs.occupancy() if self.slabs is not None else float("nan")
-        return Usage(pages, by_kind, bytes_by_kind, waste, occ, self.invalidations)
-
-    def referenced_bytes(self) -> dict:
-        """Logical bytes of referenced state by kind (a cheap per-step figure)."""
-        u = self.usage()
-        return {k: u.bytes_by_kind[k]["referenced"] for k in KINDS}
+        """Blocks and bytes by state kind and state, waste, slab occupancy."""
+        return audit.usage(self)
 
     def holds_no_references(self) -> bool:
         """True when no request is admitted and no page has an execution reference

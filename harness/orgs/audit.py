@@ -1,0 +1,92 @@
+"""Auditing an organization: its invariants and its usage figures.
+
+Kept apart from `harness.orgs.base` because neither changes anything: tests
+(and ``--debug-invariants``) call `check_invariants` after every step, and the
+engine reads `usage` once per step for the per-step table.
+"""
+
+from __future__ import annotations
+
+from harness.orgs.pool import ATTN, CONV, KINDS, SSM
+from harness.orgs.slabs import NO_SLOT
+from harness.orgs.values import ATTN_ENTRY, CKPT_ENTRY, Usage
+
+
+def check_invariants(org) -> None:
+    """Raise AssertionError with the broken values if any invariant fails."""
+    for p in org.pools:
+        p.check()
+    refs = [[0] * p.num_pages for p in org.pools]
+    holds = [[0] * p.num_pages for p in org.pools]
+    deps = [[set() for _ in range(p.num_pages)] for p in org.pools]
+    for eid, e in org.entries.items():
+        assert e.valid and e.id == eid, f"{org.name}: bad entry record {e}"
+        assert e.refs >= 0 and e.pins >= 0 and e.retains >= 0, f"{org.name}: negative {e}"
+        if e.kind == ATTN_ENTRY:
+            assert all(pool == 0 for pool, _ in e.members), f"{org.name}: {e} outside attention pool"
+        else:
+            assert all(pool == org.ckpt_pool for pool, _ in e.members), (
+                f"{org.name}: {e} outside checkpoint pool")
+        now = tuple(org.pools[pool].generation[page] for pool, page in e.pages)
+        assert now == e.generations, (
+            f"{org.name}: storage of {e} was handed out again: generations {e.generations} -> {now}")
+        for pool, page in e.pages:
+            refs[pool][page] += e.refs
+            holds[pool][page] += 1 if e.held else 0
+            deps[pool][page].add(eid)
+        if e.slot is not NO_SLOT:
+            occ = org.slabs.occupants.get(e.slot.slab)
+            assert occ is not None and occ[e.slot.slot] == eid, (
+                f"{org.name}: {e} slot {e.slot} not recorded in slab table")
+    for i, p in enumerate(org.pools):
+        assert refs[i] == p.ref, f"{org.name}: pool {p.name} page refs {p.ref} != entry refs {refs[i]}"
+        assert holds[i] == p.hold, f"{org.name}: pool {p.name} holds {p.hold} != {holds[i]}"
+        assert deps[i] == p.dependents, f"{org.name}: pool {p.name} reverse index out of step"
+    for m, kind in ((org.attn_map, ATTN_ENTRY), (org.ckpt_map, CKPT_ENTRY)):
+        for k, e in m.items():
+            assert e.valid and e.key == k and e.kind == kind and e.id in org.entries, (
+                f"{org.name}: lookup map holds stale {e}")
+    if org.slabs is not None:
+        for slab, occ in org.slabs.occupants.items():
+            assert any(o is not None for o in occ), f"{org.name}: empty slab {slab} kept open"
+            for o in occ:
+                assert o is None or (o in org.entries and org.entries[o].slot.slab == slab), (
+                    f"{org.name}: slab {slab} lists unknown occupant {o}")
+    for rid, st in org.reqs.items():
+        for e in [*st.attn, st.live, *st.spares, st.adopted]:
+            assert e is None or (e.valid and e.refs >= 1), f"{org.name}: request {rid} holds {e}"
+    for rid, e in org.pinned.items():
+        assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
+
+def usage(org) -> Usage:
+    lay = org.layout
+    pages = {p.name: {"referenced": p.num_referenced, "cached": p.num_cached,
+                      "free": len(p.empty)} for p in org.pools}
+    by_kind = {k: {"referenced": 0, "cached": 0} for k in KINDS}
+    for p in org.pools:
+        for k in KINDS:
+            by_kind[k]["cached"] += p.cached_pages[k]
+            by_kind[k]["referenced"] += p.kind_pages[k] - p.cached_pages[k]
+    per_ckpt_ssm = max(lay.ssm_pages, 1)
+    bytes_by_kind = {k: {} for k in KINDS}
+    for state in ("referenced", "cached"):
+        n_ckpt = by_kind[SSM][state] / per_ckpt_ssm
+        bytes_by_kind[ATTN][state] = by_kind[ATTN][state] * lay.attn_block_bytes
+        bytes_by_kind[SSM][state] = int(n_ckpt * lay.ssm_bytes)
+        bytes_by_kind[CONV][state] = int(n_ckpt * lay.conv_bytes)
+    n_ckpt_all = sum(by_kind[SSM].values()) / per_ckpt_ssm
+    conv_pages = sum(by_kind[CONV].values())
+    ssm_alloc = sum(by_kind[SSM].values()) * lay.ckpt_page_bytes
+    if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
+        ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
+        conv_waste = 0
+    else:
+        ssm_logical = n_ckpt_all * lay.ssm_bytes
+        conv_waste = conv_pages * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
+    waste = {
+        ATTN: sum(by_kind[ATTN].values()) * (lay.attn_page_bytes - lay.attn_block_bytes),
+        SSM: int(ssm_alloc - ssm_logical),
+        CONV: int(conv_waste),
+    }
+    occ = org.slabs.occupancy() if org.slabs is not None else float("nan")
+    return Usage(pages, by_kind, bytes_by_kind, waste, occ, org.invalidations)
