@@ -188,8 +188,18 @@ class ServedEngine:
         self.server: ServerProcess | None = None
 
     # -- hooks ---------------------------------------------------------------
+    #: why admission headroom cannot be expressed on this engine (appended to the error)
+    headroom_note = ""
+
     def check_config(self, config) -> None:
+        """Refuse what the engine cannot express: other organizations, admission
+        headroom and producer retention (policies only the simulator implements)."""
         check_expressible(self.name, self.supported_orgs, config.org)
+        if config.headroom > 0:
+            raise HbenchError(f"--headroom {config.headroom} is not expressible on {self.name}"
+                              f"{self.headroom_note}; use --headroom 0 or --engine sim")
+        if config.retention:
+            raise HbenchError(f"--retention is not expressible on {self.name}; use --engine sim")
 
     def launch_argv(self, config, port: int) -> list[str]:
         raise NotImplementedError

@@ -25,7 +25,6 @@ import os
 import sys
 
 from adapters.server import ServedEngine, split_command
-from harness.errors import HbenchError
 
 DEFAULT_SERVER = ("{python} -m sglang.launch_server --host 127.0.0.1 --port {port} "
                   "--model-path {model}")
@@ -53,14 +52,6 @@ class SglangEngine(ServedEngine):
             return f"sglang-{metadata.version('sglang')}"
         except metadata.PackageNotFoundError:
             return "sglang-unknown"
-
-    def check_config(self, config) -> None:
-        super().check_config(config)
-        if config.headroom > 0:
-            raise HbenchError(f"--headroom {config.headroom} is not expressible on sglang; "
-                              "use --headroom 0 or --engine sim")
-        if config.retention:
-            raise HbenchError("--retention is not expressible on sglang; use --engine sim")
 
     def launch_argv(self, config, port: int) -> list[str]:
         argv = split_command(config.server_cmd or DEFAULT_SERVER, python=self.python,

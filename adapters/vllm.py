@@ -127,13 +127,10 @@ class VllmEngine(ServedEngine):
         dist = self.distribution()
         return f"{dist[0]}-{dist[1]}" if dist else "vllm-unknown"
 
+    headroom_note = " (V1 has no admission watermark)"
+
     def check_config(self, config) -> None:
         super().check_config(config)
-        if config.headroom > 0:
-            raise HbenchError(f"--headroom {config.headroom} is not expressible on vllm: V1 has no "
-                              "admission watermark; use --headroom 0 or --engine sim")
-        if config.retention:
-            raise HbenchError("--retention is not expressible on vllm; use --engine sim")
         if config.launch and self.cpu and config.cap > self.cpu_block_size:
             raise HbenchError(f"--cap {config.cap} exceeds the CPU step size {self.cpu_block_size} "
                               "tokens (vLLM needs max-num-seqs <= max-num-batched-tokens)")
