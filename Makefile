@@ -1,6 +1,7 @@
 # hbench: two commands for a newcomer, `make run` and `make test`.
 PY    ?= python3
 VENV  ?= .venv
+EXTRAS ?= dev
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -11,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 ## Install, then serve the study's working point on the simulator (S2, budget b83).

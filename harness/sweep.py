@@ -46,7 +46,8 @@ EXECUTORS = ("local", "ray")
 # RunConfig fields that change the request stream (see workloads.build and
 # harness.runner.build_run_workload); cells equal on these share a workload.
 WORKLOAD_FIELDS = ("seed", "q", "rate", "arrival", "burstiness", "requests", "warmup_requests",
-                   "duration_s", "contexts", "max_model_len", "max_output", "isolate")
+                   "duration_s", "contexts", "max_model_len", "max_output", "isolate",
+                   "workload_path")
 
 FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
 Axes = Mapping[str, Sequence]
@@ -346,31 +347,11 @@ def _execute_local(todo, out, jobs, force, report) -> None:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _execute_ray(todo, out, jobs, force, report) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise HbenchError("--executor ray needs Ray: pip install ray (or pip install 'hbench[ray]')") from None
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=jobs if jobs > 0 else None, include_dashboard=False,
-                 log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}})
-    try:
-        remote = ray.remote(run_cell)
-        pending = [remote.remote(c, str(out), force) for c in todo]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                report(ray.get(ref))
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
               force: bool = False, grids: Sequence[Axes] = (), base: Mapping | None = None,
               on_plan: Callable[[int, int], None] | None = None,
-              on_cell: Callable[[CellOutcome], None] | None = None) -> SweepResult:
+              on_cell: Callable[[CellOutcome], None] | None = None,
+              ray_address: str | None = None) -> SweepResult:
     """Run every config as a content-addressed cell under ``out``.
 
     Finished cells are skipped unless ``force``; stale ``.tmp-*`` directories
@@ -378,6 +359,11 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     is written before and after. ``on_plan(total, already_done)`` and
     ``on_cell(outcome)`` drive a progress display. Ctrl-C stops the sweep,
     leaving only complete cells.
+
+    ``executor="ray"`` runs cells as Ray tasks: on the cluster at
+    ``ray_address`` (or ``$RAY_ADDRESS``; ``out`` must then be a directory
+    every node sees), else on a local instance with ``jobs`` CPUs that is
+    shut down afterwards. An already initialized Ray driver is used as is.
     """
     if executor not in EXECUTORS:
         raise HbenchError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
@@ -406,8 +392,13 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             on_cell(o)
 
     try:
-        run = _execute_ray if executor == "ray" else _execute_local
-        run(_pending_order(todo), out, jobs, force, report)
+        if executor == "ray":
+            address = ray_address or os.environ.get("RAY_ADDRESS") or None
+            from harness.sweep_ray import execute_ray
+
+            execute_ray(_pending_order(todo), out, jobs, force, report, address)
+        else:
+            _execute_local(_pending_order(todo), out, jobs, force, report)
     finally:
         _write_sweep_file(out, grids, base, cells, outcomes)
     return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))

@@ -156,13 +156,73 @@ def test_ray_executor_without_ray_says_how_to_install(tmp_path):
         pytest.skip("ray is installed")
 
 
-def test_ray_executor_matches_local(tmp_path):
-    pytest.importorskip("ray")
-    configs = S.expand([], {**TINY, "org": "s0,s2", "seed": "1"})
-    local = S.run_sweep(configs, tmp_path / "local")
-    remote = S.run_sweep(configs, tmp_path / "ray", jobs=2, executor="ray")
-    assert remote.count("ran") == 2
-    assert _summaries(tmp_path / "local", local.cells) == _summaries(tmp_path / "ray", remote.cells)
+def _ray():
+    return pytest.importorskip("ray", reason="ray is not installed (pip install 'hbench[ray]')")
+
+
+RAY_GRID = {**TINY, "org": "s0,d0", "seed": "1-2"}
+
+
+def test_ray_executor_matches_serial_and_shuts_down_its_instance(tmp_path):
+    ray = _ray()
+    assert not ray.is_initialized()
+    configs = S.expand([], RAY_GRID)
+    serial = S.run_sweep(configs, tmp_path / "serial")
+    seen = []
+    remote = S.run_sweep(configs, tmp_path / "ray", jobs=2, executor="ray", on_cell=seen.append)
+    assert [c.cell_id for c in remote.cells] == [c.cell_id for c in serial.cells]
+    assert remote.count("ran") == 4
+    assert sorted(o.cell_id for o in seen) == sorted(c.cell_id for c in serial.cells)
+    assert _summaries(tmp_path / "serial", serial.cells) == _summaries(tmp_path / "ray", remote.cells)
+    assert not ray.is_initialized()  # hbench started this instance, so hbench stopped it
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local instance shared by the tests below; hbench must leave it running."""
+    ray = _ray()
+    from harness.sweep_ray import _ray_connect
+
+    assert _ray_connect(ray, 2, None)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_interrupt_leaves_complete_cells_and_resume_finishes(tmp_path, ray_instance):
+    configs = S.expand([], RAY_GRID)
+
+    def ctrl_c(outcome):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        S.run_sweep(configs, tmp_path, executor="ray", on_cell=ctrl_c)
+    statuses = [c["status"] for c in json.loads((tmp_path / "sweep.json").read_text())["cells"]]
+    assert sorted(statuses) == ["pending", "pending", "pending", "ran"]
+    visible = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert visible and all(S.is_complete(p) for p in visible)
+    resumed = S.run_sweep(configs, tmp_path, executor="ray")
+    assert resumed.count("skipped") == len(visible) and resumed.count("ran") == 4 - len(visible)
+    assert all(S.is_complete(tmp_path / c.cell_id) for c in resumed.cells)
+    assert ray_instance.is_initialized()  # not ours to stop
+
+
+def test_ray_failing_cell_is_reported_and_the_rest_run(tmp_path, ray_instance):
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    result = S.run_sweep(configs, tmp_path, executor="ray")
+    assert [o.status for o in result.outcomes] == ["ran", "failed"]
+    assert result.failed[0].error.startswith("budget b1 gives s2 3 pages")
+    assert not (tmp_path / result.cells[1].cell_id).exists()
+
+
+def test_cli_sweep_on_ray_with_a_relative_out(tmp_path, ray_instance, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["sweep", "--org", "s2", "--budget", "b83", "--seeds", "1", "--requests", "20",
+            "--out", "rel", "--executor", "ray"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "1 cells: 1 ran, 0 already done, 0 failed" in result.output
+    cell = json.loads((tmp_path / "rel" / "sweep.json").read_text())["cells"][0]["cell_id"]
+    assert S.is_complete(tmp_path / "rel" / cell)
 
 
 # -------------------------------------------------------------------- CLI

@@ -52,9 +52,13 @@ def _axis_options(f):
 @click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: a process pool on this machine; ray: Ray tasks (needs pip install ray).")
+@click.option("--ray-address", envvar="RAY_ADDRESS", show_envvar=True, default=None, metavar="ADDR",
+              help="With --executor ray: the Ray cluster to use (host:port, or auto for one started "
+                   "with 'ray start'); OUT must be shared by its nodes. Default: a local Ray "
+                   "instance with --jobs CPUs, shut down when the sweep ends.")
 @click.option("--force", is_flag=True, help="Rerun cells that are already complete (default: skip them).")
 @click.option("--dry-run", is_flag=True, help="List the cells and whether they are done; run nothing.")
-def sweep(grid_file, extra, out, jobs, executor, force, dry_run, **axes):
+def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **axes):
     """Run every combination of the given axes, resumably.
 
     \b
@@ -105,7 +109,8 @@ def sweep(grid_file, extra, out, jobs, executor, force, dry_run, **axes):
                 console.print(f"[red]cell {o.cell_id} failed:[/red] {o.error}")
 
         result = run_sweep(configs, out, jobs=jobs, executor=executor, force=force,
-                           grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell)
+                           grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell,
+                           ray_address=ray_address)
     click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "
                f"{result.count('failed')} failed; results in {result.out}")
     if result.failed:
