@@ -140,25 +140,39 @@ def completion_body(model: str, prompt: str, output_len: int, salt: str | None,
 
 def stream_completion(endpoint: Endpoint, body: dict, t0: float,
                       timeouts: Timeouts = DEFAULT_TIMEOUTS, path: str = "/v1/completions",
-                      clock: Callable[[], float] = time.perf_counter,
-                      send_at: float | None = None) -> StreamOutcome:
-    """Send one streaming completion and time every chunk; never raises on I/O.
-
-    With ``send_at`` (a ``clock()`` instant) the connection is opened first and
-    the request is sent at that instant, so connecting is off the dispatch path.
-    """
+                      clock: Callable[[], float] = time.perf_counter) -> StreamOutcome:
+    """Send one streaming completion now and time every chunk; never raises on I/O."""
+    conn = _connection(endpoint, timeouts)
     out = StreamOutcome()
     payload = json.dumps(body).encode()
-    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeouts.connect_s)
+
+    def send():
+        out.dispatch_s = clock() - t0
+        _send(conn, path, payload)
+
+    return _exchange(conn, out, send, t0, timeouts, clock)
+
+
+def _connection(endpoint: Endpoint, timeouts: Timeouts) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeouts.connect_s)
+
+
+def _send(conn: http.client.HTTPConnection, path: str, payload: bytes) -> None:
+    conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
+
+
+def _exchange(conn: http.client.HTTPConnection, out: StreamOutcome, send: Callable[[], None],
+              t0: float, timeouts: Timeouts, clock: Callable[[], float]) -> StreamOutcome:
+    """Run ``send`` (which sets ``out.dispatch_s``), then read and time the stream.
+
+    I/O errors from ``send`` or the stream become a failed outcome; ``conn`` is
+    always closed.
+    """
     chunk_times: list[float] = []
     chunk_tokens: list[int] = []     # tokens a chunk is known to carry (0 = unknown, >= 1)
     try:
-        if send_at is not None:
-            conn.connect()
-            _sleep_until(send_at, clock)
-        out.dispatch_s = clock() - t0
+        send()
         start = out.dispatch_s
-        conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
         sock = conn.sock  # getresponse() detaches it from conn when the server will close
         sock.settimeout(timeouts.first_byte_s)
         resp = conn.getresponse()
@@ -253,7 +267,48 @@ def _token_times(chunk_times: list[float], chunk_tokens: list[int], usage: dict)
 
 ProgressFn = Callable[[int], None]
 SWITCH_INTERVAL_S = 1e-4
-DISPATCH_LEAD_S = 0.02     # threads start this early, connect, then send at the arrival
+PREPARE_LEAD_S = 0.05   # a request's thread starts and connects this long before its arrival
+SPIN_S = 0.001          # the dispatcher sleeps until this close to a send time, then spins
+
+
+class _Slot:
+    """One request between preparation and send: a worker connects, the dispatcher sends.
+
+    The dispatcher itself writes the request on the worker's already-open
+    socket, so the send instant depends on one thread's wake-up only, not on a
+    second thread being scheduled; the worker then reads the stream.
+    """
+
+    def __init__(self, conn: http.client.HTTPConnection, path: str, payload: bytes):
+        self.conn = conn
+        self.path = path
+        self.payload = payload
+        self.out = StreamOutcome()
+        self.connected = threading.Event()   # set once the worker's connect ended, either way
+        self.sent = threading.Event()        # set once the dispatcher tried to send
+        self.send_error: Exception | None = None
+
+    def connect_and_wait(self) -> None:
+        """Worker side (the ``send`` step of `_exchange`): connect, wait for the dispatcher."""
+        try:
+            self.conn.connect()
+        finally:
+            self.connected.set()
+        self.sent.wait()
+        if self.send_error is not None:
+            raise self.send_error
+
+    def dispatch(self, t0: float, clock: Callable[[], float], connect_s: float) -> None:
+        """Dispatcher side: send now if the worker connected; never raises."""
+        if not self.connected.wait(connect_s + 1.0):
+            self.send_error = OSError("not connected by the send time")
+        elif self.conn.sock is not None:   # None: the connect failed, the worker reports it
+            self.out.dispatch_s = clock() - t0
+            try:
+                _send(self.conn, self.path, self.payload)
+            except (OSError, http.client.HTTPException) as exc:
+                self.send_error = exc
+        self.sent.set()
 
 
 @dataclass
@@ -273,21 +328,23 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     Times in the records are seconds since the start instant ``t0`` (now, if
     not given; pass it to share the origin with a metrics scraper), so
     ``window_start_s`` is 0 and ``window_end_s`` is when the last stream closed.
+
+    One dispatcher (the calling thread) walks a merged timeline: at
+    ``arrival - PREPARE_LEAD_S`` it starts the request's reader thread, which
+    connects and waits; at ``arrival`` (slept to within ``SPIN_S``, then spun)
+    it writes the request on that open socket itself.
     """
     requests = list(workload.requests)
     outcomes: list[StreamOutcome | None] = [None] * len(requests)
+    slots: list[_Slot | None] = [None] * len(requests)
     lock = threading.Lock()
     completed = [0]
 
-    def work(i: int, t0: float):
-        r = requests[i]
-        body = completion_body(model, r.prompt_text, r.output_len, r.salt, extra_body)
+    def work(i: int, slot: _Slot, t0: float):
         try:
-            outcome = stream_completion(endpoint, body, t0, timeouts, clock=clock,
-                                        send_at=t0 + r.arrival_s)
+            outcome = _exchange(slot.conn, slot.out, slot.connect_and_wait, t0, timeouts, clock)
         except Exception as exc:  # a client bug must fail one request, not lose it silently
-            outcome = _fail(StreamOutcome(), f"client error {type(exc).__name__}: {exc}",
-                            clock() - t0)
+            outcome = _fail(slot.out, f"client error {type(exc).__name__}: {exc}", clock() - t0)
         with lock:
             outcomes[i] = outcome
             completed[0] += 1
@@ -295,6 +352,9 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
         if progress is not None:
             progress(n)
 
+    # (time, 0 = prepare / 1 = send, index): a request is prepared before it is sent
+    timeline = sorted([(r.arrival_s - PREPARE_LEAD_S, 0, i) for i, r in enumerate(requests)]
+                      + [(r.arrival_s, 1, i) for i, r in enumerate(requests)])
     threads = []
     # Many reader threads share the GIL; a short switch interval lets the
     # dispatcher take it back within ~0.1 ms of its deadline instead of 5 ms.
@@ -302,12 +362,23 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         t0 = clock() if t0 is None else t0
-        for i, r in enumerate(requests):
-            # start each request's thread a little early: it connects, then sends on time
-            _sleep_until(t0 + r.arrival_s - DISPATCH_LEAD_S, clock)
-            th = threading.Thread(target=work, args=(i, t0), daemon=True, name=f"hbench-req-{i}")
-            th.start()
-            threads.append(th)
+        for at, kind, i in timeline:
+            if kind == 0:
+                _sleep_until(t0 + at, clock)
+                r = requests[i]
+                body = completion_body(model, r.prompt_text, r.output_len, r.salt, extra_body)
+                slots[i] = _Slot(_connection(endpoint, timeouts), "/v1/completions",
+                                 json.dumps(body).encode())
+                th = threading.Thread(target=work, args=(i, slots[i], t0), daemon=True,
+                                      name=f"hbench-req-{i}")
+                th.start()
+                threads.append(th)
+            else:
+                _sleep_until(t0 + at - SPIN_S, clock)
+                while clock() < t0 + at:
+                    pass
+                slots[i].dispatch(t0, clock, timeouts.connect_s)
+                slots[i] = None
         for th in threads:
             th.join()
     finally:
@@ -318,7 +389,7 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
 
 
 def _sleep_until(deadline: float, clock: Callable[[], float]) -> None:
-    """Sleep until ``deadline``; no busy-wait, which would steal the GIL from readers."""
+    """Sleep until ``deadline``; the final ``SPIN_S`` before a send is spun by the caller."""
     while (left := deadline - clock()) > 0:
         time.sleep(left)
 

@@ -81,7 +81,7 @@ class ScriptedServer:
         self.metrics_text = metrics_text
         self.models = models
         self.bodies: list[dict] = []
-        self.received_at: list[float] = []
+        self.received_at: list[float] = []   # perf_counter() at each completion POST
         self.port = free_port()
         outer = self
 
@@ -111,7 +111,8 @@ class ScriptedServer:
                     self._send(404, b"not found", "text/plain")
 
             def do_POST(self):
-                outer.received_at.append(time.perf_counter())
+                if self.path == "/v1/completions":   # not vLLM's client's /tokenize probe
+                    outer.received_at.append(time.perf_counter())
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append(body)
                 script = outer.script
@@ -228,6 +229,13 @@ def test_connection_closed_mid_stream_is_a_failure_not_a_hang():
     assert r.status == "failed"
     assert "before [DONE]" in r.error or "Incomplete" in r.error
     assert len(r.token_times) == 2   # the tokens that did arrive are kept
+
+
+def test_refused_connection_fails_the_request_without_sending_it():
+    res = run_open_loop(Endpoint("127.0.0.1", free_port()), "tiny", make_workload([0.0, 0.01]))
+    assert [r.status for r in res.records] == ["failed", "failed"]
+    assert all(r.error.startswith("ConnectionRefusedError") for r in res.records)
+    assert all(r.dispatch_s is None for r in res.records)
 
 
 def test_idle_timeout_bounds_a_stalled_stream():
