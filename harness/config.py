@@ -45,6 +45,7 @@ class RunConfig:
     requests: int = 240
     duration_s: float | None = None
     contexts: int = 8
+    mean_input: int = 3332                 # target mean prompt length in tokens
     max_model_len: int = 8192
     max_output: int = 1024
     warmup_requests: int = 0
@@ -73,6 +74,7 @@ class RunConfig:
             (self.requests >= 1, f"--requests must be >= 1, got {self.requests}"),
             (self.duration_s is None or self.duration_s > 0, "--duration must be > 0"),
             (self.contexts >= 1, "--contexts must be >= 1"),
+            (self.mean_input >= 16, f"--mean-input must be >= 16, got {self.mean_input}"),
             (self.max_model_len >= 32, "--max-model-len must be >= 32"),
             (1 <= self.max_output < self.max_model_len, "--max-output must be in [1, max-model-len)"),
             (self.warmup_requests >= 0, "--warmup must be >= 0"),

@@ -46,8 +46,8 @@ EXECUTORS = ("local", "ray")
 # RunConfig fields that change the request stream (see workloads.build and
 # harness.runner.build_run_workload); cells equal on these share a workload.
 WORKLOAD_FIELDS = ("seed", "q", "rate", "arrival", "burstiness", "requests", "warmup_requests",
-                   "duration_s", "contexts", "max_model_len", "max_output", "isolate",
-                   "workload_path")
+                   "duration_s", "contexts", "mean_input", "max_model_len", "max_output",
+                   "isolate", "workload_path")
 
 FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
 Axes = Mapping[str, Sequence]

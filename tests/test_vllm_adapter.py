@@ -7,6 +7,7 @@ test_vllm_integration.py.
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -212,3 +213,32 @@ def test_verify_cli_needs_exactly_one_of_endpoint_or_launch():
     res = CliRunner().invoke(cli, ["verify"])
     assert res.exit_code == 1
     assert res.output.strip() == "Error: give exactly one of --endpoint URL or --launch --model DIR"
+
+
+@pytest.mark.parametrize("script, needle", [
+    (Script(status=500), "HTTP 500"),
+    (Script(first_delay_s=0.01, interval_s=0.0, drop_after=1), ""),
+])
+def test_hbench_run_keeps_results_but_exits_nonzero_when_requests_fail(tmp_path, script, needle):
+    """A server that errors or dies mid-stream: failed requests with reasons,
+    the results directory still written, and a one-line error with exit 1."""
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+    from harness.model_configs import PRESETS
+    from harness.results import list_runs, read_run
+
+    config_json = tmp_path / "config.json"
+    config_json.write_text(json.dumps(PRESETS["falcon-h1-7b"]))
+    with ScriptedServer(script) as srv:
+        res = CliRunner().invoke(cli, [
+            "run", "--engine", "vllm", "--org", "s0", "--endpoint", srv.endpoint.url,
+            "--model", "tiny", "--config", str(config_json), "--requests", "3", "--rate", "20",
+            "--mean-input", "200", "--max-model-len", "1024", "--max-output", "4",
+            "--out", str(tmp_path / "runs"), "--json"])
+    assert res.exit_code == 1, res.output
+    last = [ln for ln in res.output.splitlines() if ln.strip()][-1]
+    assert last.startswith("Error: 3 of 3 requests failed") and needle in last
+    (run_dir,) = list_runs(tmp_path / "runs")
+    req = read_run(run_dir)["requests"]
+    assert (req["status"] == "failed").all() and (req["error"].str.len() > 0).all()

@@ -153,6 +153,44 @@ def test_greedy_output_is_identical_with_and_without_prefix_reuse(served):
         assert c.max_logprob_diff < 1e-3
 
 
+@needs_vllm
+def test_hbench_run_against_the_server_writes_the_same_results_as_the_simulator(served, tmp_path):
+    """`hbench run --engine vllm --org s0 --endpoint URL` on a ShareGPT workload
+    whose requests all share one context: same files and summary keys as a
+    simulator run, every request complete, later requests served from cache
+    (not necessarily the second: it may arrive before the first one's blocks
+    are cached)."""
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+    from harness.metrics import SUMMARY_KEYS
+    from harness.results import list_runs, read_run
+
+    _, server, config = served
+    model = config.model
+    res = CliRunner().invoke(cli, [
+        "run", "--engine", "vllm", "--org", "s0", "--budget", "b83",
+        "--endpoint", server.endpoint.url, "--model", model,
+        "--config", str(Path(model) / "config.json"), "--cap", "8",
+        "--requests", "5", "--rate", "2", "--q", "1", "--contexts", "1",
+        "--mean-input", "500", "--max-model-len", "1024",
+        "--max-output", "16", "--seed", "3", "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    (run_dir,) = list_runs(tmp_path)
+    data = read_run(run_dir)
+    s, m, req = data["summary"], data["manifest"], data["requests"]
+    assert set(SUMMARY_KEYS) <= set(s)
+    assert s["finished"] == 5 and s["failed"] == 0
+    assert (req["output_tokens"] == req["target_output_tokens"]).all()
+    assert s["ttft_p50_s"] > 0 and s["itl_p50_s"] > 0 and s["throughput_ledger_tok_s"] > 0
+    assert m["engine"] == "vllm" and m["config"]["endpoint"] == server.endpoint.url
+    assert m["engine_info"]["resolved"]["block_size"] == 128
+    # one shared context: later requests are served from whole cached blocks
+    assert req["reused_tokens"].iloc[0] == 0
+    assert (req["reused_tokens"] > 0).sum() >= 2 and (req["reused_tokens"] % 128 == 0).all()
+    assert s["reused_tokens"] == req["reused_tokens"].sum()
+
+
 def test_org_that_vllm_cannot_express_is_refused_before_launch():
     from adapters.vllm import VllmEngine
     from harness.errors import HbenchError

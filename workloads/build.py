@@ -60,4 +60,5 @@ def workload_from_config(cfg) -> Workload:
         seed=cfg.seed, q=cfg.q, rate=cfg.rate, arrival=cfg.arrival, burstiness=cfg.burstiness,
         requests=cfg.requests, duration_s=cfg.duration_s, contexts=cfg.contexts,
         max_model_len=cfg.max_model_len, max_output=cfg.max_output, isolate=cfg.isolate,
+        mean_input_tokens=cfg.mean_input,
     )

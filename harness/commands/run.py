@@ -17,6 +17,7 @@ from rich.table import Table
 
 from adapters.registry import ENGINES
 from harness.config import ARRIVALS, ORG_NAMES, RunConfig
+from harness.errors import HbenchError
 from harness.results import read_run
 from harness.runner import build_run_workload, execute
 
@@ -92,6 +93,8 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
               help="Generate arrivals for this many seconds instead of --requests.")
 @click.option("--contexts", type=int, default=D.contexts, show_default=True,
               help="Number of shared contexts.")
+@click.option("--mean-input", type=int, default=D.mean_input, show_default=True,
+              help="Target mean prompt length in tokens (the study's working point: 3332).")
 @click.option("--max-model-len", type=int, default=D.max_model_len, show_default=True)
 @click.option("--max-output", type=int, default=D.max_output, show_default=True)
 @click.option("--cap", type=int, default=D.cap, show_default=True,
@@ -141,7 +144,13 @@ def run(out, as_json, **flags):
         run_dir = execute(config, out, workload=workload,
                           progress=lambda n: bar.update(task, completed=n))
     data = read_run(run_dir)
+    summary = data["summary"]
     if as_json:
-        click.echo(json.dumps({"run_dir": str(run_dir), **data["summary"]}, indent=2))
+        click.echo(json.dumps({"run_dir": str(run_dir), **summary}, indent=2))
     else:
-        print_summary(Console(), run_dir, data["summary"], data["manifest"])
+        print_summary(Console(), run_dir, summary, data["manifest"])
+    if summary["failed"]:
+        req = data["requests"]
+        first = req.loc[req["status"] == "failed", "error"].iloc[0]
+        raise HbenchError(f"{summary['failed']} of {summary['requests']} requests failed "
+                          f"(results kept in {run_dir}); first error: {first[:200]}")
