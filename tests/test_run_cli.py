@@ -43,6 +43,7 @@ def test_every_organization_serves_every_request(tmp_path, org):
     assert "numpy" in m["packages"]
     steps = data["steps"]
     assert {"time_s", "running", "waiting", "batch_tokens", "mem_attention_bytes",
+            "blocks_attention_referenced", "blocks_ssm_cached", "blocks_conv_referenced",
             "weights_s", "bound"} <= set(steps.columns)
     # printed JSON agrees with the file
     printed = json.loads(res.output[res.output.index("{"):])

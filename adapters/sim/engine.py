@@ -124,6 +124,8 @@ class SimEngine:
                     for state, n in counts.items():
                         row[f"pages_{pool}_{state}"] = n
                 for k in KINDS:
+                    row[f"blocks_{k}_referenced"] = u.pages_by_kind[k]["referenced"]
+                    row[f"blocks_{k}_cached"] = u.pages_by_kind[k]["cached"]
                     b = u.bytes_by_kind[k]["referenced"] * layers
                     row[f"mem_{k}_bytes"] = b
                     row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
