@@ -63,6 +63,6 @@ def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
     if as_json:
         click.echo(to_json(table, inter, arms))
     else:
-        print_tables(Console(), table, inter)
+        print_tables(Console(width=max(Console().width, 160)), table, inter)
         click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md"
                    + (f" and {len(figures)} figure files" if figures else ""))

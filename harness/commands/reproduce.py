@@ -77,7 +77,7 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
         if result.failed:
             raise HbenchError(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
         rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures)
-        _print_table(Console(), f"{d.title}  ({len(rep.runs)} runs{', quick' if quick else ''})", rep.table)
+        _print_table(Console(width=max(Console().width, 160)), f"{d.title}  ({len(rep.runs)} runs{', quick' if quick else ''})", rep.table)
         click.echo(f"wrote {root}/reproduce.md, reproduce.csv and analysis/")
         tables.append(rep.table)
     if len(names) > 1:
