@@ -237,7 +237,9 @@ def render_figures(
     if with_steps:
         first = with_steps[0]
         figs.append(("memory_" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(first["run_id"])),
-                     memory_figure(load_steps(first["path"]), f"memory by state kind, run {first['run_id']}")))
+                     memory_figure(load_steps(first["path"]),
+                                   f"memory by state kind: {str(first['org']).upper()} @ "
+                                   f"{first['budget']}, seed {first['seed']}")))
     paths: list[Path] = []
     for stem, fig in figs:
         if fig is not None:
