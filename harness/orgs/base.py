@@ -226,8 +226,12 @@ class Organization:
             st = self.reqs[rid] = RequestState()
             j = hit.j_adopt if hit else 0
             adopted = self._adoptable(keys, j)
-            for e in adopted:
-                self._ref(e)
+            attn_pool = self.pools[0]
+            for e in adopted[:-1]:        # attention blocks: one page each
+                e.refs += 1
+                attn_pool.incref(e.members[0][1])
+            if adopted:
+                self._ref(adopted[-1])    # the checkpoint: all its members
             if adopted:
                 st.attn = adopted[:-1]
                 st.adopted = adopted[-1]
@@ -237,10 +241,9 @@ class Organization:
             old_pin = self.pinned.pop(rid, None)
             if old_pin is not None:
                 self._unpin(old_pin)
-        while len(st.attn) * self.B < end:
-            e = self._new_attn()
-            self._ref(e)
-            st.attn.append(e)
+        n_blocks = -(-end // self.B) - len(st.attn)
+        if n_blocks > 0:
+            st.attn.extend(self._new_attn_referenced(n_blocks))
         last = min(end, prefill_until)
         while (st.reserved_until // self.grid + 1) * self.grid <= last:
             e = self._new_ckpt()
@@ -306,9 +309,11 @@ class Organization:
             self._unretain(e)
         if st.adopted is not None:
             self._unref(st.adopted)
+        attn_pool = self.pools[0]
         for e in reversed(st.attn):   # tail first, so LRU evicts a prefix's tail first
             if e.key is not None:
-                self._unref(e)
+                e.refs -= 1               # attention blocks have one page: _unref inlined
+                attn_pool.decref(e.members[0][1])
             else:
                 self._drop_owned(e)
         for e in [st.live, *st.spares]:
@@ -366,6 +371,28 @@ class Organization:
         e.pages = tuple(e.members) + (
             ((self.ckpt_pool, e.slot.slab),) if e.slot is not NO_SLOT else ())
         e.generations = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
+
+    def _new_attn_referenced(self, n: int) -> list[Entry]:
+        """``n`` new attention blocks, each referenced once by its owner: the same
+        as `_new_attn` + `_ref`, inlined because D0 makes one per 16 tokens. A
+        page fresh from `_take_page` is in no free queue, so taking the reference
+        is just the count."""
+        pool = self.pools[0]
+        ref, gen, deps, entries = pool.ref, pool.generation, pool.dependents, self.entries
+        out = []
+        for _ in range(n):
+            page = self._take_page(0)
+            pool.set_kind(page, ATTN)
+            e = Entry(next(self._ids), ATTN_ENTRY, [(0, page)])
+            entries[e.id] = e
+            deps[page].add(e.id)
+            e.pages = ((0, page),)
+            e.generations = (gen[page],)
+            e.refs = 1
+            ref[page] += 1
+            pool.version += 1
+            out.append(e)
+        return out
 
     def _new_attn(self) -> Entry:
         """An attention block on one page (the hot path: D0 makes one per 16 tokens)."""
