@@ -9,7 +9,7 @@ from harness.model_configs import preset
 from harness.orgs import build_organization
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED
-from harness.scheduler import Scheduler, SchedulerPolicy
+from harness.scheduler import DONE, Scheduler, SchedulerPolicy
 
 GEOM = preset("falcon-h1-7b")
 
@@ -144,7 +144,7 @@ def test_random_cancellation_leaks_nothing(org_name, pages):
                   None)
 
     def maybe_cancel(step, plan):
-        live = [r for r in sched.requests.values() if r.state != "done"]
+        live = [r for r in sched.requests.values() if r.state != DONE]
         if live and rng.random() < 0.08:
             sched.cancel(int(rng.choice([r.rid for r in live])))
 

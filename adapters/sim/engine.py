@@ -24,7 +24,7 @@ from harness.model_configs import geometry_for_run
 from harness.orgs import build_organization
 from harness.orgs.pool import KINDS
 from harness.records import EngineRun
-from harness.scheduler import Scheduler, SchedulerPolicy
+from harness.scheduler import DONE, Scheduler, SchedulerPolicy
 
 STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
 #: The benchmark notices completions by polling at this interval (assumed, like a
@@ -178,7 +178,7 @@ class SimEngine:
 
     @staticmethod
     def _check_nothing_lost(sched: Scheduler, org) -> None:
-        open_reqs = [r.rid for r in sched.requests.values() if r.state != "done"]
+        open_reqs = [r.rid for r in sched.requests.values() if r.state != DONE]
         if open_reqs:
             raise AssertionError(f"requests neither finished, failed nor cancelled: {open_reqs[:10]}")
         org.check_invariants()
