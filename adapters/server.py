@@ -9,7 +9,7 @@ worker processes it spawned, and nothing else.
 
 `ServedEngine` is what the vLLM and SGLang adapters share: connect to
 ``--endpoint`` or launch a server, check the endpoint before sending anything,
-replay the workload with the streaming client while a scraper samples
+replay the workload with the open-loop client (`adapters.client`) while a scraper samples
 ``/metrics``, and return an `EngineRun`. Subclasses say only how to launch
 their server, which metrics they publish and what the engine resolved.
 """
@@ -25,15 +25,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from adapters.client.dispatch import run_open_loop
+from adapters.client.http import DEFAULT_TIMEOUTS, Endpoint, Timeouts, http_get, served_models
 from adapters.metrics_scrape import MetricsScraper
-from adapters.openai_stream import (
-    DEFAULT_TIMEOUTS,
-    Endpoint,
-    Timeouts,
-    http_get,
-    run_open_loop,
-    served_models,
-)
 from adapters.registry import check_expressible
 from harness.errors import HbenchError
 from harness.records import EngineRun

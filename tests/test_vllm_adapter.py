@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_openai_stream import Script, ScriptedServer
+from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
@@ -136,7 +136,7 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 
 def test_launched_server_is_awaited_and_stopped(tmp_path):
-    from adapters.openai_stream import Endpoint, http_get
+    from adapters.client.http import Endpoint, http_get
     from adapters.server import ServerProcess, free_port
 
     port = free_port()
@@ -150,7 +150,7 @@ def test_launched_server_is_awaited_and_stopped(tmp_path):
 
 
 def test_server_that_exits_early_fails_fast_with_its_log(tmp_path):
-    from adapters.openai_stream import Endpoint
+    from adapters.client.http import Endpoint
     from adapters.server import ServerProcess, free_port
 
     port = free_port()

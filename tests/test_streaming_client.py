@@ -1,4 +1,4 @@
-"""The streaming client against a local scripted server with known delays.
+"""The streaming client (adapters/client/) against a local scripted server with known delays.
 
 `ScriptedServer` is a real HTTP/1.1 server on 127.0.0.1 that streams
 server-sent events with chunked transfer encoding, like uvicorn does for
@@ -17,13 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from adapters.openai_stream import (
-    Endpoint,
-    Timeouts,
-    run_open_loop,
-    served_models,
-    stream_completion,
-)
+from adapters.client.dispatch import run_open_loop
+from adapters.client.http import Endpoint, Timeouts, served_models
+from adapters.client.stream import stream_completion
 from adapters.server import free_port
 from harness.errors import HbenchError
 from workloads.workload import Workload, WorkloadRequest
@@ -242,7 +238,7 @@ def test_idle_timeout_bounds_a_stalled_stream():
     with ScriptedServer(Script(hang_after=1, first_delay_s=0.01)) as srv:
         out = stream_completion(srv.endpoint, {"prompt": "x"}, time.perf_counter(),
                                 Timeouts(connect_s=1, first_byte_s=1, idle_s=0.3, total_s=5))
-    assert out.status == "failed"
+    assert out.status == "failed" and not out.success
     assert out.error == "timed out after 0.3s waiting for next chunk"
 
 
