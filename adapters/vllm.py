@@ -31,7 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapters.server import ServedEngine, split_command
+from adapters.served_engine import ServedEngine
+from adapters.server_process import split_command
 from harness.errors import HbenchError
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"

@@ -20,7 +20,7 @@ import pytest
 from adapters.client.dispatch import run_open_loop
 from adapters.client.http import Endpoint, Timeouts, served_models
 from adapters.client.stream import stream_completion
-from adapters.server import free_port
+from adapters.server_process import free_port
 from harness.errors import HbenchError
 from workloads.workload import Workload, WorkloadRequest
 

@@ -137,7 +137,7 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_launched_server_is_awaited_and_stopped(tmp_path):
     from adapters.client.http import Endpoint, http_get
-    from adapters.server import ServerProcess, free_port
+    from adapters.server_process import ServerProcess, free_port
 
     port = free_port()
     server = ServerProcess([sys.executable, "-c", HEALTH_SERVER, str(port)],
@@ -151,7 +151,7 @@ def test_launched_server_is_awaited_and_stopped(tmp_path):
 
 def test_server_that_exits_early_fails_fast_with_its_log(tmp_path):
     from adapters.client.http import Endpoint
-    from adapters.server import ServerProcess, free_port
+    from adapters.server_process import ServerProcess, free_port
 
     port = free_port()
     code = "import sys; print('bad flag --nope'); sys.exit(3)"

@@ -126,7 +126,8 @@ def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_l
     """Greedy outputs served with prefix-cache hits must equal clean recomputes."""
     from adapters.client.http import Endpoint, served_models
     from adapters.registry import make_engine
-    from adapters.server import ServerProcess, free_port, pick_model
+    from adapters.served_engine import pick_model
+    from adapters.server_process import ServerProcess, free_port
     from harness.config import RunConfig
 
     if launch == bool(endpoint):
