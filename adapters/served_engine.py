@@ -30,8 +30,9 @@ class ServedEngine:
     """Runs a workload against an OpenAI-compatible server (given or launched).
 
     Subclasses set ``name``, ``supported_orgs`` and ``metrics`` and implement
-    `launch_argv` (the server command for ``--launch``), `launch_env` and
-    `resolved_info` (what the engine resolved, from its metrics and log).
+    `launch_argv` (the server command for ``--launch``), `launch_env`,
+    `requested_info` (what hbench asked for) and `resolved_info` (what the
+    engine resolved, from its metrics and log).
     """
 
     name = ""
@@ -69,6 +70,11 @@ class ServedEngine:
 
     def resolved_info(self, info_labels: dict, log_text: str) -> dict:
         return dict(info_labels)
+
+    def requested_info(self, config) -> dict:
+        """What hbench asked of the engine (``engine_info["requested"]``)."""
+        return {"org": config.org, "budget": config.budget, "cap": config.cap,
+                "headroom": config.headroom, "isolate": config.isolate}
 
     # -- the run -----------------------------------------------------------------
     def run(self, workload, config, progress=None) -> EngineRun:
@@ -116,8 +122,7 @@ class ServedEngine:
             "server_argv": list(self.server.argv) if self.server else None,
             "server_log": str(self.server.log_path) if self.server else None,
             "startup_s": self.server.startup_s if self.server else None,
-            "requested": {"org": config.org, "budget": config.budget, "cap": config.cap,
-                          "headroom": config.headroom, "isolate": config.isolate},
+            "requested": self.requested_info(config),
             "resolved": self.resolved_info(scraper.info, log_text),
             "metrics_scrapes": len(scraper.rows),
             "metrics_scrape_failures": scraper.failures,

@@ -9,7 +9,8 @@ cache mode ``align``). So this engine expresses organization ``s0`` only.
 Knob mapping (checked against the installed vLLM's source, not assumed):
 
     --cap        -> --max-num-seqs
-    budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count);
+    budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count for
+                    the run's geometry, --ssm-dtype included);
                     on CPU block counts follow VLLM_CPU_KVCACHE_SPACE and are
                     only recorded, not controlled
     headroom > 0 -> refused: vLLM V1 has no admission watermark
@@ -82,17 +83,23 @@ def model_max_len(model: str, wanted: int) -> int:
     return wanted
 
 
-def s0_block_override(config) -> int | None:
-    """hbench's S0 page count for the budget, when the model geometry is known."""
-    from harness.budget import resolve_budget
-    from harness.model_configs import from_config, load_config, preset
+def s0_pool(config):
+    """hbench's S0 pool for the run's budget (page bytes and page count), or
+    None when the run names no geometry hbench knows.
 
-    source = config.config_path or (Path(config.model) / "config.json")
+    The geometry is the harness's own (`geometry_for_run`: ``--config`` or the
+    preset named by ``--model``, with ``--ssm-dtype``), the same one the
+    results manifest's budget is resolved from, so what vLLM is given and what
+    the manifest says cannot disagree.
+    """
+    from harness.budget import resolve_budget
+    from harness.model_configs import geometry_for_run
+
     try:
-        geom = from_config(load_config(source)) if Path(source).is_file() else preset(config.model)
+        geom = geometry_for_run(config)
     except HbenchError:
         return None
-    return resolve_budget(config.budget, "s0", geom).pools[0].pages
+    return resolve_budget(config.budget, "s0", geom).pools[0]
 
 
 class VllmEngine(ServedEngine):
@@ -159,10 +166,21 @@ class VllmEngine(ServedEngine):
             argv += ["--dtype", "float32", "--enforce-eager",
                      "--block-size", b, "--max-num-batched-tokens", b]
         else:
-            blocks = s0_block_override(config)
-            if blocks is not None:
-                argv += ["--num-gpu-blocks-override", str(blocks)]
+            pool = s0_pool(config)
+            if pool is not None:
+                argv += ["--num-gpu-blocks-override", str(pool.pages)]
         return argv
+
+    def requested_info(self, config) -> dict:
+        """Adds hbench's S0 pool for the budget (``s0_pool``: page bytes and
+        pages; None without a known geometry) and the SSM state dtype it was
+        sized with. On GPU a launched server gets ``pages`` as its block count."""
+        info = super().requested_info(config)
+        pool = s0_pool(config)
+        info["ssm_state_dtype"] = config.ssm_state_dtype
+        info["s0_pool"] = None if pool is None else {"page_bytes": pool.page_bytes,
+                                                     "pages": pool.pages}
+        return info
 
     def launch_env(self, config) -> dict:
         return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)}
