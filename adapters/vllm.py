@@ -10,9 +10,12 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
 
     --cap        -> --max-num-seqs
     budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count for
-                    the run's geometry, --ssm-dtype included);
-                    on CPU block counts follow VLLM_CPU_KVCACHE_SPACE and are
-                    only recorded, not controlled
+                    the run's geometry, --ssm-dtype included); on CPU block
+                    counts follow VLLM_CPU_KVCACHE_SPACE and are only
+                    recorded, not controlled
+    --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
+                    the dtype the block count was sized with; on CPU the
+                    model runs in float32 and the flag is not passed
     headroom > 0 -> refused: vLLM V1 has no admission watermark
     retention    -> refused: vLLM has no retention policy
     SHARE/ISOLATE-> per-request ``cache_salt`` (the workload's salts)
@@ -39,6 +42,7 @@ from harness.errors import HbenchError
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
 CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned so chunks fit
 CPU_KV_GIB = "1"            # VLLM_CPU_KVCACHE_SPACE default for launched CPU servers
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hbench -> vLLM
 
 
 def vllm_python() -> str:
@@ -109,14 +113,16 @@ class VllmEngine(ServedEngine):
     extra_body = {"return_token_ids": True}
 
     def __init__(self, python: str | None = None, cpu: bool | None = None,
-                 align: bool | None = None, cpu_block_size: int = CPU_BLOCK_SIZE, **kwargs):
-        """``cpu`` and ``align`` (has --mamba-cache-mode) are probed from the
-        installed vLLM when None."""
+                 align: bool | None = None, ssm_cache_dtype: bool | None = None,
+                 cpu_block_size: int = CPU_BLOCK_SIZE, **kwargs):
+        """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
+        (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None."""
         super().__init__(**kwargs)
         self.python = python or vllm_python()
         self._dist = None
         self._cpu = cpu
         self._align = align
+        self._ssm_cache_dtype = ssm_cache_dtype
         self.cpu_block_size = cpu_block_size
 
     def distribution(self) -> tuple[str, str] | None:
@@ -169,6 +175,12 @@ class VllmEngine(ServedEngine):
             pool = s0_pool(config)
             if pool is not None:
                 argv += ["--num-gpu-blocks-override", str(pool.pages)]
+            # The block count is sized with --ssm-dtype's SSM state; make vLLM keep it so.
+            if self._ssm_cache_dtype is None:
+                self._ssm_cache_dtype = source_has(self.python, "config/cache.py",
+                                                   "mamba_ssm_cache_dtype")
+            if self._ssm_cache_dtype:
+                argv += ["--mamba-ssm-cache-dtype", VLLM_DTYPES[config.ssm_state_dtype]]
         return argv
 
     def requested_info(self, config) -> dict:

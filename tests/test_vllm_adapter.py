@@ -46,7 +46,7 @@ LOG = ("(Worker pid=1) INFO [interface.py:1120] Padding mamba page size by 548.1
 
 
 def engine(cpu=True) -> VllmEngine:
-    return VllmEngine(python=sys.executable, cpu=cpu, align=True)
+    return VllmEngine(python=sys.executable, cpu=cpu, align=True, ssm_cache_dtype=True)
 
 
 def s0(**kw) -> RunConfig:
@@ -65,7 +65,7 @@ def test_cpu_launch_pins_the_block_and_keeps_prefill_chunks_inside_it():
     assert flag["--block-size"] == flag["--max-num-batched-tokens"] == "128"
     assert flag["--mamba-cache-mode"] == "align" and flag["--dtype"] == "float32"
     assert "--enable-prefix-caching" in argv and "--enforce-eager" in argv
-    assert "--num-gpu-blocks-override" not in argv
+    assert "--num-gpu-blocks-override" not in argv and "--mamba-ssm-cache-dtype" not in argv
 
 
 def test_gpu_launch_overrides_the_block_count_with_hbench_s0_pages():
@@ -87,12 +87,14 @@ S0_PAGE = {"bf16": 24 * 128 * 256 * 2 + 21_504, "fp32": 24 * 128 * 256 * 4 + 21_
     ("bf16", 1_594_368, 183),   # 292,838,679 // 1,594,368 = 183.7
     ("fp32", 3_167_232, 92),    # 292,838,679 // 3,167,232 = 92.5
 ])
-def test_gpu_block_override_is_sized_with_the_ssm_dtype(ssm_dtype, page, pages):
+def test_gpu_block_override_and_vllm_ssm_cache_follow_the_ssm_dtype(ssm_dtype, page, pages):
     assert S0_PAGE[ssm_dtype] == page and PER_LAYER_12GIB // page == pages
     config = s0(model="falcon-h1-7b", budget="12GiB", ssm_state_dtype=ssm_dtype, launch=True,
                 server_cmd=cmd())
     argv = engine(cpu=False).launch_argv(config, 8123)
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == str(pages)
+    vllm_dtype = {"bf16": "bfloat16", "fp32": "float32"}[ssm_dtype]
+    assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == vllm_dtype
     assert engine(cpu=False).requested_info(config)["s0_pool"] == {"page_bytes": page,
                                                                    "pages": pages}
 
