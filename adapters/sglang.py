@@ -24,7 +24,8 @@ from __future__ import annotations
 import os
 import sys
 
-from adapters.server import ServedEngine, split_command
+from adapters.served_engine import ServedEngine
+from adapters.server_process import split_command
 
 DEFAULT_SERVER = ("{python} -m sglang.launch_server --host 127.0.0.1 --port {port} "
                   "--model-path {model}")

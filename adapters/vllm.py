@@ -9,9 +9,13 @@ cache mode ``align``). So this engine expresses organization ``s0`` only.
 Knob mapping (checked against the installed vLLM's source, not assumed):
 
     --cap        -> --max-num-seqs
-    budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count);
-                    on CPU block counts follow VLLM_CPU_KVCACHE_SPACE and are
-                    only recorded, not controlled
+    budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count for
+                    the run's geometry, --ssm-dtype included); on CPU block
+                    counts follow VLLM_CPU_KVCACHE_SPACE and are only
+                    recorded, not controlled
+    --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
+                    the dtype the block count was sized with; on CPU the
+                    model runs in float32 and the flag is not passed
     headroom > 0 -> refused: vLLM V1 has no admission watermark
     retention    -> refused: vLLM has no retention policy
     SHARE/ISOLATE-> per-request ``cache_salt`` (the workload's salts)
@@ -31,12 +35,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapters.server import ServedEngine, split_command
+from adapters.served_engine import ServedEngine
+from adapters.server_process import split_command
 from harness.errors import HbenchError
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
 CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned so chunks fit
 CPU_KV_GIB = "1"            # VLLM_CPU_KVCACHE_SPACE default for launched CPU servers
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hbench -> vLLM
 
 
 def vllm_python() -> str:
@@ -81,17 +87,23 @@ def model_max_len(model: str, wanted: int) -> int:
     return wanted
 
 
-def s0_block_override(config) -> int | None:
-    """hbench's S0 page count for the budget, when the model geometry is known."""
-    from harness.budget import resolve_budget
-    from harness.model_configs import from_config, load_config, preset
+def s0_pool(config):
+    """hbench's S0 pool for the run's budget (page bytes and page count), or
+    None when the run names no geometry hbench knows.
 
-    source = config.config_path or (Path(config.model) / "config.json")
+    The geometry is the harness's own (`geometry_for_run`: ``--config`` or the
+    preset named by ``--model``, with ``--ssm-dtype``), the same one the
+    results manifest's budget is resolved from, so what vLLM is given and what
+    the manifest says cannot disagree.
+    """
+    from harness.budget import resolve_budget
+    from harness.model_configs import geometry_for_run
+
     try:
-        geom = from_config(load_config(source)) if Path(source).is_file() else preset(config.model)
+        geom = geometry_for_run(config)
     except HbenchError:
         return None
-    return resolve_budget(config.budget, "s0", geom).pools[0].pages
+    return resolve_budget(config.budget, "s0", geom).pools[0]
 
 
 class VllmEngine(ServedEngine):
@@ -101,14 +113,16 @@ class VllmEngine(ServedEngine):
     extra_body = {"return_token_ids": True}
 
     def __init__(self, python: str | None = None, cpu: bool | None = None,
-                 align: bool | None = None, cpu_block_size: int = CPU_BLOCK_SIZE, **kwargs):
-        """``cpu`` and ``align`` (has --mamba-cache-mode) are probed from the
-        installed vLLM when None."""
+                 align: bool | None = None, ssm_cache_dtype: bool | None = None,
+                 cpu_block_size: int = CPU_BLOCK_SIZE, **kwargs):
+        """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
+        (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None."""
         super().__init__(**kwargs)
         self.python = python or vllm_python()
         self._dist = None
         self._cpu = cpu
         self._align = align
+        self._ssm_cache_dtype = ssm_cache_dtype
         self.cpu_block_size = cpu_block_size
 
     def distribution(self) -> tuple[str, str] | None:
@@ -158,10 +172,27 @@ class VllmEngine(ServedEngine):
             argv += ["--dtype", "float32", "--enforce-eager",
                      "--block-size", b, "--max-num-batched-tokens", b]
         else:
-            blocks = s0_block_override(config)
-            if blocks is not None:
-                argv += ["--num-gpu-blocks-override", str(blocks)]
+            pool = s0_pool(config)
+            if pool is not None:
+                argv += ["--num-gpu-blocks-override", str(pool.pages)]
+            # The block count is sized with --ssm-dtype's SSM state; make vLLM keep it so.
+            if self._ssm_cache_dtype is None:
+                self._ssm_cache_dtype = source_has(self.python, "config/cache.py",
+                                                   "mamba_ssm_cache_dtype")
+            if self._ssm_cache_dtype:
+                argv += ["--mamba-ssm-cache-dtype", VLLM_DTYPES[config.ssm_state_dtype]]
         return argv
+
+    def requested_info(self, config) -> dict:
+        """Adds hbench's S0 pool for the budget (``s0_pool``: page bytes and
+        pages; None without a known geometry) and the SSM state dtype it was
+        sized with. On GPU a launched server gets ``pages`` as its block count."""
+        info = super().requested_info(config)
+        pool = s0_pool(config)
+        info["ssm_state_dtype"] = config.ssm_state_dtype
+        info["s0_pool"] = None if pool is None else {"page_bytes": pool.page_bytes,
+                                                     "pages": pool.pages}
+        return info
 
     def launch_env(self, config) -> dict:
         return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_openai_stream import Script, ScriptedServer
+from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, parse_prometheus
 from adapters.sglang import SglangEngine, mamba_full_memory_ratio

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_openai_stream import Script, ScriptedServer
+from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
@@ -46,7 +46,7 @@ LOG = ("(Worker pid=1) INFO [interface.py:1120] Padding mamba page size by 548.1
 
 
 def engine(cpu=True) -> VllmEngine:
-    return VllmEngine(python=sys.executable, cpu=cpu, align=True)
+    return VllmEngine(python=sys.executable, cpu=cpu, align=True, ssm_cache_dtype=True)
 
 
 def s0(**kw) -> RunConfig:
@@ -65,7 +65,7 @@ def test_cpu_launch_pins_the_block_and_keeps_prefill_chunks_inside_it():
     assert flag["--block-size"] == flag["--max-num-batched-tokens"] == "128"
     assert flag["--mamba-cache-mode"] == "align" and flag["--dtype"] == "float32"
     assert "--enable-prefix-caching" in argv and "--enforce-eager" in argv
-    assert "--num-gpu-blocks-override" not in argv
+    assert "--num-gpu-blocks-override" not in argv and "--mamba-ssm-cache-dtype" not in argv
 
 
 def test_gpu_launch_overrides_the_block_count_with_hbench_s0_pages():
@@ -73,6 +73,37 @@ def test_gpu_launch_overrides_the_block_count_with_hbench_s0_pages():
         s0(model="falcon-h1-7b", budget="b83", launch=True, server_cmd=cmd()), 8123)
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == "83"
     assert "--enforce-eager" not in argv and "--block-size" not in argv
+
+
+# Falcon-H1-7B's S0 page is one recurrent checkpoint per pool layer: SSM state
+# 24 heads x 128 x d_state 256 at the SSM dtype, plus the bf16 conv state
+# (3072 + 2 x 256 channels) x 3 taps x 2 B = 21,504 B. 12 GiB over its 44 pool
+# layers is floor(12 x 2**30 / 44) = 292,838,679 B per layer.
+PER_LAYER_12GIB = 12 * 2**30 // 44
+S0_PAGE = {"bf16": 24 * 128 * 256 * 2 + 21_504, "fp32": 24 * 128 * 256 * 4 + 21_504}
+
+
+@pytest.mark.parametrize("ssm_dtype, page, pages", [
+    ("bf16", 1_594_368, 183),   # 292,838,679 // 1,594,368 = 183.7
+    ("fp32", 3_167_232, 92),    # 292,838,679 // 3,167,232 = 92.5
+])
+def test_gpu_block_override_and_vllm_ssm_cache_follow_the_ssm_dtype(ssm_dtype, page, pages):
+    assert S0_PAGE[ssm_dtype] == page and PER_LAYER_12GIB // page == pages
+    config = s0(model="falcon-h1-7b", budget="12GiB", ssm_state_dtype=ssm_dtype, launch=True,
+                server_cmd=cmd())
+    argv = engine(cpu=False).launch_argv(config, 8123)
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == str(pages)
+    vllm_dtype = {"bf16": "bfloat16", "fp32": "float32"}[ssm_dtype]
+    assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == vllm_dtype
+    assert engine(cpu=False).requested_info(config)["s0_pool"] == {"page_bytes": page,
+                                                                   "pages": pages}
+
+
+def test_model_directory_without_config_gets_no_block_override():
+    config = s0(model="/m", launch=True, server_cmd=cmd())
+    argv = engine(cpu=False).launch_argv(config, 8123)
+    assert "--num-gpu-blocks-override" not in argv
+    assert engine(cpu=False).requested_info(config)["s0_pool"] is None
 
 
 @pytest.mark.parametrize("kw, msg", [
@@ -106,6 +137,21 @@ def test_vllm_metrics_and_resolved_cache_config():
     assert resolved["kv_cache_tokens_logged"] == 883011
 
 
+def test_engine_info_records_the_s0_pool_the_ssm_dtype_gives():
+    wl = Workload((WorkloadRequest(0, 0.0, "p", np.arange(3, dtype=np.int64), 4),))
+    requested = {}
+    with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0),
+                        metrics_text=metrics(0.0, 0.0)) as srv:
+        for dtype in ("bf16", "fp32"):
+            run = engine().run(wl, s0(endpoint=srv.endpoint.url, budget="12GiB",
+                                      ssm_state_dtype=dtype))
+            requested[dtype] = run.engine_info["requested"]
+    for dtype, pages in (("bf16", 183), ("fp32", 92)):
+        assert requested[dtype]["ssm_state_dtype"] == dtype
+        assert requested[dtype]["s0_pool"] == {"page_bytes": S0_PAGE[dtype], "pages": pages}
+        assert requested[dtype]["org"] == "s0" and requested[dtype]["budget"] == "12GiB"
+
+
 def test_run_against_an_endpoint_records_counters_from_metrics_deltas():
     scrapes = iter([metrics(0.0, 0.0)] + [metrics(256.0, 900.0)] * 1000)
     wl = Workload((WorkloadRequest(0, 0.0, "p", np.arange(3, dtype=np.int64), 4),))
@@ -136,8 +182,8 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 
 def test_launched_server_is_awaited_and_stopped(tmp_path):
-    from adapters.openai_stream import Endpoint, http_get
-    from adapters.server import ServerProcess, free_port
+    from adapters.client.http import Endpoint, http_get
+    from adapters.server_process import ServerProcess, free_port
 
     port = free_port()
     server = ServerProcess([sys.executable, "-c", HEALTH_SERVER, str(port)],
@@ -150,8 +196,8 @@ def test_launched_server_is_awaited_and_stopped(tmp_path):
 
 
 def test_server_that_exits_early_fails_fast_with_its_log(tmp_path):
-    from adapters.openai_stream import Endpoint
-    from adapters.server import ServerProcess, free_port
+    from adapters.client.http import Endpoint
+    from adapters.server_process import ServerProcess, free_port
 
     port = free_port()
     code = "import sys; print('bad flag --nope'); sys.exit(3)"

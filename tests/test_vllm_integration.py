@@ -91,8 +91,8 @@ def shared_prefix_workload(prefix: str, n: int, salt_prefix: str | None) -> Work
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from adapters.openai_stream import Endpoint
-    from adapters.server import ServerProcess, free_port
+    from adapters.client.http import Endpoint
+    from adapters.server_process import ServerProcess, free_port
     from adapters.vllm import VllmEngine
 
     model = tmp_path_factory.mktemp("tiny")

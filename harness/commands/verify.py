@@ -80,12 +80,12 @@ def default_prompts(n: int = 4) -> list[str]:
 
 
 def _complete(endpoint, model: str, prompt: str, output_len: int, salt: str | None, timeouts):
-    from adapters.openai_stream import completion_body, stream_completion
+    from adapters.client.stream import completion_body, stream_completion
 
     body = completion_body(model, prompt, output_len, salt,
                            {"logprobs": 1, "return_token_ids": True})
     out = stream_completion(endpoint, body, time.perf_counter(), timeouts)
-    if out.status != "finished":
+    if not out.success:
         raise HbenchError(f"verify request failed: {out.error}")
     cached = int((out.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     return out, cached
@@ -94,7 +94,7 @@ def _complete(endpoint, model: str, prompt: str, output_len: int, salt: str | No
 def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 16,
                     timeouts=None) -> list[PromptCheck]:
     """Hit-vs-recompute comparison of every prompt (sequential, one request at a time)."""
-    from adapters.openai_stream import DEFAULT_TIMEOUTS
+    from adapters.client.http import DEFAULT_TIMEOUTS
 
     timeouts = timeouts or DEFAULT_TIMEOUTS
     checks = []
@@ -124,9 +124,10 @@ def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 
 @click.option("--output-len", default=16, show_default=True, type=click.IntRange(1, 4096))
 def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_len):
     """Greedy outputs served with prefix-cache hits must equal clean recomputes."""
-    from adapters.openai_stream import Endpoint, served_models
+    from adapters.client.http import Endpoint, served_models
     from adapters.registry import make_engine
-    from adapters.server import ServerProcess, free_port, pick_model
+    from adapters.served_engine import pick_model
+    from adapters.server_process import ServerProcess, free_port
     from harness.config import RunConfig
 
     if launch == bool(endpoint):

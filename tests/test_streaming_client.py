@@ -1,4 +1,4 @@
-"""The streaming client against a local scripted server with known delays.
+"""The streaming client (adapters/client/) against a local scripted server with known delays.
 
 `ScriptedServer` is a real HTTP/1.1 server on 127.0.0.1 that streams
 server-sent events with chunked transfer encoding, like uvicorn does for
@@ -17,14 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from adapters.openai_stream import (
-    Endpoint,
-    Timeouts,
-    run_open_loop,
-    served_models,
-    stream_completion,
-)
-from adapters.server import free_port
+from adapters.client.dispatch import run_open_loop
+from adapters.client.http import Endpoint, Timeouts, served_models
+from adapters.client.stream import CompletionStream, StreamOutcome, stream_completion
+from adapters.server_process import free_port
 from harness.errors import HbenchError
 from workloads.workload import Workload, WorkloadRequest
 
@@ -242,7 +238,7 @@ def test_idle_timeout_bounds_a_stalled_stream():
     with ScriptedServer(Script(hang_after=1, first_delay_s=0.01)) as srv:
         out = stream_completion(srv.endpoint, {"prompt": "x"}, time.perf_counter(),
                                 Timeouts(connect_s=1, first_byte_s=1, idle_s=0.3, total_s=5))
-    assert out.status == "failed"
+    assert out.status == "failed" and not out.success
     assert out.error == "timed out after 0.3s waiting for next chunk"
 
 
@@ -258,3 +254,32 @@ def test_endpoint_parse_accepts_bare_host_port_and_rejects_https():
     assert Endpoint.parse("http://localhost:9/v1").url == "http://localhost:9"
     with pytest.raises(HbenchError, match="http://HOST:PORT"):
         Endpoint.parse("https://x:1")
+
+
+def test_stream_parser_times_tokens_without_a_socket():
+    """CompletionStream alone: a two-id chunk is two tokens at its time, a
+    bare finish marker carries none, usage is the count, [DONE] ends it."""
+    stream = CompletionStream(StreamOutcome())
+    lines = [
+        (0.10, {"choices": [{"text": "ab", "token_ids": [5, 6], "finish_reason": None}]}),
+        (0.15, {"choices": [{"text": "", "finish_reason": None}]}),      # held-back text
+        (0.20, {"choices": [{"text": "", "finish_reason": "length"}]}),  # bare finish marker
+        (0.21, {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 2}}),
+    ]
+    for now, event in lines:
+        assert stream.feed(f"data: {json.dumps(event)}\n".encode(), now) is None
+        assert stream.feed(b"\n", now) is None
+    assert not stream.done
+    assert stream.feed(b"data: [DONE]\n", 0.22) is None and stream.done
+    out = stream.finish(0.25)
+    assert out.success and out.status == "finished" and out.error == ""
+    assert out.token_times == [0.10, 0.10, 0.15] and out.first_token_s == 0.10
+    assert out.token_ids == [5, 6] and out.text == "ab" and out.finish_s == 0.25
+
+
+def test_stream_parser_refuses_error_and_malformed_events():
+    stream = CompletionStream(StreamOutcome())
+    assert stream.feed(b'data: {"error": "overloaded"}', 0.1) == "server error event: overloaded"
+    assert stream.feed(b"data: {oops", 0.1) == "malformed stream event: b'{oops'"
+    out = stream.fail("server error event: overloaded", 0.1, keep_tokens=False)
+    assert not out.success and out.status == "failed" and out.token_times == []

@@ -1,0 +1,200 @@
+"""Open-loop replay of a `Workload` against a streaming server.
+
+Each request is sent at its scheduled arrival time (relative to one start
+instant) whether or not earlier requests have finished, so queueing happens
+in the server, where it is measured, and not in the client. Each request
+records when it was really sent (``dispatch_s``; the dispatch lag is
+``dispatch_s - arrival_s``), and `adapters.client.stream` times the rest.
+
+Why threads: one reader thread per in-flight request is cheap at the rates a
+single server sustains, and blocking reads with socket timeouts bound every
+wait. Why the dispatcher sends itself: a request's thread starts and connects
+`PREPARE_LEAD_S` before its arrival and then waits on its `ConnectionSlot`;
+at the arrival the dispatcher (the calling thread) writes the request on that
+open socket, so the send instant depends on one thread's wake-up only, not on
+a second thread being created or scheduled.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from adapters.base import ProgressFn
+from adapters.client.http import (
+    COMPLETIONS_PATH,
+    DEFAULT_TIMEOUTS,
+    IO_ERRORS,
+    Endpoint,
+    Timeouts,
+    open_connection,
+    post_json,
+)
+from adapters.client.stream import (
+    Clock,
+    StreamOutcome,
+    completion_body,
+    failed,
+    stream_exchange,
+)
+from harness.records import RequestRecord
+
+SWITCH_INTERVAL_S = 1e-4
+PREPARE_LEAD_S = 0.05   # a request's thread starts and connects this long before its arrival
+SPIN_S = 0.001          # the dispatcher sleeps until this close to a send time, then spins
+
+
+class ConnectionSlot:
+    """One HTTP connection between preparation and send: its reader thread
+    connects, the dispatcher sends, the reader thread reads the stream.
+
+    The two threads meet on two events: ``connected`` (set by the reader once
+    its connect ended, either way) and ``sent`` (set by the dispatcher once it
+    tried to send). Only the dispatcher sets ``out.dispatch_s`` and
+    ``send_error``; only the reader reads the response.
+    """
+
+    def __init__(self, conn: http.client.HTTPConnection, path: str, payload: bytes):
+        self.conn = conn
+        self.path = path
+        self.payload = payload
+        self.out = StreamOutcome()
+        self.connected = threading.Event()
+        self.sent = threading.Event()
+        self.send_error: Exception | None = None
+
+    def connect_and_wait(self) -> None:
+        """Reader side (the ``send`` step of `stream_exchange`): connect, wait for
+        the dispatcher, and re-raise its send error so the outcome records it."""
+        try:
+            self.conn.connect()
+        finally:
+            self.connected.set()
+        self.sent.wait()
+        if self.send_error is not None:
+            raise self.send_error
+
+    def dispatch(self, t0: float, clock: Clock, connect_s: float) -> None:
+        """Dispatcher side: send now if the reader connected; never raises."""
+        if not self.connected.wait(connect_s + 1.0):
+            self.send_error = OSError("not connected by the send time")
+        elif self.conn.sock is not None:   # None: the connect failed, the reader reports it
+            self.out.dispatch_s = clock() - t0
+            try:
+                post_json(self.conn, self.path, self.payload)
+            except IO_ERRORS as exc:
+                self.send_error = exc
+        self.sent.set()
+
+
+@dataclass
+class OpenLoopResult:
+    records: list[RequestRecord]
+    outcomes: list[StreamOutcome]
+    window_start_s: float
+    window_end_s: float
+
+
+def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeouts = DEFAULT_TIMEOUTS,
+                  extra_body: dict | None = None, progress: ProgressFn | None = None,
+                  clock: Clock = time.perf_counter,
+                  t0: float | None = None) -> OpenLoopResult:
+    """Replay ``workload`` open-loop; one `RequestRecord` per request, in order.
+
+    Times in the records are seconds since the start instant ``t0`` (now, if
+    not given; pass it to share the origin with a metrics scraper), so
+    ``window_start_s`` is 0 and ``window_end_s`` is when the last stream closed.
+
+    One dispatcher (the calling thread) walks a merged timeline: at
+    ``arrival - PREPARE_LEAD_S`` it starts the request's reader thread, which
+    connects and waits; at ``arrival`` (slept to within ``SPIN_S``, then spun)
+    it writes the request on that open socket itself.
+    """
+    requests = list(workload.requests)
+    outcomes: list[StreamOutcome | None] = [None] * len(requests)
+    slots: list[ConnectionSlot | None] = [None] * len(requests)
+    lock = threading.Lock()
+    completed = [0]
+
+    def read(i: int, slot: ConnectionSlot, t0: float):
+        try:
+            outcome = stream_exchange(slot.conn, slot.out, slot.connect_and_wait, t0, timeouts,
+                                      clock)
+        except Exception as exc:  # a client bug must fail one request, not lose it silently
+            outcome = failed(slot.out, f"client error {type(exc).__name__}: {exc}", clock() - t0)
+        with lock:
+            outcomes[i] = outcome
+            completed[0] += 1
+            n = completed[0]
+        if progress is not None:
+            progress(n)
+
+    # (time, 0 = prepare / 1 = send, index): a request is prepared before it is sent
+    timeline = sorted([(r.arrival_s - PREPARE_LEAD_S, 0, i) for i, r in enumerate(requests)]
+                      + [(r.arrival_s, 1, i) for i, r in enumerate(requests)])
+    threads = []
+    # Many reader threads share the GIL; a short switch interval lets the
+    # dispatcher take it back within ~0.1 ms of its deadline instead of 5 ms.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        t0 = clock() if t0 is None else t0
+        for at, kind, i in timeline:
+            if kind == 0:
+                _sleep_until(t0 + at, clock)
+                r = requests[i]
+                body = completion_body(model, r.prompt_text, r.output_len, r.salt, extra_body)
+                slots[i] = ConnectionSlot(open_connection(endpoint, timeouts), COMPLETIONS_PATH,
+                                          json.dumps(body).encode())
+                th = threading.Thread(target=read, args=(i, slots[i], t0), daemon=True,
+                                      name=f"hbench-req-{i}")
+                th.start()
+                threads.append(th)
+            else:
+                _sleep_until(t0 + at - SPIN_S, clock)
+                while clock() < t0 + at:
+                    pass
+                slots[i].dispatch(t0, clock, timeouts.connect_s)
+                slots[i] = None
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(switch)
+    end = clock() - t0
+    records = [request_record(r, o) for r, o in zip(requests, outcomes, strict=True)]
+    return OpenLoopResult(records, outcomes, 0.0, end)
+
+
+def _sleep_until(deadline: float, clock: Clock) -> None:
+    """Sleep until ``deadline``; the final ``SPIN_S`` before a send is spun by the caller."""
+    while (left := deadline - clock()) > 0:
+        time.sleep(left)
+
+
+def request_record(r, o: StreamOutcome) -> RequestRecord:
+    """The harness's record of workload request ``r`` served as outcome ``o``
+    (token counts and cached prompt tokens from the server's usage)."""
+    usage = o.usage or {}
+    details = usage.get("prompt_tokens_details") or {}
+    prompt_tokens = int(usage.get("prompt_tokens") or r.prompt_len)
+    cached = int(details.get("cached_tokens") or 0)
+    return RequestRecord(
+        request_id=r.request_id,
+        arrival_s=float(r.arrival_s),
+        prompt_tokens=prompt_tokens,
+        target_output_tokens=r.output_len,
+        status=o.status,
+        error=o.error,
+        dispatch_s=o.dispatch_s,
+        first_token_s=o.first_token_s,
+        finish_s=o.finish_s,
+        token_times=list(o.token_times),
+        output_tokens=int(usage.get("completion_tokens") or len(o.token_times)),
+        reused_tokens=cached,
+        initial_input_tokens=prompt_tokens - cached,
+        prefix_group=r.prefix_group,
+    )

@@ -1,0 +1,120 @@
+"""Where an OpenAI-compatible server is and how one request reaches it.
+
+Why ``http.client`` and not a client library: it is in the standard library,
+decodes chunked transfer encoding, and gives per-socket timeouts, which is all
+a streaming benchmark client needs. This room owns the endpoint address, the
+timeouts every wait is bounded by, opening a connection, writing a POST, the
+one-shot GETs (``/v1/models``, ``/version``, ``/health``, ``/metrics``) and
+which exceptions count as I/O failures. It knows nothing about streams or
+schedules; `adapters.client.stream` and `adapters.client.dispatch` build on it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from harness.errors import HbenchError
+
+#: What a request's I/O may raise; the stream room turns these into failed outcomes.
+IO_ERRORS = (OSError, http.client.HTTPException)
+
+COMPLETIONS_PATH = "/v1/completions"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every wait the client does is bounded by one of these (seconds).
+
+    ``first_byte_s`` covers queueing plus prefill in the server, so it is
+    generous; ``idle_s`` bounds the gap between two streamed chunks;
+    ``total_s`` bounds one request end to end.
+    """
+
+    connect_s: float = 5.0
+    first_byte_s: float = 600.0
+    idle_s: float = 120.0
+    total_s: float = 3600.0
+
+
+DEFAULT_TIMEOUTS = Timeouts()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An OpenAI-compatible server's base address, e.g. ``http://127.0.0.1:8000``."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        text = url if "://" in url else f"http://{url}"
+        parts = urlsplit(text)
+        if parts.scheme != "http" or not parts.hostname:
+            raise HbenchError(f"endpoint must look like http://HOST:PORT, got {url!r}")
+        try:
+            port = parts.port or 80
+        except ValueError as exc:
+            raise HbenchError(f"endpoint {url!r} has a bad port: {exc}") from None
+        return cls(parts.hostname, port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def open_connection(endpoint: Endpoint, timeouts: Timeouts) -> http.client.HTTPConnection:
+    """An unconnected connection to ``endpoint``; it connects on first use (or
+    on ``connect()``) within ``timeouts.connect_s``."""
+    return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeouts.connect_s)
+
+
+def post_json(conn: http.client.HTTPConnection, path: str, payload: bytes) -> None:
+    """Write one POST of an already-encoded JSON body; the response is read by the caller."""
+    conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
+
+
+def describe_error(exc: BaseException) -> str:
+    """The one-line reason an I/O error gives a failed request."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def http_get(endpoint: Endpoint, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
+    """One GET; returns (status, body). Network errors propagate as OSError."""
+    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def served_models(endpoint: Endpoint, timeout_s: float = 5.0) -> list[str]:
+    """Model ids the server serves (GET /v1/models), or a one-line HbenchError.
+
+    Called before any request is sent so a wrong or dead endpoint fails fast.
+    """
+    try:
+        status, body = http_get(endpoint, "/v1/models", timeout_s)
+    except OSError as exc:
+        raise HbenchError(f"cannot reach {endpoint.url}: {exc}") from None
+    if status != 200:
+        raise HbenchError(f"{endpoint.url}/v1/models answered HTTP {status}")
+    try:
+        data = json.loads(body)["data"]
+        return [m["id"] for m in data]
+    except (ValueError, KeyError, TypeError):
+        raise HbenchError(f"{endpoint.url}/v1/models did not return an OpenAI model list") from None
+
+
+def server_version(endpoint: Endpoint) -> str | None:
+    """The server's own ``GET /version`` answer (vLLM, SGLang), or None."""
+    try:
+        status, body = http_get(endpoint, "/version", timeout_s=5.0)
+        return body.decode(errors="replace").strip()[:200] if status == 200 else None
+    except OSError:
+        return None
