@@ -8,24 +8,24 @@ what needs both halves: the joint-hit rule of `lookup` (attention for [0, J)
 AND a checkpoint at J), the per-pool page arithmetic of `pages_needed`, and
 the request lifecycle. What the four organizations differ in is their
 `OrgLayout`, which each organization's module defines (`s0.py` .. `d0.py`).
-The protocol a scheduler and an engine may use is `harness.orgs.protocol`.
+The protocol a scheduler and an engine may use is `harness.orgs.protocol`;
+the read-only queries are in `harness.orgs.views`.
 """
 
 from __future__ import annotations
 
 from harness.layout import OrgLayout
-from harness.orgs import audit
 from harness.orgs.attention import AttentionIndex
 from harness.orgs.checkpoints import CheckpointStore
 from harness.orgs.entries import EntryTable, RequestState
 from harness.orgs.keys import KEY_TOKENS, key_at
-from harness.orgs.placement import PlacementQueries
 from harness.orgs.pool import PagePool
 from harness.orgs.slabs import SlabTable
-from harness.orgs.values import Demand, PrefixHit, Usage
+from harness.orgs.values import Demand, PrefixHit
+from harness.orgs.views import ReadOnlyViews
 
 
-class Organization(PlacementQueries):
+class Organization(ReadOnlyViews):
     """One organization; subclasses only name themselves and define their layout."""
 
     name = "base"
@@ -112,7 +112,8 @@ class Organization(PlacementQueries):
                 pages = list(adopt)
         blocks, ckpts = self._new_objects(st, start, end, prefill_until)
         pages[0] += blocks
-        pages[-1] += self.ckpts.pages_for(ckpts, adopted_slabs)
+        if ckpts:
+            pages[-1] += self.ckpts.pages_for(ckpts, adopted_slabs)
         return Demand(tuple(pages))
 
     def headroom_pages(self, fraction: float) -> tuple[int, ...]:
@@ -175,12 +176,24 @@ class Organization(PlacementQueries):
         publish checkpoints at grid boundaries reached during prefill. Returns the
         positions of newly published checkpoints."""
         self._copies = ()
-        st, bt, grid = self.reqs[rid], self.attn_block_tokens, self.grid
+        st, bt = self.reqs[rid], self.attn_block_tokens
         assert computed <= len(st.attn) * bt, (computed, len(st.attn), bt)
-        self.attn.register(st.attn, keys, st.computed // bt, computed // bt)
+        if computed // bt > st.computed // bt:
+            self.attn.register(st.attn, keys, st.computed // bt, computed // bt)
+        j = (st.computed // self.grid + 1) * self.grid
+        published = self._publish(st, keys, j, min(computed, prefill_until)) \
+            if j <= prefill_until and j <= computed else []
+        if st.adopted is not None and computed > st.computed:
+            self.table.unref(st.adopted)   # consumed into the live state
+            st.adopted = None
+        st.computed = max(st.computed, computed)
+        return published
+
+    def _publish(self, st: RequestState, keys, j: int, last: int) -> list[int]:
+        """Publish the live state at each grid boundary j .. last; the request
+        continues in a spare (or, if the prefix is published already, keeps its
+        live state and frees the spare)."""
         published, copies = [], []
-        last = min(computed, prefill_until)
-        j = (st.computed // grid + 1) * grid
         while j <= last:
             spare = st.spares.pop(0)
             k = key_at(keys, j)
@@ -193,13 +206,8 @@ class Organization(PlacementQueries):
                 st.live = spare
                 published.append(j)
                 copies.append(("publish", j, ck, spare))
-            j += grid
-        if copies:
-            self._copies = tuple(copies)
-        if st.adopted is not None and computed > st.computed:
-            self.table.unref(st.adopted)   # consumed into the live state
-            st.adopted = None
-        st.computed = max(st.computed, computed)
+            j += self.grid
+        self._copies = tuple(copies)
         return published
 
     def retain(self, rid, position: int, keys) -> bool:
@@ -244,30 +252,3 @@ class Organization(PlacementQueries):
         pin = self.pinned.pop(rid, None)
         if pin is not None:
             self.ckpts.unpin(pin)
-
-    # ================= invariants and usage (harness/orgs/audit.py) =============
-    @property
-    def invalidations(self) -> int:
-        return self.table.invalidations
-
-    @property
-    def published_count(self) -> int:
-        return self.ckpts.published_count
-
-    @property
-    def ckpt_map(self) -> dict:
-        """Prefix key -> published checkpoint entry (for audits inside harness.orgs)."""
-        return self.ckpts.map
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError with the broken values if any invariant fails."""
-        audit.check_invariants(self)
-
-    def usage(self) -> Usage:
-        """Blocks and bytes by state kind and state, waste, slab occupancy."""
-        return audit.usage(self)
-
-    def holds_no_references(self) -> bool:
-        """True when no request is admitted and no page has an execution reference
-        (pages are free or cached; pins of preempted requests may remain)."""
-        return not self.reqs and all(r == 0 for p in self.pools for r in p.ref)

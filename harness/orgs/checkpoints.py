@@ -34,6 +34,7 @@ class CheckpointStore:
         self.pool = table.pools[pool_idx]
         self.slabs = table.slabs
         self.map = table.maps[CKPT_ENTRY]        # prefix key -> published checkpoint
+        self.pages_per_object = layout.ckpt_pages   # whole pages, a slot not counted
         self.published_count = 0
 
     # ---- queries ---------------------------------------------------------------
@@ -49,7 +50,7 @@ class CheckpointStore:
     def pages_for(self, n: int, also_referenced: frozenset) -> int:
         """Pages ``n`` new objects take: member pages plus slab pages by the slab
         policy (``also_referenced``: cached slabs an adoption references first)."""
-        pages = n * self.layout.ckpt_pages
+        pages = n * self.pages_per_object
         if self.slabs is not None and n:
             pool = self.pool
             pages += self.slabs.pages_to_place(
@@ -94,7 +95,7 @@ class CheckpointStore:
             slot = self.slabs.place(slab, eid)
             pool.dependents[slab].add(eid)
         members = []
-        for i in range(lay.ckpt_pages):
+        for i in range(self.pages_per_object):
             page = table.take_page(cp)
             pool.set_kind(page, SSM if i < lay.ssm_pages else CONV)
             members.append((cp, page))
