@@ -78,12 +78,6 @@ class OrgLayout:
     def checkpoint_bytes(self) -> int:
         return self.ssm_bytes + self.conv_bytes
 
-    @property
-    def ckpt_alloc_bytes(self) -> int:
-        """Bytes a checkpoint holds, counting its slot (not the slab's spare slots)."""
-        extra = self.slot_bytes if self.conv_slots else 0
-        return self.ckpt_pages * self.ckpt_page_bytes + extra
-
 
 def layout_for(org: str, geom: ModelGeometry) -> OrgLayout:
     """The layout of ``org`` (a key of `harness.orgs.ORGANIZATIONS`) for ``geom``."""
