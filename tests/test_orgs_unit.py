@@ -281,3 +281,33 @@ def test_usage_reports_bytes_by_kind_and_state():
     assert u.bytes_by_kind["conv"]["cached"] == 2 * GEOM.conv_state_bytes
     assert u.waste_by_kind["conv"] == 3 * (512 * KIB - GEOM.conv_state_bytes)
     assert u.pages["shared"] == {"referenced": 7, "cached": 8, "free": 25}
+
+
+def test_a_fifth_organization_is_one_class_and_one_registry_entry(monkeypatch):
+    """S1's pages with checkpoints every 1024 tokens: only a layout, registered
+    under a new name, and every shared path (layouts, building, serving,
+    placement, invariants) takes it."""
+    from dataclasses import replace
+
+    from harness.layout import layout_for
+    from harness.orgs import ORGANIZATIONS, Organization
+
+    class Coarse(Organization):
+        name = "x1"
+
+        @staticmethod
+        def layout_for(geom):
+            return replace(ORGANIZATIONS["s1"].layout_for(geom), org="x1", grid_tokens=1024)
+
+    monkeypatch.setitem(ORGANIZATIONS, "x1", Coarse)
+    assert layout_for("x1", GEOM).grid_tokens == 1024
+    org = build_organization("x1", GEOM, (60,))
+    keys = chain_keys(tokens(2100))
+    assert org.allocate(0, 2100, 2100, keys, None)
+    assert org.commit(0, keys, 2100, 2100) == [1024, 2048]
+    assert org.checkpoint_at(keys, 512) is None and org.checkpoint_at(keys, 1024) is not None
+    org.finish(0)
+    org.check_invariants()
+    assert org.lookup(keys + [0], 2100).j_adopt == 2048
+    with pytest.raises(ValueError, match="unknown organization"):
+        build_organization("x2", GEOM, (60,))
