@@ -8,8 +8,14 @@ rounds in rotating order, and reports each organization's speed relative to
 S0. See `benchmarks.org_trace` for how a replay stays honest when an
 organization fits less than the recording one did.
 
+``--against TREE`` compares two versions of the code instead: it runs this
+benchmark on one trace alternately in TREE (another checkout, e.g. made with
+``git worktree add``) and in this checkout, ``--rounds`` times each, and
+reports per organization this checkout's best time over TREE's.
+
     python -m benchmarks.bench_orgs [--requests 80] [--rate 4.5] [--record-org s0]
         [--repeats 5] [--by-op] [--cpu 0] [--max-ratio 2.0] [--json out.json]
+        [--against TREE [--rounds 3]]
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,6 +96,43 @@ def by_op(trace: Trace, orgs: list[str]) -> dict[str, dict]:
     return out
 
 
+def against(args, orgs: list[str], trace_file: Path) -> int:
+    """Best replay time per organization, this checkout over ``args.against``'s,
+    both replaying ``trace_file``; the two alternate, which goes first rotating."""
+    here = Path(__file__).resolve().parents[1]
+    trees = {"this": here, "other": Path(args.against).resolve()}
+    best: dict[str, dict[str, float]] = {t: {} for t in trees}
+    per_round: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(args.rounds):
+            order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
+            got = {}
+            for name in order:
+                out = Path(tmp) / f"{name}-{rnd}.json"
+                subprocess.run([sys.executable, "-m", "benchmarks.bench_orgs", "--trace",
+                                str(trace_file), "--repeats", str(args.repeats), "--cpu",
+                                str(args.cpu), "--orgs", ",".join(orgs), "--json", str(out)],
+                               cwd=trees[name], check=True, stdout=subprocess.DEVNULL)
+                got[name] = {o: v["best_s"] for o, v in json.loads(out.read_text())["orgs"].items()}
+                for o, t in got[name].items():
+                    best[name][o] = min(t, best[name].get(o, t))
+            per_round.append({o: got["this"][o] / got["other"][o] for o in orgs})
+    print(f"this checkout {here} over {trees['other']}: best of {args.rounds} alternating "
+          f"runs x {args.repeats} rounds each")
+    print(f"{'org':4} {'other s':>8} {'this s':>8} {'this/other':>10} {'per-run ratios':>16}")
+    result = {}
+    for o in orgs:
+        ratio = best["this"][o] / best["other"][o]
+        runs = " ".join(f"{r[o]:.2f}" for r in per_round)
+        print(f"{o:4} {best['other'][o]:8.3f} {best['this'][o]:8.3f} {ratio:10.2f}   {runs}")
+        result[o] = {"other_best_s": best["other"][o], "this_best_s": best["this"][o],
+                     "ratio": ratio, "per_run_ratios": [r[o] for r in per_round]}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"against": str(trees["other"]), "orgs": result},
+                                              indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=80)
@@ -104,11 +149,18 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, default=0, help="pin to this CPU (-1: do not pin)")
     ap.add_argument("--max-ratio", type=float, help="exit 1 if an org's time exceeds this x S0")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--against", help="compare with the checkout at this path (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: runs per checkout")
     args = ap.parse_args()
     orgs = [o.strip() for o in args.orgs.split(",")]
     if "s0" not in orgs:
         orgs.insert(0, "s0")
 
+    if args.against:
+        path = Path(args.trace) if args.trace else trace_path(args)
+        if not path.exists() or args.rerecord:
+            load_or_record(argparse.Namespace(**{**vars(args), "trace": str(path)}))
+        return against(args, orgs, path)
     pinned = pin_cpu(args.cpu)
     trace, how = load_or_record(args)
     print(f"trace: {describe(trace)}")

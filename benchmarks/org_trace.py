@@ -12,7 +12,7 @@ the scheduler only ever appends to it) and an operation records how many keys
 the list held at the call, so a replay sees exactly the list the recording
 org saw. Results that feed later calls are referred to, not stored: an
 ``allocate`` "with hit" gets the replaying org's own last `lookup` result for
-that key list, a ``can_allocate`` gets its own last `demand` for that request.
+that key list, a ``can_allocate`` gets its own last `pages_needed` for that request.
 
 Replay follows the trace's logical operations and tracks which requests the
 replaying org has admitted, because the organizations differ in what fits:
@@ -49,7 +49,7 @@ from harness.config import RunConfig
 
 # op codes; row layout: (op, rid, kidx, x, y, nkeys, flag)
 LOOKUP, DEMAND, CAN_ALLOCATE, ALLOCATE, COMMIT, RETAIN, FINISH, PREEMPT, ABANDON, USAGE = range(10)
-OP_NAMES = ("lookup", "demand", "can_allocate", "allocate", "commit", "retain", "finish",
+OP_NAMES = ("lookup", "pages_needed", "can_allocate", "allocate", "commit", "retain", "finish",
             "preempt", "abandon", "usage")
 HAS_HIT, RECORDED_OK = 1, 2      # flag bits: a hit was passed; the recording org said True
 NO_KEYS = -1                     # kidx / nkeys when the call passed keys=None
@@ -100,7 +100,7 @@ class Trace:
 class RecordingOrg:
     """Forwards every call to ``org`` and logs the scheduler-facing ones.
 
-    Attributes the scheduler or engine reads (``grid``, ``layout``,
+    Attributes the scheduler or engine reads (``grid``, ``capacity``,
     ``invalidations`` ...) and unlogged methods (``check_invariants``) pass
     through unchanged, so the run behaves exactly as without the proxy.
     """
@@ -111,7 +111,7 @@ class RecordingOrg:
         self._keys: list[list[int]] = []        # the scheduler's own lists, kept alive
         self._kidx: dict[int, int] = {}          # id(list) -> index
         self._hits: dict[int, object] = {}       # kidx -> last PrefixHit returned
-        self._last_demand: tuple = (None, None)  # (rid, Demand) of the last demand call
+        self._last_demand: tuple = (None, None)  # (rid, Demand) of the last pages_needed call
         self._headrooms: dict[float, int] = {}
 
     def __getattr__(self, name):
@@ -141,10 +141,10 @@ class RecordingOrg:
         self.rows.append((LOOKUP, -1, kidx, max_tokens, 0, nk, 0))
         return hit
 
-    def demand(self, rid, end: int, prefill_until: int, keys=None, hit=None):
+    def pages_needed(self, rid, end: int, prefill_until: int, keys=None, hit=None):
         kidx, nk = self._key_ref(keys)
         flag = self._hit_flag(kidx, hit)
-        d = self._org.demand(rid, end, prefill_until, keys, hit)
+        d = self._org.pages_needed(rid, end, prefill_until, keys, hit)
         self._last_demand = (rid, d)
         self.rows.append((DEMAND, rid, kidx, end, prefill_until, nk, flag))
         return d
@@ -152,7 +152,7 @@ class RecordingOrg:
     def can_allocate(self, demand, headroom: float = 0.0) -> bool:
         rid, last = self._last_demand
         if last is not demand:
-            raise AssertionError("can_allocate with a Demand other than the last demand's")
+            raise AssertionError("can_allocate with a Demand other than the last pages_needed's")
         h = self._headrooms.setdefault(float(headroom), len(self._headrooms))
         ok = self._org.can_allocate(demand, headroom)
         self.rows.append((CAN_ALLOCATE, rid, NO_KEYS, h, 0, NO_KEYS, RECORDED_OK if ok else 0))
@@ -303,7 +303,7 @@ def replay(trace: Trace, org, *, by_op: bool = False, key_lists=None, rows=None)
         elif op == LOOKUP:
             hits[kidx] = org.lookup(keys, x)
         elif op == DEMAND:
-            demands[rid] = org.demand(rid, x, y, keys, hits[kidx] if flag & HAS_HIT else None)
+            demands[rid] = org.pages_needed(rid, x, y, keys, hits[kidx] if flag & HAS_HIT else None)
         elif op == CAN_ALLOCATE:
             org.can_allocate(demands[rid], heads[x])
         elif op == USAGE:

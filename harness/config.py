@@ -14,8 +14,10 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from harness.errors import HbenchError
+from harness.orgs import ORGANIZATIONS
 
-ORG_NAMES = ("s0", "s1", "s2", "d0")
+#: CLI names of the organizations, in registry order (the registry is the one list).
+ORG_NAMES = tuple(ORGANIZATIONS)
 ARRIVALS = ("poisson", "constant", "gamma")
 
 

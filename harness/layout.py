@@ -1,9 +1,13 @@
-"""Physical layout of each organization, derived from the model geometry.
+"""Physical layout of an organization: the shape every organization shares.
 
-This is the one place that turns a `ModelGeometry` into page sizes and
-member counts (DESIGN.md section 2). Budgets (harness/budget.py), the
-allocation ledger (harness/ledger.py) and the organizations (harness/orgs/)
-all read an `OrgLayout`; none stores a size of its own.
+An `OrgLayout` turns a `ModelGeometry` into page sizes and member counts
+(DESIGN.md section 2). Each organization defines its own layout in its module
+(`harness.orgs.s0` .. `harness.orgs.d0`, method ``layout_for``); this module
+holds the shared value type, the shared constants and `layout_for(org, geom)`,
+a view through the registry `harness.orgs.ORGANIZATIONS`. Budgets
+(harness/budget.py), the allocation ledger (harness/ledger.py) and the
+organizations (harness/orgs/) all read an `OrgLayout`; none stores a size of
+its own.
 
 Sizes are bytes per pool layer (see harness/geometry.py). For Falcon-H1-7B
 (A = 512 KiB, C = 1557 KiB):
@@ -17,7 +21,6 @@ Sizes are bytes per pool layer (see harness/geometry.py). For Falcon-H1-7B
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from harness.geometry import ModelGeometry
@@ -39,7 +42,7 @@ def slots_per_slab(page_bytes: int, conv_bytes: int) -> int:
     return k
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OrgLayout:
     """How one organization lays out attention blocks and checkpoints.
 
@@ -56,11 +59,11 @@ class OrgLayout:
     attn_page_bytes: int
     ckpt_page_bytes: int
     ssm_pages: int
-    conv_pages: int
-    conv_slots: bool
-    slot_bytes: int
-    slab_slots: int
-    dual_pool: bool
+    conv_pages: int = 0
+    conv_slots: bool = False
+    slot_bytes: int = 0
+    slab_slots: int = 0
+    dual_pool: bool = False
     # logical sizes (what the bytes are for), to compute waste
     attn_block_bytes: int
     ssm_bytes: int
@@ -75,35 +78,12 @@ class OrgLayout:
     def checkpoint_bytes(self) -> int:
         return self.ssm_bytes + self.conv_bytes
 
-    @property
-    def ckpt_alloc_bytes(self) -> int:
-        """Bytes a checkpoint holds, counting its slot (not the slab's spare slots)."""
-        extra = self.slot_bytes if self.conv_slots else 0
-        return self.ckpt_pages * self.ckpt_page_bytes + extra
-
 
 def layout_for(org: str, geom: ModelGeometry) -> OrgLayout:
-    """The layout of ``org`` (s0, s1, s2, d0) for ``geom``."""
-    ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
-    ckpt = ssm + conv
-    a512 = BLOCK_TOKENS * geom.slot_attn_bytes_per_token
-    common = dict(ssm_bytes=ssm, conv_bytes=conv)
-    if org == "s0":
-        page = max(a512, ckpt)
-        return OrgLayout("s0", BLOCK_TOKENS, BLOCK_TOKENS, page, page, 1 if ckpt else 0, 0,
-                         False, 0, 0, False, attn_block_bytes=a512, **common)
-    if org == "s1":
-        return OrgLayout("s1", BLOCK_TOKENS, BLOCK_TOKENS, a512, a512, math.ceil(ssm / a512),
-                         math.ceil(conv / a512), False, 0, 0, False, attn_block_bytes=a512,
-                         **common)
-    if org == "s2":
-        k = slots_per_slab(a512, conv)
-        has_conv = conv > 0
-        return OrgLayout("s2", BLOCK_TOKENS, BLOCK_TOKENS, a512, a512, math.ceil(ssm / a512), 0,
-                         has_conv, a512 // k if has_conv else 0, k if has_conv else 0, False,
-                         attn_block_bytes=a512, **common)
-    if org == "d0":
-        a16 = D0_BLOCK_TOKENS * geom.slot_attn_bytes_per_token
-        return OrgLayout("d0", D0_BLOCK_TOKENS, D0_GRID_TOKENS, a16, ckpt, 1 if ckpt else 0, 0,
-                         False, 0, 0, True, attn_block_bytes=a16, **common)
-    raise ValueError(f"unknown organization {org!r}")
+    """The layout of ``org`` (a key of `harness.orgs.ORGANIZATIONS`) for ``geom``."""
+    from harness.orgs import ORGANIZATIONS  # the registry imports this module
+
+    cls = ORGANIZATIONS.get(org)
+    if cls is None:
+        raise ValueError(f"unknown organization {org!r}")
+    return cls.layout_for(geom)

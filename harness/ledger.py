@@ -33,6 +33,7 @@ from harness.budget import OrgBudget
 from harness.errors import HbenchError
 from harness.geometry import KIB, ModelGeometry
 from harness.layout import OrgLayout, layout_for
+from harness.orgs import ORGANIZATIONS
 
 WASTE_KINDS = ("attention", "checkpoint", "ssm", "conv", "slab_spare")
 
@@ -174,7 +175,7 @@ def tail_waste_summary(lengths: list[int], geom: ModelGeometry) -> dict:
     """
     out = {}
     per_token = geom.slot_attn_bytes_per_token
-    for org in ("s0", "s1", "s2", "d0"):
+    for org in ORGANIZATIONS:
         block = layout_for(org, geom).attn_block_tokens
         waste = tail_waste_tokens(lengths, block)
         out[org] = {"block_tokens": block, "requests": len(waste), "tokens": sum(waste),

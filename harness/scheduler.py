@@ -161,7 +161,7 @@ class Scheduler:
         keys = r.keys if hit is not None else None
 
         def fits(e: int) -> bool:
-            return org.can_allocate(org.demand(r.rid, e, r.prefill_until, keys, hit), headroom)
+            return org.can_allocate(org.pages_needed(r.rid, e, r.prefill_until, keys, hit), headroom)
 
         if fits(end):
             return end

@@ -26,6 +26,7 @@ from harness.ledger import (
     tail_waste_tokens,
 )
 from harness.model_configs import from_config, load_config, preset
+from harness.orgs import ORGANIZATIONS
 
 GEOM = preset("falcon-h1-7b")
 FIX = Path(__file__).parent / "fixtures" / "configs"
@@ -53,7 +54,7 @@ def test_waste_breakdown_by_kind_for_the_worked_example():
     assert alloc("d0", 512, 4)["allocated_kib"] == 16 * 512 + 1557 * 4
 
 
-@given(st.integers(0, 5000), st.integers(0, 500), st.sampled_from(["s0", "s1", "s2", "d0"]))
+@given(st.integers(0, 5000), st.integers(0, 500), st.sampled_from(list(ORGANIZATIONS)))
 def test_allocated_is_logical_plus_waste(x_a, x_r, org):
     b = allocation_bytes(org, layout_for(org, GEOM), x_a, x_r)
     assert b["allocated"] == b["logical"] + sum(b["waste"].values())

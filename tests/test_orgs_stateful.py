@@ -6,9 +6,13 @@ get cancelled and retain checkpoints, on pools small enough that eviction,
 invalidation and allocation failure happen all the time. After every step
 `check_invariants()` runs (capacity conserved, page refcounts = entry
 references, holds = pinned/retained entries, reverse index inverts the member
-map, no entry's storage handed out again) and the machine checks what the
-scheduler relies on: asking changes nothing, acting succeeds exactly when
-asking said yes, and a lookup hit is backed by valid, unreassigned storage.
+map, no entry's storage handed out again) and the machine checks, through the
+public protocol only, what the scheduler and an engine rely on: asking
+changes nothing, acting succeeds exactly when asking said yes, a lookup hit is
+backed by storage no running request holds, and placements are sound (no
+page or conv slot held by two live objects, only pages the pool counts as
+used, S2 slots always real slots, S1 checkpoints of 3 SSM + 1 conv page at
+the 7B geometry, a published checkpoint apart from the new live object).
 """
 
 from __future__ import annotations
@@ -21,16 +25,34 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from harness.model_configs import preset
-from harness.orgs import build_organization
-from harness.orgs.keys import chain_keys, extend_keys, key_at
+from harness.orgs import ORGANIZATIONS, build_organization
+from harness.orgs.keys import chain_keys, extend_keys
+from harness.orgs.values import ConvInline, ConvPages, ConvSlot, PageRef
 
 GEOM = preset("falcon-h1-7b")
 POOLS = {"s0": (14,), "s1": (40,), "s2": (40,), "d0": (420, 6)}
 PREFIXES = [[1000 * (p + 1) + i for i in range(4000)] for p in range(3)]
 
 
-def snapshot(org):
-    return [(p.available, len(p.empty), len(p.lru), list(p.ref), list(p.hold)) for p in org.pools]
+CONV_KIND = {"s0": ConvInline, "s1": ConvPages, "s2": ConvSlot, "d0": ConvInline}
+
+
+def snapshot(org, rids):
+    """Everything observable: each page's state, usage, the running requests' placements."""
+    pages = tuple(org.page_state(PageRef(i, p)) for i, pool in enumerate(org.capacity().pools)
+                  for p in range(pool.pages))
+    u = org.usage()
+    return (pages, u.pages, u.pages_by_kind, org.version(),
+            {rid: (org.block_table(rid), org.live_state(rid)) for rid in rids})
+
+
+def claims(place):
+    """What a checkpoint-sized object holds exclusively: its pages, or for S2
+    its SSM pages and its (slab, slot)."""
+    out = {("page", place.pool, p) for p in place.exclusive_pages()}
+    if isinstance(place.conv, ConvSlot):
+        out.add(("slot", place.pool, place.conv.slab, place.conv.slot))
+    return out
 
 
 class OrgMachine(RuleBasedStateMachine):
@@ -43,6 +65,9 @@ class OrgMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     # ---- helpers --------------------------------------------------------------
+    def _admitted(self):
+        return sorted(r for r in self.reqs if self.org.is_admitted(r))
+
     def _step(self, rid: int, chunk: int, headroom: float = 0.0) -> bool:
         r = self.reqs[rid]
         org = self.org
@@ -55,20 +80,35 @@ class OrgMachine(RuleBasedStateMachine):
             start = hit.j_adopt
         decode = admitted and start >= len(r["tokens"])
         end = len(r["tokens"]) + 1 if decode else min(start + chunk, r["prefill_until"])
-        before = snapshot(org)
-        d = org.demand(rid, end, r["prefill_until"], r["keys"], hit)
+        before = snapshot(org, self._admitted())
+        d = org.pages_needed(rid, end, r["prefill_until"], r["keys"], hit)
         can = org.can_allocate(d, headroom)
-        assert snapshot(org) == before, "asking changed the organization"
+        assert snapshot(org, self._admitted()) == before, "asking changed the organization"
         if not can:
             if headroom == 0.0:
                 assert not org.allocate(rid, end, r["prefill_until"], r["keys"], hit)
-                assert snapshot(org) == before, "a failed allocate changed the organization"
+                assert snapshot(org, self._admitted()) == before, \
+                    "a failed allocate changed the organization"
             return False
         if decode:
             r["tokens"].append(7 + rid * 31 + len(r["tokens"]))
             extend_keys(r["keys"], r["tokens"], r["salt"])
         assert org.allocate(rid, end, r["prefill_until"], r["keys"], hit)
-        org.commit(rid, r["keys"], end, r["prefill_until"])
+        adopted = org.copies()
+        if hit is not None and hit.j_adopt:
+            assert [(c.reason, c.position) for c in adopted] == [("adopt", hit.j_adopt)]
+            assert adopted[0].dst == org.live_state(rid)
+            assert not claims(adopted[0].src) & claims(adopted[0].dst)
+        else:
+            assert adopted == ()
+        published = org.commit(rid, r["keys"], end, r["prefill_until"])
+        copies = org.copies()
+        assert [c.position for c in copies] == published
+        for c in copies:
+            assert c.reason == "publish" and c.src == org.checkpoint_at(r["keys"], c.position)
+            assert not claims(c.src) & claims(c.dst), "published checkpoint shares the live pages"
+        if copies:
+            assert copies[-1].dst == org.live_state(rid)
         r["computed"] = end
         r["published"] = [j for j in range(org.grid, min(end, r["prefill_until"]) + 1, org.grid)]
         return True
@@ -77,12 +117,14 @@ class OrgMachine(RuleBasedStateMachine):
         org = self.org
         assert hit.j_adopt <= hit.attn_depth and hit.j_adopt <= max(hit.r_max, hit.j_adopt)
         if hit.j_adopt:
-            e = org.ckpt_map[key_at(keys, hit.j_adopt)]
-            assert e.valid
-            gens = tuple(org.pools[p].generation[pg] for p, pg in e.pages)
-            assert gens == e.generations, "lookup hit a checkpoint whose storage was reassigned"
-            for b in range(org.B, hit.j_adopt + 1, org.B):
-                assert org.attn_map[key_at(keys, b)].valid
+            ck = org.checkpoint_at(keys, hit.j_adopt)
+            assert ck is not None
+            running = set()
+            for rid in self._admitted():
+                running |= claims(org.live_state(rid))
+                running |= {("page", ref.pool, ref.page) for ref in org.block_table(rid)}
+            assert not claims(ck) & running, "lookup hit storage a running request holds"
+            assert all(org.page_state(PageRef(ck.pool, p)) != "empty" for p in ck.pages())
 
     # ---- rules --------------------------------------------------------------
     @rule(prefix=st.integers(0, 2), plen=st.integers(0, 3600), tail=st.integers(1, 700),
@@ -117,8 +159,6 @@ class OrgMachine(RuleBasedStateMachine):
         r = self.reqs[rid]
         r["computed"] = 0
         r["prefill_until"] = len(r["tokens"])
-        pin = self.org.pinned.get(rid)
-        assert pin is None or (pin.valid and pin.pins >= 1)
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -143,6 +183,38 @@ class OrgMachine(RuleBasedStateMachine):
         if hasattr(self, "org"):
             self.org.check_invariants()
 
+    @invariant()
+    def placements_are_sound(self):
+        if not hasattr(self, "org"):
+            return
+        org = self.org
+        live_claims: dict = {}                 # claim -> the request whose live state holds it
+        blocks = set()
+        for rid in self._admitted():
+            live = org.live_state(rid)
+            assert isinstance(live.conv, CONV_KIND[self.org_name]), live
+            if self.org_name == "s1":          # 7B geometry: 3 SSM member pages + 1 conv page
+                assert len(live.ssm) == 3 and len(live.conv.pages) == 1
+            for c in claims(live):
+                assert c not in live_claims, f"{c} held by live states of {live_claims[c]}, {rid}"
+                live_claims[c] = rid
+            for p in live.pages():
+                assert org.page_state(PageRef(live.pool, p)) == "referenced", (rid, p)
+            for ref in org.block_table(rid):
+                assert org.page_state(ref) == "referenced", (rid, ref)
+                blocks.add(("page", ref.pool, ref.page))
+        assert not blocks & set(live_claims), "a live state shares a page with a block"
+        for r in self.reqs.values():
+            for j in r["published"]:
+                ck = org.checkpoint_at(r["keys"], j)
+                if ck is None:
+                    continue
+                assert isinstance(ck.conv, CONV_KIND[self.org_name]), ck
+                for p in ck.pages():
+                    assert org.page_state(PageRef(ck.pool, p)) != "empty", (j, p)
+                shared = claims(ck) & (set(live_claims) | blocks)
+                assert not shared, f"checkpoint at {j} shares {shared} with a live object"
+
     def teardown(self):
         if not hasattr(self, "org"):
             return
@@ -150,9 +222,8 @@ class OrgMachine(RuleBasedStateMachine):
             self.org.abandon(rid)
         self.org.check_invariants()
         assert self.org.holds_no_references()
-        assert not self.org.pinned
-        for p in self.org.pools:
-            assert all(h == 0 for h in p.hold), "a hold outlived every request"
+        referenced = {n for p in self.org.usage().pages.values() for n in [p["referenced"]]}
+        assert referenced == {0}, "a hold outlived every request"
 
 
 # HBENCH_STATEFUL_EXAMPLES raises the example count for a deeper local search.
@@ -161,7 +232,7 @@ SETTINGS = settings(max_examples=int(os.environ.get("HBENCH_STATEFUL_EXAMPLES", 
                     suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("org_name", ["s0", "s1", "s2", "d0"])
+@pytest.mark.parametrize("org_name", list(ORGANIZATIONS))
 def test_random_histories_keep_invariants(org_name):
     machine = type(f"Machine_{org_name}", (OrgMachine,), {"org_name": org_name})
     machine.TestCase.settings = SETTINGS

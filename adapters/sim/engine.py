@@ -151,8 +151,8 @@ class SimEngine:
             "engine": self.name, "pool_layers": layers,
             "pools": [{"name": p.name, "pages": p.pages, "page_bytes": p.page_bytes}
                       for p in budget.pools],
-            "attn_block_tokens": org.layout.attn_block_tokens,
-            "grid_tokens": org.layout.grid_tokens,
+            "attn_block_tokens": org.capacity().attn_block_tokens,
+            "grid_tokens": org.capacity().grid_tokens,
             "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
             "cache_state": "cold", "warmup_requests": warmup,
         }
@@ -195,11 +195,11 @@ def check_fits(org, workload, config, label: str) -> None:
     longest = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
     total = longest.prompt_len + longest.output_len
     one_boundary = min(longest.prompt_len, org.grid)   # the scheduler can shrink chunks to this
-    need = org.demand(-1, total, one_boundary).pages
-    for pool, n in zip(org.pools, need, strict=True):
-        if n > pool.num_pages:
+    need = org.pages_needed(-1, total, one_boundary).pages
+    for pool, n in zip(org.capacity().pools, need, strict=True):
+        if n > pool.pages:
             raise HbenchError(
-                f"budget {label} gives {org.name} {pool.num_pages} {pool.name} pages, but the "
+                f"budget {label} gives {org.name} {pool.pages} {pool.name} pages, but the "
                 f"longest request ({total} tokens) alone needs {n}: raise the budget")
 
 

@@ -1,18 +1,29 @@
-"""The four memory organizations behind one interface (`harness.orgs.base`).
+"""The memory organizations behind one protocol (`harness.orgs.protocol`).
 
-``ORGANIZATIONS`` maps the CLI name to the class; `build_organization` turns
-a model geometry and a budget into a ready organization.
+``ORGANIZATIONS`` maps the CLI name to the class and is the one list of
+organizations: CLI choices, sweeps, budget tables and layouts derive from it.
+Adding an organization means adding its module (a subclass of `Organization`
+with a ``layout_for(geom)``) and one entry here. `build_organization` turns a
+model geometry and pool sizes into a ready organization.
 """
 
 from __future__ import annotations
 
-from harness.layout import layout_for
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.s0 import S0
 from harness.orgs.s1 import S1
 from harness.orgs.s2 import S2
-from harness.orgs.values import Demand, PrefixHit, Usage
+from harness.orgs.values import (
+    Capacity,
+    Demand,
+    PageRef,
+    PoolInfo,
+    PrefixHit,
+    StateCopy,
+    StatePlacement,
+    Usage,
+)
 
 ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0}
 
@@ -20,11 +31,15 @@ ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d
 def build_organization(org: str, geom, pool_pages: tuple[int, ...]) -> Organization:
     """An organization of ``org``'s layout with the given pages per pool
     (one count for s0/s1/s2; attention then checkpoint pool for d0)."""
-    layout = layout_for(org, geom)
+    cls = ORGANIZATIONS.get(org)
+    if cls is None:
+        raise ValueError(f"unknown organization {org!r}")
+    layout = cls.layout_for(geom)
     want = 2 if layout.dual_pool else 1
     if len(pool_pages) != want:
         raise ValueError(f"{org} takes {want} pool size(s), got {pool_pages}")
-    return ORGANIZATIONS[org](layout, tuple(pool_pages))
+    return cls(layout, tuple(pool_pages))
 
 
-__all__ = ["ORGANIZATIONS", "Demand", "Organization", "PrefixHit", "Usage", "build_organization"]
+__all__ = ["ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
+           "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization"]

@@ -7,9 +7,10 @@ engine reads `usage` once per step for the per-step table.
 
 from __future__ import annotations
 
+from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.orgs.slabs import NO_SLOT
-from harness.orgs.values import ATTN_ENTRY, CKPT_ENTRY, Usage
+from harness.orgs.values import Usage
 
 
 def check_invariants(org) -> None:
@@ -19,13 +20,14 @@ def check_invariants(org) -> None:
     refs = [[0] * p.num_pages for p in org.pools]
     holds = [[0] * p.num_pages for p in org.pools]
     deps = [[set() for _ in range(p.num_pages)] for p in org.pools]
-    for eid, e in org.entries.items():
+    entries, slabs = org.table.entries, org.table.slabs
+    for eid, e in entries.items():
         assert e.valid and e.id == eid, f"{org.name}: bad entry record {e}"
         assert e.refs >= 0 and e.pins >= 0 and e.retains >= 0, f"{org.name}: negative {e}"
         if e.kind == ATTN_ENTRY:
             assert all(pool == 0 for pool, _ in e.members), f"{org.name}: {e} outside attention pool"
         else:
-            assert all(pool == org.ckpt_pool for pool, _ in e.members), (
+            assert all(pool == org.ckpts.pool_idx for pool, _ in e.members), (
                 f"{org.name}: {e} outside checkpoint pool")
         now = tuple(org.pools[pool].generation[page] for pool, page in e.pages)
         assert now == e.generations, (
@@ -35,28 +37,29 @@ def check_invariants(org) -> None:
             holds[pool][page] += 1 if e.held else 0
             deps[pool][page].add(eid)
         if e.slot is not NO_SLOT:
-            occ = org.slabs.occupants.get(e.slot.slab)
+            occ = slabs.occupants.get(e.slot.slab)
             assert occ is not None and occ[e.slot.slot] == eid, (
                 f"{org.name}: {e} slot {e.slot} not recorded in slab table")
     for i, p in enumerate(org.pools):
         assert refs[i] == p.ref, f"{org.name}: pool {p.name} page refs {p.ref} != entry refs {refs[i]}"
         assert holds[i] == p.hold, f"{org.name}: pool {p.name} holds {p.hold} != {holds[i]}"
         assert deps[i] == p.dependents, f"{org.name}: pool {p.name} reverse index out of step"
-    for m, kind in ((org.attn_map, ATTN_ENTRY), (org.ckpt_map, CKPT_ENTRY)):
+    for kind, m in org.table.maps.items():
         for k, e in m.items():
-            assert e.valid and e.key == k and e.kind == kind and e.id in org.entries, (
+            assert e.valid and e.key == k and e.kind == kind and e.id in entries, (
                 f"{org.name}: lookup map holds stale {e}")
-    if org.slabs is not None:
-        for slab, occ in org.slabs.occupants.items():
+    if slabs is not None:
+        for slab, occ in slabs.occupants.items():
             assert any(o is not None for o in occ), f"{org.name}: empty slab {slab} kept open"
             for o in occ:
-                assert o is None or (o in org.entries and org.entries[o].slot.slab == slab), (
+                assert o is None or (o in entries and entries[o].slot.slab == slab), (
                     f"{org.name}: slab {slab} lists unknown occupant {o}")
     for rid, st in org.reqs.items():
         for e in [*st.attn, st.live, *st.spares, st.adopted]:
             assert e is None or (e.valid and e.refs >= 1), f"{org.name}: request {rid} holds {e}"
     for rid, e in org.pinned.items():
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
+
 
 def usage(org) -> Usage:
     lay = org.layout
@@ -88,5 +91,6 @@ def usage(org) -> Usage:
         SSM: int(ssm_alloc - ssm_logical),
         CONV: int(conv_waste),
     }
-    occ = org.slabs.occupancy() if org.slabs is not None else float("nan")
+    slabs = org.table.slabs
+    occ = slabs.occupancy() if slabs is not None else float("nan")
     return Usage(pages, by_kind, bytes_by_kind, waste, occ, org.invalidations)

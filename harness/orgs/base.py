@@ -1,96 +1,67 @@
-"""The organization protocol and the machinery all four organizations share.
+"""The organization: a thin coordinator over an attention index and a checkpoint store.
 
-A scheduler talks to an organization in request ids and token positions only;
-it never sees a page. Per step it asks, then acts:
-
-    hit = org.lookup(keys, max_tokens)              # pure: J_adopt, R_max, attention depth
-    d   = org.demand(rid, end, prefill_until, keys, hit)   # pure: pages per pool
-    if org.can_allocate(d, headroom):               # pure
-        org.allocate(rid, end, prefill_until, keys, hit)   # adopts on first call
-    ... the engine computes tokens ...
-    org.commit(rid, keys, computed, prefill_until)  # registers blocks, publishes checkpoints
-    org.finish(rid) | org.preempt(rid) | org.abandon(rid)
-
-Logical objects are `Entry`s: an attention block (one page of the attention
-pool) or a checkpoint (SSM + conv state at one token position, laid out as
-the organization lays out checkpoints). A running request owns one *live*
-checkpoint-sized object; when its computed tokens reach a grid boundary
-during prefill, the live object becomes the published checkpoint for that
-prefix and a spare reserved in `allocate` becomes the new live object.
-
-Holds. ``Entry.refs`` are execution references (owner, adopters) and are
-mirrored as member-level page reference counts. ``pins`` (a preempted
-request's checkpoint, a correctness requirement) and ``retains`` (a policy)
-are separate counters; while either is non-zero the entry puts one *hold* on
-each member page. A page is reclaimable only with zero references and zero
-holds, and reclaiming follows invalidate-before-free: freeze the dependent
-entries, remove them from lookup, clear their reverse links, then hand the
-page out.
+As vLLM V1 keeps a single-type manager per kind of state under a coordinator,
+an `Organization` keeps its attention blocks in an `AttentionIndex`, its
+checkpoint-sized objects in a `CheckpointStore`, both over one `EntryTable`
+of pages (`harness.orgs.pool` is the physical layer). The coordinator adds
+what needs both halves: the joint-hit rule of `lookup` (attention for [0, J)
+AND a checkpoint at J), the per-pool page arithmetic of `pages_needed`, and
+the request lifecycle. What the four organizations differ in is their
+`OrgLayout`, which each organization's module defines (`s0.py` .. `d0.py`).
+The protocol a scheduler and an engine may use is `harness.orgs.protocol`;
+the read-only queries are in `harness.orgs.views`.
 """
 
 from __future__ import annotations
 
-import itertools
-
 from harness.layout import OrgLayout
-from harness.orgs import audit
+from harness.orgs.attention import AttentionIndex
+from harness.orgs.checkpoints import CheckpointStore
+from harness.orgs.entries import EntryTable, RequestState
 from harness.orgs.keys import KEY_TOKENS, key_at
-from harness.orgs.pool import ATTN, CONV, SSM, PagePool
-from harness.orgs.slabs import NO_SLOT, SlabTable
-from harness.orgs.values import (
-    ATTN_ENTRY,
-    CKPT_ENTRY,
-    Demand,
-    Entry,
-    PrefixHit,
-    RequestState,
-    Usage,
-)
+from harness.orgs.pool import PagePool
+from harness.orgs.slabs import SlabTable
+from harness.orgs.values import Demand, PrefixHit
+from harness.orgs.views import ReadOnlyViews
 
 
-class Organization:
-    """Shared machinery; subclasses choose the layout of checkpoints and pools."""
+class Organization(ReadOnlyViews):
+    """One organization; subclasses only name themselves and define their layout."""
 
     name = "base"
 
+    @staticmethod
+    def layout_for(geom) -> OrgLayout:
+        raise NotImplementedError
+
     def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
         self.layout = layout
-        self.B = layout.attn_block_tokens
+        self.attn_block_tokens = layout.attn_block_tokens
         self.grid = layout.grid_tokens
-        assert self.B % KEY_TOKENS == 0 and self.grid % self.B == 0, (self.B, self.grid)
+        assert self.grid % self.attn_block_tokens == 0, (self.attn_block_tokens, self.grid)
         if layout.dual_pool:
             self.pools = [PagePool("attention", pool_pages[0], layout.attn_page_bytes),
                           PagePool("checkpoint", pool_pages[1], layout.ckpt_page_bytes)]
-            self.ckpt_pool = 1
         else:
             self.pools = [PagePool("shared", pool_pages[0], layout.attn_page_bytes)]
-            self.ckpt_pool = 0
-        self.slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
-        self.entries: dict[int, Entry] = {}
-        self.attn_map: dict[int, Entry] = {}
-        self.ckpt_map: dict[int, Entry] = {}
+        slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
+        self.table = EntryTable(self.name, self.pools, slabs)
+        self.attn = AttentionIndex(self.table, layout.attn_block_tokens)
+        self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)
         self.reqs: dict[object, RequestState] = {}
-        self.pinned: dict[object, Entry] = {}
-        self._ids = itertools.count()
-        self.invalidations = 0
-        self.published_count = 0
+        self.pinned: dict[object, object] = {}   # rid -> the Entry its preemption pinned
         self._headroom: dict[float, tuple[int, ...]] = {}
+        self._copies: tuple = ()                 # (reason, position, src, dst) entries
 
     # ================= queries: change nothing =================================
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
         limit = min(max_tokens, len(keys) * KEY_TOKENS)
-        step = self.B // KEY_TOKENS
-        blocks = 0
-        attn_map = self.attn_map
-        for k in keys[step - 1:limit // KEY_TOKENS:step]:
-            if k not in attn_map:
-                break
-            blocks += 1
-        depth = blocks * self.B
+        depth = self.attn.depth(keys, limit)
+        ckpt_map, grid = self.ckpts.map, self.grid
         j_adopt = r_max = 0
-        for j in range(limit - limit % self.grid, 0, -self.grid):
-            if key_at(keys, j) in self.ckpt_map:
+        for j in range(limit - limit % grid, 0, -grid):
+            if key_at(keys, j) in ckpt_map:
                 if not r_max:
                     r_max = j
                 if j <= depth:
@@ -105,83 +76,45 @@ class Organization:
         return sum(p.version for p in self.pools)
 
     def _adoption_cost(self, keys, j: int) -> tuple[tuple[int, ...], frozenset]:
-        """Free (cached) pages per pool that adopting the prefix [0, j) takes out of
-        the free queues, and the cached slabs it would make referenced."""
         pages = [0] * len(self.pools)
-        slabs: set[int] = set()
-        if j > 0:
-            step = self.B // KEY_TOKENS
-            attn_pool = self.pools[0]
-            ref, hold, attn_map = attn_pool.ref, attn_pool.hold, self.attn_map
-            for k in keys[step - 1:j // KEY_TOKENS:step]:
-                page = attn_map[k].members[0][1]
-                if ref[page] == 0 and hold[page] == 0:
-                    pages[0] += 1
-            ck = self.ckpt_map[key_at(keys, j)]
-            cpool = self.pools[self.ckpt_pool]
-            for _, page in ck.members:
-                if cpool.is_free(page):
-                    pages[self.ckpt_pool] += 1
-            if ck.slot is not NO_SLOT and cpool.is_free(ck.slot.slab):
-                pages[self.ckpt_pool] += 1
-                slabs.add(ck.slot.slab)
-        return tuple(pages), frozenset(slabs)
+        if j <= 0:
+            return tuple(pages), frozenset()
+        pages[0] += self.attn.free_pages_to_adopt(keys, j)
+        n, slabs = self.ckpts.free_pages_to_adopt(key_at(keys, j))
+        pages[-1] += n
+        return tuple(pages), slabs
 
     def _new_objects(self, st: RequestState | None, start: int, end: int,
                      prefill_until: int) -> tuple[int, int]:
         """(attention blocks, checkpoint objects) needed to cover tokens up to ``end``."""
         if st is None:
-            have_blocks, reserved, live = start // self.B, start, 1   # + the live state
+            have_blocks, reserved, live = start // self.attn_block_tokens, start, 1
         else:
             have_blocks, reserved, live = len(st.attn), st.reserved_until, 0
-        blocks = -(-end // self.B) - have_blocks
+        blocks = -(-end // self.attn_block_tokens) - have_blocks
         last = end if end < prefill_until else prefill_until
         ckpts = last // self.grid - reserved // self.grid
         return (blocks if blocks > 0 else 0), (ckpts if ckpts > 0 else 0) + live
 
-    def demand(self, rid, end: int, prefill_until: int, keys=None,
-               hit: PrefixHit | None = None) -> Demand:
+    def pages_needed(self, rid, end: int, prefill_until: int, keys=None,
+                     hit: PrefixHit | None = None) -> Demand:
         """Pages per pool that ``allocate`` with the same arguments would take."""
         st = self.reqs.get(rid)
-        adopt_pages: tuple[int, ...] = (0,) * len(self.pools)
+        pages = [0] * len(self.pools)
         adopted_slabs: frozenset = frozenset()
         start = 0
         if st is None and hit is not None and hit.j_adopt:
             start = hit.j_adopt
             if hit.version == self.version():
-                adopt_pages, adopted_slabs = hit.adopt_pages, hit.adopt_slabs
+                pages, adopted_slabs = list(hit.adopt_pages), hit.adopt_slabs
             else:
-                adopt_pages, adopted_slabs = self._adoption_cost(keys, start)
+                adopt, adopted_slabs = self._adoption_cost(keys, start)
+                pages = list(adopt)
         blocks, ckpts = self._new_objects(st, start, end, prefill_until)
-        pages = list(adopt_pages)
         pages[0] += blocks
-        pages[self.ckpt_pool] += ckpts * self.layout.ckpt_pages
-        if self.slabs is not None:
-            pages[self.ckpt_pool] += self._slot_pages(ckpts, adopted_slabs)
+        if ckpts:
+            pages[-1] += self.ckpts.pages_for(ckpts, adopted_slabs)
         return Demand(tuple(pages))
-
-    def _slot_pages(self, n: int, also_referenced: set[int]) -> int:
-        """Pages that placing ``n`` conv slots costs, following `SlabTable.choose`."""
-        if n == 0:
-            return 0
-        pool = self.pools[self.ckpt_pool]
-        ref_room, cached_rooms = 0, []
-        for slab in self.slabs.occupants:
-            room = self.slabs.free_slots(slab)
-            if not pool.is_free(slab) or slab in also_referenced:
-                ref_room += room
-            elif room:
-                cached_rooms.append(room)
-        rem = n - ref_room
-        pages = 0
-        for room in sorted(cached_rooms, reverse=True):
-            if rem <= 0:
-                break
-            rem -= room
-            pages += 1
-        if rem > 0:
-            pages += -(-rem // self.slabs.slots)
-        return pages
 
     def headroom_pages(self, fraction: float) -> tuple[int, ...]:
         """H = floor(f x B) per pool (pool sizes are fixed, so this is memoized)."""
@@ -198,15 +131,6 @@ class Organization:
     def is_admitted(self, rid) -> bool:
         return rid in self.reqs
 
-    def _adoptable(self, keys, j: int) -> list[Entry]:
-        if j <= 0:
-            return []
-        step = self.B // KEY_TOKENS
-        attn_map = self.attn_map
-        out = [attn_map[k] for k in keys[step - 1:j // KEY_TOKENS:step]]
-        out.append(self.ckpt_map[key_at(keys, j)])
-        return out
-
     # ================= actions ==================================================
     def allocate(self, rid, end: int, prefill_until: int, keys=None,
                  hit: PrefixHit | None = None) -> bool:
@@ -217,88 +141,82 @@ class Organization:
         from an earlier preemption is released. Grid boundaries up to
         ``min(end, prefill_until)`` get a spare checkpoint object for publication.
         """
+        self._copies = ()
         st = self.reqs.get(rid)
         if st is not None and self._new_objects(st, 0, end, prefill_until) == (0, 0):
             return True        # room already reserved (most decode steps)
-        if not self.can_allocate(self.demand(rid, end, prefill_until, keys, hit)):
+        if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit)):
             return False
         if st is None:
             st = self.reqs[rid] = RequestState()
             j = hit.j_adopt if hit else 0
-            adopted = self._adoptable(keys, j)
-            attn_pool = self.pools[0]
-            for e in adopted[:-1]:        # attention blocks: one page each
-                e.refs += 1
-                attn_pool.incref(e.members[0][1])
-            if adopted:
-                self._ref(adopted[-1])    # the checkpoint: all its members
-            if adopted:
-                st.attn = adopted[:-1]
-                st.adopted = adopted[-1]
+            if j > 0:
+                st.attn = self.attn.adopt(keys, j)
+                st.adopted = self.ckpts.map[key_at(keys, j)]
+                self.table.ref(st.adopted)
             st.computed = st.reserved_until = j
-            st.live = self._new_ckpt()
-            self._ref(st.live)
+            st.live = self.ckpts.new()
+            if st.adopted is not None:
+                self._copies = (("adopt", j, st.adopted, st.live),)
             old_pin = self.pinned.pop(rid, None)
             if old_pin is not None:
-                self._unpin(old_pin)
-        n_blocks = -(-end // self.B) - len(st.attn)
+                self.ckpts.unpin(old_pin)
+        n_blocks = -(-end // self.attn_block_tokens) - len(st.attn)
         if n_blocks > 0:
-            st.attn.extend(self._new_attn_referenced(n_blocks))
+            st.attn.extend(self.attn.new_blocks(n_blocks))
         last = min(end, prefill_until)
-        while (st.reserved_until // self.grid + 1) * self.grid <= last:
-            e = self._new_ckpt()
-            self._ref(e)
-            st.spares.append(e)
-            st.reserved_until = (st.reserved_until // self.grid + 1) * self.grid
+        grid = self.grid
+        while (st.reserved_until // grid + 1) * grid <= last:
+            st.spares.append(self.ckpts.new())
+            st.reserved_until = (st.reserved_until // grid + 1) * grid
         return True
 
     def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]:
         """Tokens up to ``computed`` are done: register full attention blocks and
         publish checkpoints at grid boundaries reached during prefill. Returns the
         positions of newly published checkpoints."""
-        st = self.reqs[rid]
-        assert computed <= len(st.attn) * self.B, (computed, len(st.attn), self.B)
-        for b in range(st.computed // self.B, computed // self.B):
-            e = st.attn[b]
-            if e.key is None:
-                k = key_at(keys, (b + 1) * self.B)
-                e.pos = (b + 1) * self.B
-                if k not in self.attn_map:
-                    e.key = k
-                    self.attn_map[k] = e
-        published = []
-        last = min(computed, prefill_until)
+        self._copies = ()
+        st, bt = self.reqs[rid], self.attn_block_tokens
+        assert computed <= len(st.attn) * bt, (computed, len(st.attn), bt)
+        if computed // bt > st.computed // bt:
+            self.attn.register(st.attn, keys, st.computed // bt, computed // bt)
         j = (st.computed // self.grid + 1) * self.grid
+        published = self._publish(st, keys, j, min(computed, prefill_until)) \
+            if j <= prefill_until and j <= computed else []
+        if st.adopted is not None and computed > st.computed:
+            self.table.unref(st.adopted)   # consumed into the live state
+            st.adopted = None
+        st.computed = max(st.computed, computed)
+        return published
+
+    def _publish(self, st: RequestState, keys, j: int, last: int) -> list[int]:
+        """Publish the live state at each grid boundary j .. last; the request
+        continues in a spare (or, if the prefix is published already, keeps its
+        live state and frees the spare)."""
+        published, copies = [], []
         while j <= last:
             spare = st.spares.pop(0)
             k = key_at(keys, j)
-            if k in self.ckpt_map:
-                self._drop_owned(spare)   # someone published this prefix already
+            if k in self.ckpts.map:
+                self.table.drop_owned(spare)   # someone published this prefix already
             else:
                 ck = st.live
-                ck.key, ck.pos = k, j
-                self.ckpt_map[k] = ck
+                self.ckpts.publish(ck, k, j)
                 st.published.append(ck)
-                self._unref(ck)
                 st.live = spare
                 published.append(j)
-                self.published_count += 1
+                copies.append(("publish", j, ck, spare))
             j += self.grid
-        if st.adopted is not None and computed > st.computed:
-            self._unref(st.adopted)   # consumed into the live state
-            st.adopted = None
-        st.computed = max(st.computed, computed)
+        self._copies = tuple(copies)
         return published
 
     def retain(self, rid, position: int, keys) -> bool:
         """Policy hold on the request's published checkpoint at ``position``."""
         st = self.reqs[rid]
-        e = self.ckpt_map.get(key_at(keys, position))
+        e = self.ckpts.map.get(key_at(keys, position))
         if e is None or e in st.retained:
             return False
-        if not e.held:
-            self._hold(e)
-        e.retains += 1
+        self.ckpts.retain(e)
         st.retained.append(e)
         return True
 
@@ -306,19 +224,13 @@ class Organization:
         """Release everything the request holds; its registered blocks stay cached."""
         st = self.reqs.pop(rid)
         for e in st.retained:
-            self._unretain(e)
+            self.ckpts.unretain(e)
         if st.adopted is not None:
-            self._unref(st.adopted)
-        attn_pool = self.pools[0]
-        for e in reversed(st.attn):   # tail first, so LRU evicts a prefix's tail first
-            if e.key is not None:
-                e.refs -= 1               # attention blocks have one page: _unref inlined
-                attn_pool.decref(e.members[0][1])
-            else:
-                self._drop_owned(e)
+            self.table.unref(st.adopted)
+        self.attn.release(st.attn)
         for e in [st.live, *st.spares]:
             if e is not None:
-                self._drop_owned(e)
+                self.table.drop_owned(e)
 
     def preempt(self, rid) -> None:
         """Recompute-style preemption: release, pinning the latest checkpoint."""
@@ -328,9 +240,7 @@ class Organization:
             if e is not None and e.valid and (latest is None or e.pos > latest.pos):
                 latest = e
         if latest is not None:
-            if not latest.held:
-                self._hold(latest)
-            latest.pins += 1
+            self.ckpts.pin(latest)
         self.finish(rid)
         if latest is not None:
             self.pinned[rid] = latest
@@ -341,165 +251,4 @@ class Organization:
             self.finish(rid)
         pin = self.pinned.pop(rid, None)
         if pin is not None:
-            self._unpin(pin)
-
-    # ================= entry and page plumbing ==================================
-    def _take_page(self, pool_idx: int) -> int:
-        pool = self.pools[pool_idx]
-        page = pool.take_empty()
-        if page is not None:
-            return page
-        page = pool.lru_victim()
-        if page is None:
-            raise AssertionError(f"{self.name}: pool {pool.name} exhausted after can_allocate")
-        self._evict(pool_idx, page)
-        pool.claim(page)
-        return page
-
-    def _evict(self, pool_idx: int, page: int) -> None:
-        """Invalidate everything stored in a cached page (and, through the reverse
-        index, only that); afterwards the page holds nothing."""
-        pool = self.pools[pool_idx]
-        assert pool.is_free(page), f"{self.name}: evicting referenced or held page {page}"
-        for eid in list(pool.dependents[page]):
-            self._invalidate(self.entries[eid])
-
-    def _register_members(self, e: Entry) -> None:
-        self.entries[e.id] = e
-        for pool, page in e.members:
-            self.pools[pool].dependents[page].add(e.id)
-        e.pages = tuple(e.members) + (
-            ((self.ckpt_pool, e.slot.slab),) if e.slot is not NO_SLOT else ())
-        e.generations = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
-
-    def _new_attn_referenced(self, n: int) -> list[Entry]:
-        """``n`` new attention blocks, each referenced once by its owner: the same
-        as `_new_attn` + `_ref`, inlined because D0 makes one per 16 tokens. A
-        page fresh from `_take_page` is in no free queue, so taking the reference
-        is just the count."""
-        pool = self.pools[0]
-        ref, gen, deps, entries = pool.ref, pool.generation, pool.dependents, self.entries
-        out = []
-        for _ in range(n):
-            page = self._take_page(0)
-            pool.set_kind(page, ATTN)
-            e = Entry(next(self._ids), ATTN_ENTRY, [(0, page)])
-            entries[e.id] = e
-            deps[page].add(e.id)
-            e.pages = ((0, page),)
-            e.generations = (gen[page],)
-            e.refs = 1
-            ref[page] += 1
-            pool.version += 1
-            out.append(e)
-        return out
-
-    def _new_attn(self) -> Entry:
-        """An attention block on one page (the hot path: D0 makes one per 16 tokens)."""
-        pool = self.pools[0]
-        page = self._take_page(0)
-        pool.set_kind(page, ATTN)
-        e = Entry(next(self._ids), ATTN_ENTRY, [(0, page)])
-        self.entries[e.id] = e
-        pool.dependents[page].add(e.id)
-        e.pages = ((0, page),)
-        e.generations = (pool.generation[page],)
-        return e
-
-    def _new_ckpt(self) -> Entry:
-        lay, cp = self.layout, self.ckpt_pool
-        pool = self.pools[cp]
-        eid = next(self._ids)
-        slot = NO_SLOT
-        if self.slabs is not None:     # place the slot first: a chosen cached slab
-            slab = self.slabs.choose(lambda p: not pool.is_free(p))   # is then referenced
-            if slab is None:
-                slab = self._take_page(cp)
-                pool.set_kind(slab, CONV)
-                self.slabs.open(slab)
-            slot = self.slabs.place(slab, eid)
-            pool.dependents[slab].add(eid)
-        members = []
-        for i in range(lay.ckpt_pages):
-            page = self._take_page(cp)
-            pool.set_kind(page, SSM if i < lay.ssm_pages else CONV)
-            members.append((cp, page))
-        e = Entry(eid, CKPT_ENTRY, members, slot)
-        self._register_members(e)
-        return e
-
-    def _ref(self, e: Entry) -> None:
-        assert e.valid, f"{self.name}: referencing invalid {e}"
-        e.refs += 1
-        for pool, page in e.pages:
-            self.pools[pool].incref(page)
-
-    def _unref(self, e: Entry) -> None:
-        assert e.refs > 0, f"{self.name}: {e} reference count would go negative"
-        e.refs -= 1
-        for pool, page in e.pages:
-            self.pools[pool].decref(page)
-
-    def _hold(self, e: Entry) -> None:
-        for pool, page in e.pages:
-            self.pools[pool].add_hold(page)
-
-    def _drop_hold(self, e: Entry) -> None:
-        for pool, page in e.pages:
-            self.pools[pool].drop_hold(page)
-
-    def _unpin(self, e: Entry) -> None:
-        assert e.pins > 0, f"{self.name}: unpin of unpinned {e}"
-        e.pins -= 1
-        if not e.held:
-            self._drop_hold(e)
-
-    def _unretain(self, e: Entry) -> None:
-        assert e.retains > 0, f"{self.name}: unretain of unretained {e}"
-        e.retains -= 1
-        if not e.held:
-            self._drop_hold(e)
-
-    def _unlink(self, e: Entry) -> None:
-        """Remove ``e`` from lookup and the reverse index (it must be unreferenced)."""
-        e.valid = False
-        if e.key is not None:
-            m = self.attn_map if e.kind == ATTN_ENTRY else self.ckpt_map
-            if m.get(e.key) is e:
-                del m[e.key]
-        for pool, page in e.pages:
-            self.pools[pool].dependents[page].discard(e.id)
-        if e.slot is not NO_SLOT:
-            self.slabs.vacate(e.slot, e.id)   # an emptied slab is dissolved
-        del self.entries[e.id]
-
-    def _invalidate(self, e: Entry) -> None:
-        """Invalidate-before-free for a cached entry whose page is being reclaimed."""
-        assert e.refs == 0 and not e.held, f"{self.name}: reclaiming a page of live {e}"
-        self._unlink(e)
-        for pool, page in e.pages:
-            self.pools[pool].forget_content(page)
-        self.invalidations += 1
-
-    def _drop_owned(self, e: Entry) -> None:
-        """Free an object only its owner references (live state, spare, private block)."""
-        assert e.refs == 1 and not e.held, f"{self.name}: dropping shared {e}"
-        pages = list(e.pages)
-        self._unlink(e)
-        e.refs = 0
-        for pool, page in pages:
-            self.pools[pool].decref(page)
-
-    # ================= invariants and usage (harness/orgs/audit.py) =============
-    def check_invariants(self) -> None:
-        """Raise AssertionError with the broken values if any invariant fails."""
-        audit.check_invariants(self)
-
-    def usage(self) -> Usage:
-        """Blocks and bytes by state kind and state, waste, slab occupancy."""
-        return audit.usage(self)
-
-    def holds_no_references(self) -> bool:
-        """True when no request is admitted and no page has an execution reference
-        (pages are free or cached; pins of preempted requests may remain)."""
-        return not self.reqs and all(r == 0 for p in self.pools for r in p.ref)
+            self.ckpts.unpin(pin)

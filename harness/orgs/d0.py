@@ -7,8 +7,21 @@ pool can never serve the other: each `Demand` is checked per pool. This is
 the layout SGLang uses (a Mamba state pool beside a token KV pool).
 """
 
+from __future__ import annotations
+
+from harness.geometry import ModelGeometry
+from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
 from harness.orgs.base import Organization
 
 
 class D0(Organization):
     name = "d0"
+
+    @staticmethod
+    def layout_for(geom: ModelGeometry) -> OrgLayout:
+        ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
+        block = D0_BLOCK_TOKENS * geom.slot_attn_bytes_per_token
+        return OrgLayout(org="d0", attn_block_tokens=D0_BLOCK_TOKENS, grid_tokens=D0_GRID_TOKENS,
+                         attn_page_bytes=block, ckpt_page_bytes=ssm + conv,
+                         ssm_pages=1 if ssm + conv else 0, dual_pool=True,
+                         attn_block_bytes=block, ssm_bytes=ssm, conv_bytes=conv)

@@ -2,13 +2,27 @@
 
 Every object takes one page of max(A, C) bytes: a 512-token attention block
 uses A of it (for Falcon-H1-7B 512 of 1557 KiB; 1045 KiB wasted) and a
-checkpoint fills it. This is what stock vLLM does when it pads attention and
-Mamba pages to one size. Nothing here but the layout: the shared machinery in
-`harness.orgs.base` does the rest.
+checkpoint fills it, its conv state right after its SSM state. This is what
+stock vLLM does when it pads attention and Mamba pages to one size. Nothing
+here but the layout: `harness.orgs.base` does the rest.
 """
 
+from __future__ import annotations
+
+from harness.geometry import ModelGeometry
+from harness.layout import BLOCK_TOKENS, OrgLayout
 from harness.orgs.base import Organization
 
 
 class S0(Organization):
     name = "s0"
+
+    @staticmethod
+    def layout_for(geom: ModelGeometry) -> OrgLayout:
+        ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
+        attn = BLOCK_TOKENS * geom.slot_attn_bytes_per_token
+        page = max(attn, ssm + conv)
+        return OrgLayout(org="s0", attn_block_tokens=BLOCK_TOKENS, grid_tokens=BLOCK_TOKENS,
+                         attn_page_bytes=page, ckpt_page_bytes=page,
+                         ssm_pages=1 if ssm + conv else 0,
+                         attn_block_bytes=attn, ssm_bytes=ssm, conv_bytes=conv)

@@ -6,8 +6,23 @@ ceil(SSM / A) SSM member pages plus ceil(conv / A) dedicated conv pages
 is logically atomic: reclaiming any member page invalidates all of it.
 """
 
+from __future__ import annotations
+
+import math
+
+from harness.geometry import ModelGeometry
+from harness.layout import BLOCK_TOKENS, OrgLayout
 from harness.orgs.base import Organization
 
 
 class S1(Organization):
     name = "s1"
+
+    @staticmethod
+    def layout_for(geom: ModelGeometry) -> OrgLayout:
+        ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
+        page = BLOCK_TOKENS * geom.slot_attn_bytes_per_token
+        return OrgLayout(org="s1", attn_block_tokens=BLOCK_TOKENS, grid_tokens=BLOCK_TOKENS,
+                         attn_page_bytes=page, ckpt_page_bytes=page,
+                         ssm_pages=math.ceil(ssm / page), conv_pages=math.ceil(conv / page),
+                         attn_block_bytes=page, ssm_bytes=ssm, conv_bytes=conv)

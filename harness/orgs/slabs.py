@@ -61,26 +61,44 @@ class SlabTable:
     def used_slots(self, slab: int) -> int:
         return self.slots - self.free_slots(slab)
 
-    def choose(self, is_referenced) -> int | None:
-        """Slab for a new slot: the fullest referenced slab with room, else the
-        cached slab with the most room (it costs one page either way), else None
-        (open a new slab). ``is_referenced(page)`` tells referenced from cached."""
-        best_ref, best_cached = None, None
+    # ---- the one placement policy: asking (`pages_to_place`) and acting
+    # (`choose`, one slot at a time) both follow `_rank` ------------------------
+    def _rank(self, slab: int, free: int, is_referenced) -> tuple:
+        """Preference of a slab with ``free`` > 0 slots (smaller is better): a
+        referenced slab costs no page, the fullest first, so slabs stay dense;
+        then the cached slab with the most room (it costs one page either way)."""
+        if is_referenced(slab):
+            return (0, free - self.slots, slab)
+        return (1, -free, slab)
+
+    def _candidates(self, is_referenced) -> list[tuple[tuple, int]]:
+        out = []
         for slab, occ in self.occupants.items():
-            free = sum(1 for o in occ if o is None)
-            if free == 0:
-                continue
-            if is_referenced(slab):
-                key = (-(self.slots - free), slab)
-                if best_ref is None or key < best_ref[0]:
-                    best_ref = (key, slab)
-            else:
-                key = (-free, slab)
-                if best_cached is None or key < best_cached[0]:
-                    best_cached = (key, slab)
-        if best_ref:
-            return best_ref[1]
-        return best_cached[1] if best_cached else None
+            free = occ.count(None)
+            if free:
+                out.append((self._rank(slab, free, is_referenced), free))
+        return out
+
+    def choose(self, is_referenced) -> int | None:
+        """Slab for one new slot by `_rank`, or None (open a new slab).
+        ``is_referenced(page)`` tells referenced slabs from cached ones."""
+        cands = self._candidates(is_referenced)
+        return min(cands)[0][2] if cands else None
+
+    def pages_to_place(self, n: int, is_referenced) -> int:
+        """Pages that placing ``n`` slots by `choose`, one after another, takes:
+        each cached slab it fills and each new slab it opens costs one page. A
+        chosen slab becomes referenced, so `choose` fills it before moving on:
+        the walk in `_rank` order below is exactly that sequence."""
+        pages = 0
+        for (referenced, _, _), free in sorted(self._candidates(is_referenced)):
+            if n <= 0:
+                break
+            n -= free
+            pages += referenced   # 0 for a referenced slab, 1 for a cached one
+        if n > 0:
+            pages += -(-n // self.slots)
+        return pages
 
     def open(self, slab: int) -> None:
         assert slab not in self.occupants, f"slab {slab} already open"

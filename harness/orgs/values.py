@@ -1,17 +1,15 @@
-"""Values an organization hands out or keeps per object and per request.
+"""Frozen values an organization hands to the scheduler and to engines.
 
-`PrefixHit`, `Demand` and `Usage` cross the door to the scheduler and the
-engines; `Entry` and `RequestState` stay inside `harness.orgs` (only
-`Organization` and its audit touch their fields).
+Everything here crosses the door out of `harness.orgs`: a scheduler reads
+`PrefixHit` and `Demand`; an engine reads `Usage`, `Capacity` and the
+placement values (`PageRef`, `StatePlacement`, `StateCopy`) that map each live
+object to pages of the preallocated pools. None of them refers to an internal
+object, so holding one can never keep storage alive or let a caller change it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from harness.orgs.slabs import NO_SLOT
-
-ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
 
 
 @dataclass(frozen=True)
@@ -41,47 +39,6 @@ class Demand:
     pages: tuple[int, ...]
 
 
-class Entry:
-    __slots__ = ("id", "kind", "key", "pos", "members", "slot", "pages", "refs", "pins",
-                 "retains", "valid", "generations")
-
-    def __init__(self, eid: int, kind: str, members: list[tuple[int, int]], slot=NO_SLOT):
-        self.id = eid
-        self.kind = kind
-        self.key: int | None = None   # set when registered for lookup
-        self.pos = 0                  # tokens covered ([0, pos) prefix)
-        self.members = members        # (pool index, page)
-        self.slot = slot              # SlotRef or NO_SLOT
-        self.pages: tuple[tuple[int, int], ...] = ()   # members + conv slab; set by the org
-        self.refs = 0
-        self.pins = 0
-        self.retains = 0
-        self.valid = True
-        self.generations: tuple[int, ...] = ()   # of its pages when it was built
-
-    @property
-    def held(self) -> bool:
-        return self.pins > 0 or self.retains > 0
-
-    def __repr__(self) -> str:
-        return (f"Entry({self.id}, {self.kind}, pos={self.pos}, refs={self.refs}, "
-                f"pins={self.pins}, retains={self.retains}, valid={self.valid})")
-
-
-@dataclass
-class RequestState:
-    """What an organization tracks for one admitted request (private to it)."""
-
-    attn: list[Entry] = field(default_factory=list)   # block i covers [i*B, (i+1)*B)
-    live: Entry | None = None
-    spares: list[Entry] = field(default_factory=list)
-    adopted: Entry | None = None
-    published: list[Entry] = field(default_factory=list)
-    retained: list[Entry] = field(default_factory=list)
-    reserved_until: int = 0    # grid boundaries <= this have a spare or were published
-    computed: int = 0
-
-
 @dataclass(frozen=True)
 class Usage:
     """Blocks and bytes by state kind and state, per pool layer."""
@@ -92,3 +49,103 @@ class Usage:
     waste_by_kind: dict    # {kind: B} allocated minus logical bytes over pages holding content
     slab_occupancy: float
     invalidations: int
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """One preallocated pool: ``pages`` pages of ``page_bytes`` bytes per pool layer."""
+
+    name: str
+    pages: int
+    page_bytes: int
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What an engine must preallocate, and the token grids it schedules on."""
+
+    pools: tuple[PoolInfo, ...]   # pool index i of every PageRef is pools[i]
+    attn_block_tokens: int
+    grid_tokens: int
+
+
+@dataclass(frozen=True)
+class PageRef:
+    """Page ``page`` of pool ``pool`` (an index into `Capacity.pools`)."""
+
+    pool: int
+    page: int
+
+
+@dataclass(frozen=True)
+class ConvPages:
+    """S1: the conv state fills dedicated pages, ``nbytes`` of it in all."""
+
+    pages: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class ConvSlot:
+    """S2: the conv state sits in slot ``slot`` of slab page ``slab``; the slot
+    spans bytes [slot x slot_bytes, (slot + 1) x slot_bytes) of that page."""
+
+    slab: int
+    slot: int
+    slot_bytes: int
+
+
+@dataclass(frozen=True)
+class ConvInline:
+    """S0, D0: the conv state follows the SSM state inside page ``page``,
+    starting ``offset`` bytes into it."""
+
+    page: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class StatePlacement:
+    """Where one checkpoint-sized object (a live state or a checkpoint) lives.
+
+    ``ssm`` lists the SSM member pages in state order with how many bytes of
+    the SSM state each holds (the state is their concatenation); ``conv`` is
+    the conv state's place, or None for a model without conv state.
+    """
+
+    pool: int
+    ssm: tuple[tuple[int, int], ...]   # (page, bytes of the SSM state it holds)
+    conv: ConvPages | ConvSlot | ConvInline | None
+
+    def pages(self) -> tuple[int, ...]:
+        """Every page of ``pool`` this object touches (a slab page counts once)."""
+        out = [page for page, _ in self.ssm]
+        if isinstance(self.conv, ConvPages):
+            out.extend(self.conv.pages)
+        elif isinstance(self.conv, ConvSlot):
+            out.append(self.conv.slab)
+        return tuple(out)
+
+    def exclusive_pages(self) -> tuple[int, ...]:
+        """The pages no other object may share: all but an S2 slab (whose slots
+        are shared among up to `slab_slots` objects)."""
+        if isinstance(self.conv, ConvSlot):
+            return tuple(page for page, _ in self.ssm)
+        return self.pages()
+
+
+@dataclass(frozen=True)
+class StateCopy:
+    """A copy of the recurrent state at token ``position`` the engine must make.
+
+    ``reason`` is ``"adopt"`` (on admission: the adopted checkpoint ``src``
+    seeds the request's live state ``dst``) or ``"publish"`` (at a grid
+    boundary the live object ``src`` became the published checkpoint; the
+    request continues in the fresh live object ``dst``, which needs the same
+    state).
+    """
+
+    reason: str
+    position: int
+    src: StatePlacement
+    dst: StatePlacement

@@ -1,0 +1,109 @@
+"""The attention index: block keys, the depth walk and block lifetimes.
+
+Every organization keeps attention the same way, only the block size differs
+(512 tokens, or 16 for D0): block b of a request covers tokens
+[b B, (b + 1) B) and lives in one page of pool 0. A computed full block is
+registered under the key of the prefix it ends (`harness.orgs.keys`), so a
+later request with the same prefix finds it by walking keys in steps of B.
+D0 makes one block per 16 tokens, so the loops here are the hot path and
+touch the pool's lists directly instead of going through `EntryTable.ref`.
+"""
+
+from __future__ import annotations
+
+from harness.orgs.entries import ATTN_ENTRY, Entry, EntryTable
+from harness.orgs.keys import KEY_TOKENS, key_at
+from harness.orgs.pool import ATTN
+from harness.orgs.values import PageRef
+
+
+class AttentionIndex:
+    def __init__(self, table: EntryTable, block_tokens: int):
+        assert block_tokens % KEY_TOKENS == 0, block_tokens
+        self.table = table
+        self.block_tokens = block_tokens
+        self.step = block_tokens // KEY_TOKENS   # keys per block
+        self.map = table.maps[ATTN_ENTRY]        # prefix key -> registered block
+        self.pool = table.pools[0]
+
+    # ---- queries ---------------------------------------------------------------
+    def depth(self, keys, limit: int) -> int:
+        """Tokens of the contiguous registered prefix of ``keys``, at most ``limit``."""
+        step, attn_map = self.step, self.map
+        blocks = 0
+        for k in keys[step - 1:limit // KEY_TOKENS:step]:
+            if k not in attn_map:
+                break
+            blocks += 1
+        return blocks * self.block_tokens
+
+    def free_pages_to_adopt(self, keys, j: int) -> int:
+        """Cached pages that adopting the blocks of [0, j) takes out of the free queue."""
+        pool, attn_map = self.pool, self.map
+        ref, hold = pool.ref, pool.hold
+        n = 0
+        for k in keys[self.step - 1:j // KEY_TOKENS:self.step]:
+            page = attn_map[k].members[0][1]
+            if ref[page] == 0 and hold[page] == 0:
+                n += 1
+        return n
+
+    @staticmethod
+    def block_table(blocks: list[Entry]) -> tuple[PageRef, ...]:
+        return tuple(PageRef(0, e.members[0][1]) for e in blocks)
+
+    # ---- actions ---------------------------------------------------------------
+    def adopt(self, keys, j: int) -> list[Entry]:
+        """Reference the registered blocks of [0, j) (one page each)."""
+        pool, attn_map = self.pool, self.map
+        out = [attn_map[k] for k in keys[self.step - 1:j // KEY_TOKENS:self.step]]
+        for e in out:
+            e.refs += 1
+            pool.incref(e.members[0][1])
+        return out
+
+    def new_blocks(self, n: int) -> list[Entry]:
+        """``n`` new private blocks, each referenced once by its owner. A page fresh
+        from `EntryTable.take_page` is in no free queue, so the reference is just
+        the count."""
+        table, pool = self.table, self.pool
+        ref, gen, deps, entries, ids = pool.ref, pool.generation, pool.dependents, \
+            table.entries, table.ids
+        out = []
+        for _ in range(n):
+            page = table.take_page(0)
+            pool.set_kind(page, ATTN)
+            e = Entry(next(ids), ATTN_ENTRY, [(0, page)])
+            entries[e.id] = e
+            deps[page].add(e.id)
+            e.pages = ((0, page),)
+            e.generations = (gen[page],)
+            e.refs = 1
+            ref[page] += 1
+            pool.version += 1
+            out.append(e)
+        return out
+
+    def register(self, blocks: list[Entry], keys, first: int, last: int) -> None:
+        """Blocks ``first`` .. ``last - 1`` are computed: key each for lookup unless
+        an equal prefix is registered already (then it stays private)."""
+        attn_map, bt = self.map, self.block_tokens
+        for b in range(first, last):
+            e = blocks[b]
+            if e.key is None:
+                k = key_at(keys, (b + 1) * bt)
+                e.pos = (b + 1) * bt
+                if k not in attn_map:
+                    e.key = k
+                    attn_map[k] = e
+
+    def release(self, blocks: list[Entry]) -> None:
+        """Drop a finished request's blocks, tail first so LRU evicts a prefix's
+        tail first; registered ones stay cached, private ones are freed."""
+        pool, drop = self.pool, self.table.drop_owned
+        for e in reversed(blocks):
+            if e.key is not None:
+                e.refs -= 1
+                pool.decref(e.members[0][1])
+            else:
+                drop(e)

@@ -1,0 +1,154 @@
+"""Logical entries over physical pages, and the plumbing between the two.
+
+An `Entry` is one logical object: an attention block (one page of the
+attention pool) or a checkpoint-sized object (member pages, plus a conv slot
+for S2). The `EntryTable` is the only code that moves pages between entries:
+it numbers entries, keeps the pools' reverse index (page -> entry ids) in step
+with each entry's pages, mirrors entry references as page reference counts
+and entry holds (pins, retains) as page holds, and reclaims cached pages.
+
+Reclaiming follows invalidate-before-free: every entry stored in the page is
+frozen (it must have no reference and no hold), removed from its lookup map
+and from the reverse index, and only then is the page handed out. The
+attention index (`harness.orgs.attention`) and the checkpoint store
+(`harness.orgs.checkpoints`) own the lookup maps' contents; the table only
+removes what it invalidates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from harness.orgs.slabs import NO_SLOT, SlabTable
+
+ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
+
+
+class Entry:
+    __slots__ = ("id", "kind", "key", "pos", "members", "slot", "pages", "refs", "pins",
+                 "retains", "valid", "generations")
+
+    def __init__(self, eid: int, kind: str, members: list[tuple[int, int]], slot=NO_SLOT):
+        self.id = eid
+        self.kind = kind
+        self.key: int | None = None   # set when registered for lookup
+        self.pos = 0                  # tokens covered ([0, pos) prefix)
+        self.members = members        # (pool index, page)
+        self.slot = slot              # SlotRef or NO_SLOT
+        self.pages: tuple[tuple[int, int], ...] = ()   # members + conv slab; set by the table
+        self.refs = 0
+        self.pins = 0
+        self.retains = 0
+        self.valid = True
+        self.generations: tuple[int, ...] = ()   # of its pages when it was built
+
+    @property
+    def held(self) -> bool:
+        return self.pins > 0 or self.retains > 0
+
+    def __repr__(self) -> str:
+        return (f"Entry({self.id}, {self.kind}, pos={self.pos}, refs={self.refs}, "
+                f"pins={self.pins}, retains={self.retains}, valid={self.valid})")
+
+
+@dataclass
+class RequestState:
+    """What an organization tracks for one admitted request (private to it)."""
+
+    attn: list[Entry] = field(default_factory=list)   # block i covers [i*B, (i+1)*B)
+    live: Entry | None = None
+    spares: list[Entry] = field(default_factory=list)
+    adopted: Entry | None = None
+    published: list[Entry] = field(default_factory=list)
+    retained: list[Entry] = field(default_factory=list)
+    reserved_until: int = 0    # grid boundaries <= this have a spare or were published
+    computed: int = 0
+
+
+class EntryTable:
+    """Entries, their pages and the lookup maps they may be registered in."""
+
+    def __init__(self, name: str, pools: list, slabs: SlabTable | None):
+        self.name = name
+        self.pools = pools
+        self.slabs = slabs
+        self.entries: dict[int, Entry] = {}
+        self.maps: dict[str, dict[int, Entry]] = {ATTN_ENTRY: {}, CKPT_ENTRY: {}}
+        self.ids = itertools.count()
+        self.invalidations = 0
+
+    def take_page(self, pool_idx: int) -> int:
+        """An empty page, else the least recently released cached one (reclaimed)."""
+        pool = self.pools[pool_idx]
+        page = pool.take_empty()
+        if page is not None:
+            return page
+        page = pool.lru_victim()
+        if page is None:
+            raise AssertionError(f"{self.name}: pool {pool.name} exhausted after can_allocate")
+        assert pool.is_free(page), f"{self.name}: evicting referenced or held page {page}"
+        for eid in list(pool.dependents[page]):
+            self.invalidate(self.entries[eid])
+        pool.claim(page)
+        return page
+
+    def register(self, e: Entry, slot_pool: int) -> None:
+        """Enter ``e`` in the reverse index of its member pages (its slab's entry
+        was made when the slot was placed) and remember the pages' generations."""
+        self.entries[e.id] = e
+        for pool, page in e.members:
+            self.pools[pool].dependents[page].add(e.id)
+        e.pages = tuple(e.members) + (
+            ((slot_pool, e.slot.slab),) if e.slot is not NO_SLOT else ())
+        e.generations = tuple(self.pools[pool].generation[page] for pool, page in e.pages)
+
+    def ref(self, e: Entry) -> None:
+        assert e.valid, f"{self.name}: referencing invalid {e}"
+        e.refs += 1
+        for pool, page in e.pages:
+            self.pools[pool].incref(page)
+
+    def unref(self, e: Entry) -> None:
+        assert e.refs > 0, f"{self.name}: {e} reference count would go negative"
+        e.refs -= 1
+        for pool, page in e.pages:
+            self.pools[pool].decref(page)
+
+    def hold(self, e: Entry) -> None:
+        for pool, page in e.pages:
+            self.pools[pool].add_hold(page)
+
+    def drop_hold(self, e: Entry) -> None:
+        for pool, page in e.pages:
+            self.pools[pool].drop_hold(page)
+
+    def unlink(self, e: Entry) -> None:
+        """Remove ``e`` from lookup and the reverse index (it must be unreferenced)."""
+        e.valid = False
+        if e.key is not None:
+            m = self.maps[e.kind]
+            if m.get(e.key) is e:
+                del m[e.key]
+        for pool, page in e.pages:
+            self.pools[pool].dependents[page].discard(e.id)
+        if e.slot is not NO_SLOT:
+            self.slabs.vacate(e.slot, e.id)   # an emptied slab is dissolved
+        del self.entries[e.id]
+
+    def invalidate(self, e: Entry) -> None:
+        """Invalidate-before-free for a cached entry whose page is being reclaimed."""
+        assert e.refs == 0 and not e.held, f"{self.name}: reclaiming a page of live {e}"
+        self.unlink(e)
+        for pool, page in e.pages:
+            self.pools[pool].forget_content(page)
+        self.invalidations += 1
+
+    def drop_owned(self, e: Entry) -> None:
+        """Free an object only its owner references (live state, spare, private block)."""
+        assert e.refs == 1 and not e.held, f"{self.name}: dropping shared {e}"
+        pages = list(e.pages)
+        self.unlink(e)
+        e.refs = 0
+        for pool, page in pages:
+            self.pools[pool].decref(page)

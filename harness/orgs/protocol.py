@@ -1,0 +1,87 @@
+"""What a scheduler and an engine may ask of an organization, and nothing more.
+
+A scheduler talks in request ids and token positions only; it never sees a
+page. Per step it asks, then acts (asking changes nothing, so it can ask
+before it preempts):
+
+    hit = org.lookup(keys, max_tokens)                          # J_adopt, R_max, depth
+    d   = org.pages_needed(rid, end, prefill_until, keys, hit)  # pages per pool
+    if org.can_allocate(d, headroom):
+        org.allocate(rid, end, prefill_until, keys, hit)        # adopts on first call
+    ... the engine computes tokens ...
+    org.commit(rid, keys, computed, prefill_until)   # registers blocks, publishes
+    org.finish(rid) | org.preempt(rid) | org.abandon(rid)
+
+An engine that really computes keeps every pool of `capacity()` as one
+preallocated tensor of ``pages x page_bytes`` and maps each live object to
+bytes through read-only placement queries. Falcon-H1-7B under S2 (one shared
+pool of 512 KiB pages, 16 conv slots of 32 KiB per slab):
+
+    block_table(rid)      (0, 7) (0, 3) (0, 9)        tokens [0,512) [512,1024) ...
+    live_state(rid)       pool 0, SSM pages 12 13 14 (512 + 512 + 512 KiB),
+                          conv = ConvSlot(slab 4, slot 2, 32 KiB)
+
+    pool 0:  | p3 attn | p4 slab [s0|s1|s2|..|s15] | p7 attn | p9 attn | p12 ssm | ...
+                                   ^ conv of rid             ^ block 2
+
+S1 puts the conv state in a page of its own (`ConvPages`); S0 and D0 keep it
+inside the single member page, after the SSM state (`ConvInline` with its
+byte offset). `checkpoint_at(keys, J)` places a cached checkpoint the same
+way, or answers None.
+
+Copies. After `allocate` and after `commit`, `copies()` lists the state
+copies that call asks of the engine, in order: on admission with J_adopt > 0,
+the adopted checkpoint into the new live state (``"adopt"``); for each
+checkpoint `commit` publishes, the published object (the former live state,
+holding the state at the boundary) into the fresh live object that the
+request continues in (``"publish"``). The simulator ignores them.
+
+Usage and invariants: `usage()` (pages, bytes and waste by state kind),
+`check_invariants()` (raises with the broken values), `holds_no_references()`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from harness.orgs.values import (
+    Capacity,
+    Demand,
+    PageRef,
+    PrefixHit,
+    StateCopy,
+    StatePlacement,
+    Usage,
+)
+
+
+class OrganizationProtocol(Protocol):
+    """The public surface of `harness.orgs.base.Organization` (see the module docstring)."""
+
+    name: str
+    grid: int                 # checkpoint grid in tokens
+    attn_block_tokens: int    # attention block in tokens
+
+    def lookup(self, keys, max_tokens: int) -> PrefixHit: ...
+    def pages_needed(self, rid, end: int, prefill_until: int, keys=None,
+                     hit: PrefixHit | None = None) -> Demand: ...
+    def can_allocate(self, demand: Demand, headroom: float = 0.0) -> bool: ...
+    def is_admitted(self, rid) -> bool: ...
+    def allocate(self, rid, end: int, prefill_until: int, keys=None,
+                 hit: PrefixHit | None = None) -> bool: ...
+    def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]: ...
+    def retain(self, rid, position: int, keys) -> bool: ...
+    def finish(self, rid) -> None: ...
+    def preempt(self, rid) -> None: ...
+    def abandon(self, rid) -> None: ...
+
+    def block_table(self, rid) -> tuple[PageRef, ...]: ...
+    def live_state(self, rid) -> StatePlacement: ...
+    def checkpoint_at(self, keys, position: int) -> StatePlacement | None: ...
+    def copies(self) -> tuple[StateCopy, ...]: ...
+    def page_state(self, ref: PageRef) -> str: ...
+    def capacity(self) -> Capacity: ...
+
+    def usage(self) -> Usage: ...
+    def check_invariants(self) -> None: ...
+    def holds_no_references(self) -> bool: ...

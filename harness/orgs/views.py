@@ -1,0 +1,77 @@
+"""Read-only views of an organization: placement, capacity, usage, invariants.
+
+A real engine keeps every pool of `capacity()` as one preallocated tensor of
+pages; these queries let it map attention blocks, live recurrent states and
+cached checkpoints to (pool, page, byte range) and learn the state copies
+that `allocate` and `commit` ask of it (see `harness.orgs.protocol` for the
+picture). `usage` and `check_invariants` delegate to `harness.orgs.audit`.
+None of these changes anything. `Organization` mixes them in; they read its
+pools, request table, attention index and checkpoint store.
+"""
+
+from __future__ import annotations
+
+from harness.orgs import audit
+from harness.orgs.keys import KEY_TOKENS, key_at
+from harness.orgs.values import Capacity, PageRef, PoolInfo, StateCopy, StatePlacement, Usage
+
+
+class ReadOnlyViews:
+    def block_table(self, rid) -> tuple[PageRef, ...]:
+        """The attention blocks of running request ``rid`` in token order."""
+        return self.attn.block_table(self.reqs[rid].attn)
+
+    def live_state(self, rid) -> StatePlacement:
+        """Where running request ``rid``'s live recurrent state is."""
+        return self.ckpts.placement(self.reqs[rid].live)
+
+    def checkpoint_at(self, keys, position: int) -> StatePlacement | None:
+        """Where the valid checkpoint of the prefix [0, position) of ``keys`` is."""
+        if position <= 0 or position % self.grid or position // KEY_TOKENS > len(keys):
+            return None
+        e = self.ckpts.map.get(key_at(keys, position))
+        return None if e is None else self.ckpts.placement(e)
+
+    def copies(self) -> tuple[StateCopy, ...]:
+        """The state copies the last `allocate` or `commit` asks of the engine."""
+        place = self.ckpts.placement
+        return tuple(StateCopy(reason, j, place(src), place(dst))
+                     for reason, j, src, dst in self._copies)
+
+    def page_state(self, ref: PageRef) -> str:
+        """``"empty"``, ``"cached"`` or ``"referenced"`` (see `harness.orgs.pool`)."""
+        pool = self.pools[ref.pool]
+        if not pool.is_free(ref.page):
+            return "referenced"
+        return "cached" if ref.page in pool.lru else "empty"
+
+    def capacity(self) -> Capacity:
+        """The pools to preallocate and the token grids (fixed for the org's life)."""
+        return Capacity(tuple(PoolInfo(p.name, p.num_pages, p.page_bytes) for p in self.pools),
+                        self.attn_block_tokens, self.grid)
+
+    @property
+    def invalidations(self) -> int:
+        return self.table.invalidations
+
+    @property
+    def published_count(self) -> int:
+        return self.ckpts.published_count
+
+    @property
+    def ckpt_map(self) -> dict:
+        """Prefix key -> published checkpoint entry (for audits inside harness.orgs)."""
+        return self.ckpts.map
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError with the broken values if any invariant fails."""
+        audit.check_invariants(self)
+
+    def usage(self) -> Usage:
+        """Blocks and bytes by state kind and state, waste, slab occupancy."""
+        return audit.usage(self)
+
+    def holds_no_references(self) -> bool:
+        """True when no request is admitted and no page has an execution reference
+        (pages are free or cached; pins of preempted requests may remain)."""
+        return not self.reqs and all(r == 0 for p in self.pools for r in p.ref)
