@@ -9,7 +9,7 @@ from harness.model_configs import preset
 from harness.orgs import build_organization
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED
-from harness.scheduler import DONE, Scheduler, SchedulerPolicy
+from harness.scheduler import DONE, BatchItem, Scheduler, SchedulerPolicy, StepBatch
 
 GEOM = preset("falcon-h1-7b")
 
@@ -26,12 +26,12 @@ def prompt(n, base=0):
 def drive(sched, now=0.0, max_steps=10_000, on_step=None):
     steps = 0
     while sched.has_work and steps < max_steps:
-        plan = sched.schedule()
+        batch = sched.schedule()
         now += 0.01
-        sched.complete(plan, now)
+        sched.complete(batch, now)
         sched.org.check_invariants()
         if on_step:
-            on_step(steps, plan)
+            on_step(steps, batch)
         steps += 1
     return steps
 
@@ -143,7 +143,7 @@ def test_random_cancellation_leaks_nothing(org_name, pages):
         sched.add(i, 0.0, prompt(int(rng.integers(300, 2500)), base), int(rng.integers(1, 60)),
                   None)
 
-    def maybe_cancel(step, plan):
+    def maybe_cancel(step, batch):
         live = [r for r in sched.requests.values() if r.state != DONE]
         if live and rng.random() < 0.08:
             sched.cancel(int(rng.choice([r.rid for r in live])))
@@ -155,3 +155,42 @@ def test_random_cancellation_leaks_nothing(org_name, pages):
     assert not org.pinned
     assert all(h == 0 for p in org.pools for h in p.hold)
     org.check_invariants()
+
+
+def test_a_preemption_only_round_is_replanned_within_the_same_schedule_call():
+    # S1, 10 pages. r0 (600-token prompt) takes 2 blocks + live + 1 spare = 10 pages;
+    # after its prefill the 512 checkpoint is cached and decoding grows its blocks
+    # into those pages until it holds 6 blocks + live = 10 referenced pages at 3,072
+    # tokens. Its next token needs a 7th block: it preempts itself, so the round
+    # computes nothing. The same schedule() call plans again: r0, now the head of
+    # the queue with 3,073 tokens to recompute (its checkpoint was evicted), is
+    # admitted with the longest grid chunk that fits: [0, 512) = 1 block + live +
+    # spare = 9 pages.
+    org, sched = make("s1", (10,))
+    sched.add(0, 0.0, prompt(600), 10_000, None)
+    batch = sched.schedule()
+    sched.complete(batch, 0.01)
+    for step in range(5000):
+        batch = sched.schedule()
+        if batch.preempted:
+            break
+        assert [i.req.rid for i in batch.items] == [0]
+        sched.complete(batch, 0.02 + step)
+    assert batch.preempted == [0] and batch.failed == []
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 0, 512)]
+    assert sched.requests[0].generated == 3072 - 600 + 1
+    org.check_invariants()
+
+
+def test_schedule_asserts_the_token_budget_and_the_cap(monkeypatch):
+    org, sched = make("s2", (200,), token_budget=1000, cap=1)
+    r = sched.add(0, 0.0, prompt(600), 2, None)
+    oversize = StepBatch(items=[BatchItem(r, 0, 1001, True, org.grid)])
+    monkeypatch.setattr(sched, "_schedule_round", lambda: oversize)
+    with pytest.raises(AssertionError, match="1001 tokens exceeds the token budget 1000"):
+        sched.schedule()
+    within_budget = StepBatch(items=[BatchItem(r, 0, 512, True, org.grid)])
+    monkeypatch.setattr(sched, "_schedule_round", lambda: within_budget)
+    sched.running = [r, r]
+    with pytest.raises(AssertionError, match="2 running requests exceed the cap 1"):
+        sched.schedule()
