@@ -9,16 +9,20 @@ the organization.
 
 Each row holds the step's timing (``start_s``, ``time_s`` = end,
 ``duration_s``) and cost breakdown, the queue lengths when it was planned,
-what the batch computes, the organization's cumulative ``invalidations``,
-and memory at the step's start: pages per pool and state, blocks per state
-kind, and bytes per state kind (whole model, i.e. times the pool layers).
+what the batch computes, the organization's cumulative invalidations by kind
+(``invalidations_attention`` blocks, ``invalidations_checkpoint``
+checkpoints, counted before the step), and memory at the step's start: pages
+per pool and state, blocks per state kind, referenced and cached bytes per
+state kind, and rounding waste per state kind (``waste_<kind>_bytes``:
+allocated minus logical bytes of the pages holding that kind); all bytes are
+whole model, i.e. times the pool layers. `harness.metrics` takes the
+measured period's peaks, waste and invalidations from these rows.
 """
 
 from __future__ import annotations
 
-import math
-
 from harness.orgs.pool import KINDS
+from harness.orgs.values import ATTN_ENTRY, CKPT_ENTRY
 
 
 class StepRecorder:
@@ -28,9 +32,8 @@ class StepRecorder:
         self.org = org
         self.layers = pool_layers
         self.rows: list[dict] = []
-        self.peak = dict.fromkeys(KINDS, 0)          # referenced bytes per kind, whole model
-        self.waste_peak = dict.fromkeys(KINDS, 0)    # rounding waste per kind, whole model
-        self._occupancy: list[float] = []
+        self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
+        self.waste_peak = 0                     # largest per-step total rounding waste
 
     def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
         """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
@@ -46,7 +49,8 @@ class StepRecorder:
             "weights_s": cost.weights_s, "kv_s": cost.kv_s,
             "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
             "overhead_s": cost.overhead_s, "bound": cost.bound,
-            "invalidations": u.invalidations,
+            "invalidations_attention": self.org.invalidations_by_kind[ATTN_ENTRY],
+            "invalidations_checkpoint": self.org.invalidations_by_kind[CKPT_ENTRY],
             "slab_occupancy": u.slab_occupancy,
         }
         for pool, counts in u.pages.items():
@@ -58,10 +62,9 @@ class StepRecorder:
             b = u.bytes_by_kind[k]["referenced"] * layers
             row[f"mem_{k}_bytes"] = b
             row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
+            row[f"waste_{k}_bytes"] = u.waste_by_kind[k] * layers
             self.peak[k] = max(self.peak[k], b)
-            self.waste_peak[k] = max(self.waste_peak[k], u.waste_by_kind[k] * layers)
-        if not math.isnan(u.slab_occupancy):
-            self._occupancy.append(u.slab_occupancy)
+        self.waste_peak = max(self.waste_peak, sum(row[f"waste_{k}_bytes"] for k in KINDS))
         self.rows.append(row)
 
     def step_finished(self, now: float) -> None:
@@ -69,15 +72,16 @@ class StepRecorder:
         self.rows[-1]["time_s"] = now
 
     def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
-        """The run's counters (whole model bytes); ``budget_rounding_bytes`` is the
-        budget's rounding loss per pool layer."""
-        out = {
-            "invalidations": self.org.invalidations,
+        """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is
+        the budget's rounding loss per pool layer. Invalidations are cumulative
+        entries by kind; ``rounding_waste_bytes`` is the budget's loss plus the
+        largest per-step total page waste."""
+        by_kind = self.org.invalidations_by_kind
+        return {
+            "invalidations_attention": by_kind[ATTN_ENTRY],
+            "invalidations_checkpoint": by_kind[CKPT_ENTRY],
             "preemptions": preemptions,
             "checkpoints_published": self.org.published_count,
             "rounding_waste_bytes": {"budget": budget_rounding_bytes * self.layers,
-                                     **{f"pages_{k}": v for k, v in self.waste_peak.items()}},
+                                     "pages": self.waste_peak},
         }
-        if self._occupancy:
-            out["slab_occupancy_mean"] = sum(self._occupancy) / len(self._occupancy)
-        return out

@@ -73,6 +73,7 @@ class Organization:
         self.pinned: dict[object, Entry] = {}
         self._ids = itertools.count()
         self.invalidations = 0
+        self.invalidations_by_kind = {ATTN_ENTRY: 0, CKPT_ENTRY: 0}   # entries, by Entry.kind
         self.published_count = 0
         self._headroom: dict[float, tuple[int, ...]] = {}
 
@@ -480,6 +481,7 @@ class Organization:
         for pool, page in e.pages:
             self.pools[pool].forget_content(page)
         self.invalidations += 1
+        self.invalidations_by_kind[e.kind] += 1
 
     def _drop_owned(self, e: Entry) -> None:
         """Free an object only its owner references (live state, spare, private block)."""
