@@ -194,3 +194,35 @@ def test_schedule_asserts_the_token_budget_and_the_cap(monkeypatch):
     sched.running = [r, r]
     with pytest.raises(AssertionError, match="2 running requests exceed the cap 1"):
         sched.schedule()
+
+
+def test_a_preempted_adopter_pins_the_checkpoint_it_adopted():
+    # D0: 200 attention blocks of 16 tokens, 6 checkpoint pages, grid 1,792.
+    # r0 (2,000 tokens) publishes the checkpoint at 1,792 and finishes. r2 (private,
+    # 100 tokens) and then r1 (r0's 2,000 tokens + 100 new) are admitted together;
+    # r1 adopts J = 1,792 (112 cached blocks + the checkpoint) and computes
+    # [1792, 2100), publishing nothing, which consumes the adopted checkpoint into
+    # its live state (the checkpoint is cached again, in its own pool). Both then
+    # decode (r1 to 2,900 tokens, which fit alone) until the attention pool runs
+    # out and r1, admitted last, is preempted. It must pin the deepest valid
+    # checkpoint on its path: the one at 1,792 that it adopted (it published none).
+    org, sched = make("d0", (200, 6))
+    shared = prompt(2000)
+    sched.add(0, 0.0, shared, 1, None)
+    drive(sched)
+    sched.add(2, 1.0, prompt(100, 500_000), 3000, None)
+    sched.add(1, 1.0, shared + prompt(100, 900_000), 800, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(2, 0, 100), (1, 1792, 2100)]
+    sched.complete(batch, 1.01)
+    for step in range(3000):
+        batch = sched.schedule()
+        if batch.preempted:
+            break
+        sched.complete(batch, 1.02 + step)
+    assert batch.preempted == [1]
+    assert org.pinned[1].pos == 1792 and org.pinned[1].valid
+    assert sched.requests[1].record.j_adopt == 1792
+    drive(sched, now=100.0)
+    assert all(r.record.status == FINISHED for r in sched.requests.values())
+    assert not org.pinned and org.holds_no_references()

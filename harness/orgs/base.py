@@ -236,6 +236,7 @@ class Organization:
             if adopted:
                 st.attn = adopted[:-1]
                 st.adopted = adopted[-1]
+                st.on_path.append(adopted[-1])
             st.computed = st.reserved_until = j
             st.live = self._new_ckpt()
             self._ref(st.live)
@@ -275,6 +276,7 @@ class Organization:
             k = key_at(keys, j)
             if k in self.ckpt_map:
                 self._drop_owned(spare)   # someone published this prefix already
+                st.on_path.append(self.ckpt_map[k])
             else:
                 ck = st.live
                 ck.key, ck.pos = k, j
@@ -322,10 +324,12 @@ class Organization:
                 self._drop_owned(e)
 
     def preempt(self, rid) -> None:
-        """Recompute-style preemption: release, pinning the latest checkpoint."""
+        """Recompute-style preemption: release, pinning the deepest valid checkpoint
+        on the request's own path, whether it published it, adopted it, or found
+        it already published at one of its boundaries."""
         st = self.reqs[rid]
         latest = None
-        for e in [*st.published, st.adopted]:
+        for e in [*st.published, *st.on_path]:
             if e is not None and e.valid and (latest is None or e.pos > latest.pos):
                 latest = e
         if latest is not None:

@@ -77,6 +77,7 @@ class RequestState:
     spares: list[Entry] = field(default_factory=list)
     adopted: Entry | None = None
     published: list[Entry] = field(default_factory=list)
+    on_path: list[Entry] = field(default_factory=list)   # adopted, or published by another
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
     computed: int = 0
