@@ -12,12 +12,16 @@ Policy, in the order it is applied each step:
 1. Running requests in admission order: a decode token each, or the next
    prefill chunk (a chunk that does not finish the prefill ends on the
    organization's checkpoint grid). If the organization cannot make room,
-   the most recently admitted running request is preempted
-   (recompute-style: its blocks are released and stay cached, its latest
-   checkpoint is pinned) until the request fits or is itself the victim.
+   the chunk is first shortened to an earlier grid boundary; if even that
+   fails, the most recently admitted running request is preempted
+   (recompute-style: its blocks are released and stay cached, the deepest
+   valid checkpoint on its own path is pinned) until the request fits or is
+   itself the victim.
 2. If nobody was preempted this step: waiting requests FCFS while fewer than
-   ``cap`` run: joint prefix lookup (reuse = J_adopt), first chunk, and
-   admission only if floor(f x B) pages per pool stay free afterwards.
+   ``cap`` run: joint prefix lookup (reuse = J_adopt) and a first chunk sized
+   by the step's remaining token budget, as in vLLM V1. It is admitted only
+   if floor(f x B) pages per pool stay free afterwards; otherwise admission
+   stops for this step (the chunk is not shortened to squeeze it in).
 3. Retention (policy): a running producer's published checkpoints whose
    prefix was demanded by at least ``retention_threshold`` distinct requests
    are retained until the producer finishes or is preempted.
@@ -156,15 +160,14 @@ class Scheduler:
         grid = self.org.grid
         return max(start, (start + room) // grid * grid)
 
-    def _fit_chunk(self, r: SchedRequest, start: int, end: int, hit: PrefixHit | None = None,
-                   headroom: float = 0.0) -> int | None:
-        """The longest chunk [start, e], e <= end, that fits now: the whole chunk, or
-        shorter grid-aligned chunks that publish fewer checkpoints at once."""
+    def _fit_chunk(self, r: SchedRequest, start: int, end: int) -> int | None:
+        """For a running request: the longest chunk [start, e], e <= end, that fits
+        now: the whole chunk, or shorter grid-aligned chunks that publish fewer
+        checkpoints at once (None if even the shortest does not fit)."""
         org = self.org
-        keys = r.keys if hit is not None else None
 
         def fits(e: int) -> bool:
-            return org.can_allocate(org.demand(r.rid, e, r.prefill_until, keys, hit), headroom)
+            return org.can_allocate(org.demand(r.rid, e, r.prefill_until))
 
         if fits(end):
             return end
@@ -242,11 +245,14 @@ class Scheduler:
             r = self.waiting[0]
             hit = org.lookup(r.keys, len(r.tokens) - 1)
             start = hit.j_adopt
+            # the first chunk is what the step's remaining token budget allows (on
+            # the grid unless it ends the prefill), as in vLLM V1; if it does not
+            # fit with headroom, admission stops for this step: no shorter chunk
             end = self._chunk_end(start, r.prefill_until, budget)
             if end <= start:
                 break
-            end = self._fit_chunk(r, start, end, hit, self.policy.headroom)
-            if end is None:
+            need = org.demand(r.rid, end, r.prefill_until, r.keys, hit)
+            if not org.can_allocate(need, self.policy.headroom):
                 if self.running or batch.items:
                     break
                 # Nothing runs, so nothing will ever free pages for it: fail it

@@ -135,14 +135,25 @@ class SimEngine:
 
 
 def check_fits(org, workload, config, label: str) -> None:
-    """Refuse a budget that cannot serve the longest request even alone: its
-    attention for prompt + output, its live state and a spare for one checkpoint
-    publication (HbenchError before any simulated time passes)."""
+    """Refuse a budget that cannot serve the longest request even alone
+    (HbenchError before any simulated time passes): its first chunk, sized by
+    the token budget as the scheduler sizes it, must fit with the admission
+    headroom, and its attention for prompt + output, its live state and a spare
+    for one checkpoint publication must fit (later chunks can shrink to one
+    grid boundary)."""
     if not workload.requests:
         raise HbenchError("the workload has no requests")
     longest = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
     total = longest.prompt_len + longest.output_len
-    one_boundary = min(longest.prompt_len, org.grid)   # the scheduler can shrink chunks to this
+    prompt = longest.prompt_len
+    first = (prompt if prompt <= config.token_budget
+             else config.token_budget // org.grid * org.grid)
+    if not org.can_allocate(org.demand(-1, first, prompt), config.headroom):
+        raise HbenchError(
+            f"budget {label} cannot admit the longest request's first {first}-token chunk "
+            f"for {org.name} with headroom {config.headroom} even alone: raise the budget, "
+            "lower the headroom or lower --token-budget")
+    one_boundary = min(prompt, org.grid)
     need = org.demand(-1, total, one_boundary).pages
     for pool, n in zip(org.pools, need, strict=True):
         if n > pool.num_pages:
