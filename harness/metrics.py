@@ -29,8 +29,9 @@ The measured period starts at the first measured (non-warm-up) arrival:
 Step-based definitions (README, "What each number means"):
 
 - ``waiting_median`` / ``running_median`` are over time: each row weighs its
-  ``duration_s`` (rows without one, such as a scraped gauge, weigh the same),
-  so they equal the median a gauge sampled at a fixed interval would give;
+  ``duration_s`` and idle gaps between rows count as zeros (rows without a
+  duration, such as a scraped gauge, weigh the same), so they equal the
+  median a gauge sampled at a fixed interval would give;
 - ``peak_mem_total_bytes`` is the largest per-row total of the per-kind
   ``mem_<kind>_bytes`` plus the weights; ``peak_mem_<kind>_bytes`` are per-kind
   peaks, each at its own moment, and are never summed;
@@ -208,14 +209,27 @@ def _has_column(rows: list[dict], name: str) -> bool:
 
 
 def _time_median(rows: list[dict], name: str) -> float:
-    """Time-weighted median of a queue column (equal weights without durations)."""
+    """Time-weighted median of a queue column over the measured rows.
+
+    Each row weighs its ``duration_s``; an idle gap between one row's end and
+    the next row's start (the engine had nothing to do, so nothing waited or
+    ran) counts as a zero for its length, as a gauge sampled then would read.
+    Rows without durations (a scraped gauge) weigh the same.
+    """
     rows = [row for row in rows if row.get(name) is not None]
     if not rows:
         return NAN
     values = [float(row[name]) for row in rows]
-    if _has_column(rows, "duration_s"):
-        return weighted_median(values, [float(row["duration_s"]) for row in rows])
-    return _median(values)
+    if not _has_column(rows, "duration_s"):
+        return _median(values)
+    weights = [float(row["duration_s"]) for row in rows]
+    if _has_column(rows, "start_s"):
+        for prev, nxt in zip(rows[:-1], rows[1:], strict=True):
+            gap = float(nxt["start_s"]) - float(prev["start_s"]) - float(prev["duration_s"])
+            if gap > 1e-12:
+                values.append(0.0)
+                weights.append(gap)
+    return weighted_median(values, weights)
 
 
 def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:

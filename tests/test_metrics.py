@@ -256,6 +256,22 @@ def test_queue_medians_are_time_weighted_over_the_measured_steps():
     assert s["running_median"] == 1.0
 
 
+def test_idle_time_between_steps_counts_as_an_empty_queue():
+    # two 0.1 s steps with 3 running, then 0.4 s idle (nothing waiting or running),
+    # then a 0.1 s step with 1 running. A gauge read every 0.1 s over the 0.7 s
+    # sees [3, 3, 0, 0, 0, 0, 1]: median 0 (the steps alone, weighted or not,
+    # would say 3)
+    rows = [{"start_s": 0.0, "duration_s": 0.1, "waiting": 0, "running": 3},
+            {"start_s": 0.1, "duration_s": 0.1, "waiting": 0, "running": 3},
+            {"start_s": 0.6, "duration_s": 0.1, "waiting": 0, "running": 1}]
+    s = summarize(make_run([make_request(0, 0.0, [0.7])], steps=rows))
+    assert s["running_median"] == 0.0
+    # with a 0.3 s gap the gauge sees [3, 3, 0, 0, 0, 1]: median (0 + 1) / 2
+    rows[2]["start_s"] = 0.5
+    s = summarize(make_run([make_request(0, 0.0, [0.6])], steps=rows))
+    assert s["running_median"] == 0.5
+
+
 def test_peak_memory_is_the_largest_per_step_total_in_the_measured_period():
     s = summarize(hand_run(), weights_bytes=10_000)
     # per-step totals 610, 620, 655, 150 -> 655 (the per-kind peaks 400 + 500 + 50 =
