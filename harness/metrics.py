@@ -17,6 +17,31 @@ Which requests count where:
   request, because the engine did that work whether or not the request
   finished.
 
+The measured period starts at the first measured (non-warm-up) arrival:
+
+- the ledger window runs from there (or from the engine's window start, if
+  later) to the engine's window end;
+- everything taken from the step table covers step rows that start in the
+  measured period (a row's ``start_s``, or its ``time_s`` for engines whose
+  rows are samples): queue medians, memory peaks, rounding waste,
+  invalidations, slab occupancy.
+
+Step-based definitions (README, "What each number means"):
+
+- ``waiting_median`` / ``running_median`` are over time: each row weighs its
+  ``duration_s`` and idle gaps between rows count as zeros (rows without a
+  duration, such as a scraped gauge, weigh the same), so they equal the
+  median a gauge sampled at a fixed interval would give;
+- ``peak_mem_total_bytes`` is the largest per-row total of the per-kind
+  ``mem_<kind>_bytes`` plus the weights; ``peak_mem_<kind>_bytes`` are per-kind
+  peaks, each at its own moment, and are never summed;
+- ``rounding_waste_bytes`` is the budget's rounding loss plus the largest
+  per-row total of ``waste_<kind>_bytes``;
+- invalidations are counted by kind (``invalidations_attention`` blocks,
+  ``invalidations_checkpoint`` checkpoints) and in tokens
+  (``invalidated_tokens`` = attention blocks x the engine's block tokens),
+  because a D0 attention block is 16 tokens and an S1 block 512.
+
 Percentiles are numpy's linear interpolation; an empty sample gives NaN
 (written to JSON as null by `harness.results`).
 """
@@ -39,7 +64,8 @@ SUMMARY_KEYS = (
     "peak_mem_total_bytes", "peak_mem_attention_bytes", "peak_mem_ssm_bytes",
     "peak_mem_conv_bytes",
     "waiting_median", "running_median",
-    "preemptions", "invalidations", "slab_occupancy_mean", "rounding_waste_bytes",
+    "preemptions", "invalidations_attention", "invalidations_checkpoint", "invalidated_tokens",
+    "slab_occupancy_mean", "rounding_waste_bytes",
     "initial_input_tokens", "reused_tokens", "recomputed_tokens",
     "j_adopt_mean", "r_max_mean", "attn_depth_mean",
     "finished", "failed", "cancelled", "requests",
@@ -133,30 +159,153 @@ def inter_token_gaps(r: RequestRecord) -> np.ndarray:
     return np.diff(np.asarray(r.token_times, dtype=float))
 
 
-def _steps_column(steps: list[dict], name: str) -> list[float]:
-    return [float(row[name]) for row in steps if row.get(name) is not None]
+def weighted_median(values, weights) -> float:
+    """The median of ``values`` where value i holds for ``weights[i]`` (a duration).
+
+    The smallest value whose cumulative weight passes half the total; where the
+    cumulative weight lands exactly on half, the midpoint of that value and the
+    next, as `numpy.median` does for an even count. With equal weights it is
+    `numpy.median`. Zero-weight values are ignored; NaN if nothing is left.
+    """
+    v = np.asarray(values, dtype=float)
+    w = np.asarray(weights, dtype=float)
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    if v.size == 0:
+        return NAN
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cum = np.cumsum(w)
+    half = cum[-1] / 2
+    k = int(np.searchsorted(cum, half, side="left"))
+    if math.isclose(cum[k], half, rel_tol=1e-9) and k + 1 < v.size:
+        return float((v[k] + v[k + 1]) / 2)
+    return float(v[k])
 
 
-def _counter_total(value) -> float:
-    """A counter may be a number or a per-kind dict of numbers (summed)."""
-    if isinstance(value, dict):
-        return sum(value.values())
-    return value
+def _row_time(row: dict) -> float:
+    return float(row["start_s"] if row.get("start_s") is not None else row.get("time_s", 0.0))
+
+
+def measured_start(run: EngineRun) -> float:
+    """First measured (non-warm-up) arrival; NaN if no request is measured."""
+    arrivals = [r.arrival_s for r in run.requests if not r.warmup]
+    return min(arrivals) if arrivals else NAN
+
+
+def measured_steps(run: EngineRun, start: float) -> list[dict]:
+    """Step rows that start at or after ``start`` (all rows if ``start`` is NaN)."""
+    if math.isnan(start):
+        return list(run.steps)
+    return [row for row in run.steps if _row_time(row) >= start]
+
+
+def _column(rows: list[dict], name: str) -> list[float]:
+    return [float(row[name]) for row in rows if row.get(name) is not None]
+
+
+def _has_column(rows: list[dict], name: str) -> bool:
+    return bool(rows) and all(row.get(name) is not None for row in rows)
+
+
+def _time_median(rows: list[dict], name: str) -> float:
+    """Time-weighted median of a queue column over the measured rows.
+
+    Each row weighs its ``duration_s``; an idle gap between one row's end and
+    the next row's start (the engine had nothing to do, so nothing waited or
+    ran) counts as a zero for its length, as a gauge sampled then would read.
+    Rows without durations (a scraped gauge) weigh the same.
+    """
+    rows = [row for row in rows if row.get(name) is not None]
+    if not rows:
+        return NAN
+    values = [float(row[name]) for row in rows]
+    if not _has_column(rows, "duration_s"):
+        return _median(values)
+    weights = [float(row["duration_s"]) for row in rows]
+    if _has_column(rows, "start_s"):
+        for prev, nxt in zip(rows[:-1], rows[1:], strict=True):
+            gap = float(nxt["start_s"]) - float(prev["start_s"]) - float(prev["duration_s"])
+            if gap > 1e-12:
+                values.append(0.0)
+                weights.append(gap)
+    return weighted_median(values, weights)
+
+
+def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
+    """Peak memory of the measured rows: the largest per-row total, and per-kind
+    peaks. Engines without per-kind byte columns report per-kind peaks over the
+    whole run (`EngineRun.peak_memory`); their total is known only when one kind
+    is reported (per-kind peaks of different moments are never added)."""
+    kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"mem_{k}_bytes")]
+    if kinds:
+        per_kind = {k: max(_column(rows, f"mem_{k}_bytes")) for k in kinds}
+        total = max(sum(float(row[f"mem_{k}_bytes"]) for k in kinds) for row in rows)
+    else:
+        per_kind = dict(run.peak_memory)
+        total = sum(per_kind.values()) if len(per_kind) == 1 else NAN
+    out = {f"peak_mem_{k}_bytes": int(per_kind.get(k, 0)) for k in ("attention", "ssm", "conv")}
+    out = {"peak_mem_total_bytes": _int_or_nan(total + weights_bytes), **out}
+    return out
+
+
+def _int_or_nan(x: float):
+    return NAN if math.isnan(x) else int(x)
+
+
+def _rounding_waste(rows: list[dict], counters: dict):
+    """Budget rounding loss plus the largest per-row total page waste (measured
+    rows); without waste columns, the engine's counter (summed if per part)."""
+    counter = counters.get("rounding_waste_bytes")
+    kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"waste_{k}_bytes")]
+    if kinds:
+        budget = counter.get("budget", 0) if isinstance(counter, dict) else 0
+        return int(budget + max(sum(float(row[f"waste_{k}_bytes"]) for k in kinds)
+                                for row in rows))
+    if counter is None:
+        return NAN
+    return int(sum(counter.values()) if isinstance(counter, dict) else counter)
+
+
+def _invalidations(rows: list[dict], run: EngineRun) -> dict:
+    """Invalidations in the measured period: the run's final count minus the
+    cumulative count before the first measured row, per kind; tokens from the
+    attention blocks x the engine's ``attn_block_tokens``. NaN where the engine
+    does not count them."""
+    out = {}
+    for kind in ("attention", "checkpoint"):
+        name = f"invalidations_{kind}"
+        final = run.counters.get(name)
+        if final is None:
+            out[name] = NAN
+            continue
+        before = rows[0].get(name, 0) if rows else 0
+        if not rows and run.steps:      # no step in the measured period: nothing counted there
+            before = final
+        out[name] = int(final - before)
+    block = run.engine_info.get("attn_block_tokens")
+    attn = out["invalidations_attention"]
+    out["invalidated_tokens"] = (NAN if block is None or math.isnan(attn)
+                                 else int(attn * block))
+    return out
 
 
 def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
     """The flat summary of one run, with exactly the keys in `SUMMARY_KEYS`.
 
-    ``weights_bytes`` is added to the per-state-kind peaks to give
+    ``weights_bytes`` is added to the peak state memory to give
     ``peak_mem_total_bytes`` (engines report state memory only).
     """
     measured = [r for r in run.requests if not r.warmup]
     finished = [r for r in measured if r.status == FINISHED]
+    start = measured_start(run)
+    rows = measured_steps(run, start)
 
     output_tokens = int(sum(r.output_tokens for r in finished))
-    ledger = run.window_end_s - run.window_start_s
+    ledger_start = run.window_start_s if math.isnan(start) else max(run.window_start_s, start)
+    ledger = run.window_end_s - ledger_start
     completions = [r.finish_s for r in finished if r.finish_s is not None]
-    span = (max(completions) - min(r.arrival_s for r in measured)) if completions else NAN
+    span = (max(completions) - start) if completions else NAN
 
     ttfts = [ttft(r) for r in finished if r.first_token_s is not None]
     e2es = [e2e(r) for r in finished if r.finish_s is not None]
@@ -165,12 +314,12 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
     itls = np.concatenate(gaps) if gaps else np.empty(0)
     lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
 
-    peaks = run.peak_memory
     counters = run.counters
-    if "slab_occupancy_mean" in counters:
-        slab = float(counters["slab_occupancy_mean"])
+    occupancy = [x for x in _column(rows, "slab_occupancy") if not math.isnan(x)]
+    if occupancy or any("slab_occupancy" in row for row in run.steps):
+        slab = _mean(occupancy)
     else:
-        slab = _mean(_steps_column(run.steps, "slab_occupancy"))
+        slab = float(counters.get("slab_occupancy_mean", NAN))
 
     summary = {
         "throughput_ledger_tok_s": _ratio(output_tokens, ledger),
@@ -180,17 +329,16 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
     for name, sample in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
         for q in (50, 90, 99):
             summary[f"{name}_p{q}_s"] = percentile(sample, q)
+    summary.update(_memory_peaks(rows, run, weights_bytes))
     summary.update({
-        "peak_mem_total_bytes": int(sum(peaks.values()) + weights_bytes),
-        "peak_mem_attention_bytes": int(peaks.get("attention", 0)),
-        "peak_mem_ssm_bytes": int(peaks.get("ssm", 0)),
-        "peak_mem_conv_bytes": int(peaks.get("conv", 0)),
-        "waiting_median": _median(_steps_column(run.steps, "waiting")),
-        "running_median": _median(_steps_column(run.steps, "running")),
+        "waiting_median": _time_median(rows, "waiting"),
+        "running_median": _time_median(rows, "running"),
         "preemptions": int(sum(r.preemptions for r in measured)),
-        "invalidations": int(_counter_total(counters.get("invalidations", 0))),
+    })
+    summary.update(_invalidations(rows, run))
+    summary.update({
         "slab_occupancy_mean": slab,
-        "rounding_waste_bytes": int(_counter_total(counters.get("rounding_waste_bytes", 0))),
+        "rounding_waste_bytes": _rounding_waste(rows, counters),
         "initial_input_tokens": int(sum(r.initial_input_tokens for r in measured)),
         "reused_tokens": int(sum(r.reused_tokens for r in measured)),
         "recomputed_tokens": int(sum(r.recomputed_tokens for r in measured)),

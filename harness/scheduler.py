@@ -4,20 +4,24 @@ Engine-independent: it decides which requests compute how many tokens in the
 next step, and talks to the organization only through `harness.orgs.base`'s
 ask/act calls. An in-process engine (the simulator) loops:
 
-    plan = sched.schedule()            # admission, chunking, preemption
-    ... execute plan.items for plan-dependent time ...
-    sched.complete(plan, now)          # commit, publish, emit tokens, finish
+    batch = sched.schedule()           # admission, chunking, preemption
+    ... execute batch.items for batch-dependent time ...
+    sched.complete(batch, now)         # commit, publish, emit tokens, finish
 
 Policy, in the order it is applied each step:
 1. Running requests in admission order: a decode token each, or the next
    prefill chunk (a chunk that does not finish the prefill ends on the
    organization's checkpoint grid). If the organization cannot make room,
-   the most recently admitted running request is preempted
-   (recompute-style: its blocks are released and stay cached, its latest
-   checkpoint is pinned) until the request fits or is itself the victim.
+   the chunk is first shortened to an earlier grid boundary; if even that
+   fails, the most recently admitted running request is preempted
+   (recompute-style: its blocks are released and stay cached, the deepest
+   valid checkpoint on its own path is pinned) until the request fits or is
+   itself the victim.
 2. If nobody was preempted this step: waiting requests FCFS while fewer than
-   ``cap`` run: joint prefix lookup (reuse = J_adopt), first chunk, and
-   admission only if floor(f x B) pages per pool stay free afterwards.
+   ``cap`` run: joint prefix lookup (reuse = J_adopt) and a first chunk sized
+   by the step's remaining token budget, as in vLLM V1. It is admitted only
+   if floor(f x B) pages per pool stay free afterwards; otherwise admission
+   stops for this step (the chunk is not shortened to squeeze it in).
 3. Retention (policy): a running producer's published checkpoints whose
    prefix was demanded by at least ``retention_threshold`` distinct requests
    are retained until the producer finishes or is preempted.
@@ -70,7 +74,7 @@ class SchedRequest:
 
 
 @dataclass
-class PlanItem:
+class BatchItem:
     req: SchedRequest
     start: int
     end: int
@@ -80,8 +84,11 @@ class PlanItem:
 
 
 @dataclass
-class StepPlan:
-    items: list[PlanItem] = field(default_factory=list)
+class StepBatch:
+    """What one engine step computes: ``items``, plus the requests preempted and
+    failed while the scheduler built it."""
+
+    items: list[BatchItem] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
 
@@ -102,7 +109,7 @@ class Scheduler:
         self.waiting: deque[SchedRequest] = deque()
         self.running: list[SchedRequest] = []
         self.requests: dict[int, SchedRequest] = {}
-        self.demand: dict[int, int] = {}      # grid key -> distinct requests wanting it
+        self.popularity: dict[int, int] = {}  # grid key -> distinct requests wanting it
         self._seq = 0
         self.preemptions = 0
 
@@ -120,7 +127,7 @@ class Scheduler:
         grid = self.org.grid
         for j in range(grid, r.prompt_len + 1, grid):
             k = key_at(r.keys, j)
-            self.demand[k] = self.demand.get(k, 0) + 1
+            self.popularity[k] = self.popularity.get(k, 0) + 1
         return r
 
     def cancel(self, rid: int, reason: str = "cancelled") -> None:
@@ -153,15 +160,14 @@ class Scheduler:
         grid = self.org.grid
         return max(start, (start + room) // grid * grid)
 
-    def _fit_chunk(self, r: SchedRequest, start: int, end: int, hit: PrefixHit | None = None,
-                   headroom: float = 0.0) -> int | None:
-        """The longest chunk [start, e], e <= end, that fits now: the whole chunk, or
-        shorter grid-aligned chunks that publish fewer checkpoints at once."""
+    def _fit_chunk(self, r: SchedRequest, start: int, end: int) -> int | None:
+        """For a running request: the longest chunk [start, e], e <= end, that fits
+        now: the whole chunk, or shorter grid-aligned chunks that publish fewer
+        checkpoints at once (None if even the shortest does not fit)."""
         org = self.org
-        keys = r.keys if hit is not None else None
 
         def fits(e: int) -> bool:
-            return org.can_allocate(org.pages_needed(r.rid, e, r.prefill_until, keys, hit), headroom)
+            return org.can_allocate(org.pages_needed(r.rid, e, r.prefill_until))
 
         if fits(end):
             return end
@@ -177,8 +183,33 @@ class Scheduler:
                 hi = mid
         return ends[lo - 1] if lo else None
 
-    def schedule(self) -> StepPlan:
-        plan = StepPlan()
+    def schedule(self) -> StepBatch:
+        """The next step's batch. A round that only preempted or failed requests
+        computes nothing, so the scheduler plans again at once (the freed pages
+        may admit someone); the returned batch lists every request preempted or
+        failed on the way. Its items are empty only when no work is left.
+
+        Ends by asserting the step's token budget and the running cap.
+        """
+        batch = StepBatch()
+        for _ in range(len(self.requests) + 2):
+            round_ = self._schedule_round()
+            batch.items = round_.items
+            batch.preempted += round_.preempted
+            batch.failed += round_.failed
+            if round_.items or not (round_.preempted or round_.failed) or not self.has_work:
+                break
+        if not batch.items and self.has_work:
+            raise AssertionError(
+                f"scheduler stalled: {len(self.waiting)} waiting, {len(self.running)} running")
+        tokens, budget = batch.batch_tokens, self.policy.token_budget
+        assert tokens <= budget, f"step of {tokens} tokens exceeds the token budget {budget}"
+        running, cap = len(self.running), self.policy.cap
+        assert running <= cap, f"{running} running requests exceed the cap {cap}"
+        return batch
+
+    def _schedule_round(self) -> StepBatch:
+        batch = StepBatch()
         budget = self.policy.token_budget
         for r in list(self.running):
             if r.state != RUNNING:          # preempted earlier in this loop
@@ -198,28 +229,31 @@ class Scheduler:
                         continue
                 victim = self.running[-1]   # most recently admitted; not yet planned
                 self._preempt(victim)
-                plan.preempted.append(victim.rid)
+                batch.preempted.append(victim.rid)
                 if victim is r:
                     break
             if r.state == RUNNING:
-                plan.items.append(PlanItem(r, start, end, prefill, self.org.grid))
+                batch.items.append(BatchItem(r, start, end, prefill, self.org.grid))
                 budget -= end - start
-        if not plan.preempted:
-            self._admit(plan, budget)
-        return plan
+        if not batch.preempted:
+            self._admit(batch, budget)
+        return batch
 
-    def _admit(self, plan: StepPlan, budget: int) -> None:
+    def _admit(self, batch: StepBatch, budget: int) -> None:
         org = self.org
         while self.waiting and len(self.running) < self.policy.cap and budget > 0:
             r = self.waiting[0]
             hit = org.lookup(r.keys, len(r.tokens) - 1)
             start = hit.j_adopt
+            # the first chunk is what the step's remaining token budget allows (on
+            # the grid unless it ends the prefill), as in vLLM V1; if it does not
+            # fit with headroom, admission stops for this step: no shorter chunk
             end = self._chunk_end(start, r.prefill_until, budget)
             if end <= start:
                 break
-            end = self._fit_chunk(r, start, end, hit, self.policy.headroom)
-            if end is None:
-                if self.running or plan.items:
+            need = org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit)
+            if not org.can_allocate(need, self.policy.headroom):
+                if self.running or batch.items:
                     break
                 # Nothing runs, so nothing will ever free pages for it: fail it
                 # rather than wait forever.
@@ -227,13 +261,13 @@ class Scheduler:
                 org.abandon(r.rid)
                 self._close(r, FAILED, "cannot be admitted with nothing running: "
                             "budget or headroom too small for this request")
-                plan.failed.append(r.rid)
+                batch.failed.append(r.rid)
                 continue
             assert org.allocate(r.rid, end, r.prefill_until, r.keys, hit)
             self.waiting.popleft()
             self._on_admit(r, hit)
             self.running.append(r)
-            plan.items.append(PlanItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
+            batch.items.append(BatchItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
             budget -= end - start
 
     def _on_admit(self, r: SchedRequest, hit: PrefixHit) -> None:
@@ -261,11 +295,11 @@ class Scheduler:
         self.waiting.appendleft(r)
 
     # ---- completion -------------------------------------------------------------------
-    def complete(self, plan: StepPlan, now: float) -> list[SchedRequest]:
-        """The plan's tokens are computed at ``now``: commit, publish, emit, finish."""
+    def complete(self, batch: StepBatch, now: float) -> list[SchedRequest]:
+        """The batch's tokens are computed at ``now``: commit, publish, emit, finish."""
         org = self.org
         finished = []
-        for item in plan.items:
+        for item in batch.items:
             r = item.req
             if r.state != RUNNING:
                 continue
@@ -273,7 +307,7 @@ class Scheduler:
             r.computed = item.end
             if published and self.policy.retention:
                 for j in published:
-                    if self.demand.get(key_at(r.keys, j), 0) >= self.policy.retention_threshold:
+                    if self.popularity.get(key_at(r.keys, j), 0) >= self.policy.retention_threshold:
                         org.retain(r.rid, j, r.keys)
             if r.computed < len(r.tokens):
                 continue            # mid-prefill chunk: nothing emitted

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from harness.metrics import REQUEST_COLUMNS, SUMMARY_KEYS, per_request_table, summarize
+from harness.metrics import (
+    REQUEST_COLUMNS,
+    SUMMARY_KEYS,
+    per_request_table,
+    summarize,
+    weighted_median,
+)
 from harness.records import CANCELLED, FAILED, EngineRun, RequestRecord
 
 
@@ -38,7 +44,9 @@ def make_run(requests, steps=None, **kw):
         window_start_s=0.0,
         window_end_s=4.0,
         peak_memory={"attention": 1000, "ssm": 2000, "conv": 300},
-        counters={"invalidations": 3, "rounding_waste_bytes": {"attention": 10, "ssm": 5}},
+        counters={"invalidations_attention": 3, "invalidations_checkpoint": 2,
+                  "rounding_waste_bytes": {"attention": 10, "ssm": 5}},
+        engine_info={"attn_block_tokens": 16},
     )
     fields.update(kw)
     if steps is None:
@@ -73,14 +81,14 @@ def three_requests():
 def test_summary_has_exactly_the_contract_keys():
     summary = summarize(make_run(three_requests()))
     assert tuple(summary) == SUMMARY_KEYS
-    assert len(set(SUMMARY_KEYS)) == len(SUMMARY_KEYS) == 36
+    assert len(set(SUMMARY_KEYS)) == len(SUMMARY_KEYS) == 38
 
 
 def test_summary_hand_computed_values():
     s = summarize(make_run(three_requests() + [warmup_request()]), weights_bytes=10_000)
     expected = {
         "output_tokens": 6,
-        "throughput_ledger_tok_s": 6 / 4.0,
+        "throughput_ledger_tok_s": 6 / 4.0,    # window 0..4, first measured arrival 0.0
         "throughput_span_tok_s": 6 / 3.0,      # last completion 3.0 - first arrival 0.0
         # TTFT sorted [1, 1, 2]: p90 at index 1.8 -> 1.8
         "ttft_p50_s": 1.0, "ttft_p90_s": 1.8, "ttft_p99_s": 1.98,
@@ -90,10 +98,15 @@ def test_summary_hand_computed_values():
         "tpot_p50_s": 0.625, "tpot_p90_s": 0.725, "tpot_p99_s": 0.7475,
         # E2E sorted [1.5, 2.0, 2.5]
         "e2e_p50_s": 2.0, "e2e_p90_s": 2.4, "e2e_p99_s": 2.49,
-        "peak_mem_total_bytes": 1000 + 2000 + 300 + 10_000,
+        # no per-step byte columns: per-kind peaks of the run, never summed
+        "peak_mem_total_bytes": math.nan,
         "peak_mem_attention_bytes": 1000, "peak_mem_ssm_bytes": 2000, "peak_mem_conv_bytes": 300,
+        # no durations: every row weighs the same (waiting [2, 0, 1], running [1, 3, 2])
         "waiting_median": 1.0, "running_median": 2.0,
-        "preemptions": 2, "invalidations": 3,
+        # no step counts the invalidations: the counters, 3 blocks x 16 tokens
+        "preemptions": 2, "invalidations_attention": 3, "invalidations_checkpoint": 2,
+        "invalidated_tokens": 48,
+        # rows with a slab occupancy [.5, .75]; no waste columns: the counter's parts summed
         "slab_occupancy_mean": 0.625, "rounding_waste_bytes": 15,
         "initial_input_tokens": 65, "reused_tokens": 36, "recomputed_tokens": 8,
         "j_adopt_mean": 8.0, "r_max_mean": 12.0, "attn_depth_mean": 12.0,
@@ -103,12 +116,13 @@ def test_summary_hand_computed_values():
     }
     assert set(expected) == set(SUMMARY_KEYS)
     for key, value in expected.items():
-        assert s[key] == pytest.approx(value), key
+        assert s[key] == pytest.approx(value, nan_ok=True), key
 
 
 def test_integer_metrics_are_python_ints():
     s = summarize(make_run(three_requests()))
-    for key in ("output_tokens", "preemptions", "finished", "requests", "peak_mem_total_bytes"):
+    for key in ("output_tokens", "preemptions", "finished", "requests", "invalidations_attention",
+                "invalidated_tokens", "rounding_waste_bytes"):
         assert type(s[key]) is int, key
 
 
@@ -149,16 +163,140 @@ def test_empty_window_gives_nan_ledger_throughput():
     assert math.isnan(s["throughput_ledger_tok_s"])
 
 
-def test_missing_memory_kinds_and_counters_default_to_zero():
-    s = summarize(make_run(three_requests(), peak_memory={"attention": 64}, counters={}))
+def test_missing_memory_kinds_default_to_zero_and_missing_counters_are_unknown():
+    s = summarize(make_run(three_requests(), peak_memory={"attention": 64}, counters={},
+                           engine_info={}))
+    # one reported kind: its peak is the total
     assert (s["peak_mem_total_bytes"], s["peak_mem_attention_bytes"]) == (64, 64)
     assert (s["peak_mem_ssm_bytes"], s["peak_mem_conv_bytes"]) == (0, 0)
-    assert (s["invalidations"], s["rounding_waste_bytes"]) == (0, 0)
+    for key in ("invalidations_attention", "invalidations_checkpoint", "invalidated_tokens",
+                "rounding_waste_bytes"):
+        assert math.isnan(s[key]), key
 
 
-def test_slab_occupancy_counter_takes_precedence_over_steps_column():
-    run = make_run(three_requests(), counters={"slab_occupancy_mean": 0.9})
+def test_slab_occupancy_counter_is_used_when_steps_have_no_column():
+    run = make_run(three_requests(), steps=[{"waiting": 0, "running": 1}],
+                   counters={"slab_occupancy_mean": 0.9})
     assert summarize(run)["slab_occupancy_mean"] == 0.9
+
+
+def test_weighted_median_is_the_median_of_a_gauge_sampled_at_a_fixed_interval():
+    # equal weights: numpy's median (odd and even counts)
+    assert weighted_median([3, 1, 2], [1, 1, 1]) == 2
+    assert weighted_median([4, 1, 3, 2], [1, 1, 1, 1]) == 2.5
+    # value 1 held for 2 s, 3 and 5 for 1 s each: sampled every second the gauge
+    # reads [1, 1, 3, 5], whose median is (1 + 3) / 2 = 2
+    assert weighted_median([5, 1, 3], [1, 2, 1]) == 2
+    # one 0.6 s prefill step at 4 outweighs twenty 20 ms decode steps at 30
+    # (0.6 s of 1.0 s): the unweighted median would say 30
+    assert weighted_median([4] + [30] * 20, [0.6] + [0.02] * 20) == 4
+    # zero-weight rows do not count; nothing left is NaN
+    assert weighted_median([7, 1], [0.0, 1.0]) == 1
+    assert math.isnan(weighted_median([], []))
+
+
+def hand_step_table():
+    """A warm-up step, then four measured steps (the first measured arrival is 2.0).
+
+    start  dur   wait run  mem attn/ssm/conv   total  waste a/s/c  sum  inval a/c  slab
+    0.00   2.00   9    9   9000/9000/900      18900  999/999/999 2997   0/0     .10   warm-up
+    2.00   0.60   1    1    100/ 500/ 10        610    5/  1/  0    6   4/1     .50
+    2.60   0.02   0    2    400/ 200/ 20        620    2/  2/  2    6   6/1     .70
+    2.62   0.02   0    2    300/ 350/  5        655    0/  0/  7    7  10/2     .60
+    2.64   0.10   3    1     50/  50/ 50        150    1/  1/  1    3  10/3     .60
+    (invalidations are cumulative before each step; the run ends with 12/3)
+    """
+    table = [
+        (0.00, 2.00, 9, 9, (9000, 9000, 900), (999, 999, 999), (0, 0), 0.10),
+        (2.00, 0.60, 1, 1, (100, 500, 10), (5, 1, 0), (4, 1), 0.50),
+        (2.60, 0.02, 0, 2, (400, 200, 20), (2, 2, 2), (6, 1), 0.70),
+        (2.62, 0.02, 0, 2, (300, 350, 5), (0, 0, 7), (10, 2), 0.60),
+        (2.64, 0.10, 3, 1, (50, 50, 50), (1, 1, 1), (10, 3), 0.60),
+    ]
+    rows = []
+    for start, dur, wait, run, mem, waste, inval, slab in table:
+        row = {"start_s": start, "time_s": start + dur, "duration_s": dur,
+               "waiting": wait, "running": run, "slab_occupancy": slab,
+               "invalidations_attention": inval[0], "invalidations_checkpoint": inval[1]}
+        for kind, b, w in zip(("attention", "ssm", "conv"), mem, waste, strict=True):
+            row[f"mem_{kind}_bytes"] = b
+            row[f"waste_{kind}_bytes"] = w
+        rows.append(row)
+    return rows
+
+
+def hand_run():
+    reqs = [
+        make_request(0, 0.0, [1.0, 1.9], warmup=True),
+        make_request(1, 2.0, [3.0, 4.0]),
+        make_request(2, 2.5, [3.5, 5.0]),
+    ]
+    return make_run(reqs, steps=hand_step_table(), window_start_s=0.0, window_end_s=6.0,
+                    peak_memory={"attention": 9000, "ssm": 9000, "conv": 900},
+                    counters={"invalidations_attention": 12, "invalidations_checkpoint": 3,
+                              "rounding_waste_bytes": {"budget": 100, "pages": 2997}},
+                    engine_info={"attn_block_tokens": 16})
+
+
+def test_ledger_window_starts_at_the_first_measured_arrival():
+    s = summarize(hand_run())
+    # 4 measured tokens; ledger 2.0 .. 6.0 (not 0.0 .. 6.0); span 2.0 .. 5.0
+    assert s["throughput_ledger_tok_s"] == pytest.approx(4 / 4.0)
+    assert s["throughput_span_tok_s"] == pytest.approx(4 / 3.0)
+
+
+def test_queue_medians_are_time_weighted_over_the_measured_steps():
+    s = summarize(hand_run())
+    # waiting: 1 for 0.6 s, 0 for 0.04 s, 3 for 0.1 s (of 0.74 s): half is 0.37 s,
+    # reached inside the value 1 (0.04 < 0.37 <= 0.64). Unweighted over the measured
+    # rows it would be median[1, 0, 0, 3] = 0.5.
+    assert s["waiting_median"] == 1.0
+    # running: 1 for 0.7 s, 2 for 0.04 s -> 1 (unweighted median[1, 2, 2, 1] = 1.5;
+    # with the 9-running warm-up step it would be 2)
+    assert s["running_median"] == 1.0
+
+
+def test_idle_time_between_steps_counts_as_an_empty_queue():
+    # two 0.1 s steps with 3 running, then 0.4 s idle (nothing waiting or running),
+    # then a 0.1 s step with 1 running. A gauge read every 0.1 s over the 0.7 s
+    # sees [3, 3, 0, 0, 0, 0, 1]: median 0 (the steps alone, weighted or not,
+    # would say 3)
+    rows = [{"start_s": 0.0, "duration_s": 0.1, "waiting": 0, "running": 3},
+            {"start_s": 0.1, "duration_s": 0.1, "waiting": 0, "running": 3},
+            {"start_s": 0.6, "duration_s": 0.1, "waiting": 0, "running": 1}]
+    s = summarize(make_run([make_request(0, 0.0, [0.7])], steps=rows))
+    assert s["running_median"] == 0.0
+    # with a 0.3 s gap the gauge sees [3, 3, 0, 0, 0, 1]: median (0 + 1) / 2
+    rows[2]["start_s"] = 0.5
+    s = summarize(make_run([make_request(0, 0.0, [0.6])], steps=rows))
+    assert s["running_median"] == 0.5
+
+
+def test_peak_memory_is_the_largest_per_step_total_in_the_measured_period():
+    s = summarize(hand_run(), weights_bytes=10_000)
+    # per-step totals 610, 620, 655, 150 -> 655 (the per-kind peaks 400 + 500 + 50 =
+    # 950 never coexisted; the warm-up step's 18,900 is outside the period)
+    assert s["peak_mem_total_bytes"] == 655 + 10_000
+    assert (s["peak_mem_attention_bytes"], s["peak_mem_ssm_bytes"],
+            s["peak_mem_conv_bytes"]) == (400, 500, 50)
+
+
+def test_rounding_waste_is_budget_loss_plus_the_largest_per_step_total():
+    # budget 100 + max(6, 6, 7, 3); summing per-kind peaks would give 100 + 5 + 2 + 7
+    assert summarize(hand_run())["rounding_waste_bytes"] == 107
+
+
+def test_invalidations_are_per_kind_and_in_tokens_over_the_measured_period():
+    s = summarize(hand_run())
+    # attention: 12 at the end - 4 before the first measured step = 8 blocks of 16 tokens
+    assert s["invalidations_attention"] == 8
+    assert s["invalidated_tokens"] == 8 * 16
+    # checkpoints: 3 - 1 = 2 (counted by kind only)
+    assert s["invalidations_checkpoint"] == 2
+
+
+def test_slab_occupancy_is_the_mean_over_the_measured_steps():
+    assert summarize(hand_run())["slab_occupancy_mean"] == pytest.approx((.5 + .7 + .6 + .6) / 4)
 
 
 def test_per_request_table_columns_and_derived_values():

@@ -31,7 +31,9 @@ REQUESTS = 20
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "retention"])
 def trace(request) -> Trace:
-    config = dataclasses.replace(trace_config(REQUESTS, 4.5, org="s0"), retention=request.param)
+    # seed 1: busy enough that both variants preempt under the admission rule
+    config = dataclasses.replace(trace_config(REQUESTS, 4.5, org="s0", seed=1),
+                                 retention=request.param)
     return record_trace(config)
 
 

@@ -9,7 +9,7 @@ from harness.model_configs import preset
 from harness.orgs import build_organization
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED
-from harness.scheduler import DONE, Scheduler, SchedulerPolicy
+from harness.scheduler import DONE, BatchItem, Scheduler, SchedulerPolicy, StepBatch
 
 GEOM = preset("falcon-h1-7b")
 
@@ -26,12 +26,12 @@ def prompt(n, base=0):
 def drive(sched, now=0.0, max_steps=10_000, on_step=None):
     steps = 0
     while sched.has_work and steps < max_steps:
-        plan = sched.schedule()
+        batch = sched.schedule()
         now += 0.01
-        sched.complete(plan, now)
+        sched.complete(batch, now)
         sched.org.check_invariants()
         if on_step:
-            on_step(steps, plan)
+            on_step(steps, batch)
         steps += 1
     return steps
 
@@ -79,28 +79,31 @@ def test_headroom_blocks_admission_but_not_growth():
 
 
 def test_preemption_takes_the_most_recent_request_which_resumes_later():
-    # S1, 22 pages: both 600-token prompts fit (2 blocks + live + 1 spare = 10 pages
-    # each), but decoding to 3,600 tokens needs 8 blocks + live = 12 pages each.
-    org, sched = make("s1", (22,))
-    sched.add(0, 0.0, prompt(600), 3000, None)
-    sched.add(1, 0.0, prompt(600, 50_000), 3000, None)
-    plan = sched.schedule()
-    assert len(plan.items) == 2
-    sched.complete(plan, 0.01)
+    # S1, 22 pages, 1,024-token steps: both 500-token prompts fit in one step
+    # (1 block + live = 5 pages each), but decoding to 3,600 tokens needs 8 blocks +
+    # live = 12 pages each. The resumed request's first chunk is 512 tokens (the
+    # step's budget minus the other's decode token, on the grid): 1 block + live +
+    # spare = 9 pages, which fit beside the survivor's 12.
+    org, sched = make("s1", (22,), token_budget=1024)
+    sched.add(0, 0.0, prompt(500), 3100, None)
+    sched.add(1, 0.0, prompt(500, 50_000), 3100, None)
+    batch = sched.schedule()
+    assert len(batch.items) == 2
+    sched.complete(batch, 0.01)
     preempted = []
     for _ in range(4000):
-        plan = sched.schedule()
-        preempted += plan.preempted
+        batch = sched.schedule()
+        preempted += batch.preempted
         if preempted:
             break
-        sched.complete(plan, 0.02)
+        sched.complete(batch, 0.02)
     assert preempted == [1]                       # admitted last, preempted first
     assert sched.requests[0].state == "running"
     assert sched.waiting[0].rid == 1              # resumes first (FCFS head)
     assert sched.requests[1].record.preemptions == 1
     drive(sched)
     assert all(r.record.status == FINISHED for r in sched.requests.values())
-    assert all(r.record.output_tokens == 3000 for r in sched.requests.values())
+    assert all(r.record.output_tokens == 3100 for r in sched.requests.values())
     assert sched.requests[1].record.recomputed_tokens > 0
     assert not org.pinned and org.holds_no_references()
 
@@ -143,7 +146,7 @@ def test_random_cancellation_leaks_nothing(org_name, pages):
         sched.add(i, 0.0, prompt(int(rng.integers(300, 2500)), base), int(rng.integers(1, 60)),
                   None)
 
-    def maybe_cancel(step, plan):
+    def maybe_cancel(step, batch):
         live = [r for r in sched.requests.values() if r.state != DONE]
         if live and rng.random() < 0.08:
             sched.cancel(int(rng.choice([r.rid for r in live])))
@@ -155,3 +158,129 @@ def test_random_cancellation_leaks_nothing(org_name, pages):
     assert not org.pinned
     assert all(h == 0 for p in org.pools for h in p.hold)
     org.check_invariants()
+
+
+def test_a_preemption_only_round_is_replanned_within_the_same_schedule_call():
+    # S1, 10 pages. r0 (600-token prompt) takes 2 blocks + live + 1 spare = 10 pages;
+    # after its prefill the 512 checkpoint is cached and decoding grows its blocks
+    # into those pages until it holds 6 blocks + live = 10 referenced pages at 3,072
+    # tokens. Its next token needs a 7th block: it preempts itself, so the round
+    # computes nothing. The same schedule() call plans again: r0, now the head of
+    # the queue with 3,073 tokens to recompute in one budget-sized chunk (7 blocks
+    # + live + 6 spares, and no checkpoint left to adopt), cannot be admitted with
+    # nothing running and fails; r1 (100 tokens: 1 block + live = 5 pages), which
+    # never fitted beside r0, is admitted.
+    org, sched = make("s1", (10,))
+    sched.add(0, 0.0, prompt(600), 10_000, None)
+    batch = sched.schedule()
+    sched.complete(batch, 0.01)
+    sched.add(1, 0.01, prompt(100, 70_000), 1, None)
+    for step in range(5000):
+        batch = sched.schedule()
+        if batch.preempted:
+            break
+        assert [i.req.rid for i in batch.items] == [0]
+        sched.complete(batch, 0.02 + step)
+    assert batch.preempted == [0] and batch.failed == [0]
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(1, 0, 100)]
+    assert sched.requests[0].generated == 3072 - 600 + 1
+    assert sched.requests[0].record.status == "failed"
+    org.check_invariants()
+
+
+def test_schedule_asserts_the_token_budget_and_the_cap(monkeypatch):
+    org, sched = make("s2", (200,), token_budget=1000, cap=1)
+    r = sched.add(0, 0.0, prompt(600), 2, None)
+    oversize = StepBatch(items=[BatchItem(r, 0, 1001, True, org.grid)])
+    monkeypatch.setattr(sched, "_schedule_round", lambda: oversize)
+    with pytest.raises(AssertionError, match="1001 tokens exceeds the token budget 1000"):
+        sched.schedule()
+    within_budget = StepBatch(items=[BatchItem(r, 0, 512, True, org.grid)])
+    monkeypatch.setattr(sched, "_schedule_round", lambda: within_budget)
+    sched.running = [r, r]
+    with pytest.raises(AssertionError, match="2 running requests exceed the cap 1"):
+        sched.schedule()
+
+
+def test_first_chunk_is_sized_by_the_remaining_token_budget():
+    # 1,300-token steps: r0 decodes (1 token), so r1's first chunk gets 1,299
+    # tokens, cut to the 512 grid: [0, 1024)
+    org, sched = make("s1", (200,), token_budget=1300)
+    sched.add(0, 0.0, prompt(100), 50, None)
+    sched.complete(sched.schedule(), 0.01)
+    sched.add(1, 0.01, prompt(3000, 40_000), 1, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 100, 101), (1, 0, 1024)]
+
+
+def test_a_first_chunk_that_does_not_fit_with_headroom_stops_admission():
+    # S1, 40 pages, f = 0.5: 20 must stay free after an admission. r0 (100 tokens,
+    # 1 block + live = 5 pages) runs. r1's first chunk is its whole 2,600-token
+    # prompt (the budget allows it): 6 blocks + live + 5 spares = 6 + 4 + 20 = 30
+    # pages, leaving 5 < 20, so admission stops for this step, and r2 behind it
+    # waits too. A [0, 512) chunk (1 + 4 + 4 = 9 pages, leaving 26) would pass the
+    # check, but a first chunk is not shortened to squeeze it in.
+    org, sched = make("s1", (40,), headroom=0.5)
+    sched.add(0, 0.0, prompt(100), 200, None)
+    sched.complete(sched.schedule(), 0.01)
+    sched.add(1, 0.01, prompt(2600, 30_000), 1, None)
+    sched.add(2, 0.01, prompt(100, 60_000), 1, None)
+    for step in range(3):
+        batch = sched.schedule()
+        assert [i.req.rid for i in batch.items] == [0]
+        assert [r.rid for r in sched.waiting] == [1, 2]
+        sched.complete(batch, 0.02 + step)
+    assert org.pools[0].available == 40 - 5
+
+
+def test_running_prefill_chunks_shrink_to_the_grid_before_anyone_is_preempted():
+    # S1, 34 pages, 2,200-token steps, every published checkpoint retained (so its
+    # pages cannot be reclaimed). Step 1: r0 (3,000 tokens) gets [0, 2048) = 4
+    # blocks + live + 4 spares = 24 pages; r1 (100 tokens) gets the remaining
+    # budget, 1 block + live = 5 pages. After it r0 holds 4 blocks + live (8
+    # pages) and its 4 retained checkpoints (16), r1 5: 5 pages stay empty.
+    # Step 2: r0's rest [2048, 3000) needs 2 blocks + 1 spare = 6 pages > 5; the
+    # chunk is shortened to [2048, 2560) (1 block + 1 spare = 5 pages) and r1 keeps
+    # running, not preempted.
+    org, sched = make("s1", (34,), token_budget=2200, retention=True, retention_threshold=1)
+    sched.add(0, 0.0, prompt(3000), 1, None)
+    sched.add(1, 0.0, prompt(100, 80_000), 400, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 0, 2048), (1, 0, 100)]
+    sched.complete(batch, 0.01)
+    assert org.pools[0].available == 5
+    batch = sched.schedule()
+    assert batch.preempted == []
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 2048, 2560), (1, 100, 101)]
+
+
+def test_a_preempted_adopter_pins_the_checkpoint_it_adopted():
+    # D0: 200 attention blocks of 16 tokens, 6 checkpoint pages, grid 1,792.
+    # r0 (2,000 tokens) publishes the checkpoint at 1,792 and finishes. r2 (private,
+    # 100 tokens) and then r1 (r0's 2,000 tokens + 100 new) are admitted together;
+    # r1 adopts J = 1,792 (112 cached blocks + the checkpoint) and computes
+    # [1792, 2100), publishing nothing, which consumes the adopted checkpoint into
+    # its live state (the checkpoint is cached again, in its own pool). Both then
+    # decode (r1 to 2,900 tokens, which fit alone) until the attention pool runs
+    # out and r1, admitted last, is preempted. It must pin the deepest valid
+    # checkpoint on its path: the one at 1,792 that it adopted (it published none).
+    org, sched = make("d0", (200, 6))
+    shared = prompt(2000)
+    sched.add(0, 0.0, shared, 1, None)
+    drive(sched)
+    sched.add(2, 1.0, prompt(100, 500_000), 3000, None)
+    sched.add(1, 1.0, shared + prompt(100, 900_000), 800, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(2, 0, 100), (1, 1792, 2100)]
+    sched.complete(batch, 1.01)
+    for step in range(3000):
+        batch = sched.schedule()
+        if batch.preempted:
+            break
+        sched.complete(batch, 1.02 + step)
+    assert batch.preempted == [1]
+    assert org.pinned[1].pos == 1792 and org.pinned[1].valid
+    assert sched.requests[1].record.j_adopt == 1792
+    drive(sched, now=100.0)
+    assert all(r.record.status == FINISHED for r in sched.requests.values())
+    assert not org.pinned and org.holds_no_references()

@@ -3,7 +3,7 @@
 One event order, defined once: events are ``(time, kind, seq)`` tuples on a
 heap, a step completing at t is handled before an arrival at t, and only this
 loop advances the clock. Each step's duration comes from the roofline cost
-model (`adapters.sim.cost`) applied to the batch the scheduler planned, so the
+model (`adapters.sim.cost`) applied to the batch the scheduler built, so the
 simulator needs no GPU and is deterministic: the same workload and config give
 identical results, bit for bit.
 """
@@ -17,12 +17,12 @@ from pathlib import Path
 
 from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.hardware import get_hardware
+from adapters.sim.recorder import StepRecorder
 from harness import __version__
 from harness.budget import resolve_budget
 from harness.errors import HbenchError
 from harness.model_configs import geometry_for_run
 from harness.orgs import build_organization
-from harness.orgs.pool import KINDS
 from harness.records import EngineRun
 from harness.scheduler import DONE, Scheduler, SchedulerPolicy
 
@@ -32,6 +32,7 @@ STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
 POLL_INTERVAL_S = 0.05
 
 _SOURCES = ("adapters/sim/engine.py", "adapters/sim/cost.py", "adapters/sim/hardware.py",
+            "adapters/sim/recorder.py",
             "harness/scheduler.py", "harness/orgs", "harness/layout.py", "harness/budget.py",
             "harness/geometry.py", "harness/model_configs.py")
 
@@ -68,20 +69,16 @@ class SimEngine:
         sched = Scheduler(org, SchedulerPolicy(
             cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
             retention=config.retention, retention_threshold=config.retention_threshold))
-        layers = geom.pool_layers
+        recorder = StepRecorder(org, geom.pool_layers)
+        warmup = config.warmup_requests
         events: list[tuple] = []
         seq = 0
         for wr in workload.requests:
             events.append((wr.arrival_s, ARRIVAL, seq, wr))
             seq += 1
         heapq.heapify(events)
-        steps: list[dict] = []
-        peak = dict.fromkeys(KINDS, 0)
-        waste_peak = dict.fromkeys(KINDS, 0)
-        occupancy: list[float] = []
-        plan = None
+        batch = None        # the batch of the step in flight
         done = 0
-        warmup = config.warmup_requests
         while events:
             now, kind, _, payload = heapq.heappop(events)
             if kind == ARRIVAL:
@@ -89,66 +86,32 @@ class SimEngine:
                           payload.output_len, payload.salt, payload.prefix_group,
                           warmup=payload.request_id < warmup)
             else:
-                finished = sched.complete(plan, now)
-                steps[-1]["time_s"] = now
-                plan = None
+                finished = sched.complete(batch, now)
+                recorder.step_finished(now)
+                batch = None
+                done += len(finished)
                 if finished and progress:
-                    done += len(finished)
                     progress(done)
                 if config.debug_invariants:
                     org.check_invariants()
-            if plan is None and sched.has_work:
-                plan, cost, failed = self._next_plan(sched, cost_model)
-                if failed and progress:
-                    done += failed
+            if batch is None and sched.has_work:
+                batch = sched.schedule()
+                if batch.failed and progress:
+                    done += len(batch.failed)
                     progress(done)
-                if plan is None:
+                if not batch.items:
+                    batch = None
                     continue
+                cost = cost_model.step(_shape(batch))
                 heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
                 seq += 1
-                u = org.usage()
-                row = {
-                    "time_s": now, "start_s": now, "duration_s": cost.total_s,
-                    "running": len(sched.running), "waiting": len(sched.waiting),
-                    "batch_tokens": plan.batch_tokens,
-                    "prefill_tokens": sum(i.end - i.start for i in plan.items if i.prefill),
-                    "decode_requests": sum(1 for i in plan.items if not i.prefill),
-                    "preempted": len(plan.preempted),
-                    "weights_s": cost.weights_s, "kv_s": cost.kv_s,
-                    "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
-                    "overhead_s": cost.overhead_s, "bound": cost.bound,
-                    "invalidations": u.invalidations,
-                    "slab_occupancy": u.slab_occupancy,
-                }
-                for pool, counts in u.pages.items():
-                    for state, n in counts.items():
-                        row[f"pages_{pool}_{state}"] = n
-                for k in KINDS:
-                    row[f"blocks_{k}_referenced"] = u.pages_by_kind[k]["referenced"]
-                    row[f"blocks_{k}_cached"] = u.pages_by_kind[k]["cached"]
-                    b = u.bytes_by_kind[k]["referenced"] * layers
-                    row[f"mem_{k}_bytes"] = b
-                    row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
-                    peak[k] = max(peak[k], b)
-                    waste_peak[k] = max(waste_peak[k], u.waste_by_kind[k] * layers)
-                if not math.isnan(u.slab_occupancy):
-                    occupancy.append(u.slab_occupancy)
-                steps.append(row)
+                recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
         self._check_nothing_lost(sched, org)
         records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
         last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
         window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
-        counters = {
-            "invalidations": org.invalidations,
-            "preemptions": sched.preemptions,
-            "checkpoints_published": org.published_count,
-            "rounding_waste_bytes": {"budget": budget.rounding_loss_bytes * layers,
-                                     **{f"pages_{k}": v for k, v in waste_peak.items()}},
-        }
-        if occupancy:
-            counters["slab_occupancy_mean"] = sum(occupancy) / len(occupancy)
         info = {
-            "engine": self.name, "pool_layers": layers,
+            "engine": self.name, "pool_layers": geom.pool_layers,
             "pools": [{"name": p.name, "pages": p.pages, "page_bytes": p.page_bytes}
                       for p in budget.pools],
             "attn_block_tokens": org.capacity().attn_block_tokens,
@@ -156,25 +119,10 @@ class SimEngine:
             "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
             "cache_state": "cold", "warmup_requests": warmup,
         }
-        return EngineRun(requests=records, steps=steps, window_start_s=0.0,
-                         window_end_s=window_end, engine_info=info, peak_memory=peak,
-                         counters=counters)
-
-    @staticmethod
-    def _next_plan(sched: Scheduler, cost_model: CostModel):
-        """Plan the next step; replan after a step that only preempted or failed."""
-        failed = 0
-        for _ in range(len(sched.requests) + 2):
-            plan = sched.schedule()
-            failed += len(plan.failed)
-            if plan.items:
-                return plan, cost_model.step(_shape(plan)), failed
-            if not (plan.preempted or plan.failed) or not sched.has_work:
-                break
-        if sched.has_work:
-            raise AssertionError(
-                f"scheduler stalled: {len(sched.waiting)} waiting, {len(sched.running)} running")
-        return None, None, failed
+        return EngineRun(requests=records, steps=recorder.rows, window_start_s=0.0,
+                         window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
+                         counters=recorder.counters(sched.preemptions,
+                                                    budget.rounding_loss_bytes))
 
     @staticmethod
     def _check_nothing_lost(sched: Scheduler, org) -> None:
@@ -187,14 +135,25 @@ class SimEngine:
 
 
 def check_fits(org, workload, config, label: str) -> None:
-    """Refuse a budget that cannot serve the longest request even alone: its
-    attention for prompt + output, its live state and a spare for one checkpoint
-    publication (HbenchError before any simulated time passes)."""
+    """Refuse a budget that cannot serve the longest request even alone
+    (HbenchError before any simulated time passes): its first chunk, sized by
+    the token budget as the scheduler sizes it, must fit with the admission
+    headroom, and its attention for prompt + output, its live state and a spare
+    for one checkpoint publication must fit (later chunks can shrink to one
+    grid boundary)."""
     if not workload.requests:
         raise HbenchError("the workload has no requests")
     longest = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
     total = longest.prompt_len + longest.output_len
-    one_boundary = min(longest.prompt_len, org.grid)   # the scheduler can shrink chunks to this
+    prompt = longest.prompt_len
+    first = (prompt if prompt <= config.token_budget
+             else config.token_budget // org.grid * org.grid)
+    if not org.can_allocate(org.pages_needed(-1, first, prompt), config.headroom):
+        raise HbenchError(
+            f"budget {label} cannot admit the longest request's first {first}-token chunk "
+            f"for {org.name} with headroom {config.headroom} even alone: raise the budget, "
+            "lower the headroom or lower --token-budget")
+    one_boundary = min(prompt, org.grid)
     need = org.pages_needed(-1, total, one_boundary).pages
     for pool, n in zip(org.capacity().pools, need, strict=True):
         if n > pool.pages:
@@ -203,10 +162,10 @@ def check_fits(org, workload, config, label: str) -> None:
                 f"longest request ({total} tokens) alone needs {n}: raise the budget")
 
 
-def _shape(plan) -> StepShape:
-    """Aggregate the planned batch into the cost model's step description."""
+def _shape(batch) -> StepShape:
+    """Aggregate the scheduled batch into the cost model's step description."""
     chunks, decodes, copies, loads = [], [], 0, 0
-    for it in plan.items:
+    for it in batch.items:
         if it.prefill:
             chunks.append((it.end - it.start, it.start))
             loads += it.adopted

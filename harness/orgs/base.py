@@ -153,6 +153,7 @@ class Organization(ReadOnlyViews):
             if j > 0:
                 st.attn = self.attn.adopt(keys, j)
                 st.adopted = self.ckpts.map[key_at(keys, j)]
+                st.on_path.append(st.adopted)
                 self.table.ref(st.adopted)
             st.computed = st.reserved_until = j
             st.live = self.ckpts.new()
@@ -199,6 +200,7 @@ class Organization(ReadOnlyViews):
             k = key_at(keys, j)
             if k in self.ckpts.map:
                 self.table.drop_owned(spare)   # someone published this prefix already
+                st.on_path.append(self.ckpts.map[k])
             else:
                 ck = st.live
                 self.ckpts.publish(ck, k, j)
@@ -233,10 +235,12 @@ class Organization(ReadOnlyViews):
                 self.table.drop_owned(e)
 
     def preempt(self, rid) -> None:
-        """Recompute-style preemption: release, pinning the latest checkpoint."""
+        """Recompute-style preemption: release, pinning the deepest valid checkpoint
+        on the request's own path, whether it published it, adopted it, or found
+        it already published at one of its boundaries."""
         st = self.reqs[rid]
         latest = None
-        for e in [*st.published, st.adopted]:
+        for e in [*st.published, *st.on_path]:
             if e is not None and e.valid and (latest is None or e.pos > latest.pos):
                 latest = e
         if latest is not None:

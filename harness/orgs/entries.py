@@ -61,6 +61,7 @@ class RequestState:
     spares: list[Entry] = field(default_factory=list)
     adopted: Entry | None = None
     published: list[Entry] = field(default_factory=list)
+    on_path: list[Entry] = field(default_factory=list)   # adopted, or published by another
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
     computed: int = 0
@@ -77,6 +78,7 @@ class EntryTable:
         self.maps: dict[str, dict[int, Entry]] = {ATTN_ENTRY: {}, CKPT_ENTRY: {}}
         self.ids = itertools.count()
         self.invalidations = 0
+        self.invalidations_by_kind = {ATTN_ENTRY: 0, CKPT_ENTRY: 0}
 
     def take_page(self, pool_idx: int) -> int:
         """An empty page, else the least recently released cached one (reclaimed)."""
@@ -143,6 +145,7 @@ class EntryTable:
         for pool, page in e.pages:
             self.pools[pool].forget_content(page)
         self.invalidations += 1
+        self.invalidations_by_kind[e.kind] += 1
 
     def drop_owned(self, e: Entry) -> None:
         """Free an object only its owner references (live state, spare, private block)."""

@@ -12,6 +12,7 @@ pools, request table, attention index and checkpoint store.
 from __future__ import annotations
 
 from harness.orgs import audit
+from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
 from harness.orgs.keys import KEY_TOKENS, key_at
 from harness.orgs.values import Capacity, PageRef, PoolInfo, StateCopy, StatePlacement, Usage
 
@@ -53,6 +54,12 @@ class ReadOnlyViews:
     @property
     def invalidations(self) -> int:
         return self.table.invalidations
+
+    @property
+    def invalidations_by_kind(self) -> dict[str, int]:
+        """Cached entries destroyed to reclaim a page: ``{"attention": n, "checkpoint": n}``."""
+        by_kind = self.table.invalidations_by_kind
+        return {"attention": by_kind[ATTN_ENTRY], "checkpoint": by_kind[CKPT_ENTRY]}
 
     @property
     def published_count(self) -> int:

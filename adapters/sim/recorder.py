@@ -1,0 +1,86 @@
+"""The simulator's step table and run counters, kept out of its event loop.
+
+The loop (`adapters.sim.engine.SimEngine.run`) tells a `StepRecorder` two
+things: a step started (with the batch, its cost and the scheduler's queues)
+and a step ended. The recorder samples the organization's `usage()` at each
+step start and turns it into one row of ``steps.parquet``; at the end it
+assembles the run's counters. It reads; it never changes the scheduler or
+the organization.
+
+Each row holds the step's timing (``start_s``, ``time_s`` = end,
+``duration_s``) and cost breakdown, the queue lengths when it was planned,
+what the batch computes, the organization's cumulative invalidations by kind
+(``invalidations_attention`` blocks, ``invalidations_checkpoint``
+checkpoints, counted before the step), and memory at the step's start: pages
+per pool and state, blocks per state kind, referenced and cached bytes per
+state kind, and rounding waste per state kind (``waste_<kind>_bytes``:
+allocated minus logical bytes of the pages holding that kind); all bytes are
+whole model, i.e. times the pool layers. `harness.metrics` takes the
+measured period's peaks, waste and invalidations from these rows.
+"""
+
+from __future__ import annotations
+
+from harness.orgs.pool import KINDS
+
+
+class StepRecorder:
+    """Builds step rows and run counters for one simulated run."""
+
+    def __init__(self, org, pool_layers: int):
+        self.org = org
+        self.layers = pool_layers
+        self.rows: list[dict] = []
+        self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
+        self.waste_peak = 0                     # largest per-step total rounding waste
+
+    def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
+        """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
+        u = self.org.usage()
+        layers = self.layers
+        row = {
+            "time_s": now, "start_s": now, "duration_s": cost.total_s,
+            "running": running, "waiting": waiting,
+            "batch_tokens": batch.batch_tokens,
+            "prefill_tokens": sum(i.end - i.start for i in batch.items if i.prefill),
+            "decode_requests": sum(1 for i in batch.items if not i.prefill),
+            "preempted": len(batch.preempted),
+            "weights_s": cost.weights_s, "kv_s": cost.kv_s,
+            "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
+            "overhead_s": cost.overhead_s, "bound": cost.bound,
+            "invalidations_attention": self.org.invalidations_by_kind["attention"],
+            "invalidations_checkpoint": self.org.invalidations_by_kind["checkpoint"],
+            "slab_occupancy": u.slab_occupancy,
+        }
+        for pool, counts in u.pages.items():
+            for state, n in counts.items():
+                row[f"pages_{pool}_{state}"] = n
+        for k in KINDS:
+            row[f"blocks_{k}_referenced"] = u.pages_by_kind[k]["referenced"]
+            row[f"blocks_{k}_cached"] = u.pages_by_kind[k]["cached"]
+            b = u.bytes_by_kind[k]["referenced"] * layers
+            row[f"mem_{k}_bytes"] = b
+            row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
+            row[f"waste_{k}_bytes"] = u.waste_by_kind[k] * layers
+            self.peak[k] = max(self.peak[k], b)
+        self.waste_peak = max(self.waste_peak, sum(row[f"waste_{k}_bytes"] for k in KINDS))
+        self.rows.append(row)
+
+    def step_finished(self, now: float) -> None:
+        """The step started last ends at ``now``."""
+        self.rows[-1]["time_s"] = now
+
+    def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
+        """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is
+        the budget's rounding loss per pool layer. Invalidations are cumulative
+        entries by kind; ``rounding_waste_bytes`` is the budget's loss plus the
+        largest per-step total page waste."""
+        by_kind = self.org.invalidations_by_kind
+        return {
+            "invalidations_attention": by_kind["attention"],
+            "invalidations_checkpoint": by_kind["checkpoint"],
+            "preemptions": preemptions,
+            "checkpoints_published": self.org.published_count,
+            "rounding_waste_bytes": {"budget": budget_rounding_bytes * self.layers,
+                                     "pages": self.waste_peak},
+        }
