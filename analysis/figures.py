@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from analysis import stats
 from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
-from analysis.load import load_requests, load_steps
+from harness.results import read_run
 
 GIB = 1024**3
 DEPTH_METRICS = (("j_adopt_mean", "J_adopt (tokens)"), ("r_max_mean", "R_max (tokens)"),
@@ -216,8 +216,9 @@ def memory_figure(steps: pd.DataFrame, title: str) -> Figure | None:
 def _requests_by_org(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
     out: dict[str, list] = {}
     for _, r in runs.iterrows():
-        if (Path(r["path"]) / "requests.parquet").is_file():
-            out.setdefault(r["org"], []).append(load_requests(r["path"]))
+        run = read_run(r["path"])
+        if run.has_table("requests"):
+            out.setdefault(r["org"], []).append(run.table("requests"))
     return {o: pd.concat(frames, ignore_index=True) for o, frames in out.items()}
 
 
@@ -233,11 +234,12 @@ def render_figures(
     figs.append(("joint_depth", joint_depth_figure(runs)))
     figs.append(("latency_cdf", latency_cdf_figure(_requests_by_org(runs))))
     # The memory timeline is per run: draw the first run (by id) that has steps.
-    with_steps = [r for _, r in runs.sort_values("run_id").iterrows() if (Path(r["path"]) / "steps.parquet").is_file()]
+    with_steps = [(r, run) for _, r in runs.sort_values("run_id").iterrows()
+                  if (run := read_run(r["path"])).has_table("steps")]
     if with_steps:
-        first = with_steps[0]
+        first, run = with_steps[0]
         figs.append(("memory_" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(first["run_id"])),
-                     memory_figure(load_steps(first["path"]),
+                     memory_figure(run.table("steps"),
                                    f"memory by state kind: {str(first['org']).upper()} @ "
                                    f"{first['budget']}, seed {first['seed']}")))
     paths: list[Path] = []

@@ -70,7 +70,7 @@ denominator = {org = "s1"}
 def test_analyze_errors_are_one_line(tmp_path):
     res = CliRunner().invoke(cli, ["analyze", str(tmp_path / "missing")])
     assert res.exit_code == 1
-    assert res.output.strip().splitlines()[-1].startswith("Error: results directory")
+    assert res.output.strip().splitlines()[-1].startswith("Error: no results directory")
     root = tmp_path / "res"
     write_run(root, "a", org="s1", seed=0)
     write_run(root, "b", org="s0", seed=0, workload="different")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from analysis import figures
-from analysis.load import load_requests, load_runs, load_steps
+from analysis.load import load_runs
+from harness.results import read_run
 from tests.test_analysis_factory import write_run
 
 METRIC = "throughput_ledger_tok_s"
@@ -75,13 +76,13 @@ def test_joint_depth_figure(runs):
 
 def test_latency_cdfs_and_memory(runs, tmp_path):
     with_tables = runs[runs["run_id"].str.endswith("b63-0.0-0")]
-    by_org = {r["org"]: load_requests(r["path"]) for _, r in with_tables.iterrows()}
+    by_org = {r["org"]: read_run(r["path"]).table("requests") for _, r in with_tables.iterrows()}
     fig = figures.latency_cdf_figure(by_org)
     assert [a.get_title() for a in fig.axes] == ["TTFT", "ITL (per-request mean)"]
     assert fig.axes[0].get_ylabel() == "fraction of requests"
     ydata = fig.axes[0].lines[0].get_ydata()
     assert ydata[-1] == 1.0 and np.all(np.diff(ydata) >= 0)
-    steps = load_steps(with_tables.iloc[0]["path"])
+    steps = read_run(with_tables.iloc[0]["path"]).table("steps")
     fig = figures.memory_figure(steps, "memory")
     ax = fig.axes[0]
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("time (s)", "memory in use (GiB)")
