@@ -371,18 +371,31 @@ def list_runs(root: Path) -> list[Path]:
 
 # ------------------------------------------------------------ checked metadata
 
+# What two runs must agree on before their numbers are compared, with the
+# words an error uses. The engine version may be waived (a baseline against a
+# candidate build); the workload hash never (same seed, same request stream).
+CHECKED_METADATA = {"schema_version": "results schema version", "engine": "engine",
+                    "engine_version": "engine version", "workload_hash": "workload hash"}
+
+
+def metadata_conflict(a: Mapping, b: Mapping, keys=tuple(CHECKED_METADATA)) -> str | None:
+    """The first checked field among ``keys`` on which ``a`` and ``b`` (runs'
+    metadata as mappings) disagree, as ``"<field> differs (x vs y)"``; None
+    when they agree. A field neither side records is not checked."""
+    for key in keys:
+        va, vb = a.get(key), b.get(key)
+        if (va is not None or vb is not None) and va != vb:
+            return f"{CHECKED_METADATA[key]} differs ({va} vs {vb})"
+    return None
+
+
 def check_pairable(a: Run, b: Run, *, same_engine_version: bool = True, what: str = "pair") -> None:
     """Refuse (HbenchError) to compare ``a`` with ``b`` when their checked
     metadata disagree: schema version, engine, engine version (unless
     ``same_engine_version`` is False, as for a baseline against a candidate
     build), and workload hash (the same seed must mean the same request stream).
     """
-    checks = [("results schema version", a.schema_version, b.schema_version),
-              ("engine", a.engine, b.engine),
-              ("workload hash", a.workload_hash, b.workload_hash)]
-    if same_engine_version:
-        checks.insert(2, ("engine version", a.engine_version, b.engine_version))
-    for name, va, vb in checks:
-        if va != vb:
-            raise HbenchError(f"refusing to {what} {a.run_id} with {b.run_id}: {name} differs "
-                              f"({va} vs {vb})")
+    keys = [k for k in CHECKED_METADATA if same_engine_version or k != "engine_version"]
+    conflict = metadata_conflict({k: getattr(a, k) for k in keys}, {k: getattr(b, k) for k in keys}, keys)
+    if conflict:
+        raise HbenchError(f"refusing to {what} {a.run_id} with {b.run_id}: {conflict}")

@@ -75,4 +75,4 @@ def test_analyze_errors_are_one_line(tmp_path):
     write_run(root, "a", org="s1", seed=0)
     write_run(root, "b", org="s0", seed=0, workload="different")
     res = CliRunner().invoke(cli, ["analyze", str(root), "--no-figures"])
-    assert res.exit_code == 1 and "workload hashes differ" in res.output
+    assert res.exit_code == 1 and "workload hash differs" in res.output
