@@ -237,7 +237,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     arms = C.arm_means(runs, list(d.metrics))
     metrics = sorted({c.metric for c in contrasts})
     out = root / "analysis"
-    figs = render_figures(runs, out / "figures", metrics) if figures else []
+    figs = render_figures(runs, out / "figures", metrics, table) if figures else []
     write_outputs(out, root, table, inter, arms, figs)
     comparison = compare(name, table, inter, runs)
     comparison.to_csv(root / "reproduce.csv", index=False)
