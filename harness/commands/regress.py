@@ -59,7 +59,8 @@ def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
     The simulator is deterministic, so each cell is judged on its own; a
     real server's cells are judged per seed group by a paired test.
     """
-    from analysis.regress import compare, markdown, validate_thresholds
+    from analysis.regress import compare, validate_thresholds
+    from analysis.regress_report import markdown
 
     try:
         validate_thresholds(min_effect, alpha)
