@@ -127,6 +127,19 @@ def _label_keys(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
     return [k for k in keys if k in LABEL_KEYS or k in varying]
 
 
+def _order(where: Mapping) -> list:
+    """Sort key of a cell label: numbers numerically, budgets like b63 < b108."""
+    out = []
+    for v in where.values():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append((0, float(v), ""))
+        elif isinstance(v, str) and v[:1] == "b" and v[1:].isdigit():
+            out.append((0, float(v[1:]), v))
+        else:
+            out.append((1, 0.0, str(v)))
+    return out
+
+
 # ------------------------------------------------------------------- verdicts
 
 @dataclass(frozen=True)
@@ -204,9 +217,12 @@ def _cell_finding(where, metric, better, b: float, raw, min_effect: float) -> Fi
     return None  # a baseline that is not positive forms no ratio to gate on
 
 
-def _group_findings(where, pairs: Sequence[tuple[Run, Run]], min_effect: float) -> list[Finding]:
+_PENDING = "awaiting Holm"   # the reason of a tested group until `_judge_groups` decides
+
+
+def _group_findings(where, pairs: Sequence[tuple[Run, Run]]) -> list[Finding]:
     """Per metric: invalid candidate cells (each a regression) and the paired
-    test over the valid seeds (p Holm filled in by `compare`)."""
+    test over the valid seeds (p Holm and the verdict by `_judge_groups`)."""
     out = []
     for metric, better in GATED.items():
         ratios, bs, cs = [], [], []
@@ -227,13 +243,13 @@ def _group_findings(where, pairs: Sequence[tuple[Run, Run]], min_effect: float) 
         r = np.asarray(ratios)
         geo = stats.geometric_mean_ratio(r)
         out.append(Finding(where, metric, better, float(np.mean(bs)), float(np.mean(cs)), geo - 1.0,
-                           False, "", n=r.size, ci=stats.log_t_interval(r), p=stats.ttest_log_ratios(r)))
+                           False, _PENDING, n=r.size, ci=stats.log_t_interval(r), p=stats.ttest_log_ratios(r)))
     return out
 
 
 def _judge_groups(findings: list[Finding], min_effect: float, alpha: float) -> list[Finding]:
     """Holm across every tested group x metric, then the significance rule."""
-    tested = [i for i, f in enumerate(findings) if f.reason == ""]
+    tested = [i for i, f in enumerate(findings) if f.reason == _PENDING]
     p_holm = stats.holm([findings[i].p for i in tested])
     out = list(findings)
     for i, ph in zip(tested, p_holm, strict=True):
@@ -280,7 +296,7 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
         return {k: run.config.get(k) for k in keys}
 
     pairs, missing = [], []
-    for key, b_run in sorted(b_index.items(), key=lambda kv: [repr(v) for v in where(kv[1]).values()]):
+    for key, b_run in sorted(b_index.items(), key=lambda kv: _order(where(kv[1]))):
         c_run = c_index.get(key)
         if c_run is None:
             missing.append(where(b_run))
@@ -305,17 +321,23 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
                     findings.append(f)
     else:
         group_keys = [k for k in label_keys if k != "seed"]
+        cell_keys = [k for k in keys if k != "seed"]
+        seeds: dict[tuple, list] = {}
+        for b_run in base.runs:
+            seeds.setdefault(_key(b_run, cell_keys), []).append(b_run.config.get("seed"))
+        for group, group_seeds in seeds.items():
+            if len(group_seeds) < 2:
+                label = ", ".join(f"{k}={v}" for k, v in zip(cell_keys, group, strict=True) if k in group_keys)
+                raise HbenchError(
+                    f"engine {engine} is noisy: a paired comparison needs at least 2 seeds per cell, but the "
+                    f"baseline has only seed {group_seeds[0]} for {label}; run more seeds")
         groups: dict[tuple, list] = {}
         for b_run, c_run in pairs:
-            groups.setdefault(_key(b_run, [k for k in keys if k != "seed"]), []).append((b_run, c_run))
+            groups.setdefault(_key(b_run, cell_keys), []).append((b_run, c_run))
         for members in groups.values():
-            if len(members) < 2:
-                seed = members[0][0].config.get("seed")
-                raise HbenchError(
-                    f"engine {engine} is noisy: a paired comparison needs at least 2 seeds per cell, but "
-                    f"{', '.join(f'{k}={v}' for k, v in where(members[0][0], group_keys).items())} "
-                    f"has only seed {seed}; run more seeds")
-            findings += _group_findings(where(members[0][0], group_keys), members, min_effect)
+            # A group left with one matched seed (the others missing) is not
+            # tested; its missing cells are reported as such.
+            findings += _group_findings(where(members[0][0], group_keys), members)
         findings = _judge_groups(findings, min_effect, alpha)
 
     sides = {name: {"root": str(s.root), "runs": len(s.runs), "engine_version": s.values("engine_version"),

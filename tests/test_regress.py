@@ -239,3 +239,13 @@ def test_noisy_engine_one_seed_is_refused(tmp_path):
     res = _invoke("--baseline", b, "--candidate", c)
     assert res.exit_code == 2
     assert "engine vllm is noisy" in _error_line(res) and "at least 2 seeds" in res.output
+
+
+def test_noisy_engine_missing_seed_is_a_missing_cell_not_a_refusal(tmp_path):
+    b = _noisy_root(tmp_path / "b", seeds=(0, 1), orgs=("s2",), noise=0.01)
+    c = _noisy_root(tmp_path / "c", seeds=(0, 1), orgs=("s2",), noise=0.01)
+    shutil.rmtree(c / "s2-1")
+    r = compare(b, c)
+    assert r.missing == ({"org": "s2", "budget": "b83", "seed": 1},) and r.regressed
+    assert {f.reason for f in r.findings} == {"one valid seed: not tested"}
+    assert _invoke("--baseline", b, "--candidate", c, "--allow-missing").exit_code == 0
