@@ -32,6 +32,7 @@ import pandas as pd
 from analysis import stats
 from analysis.load import config_keys
 from harness.errors import HbenchError
+from harness.results import CHECKED_METADATA, metadata_conflict
 
 # Config fields that say how a run was connected or checked, not what was measured.
 VOLATILE_KEYS = ("endpoint", "launch", "server_cmd", "debug_invariants")
@@ -117,35 +118,48 @@ def _arm(runs: pd.DataFrame, where: Mapping, contrast: Contrast, side: str) -> p
 
 def pair(runs: pd.DataFrame, contrast: Contrast) -> pd.DataFrame:
     """The seed-paired table of one contrast: index seed, columns num, den,
-    num_run, den_run, workload_hash. Refuses pairs whose request streams differ."""
+    num_run, den_run, workload_hash; ``attrs["unpaired"]`` lists the seeds
+    only one arm ran. Refuses pairs whose checked metadata disagree (request
+    stream, engine and its version, results schema: `metadata_conflict`)."""
     num = _arm(runs, contrast.numerator, contrast, "numerator")
     den = _arm(runs, contrast.denominator, contrast, "denominator")
     seeds = sorted(set(num.index) & set(den.index))
     if not seeds:
         raise HbenchError(f"contrast {contrast.name!r}: the two arms share no seed")
+    checked = [k for k in CHECKED_METADATA if k in runs.columns]
     rows = {}
     for s in seeds:
-        hn, hd = num.at[s, "workload_hash"], den.at[s, "workload_hash"]
-        if hn != hd:
+        conflict = metadata_conflict(_meta(num.loc[s], checked), _meta(den.loc[s], checked), checked)
+        if conflict:
             raise HbenchError(
                 f"contrast {contrast.name!r}: refusing to pair {num.at[s, 'run_id']} with "
-                f"{den.at[s, 'run_id']} at seed {s}: workload hashes differ ({hn} vs {hd}); "
-                "the same seed must mean the same request stream"
+                f"{den.at[s, 'run_id']} at seed {s}: {conflict}; the same seed must mean the same "
+                "request stream on the same engine"
             )
         rows[s] = {
-            "num": float(num.at[s, contrast.metric]), "den": float(den.at[s, contrast.metric]),
-            "num_run": num.at[s, "run_id"], "den_run": den.at[s, "run_id"], "workload_hash": hn,
+            "num": num.at[s, contrast.metric], "den": den.at[s, contrast.metric],
+            "num_run": num.at[s, "run_id"], "den_run": den.at[s, "run_id"],
+            "workload_hash": num.at[s, "workload_hash"],
         }
     out = pd.DataFrame.from_dict(rows, orient="index")
     out.index.name = "seed"
-    out.attrs["unpaired"] = len(set(num.index) ^ set(den.index))
+    out.attrs["unpaired"] = sorted(set(num.index) ^ set(den.index))
     return out
+
+
+def _meta(row: pd.Series, keys) -> dict:
+    return {k: (None if _is_missing(row[k]) else row[k]) for k in keys}
 
 
 def contrast_ratios(runs: pd.DataFrame, contrast: Contrast) -> dict[int, float]:
     """Within-seed ratios of one contrast, keyed by seed."""
     p = pair(runs, contrast)
-    return stats.paired_ratios(p["num"].to_dict(), p["den"].to_dict())
+    num, den = p["num"].to_dict(), p["den"].to_dict()
+    invalid = stats.invalid_pairs(num, den)
+    if invalid:
+        s, why = next(iter(invalid.items()))
+        raise HbenchError(f"contrast {contrast.name!r}: seed {s} forms no ratio ({why})")
+    return stats.paired_ratios(num, den)
 
 
 def _rng(seed: int, name: str) -> np.random.Generator:
@@ -153,38 +167,69 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return stats.bootstrap_rng(seed, zlib.crc32(name.encode()))
 
 
-def _verdict(n: int, significant: bool) -> str:
+def _verdict(n: int, significant: bool, invalid: str = "") -> str:
+    if invalid:
+        return "invalid values"
     if n < 2:
         return "too few seeds"
     return "significant" if significant else "not significant"
+
+
+def _seed_list(seeds) -> str:
+    return ",".join(str(s) for s in seeds)
 
 
 def evaluate(
     runs: pd.DataFrame, contrasts: Sequence[Contrast], alpha: float = ALPHA,
     n_resamples: int = stats.N_RESAMPLES, seed: int = stats.BOOTSTRAP_SEED,
 ) -> pd.DataFrame:
-    """One row per contrast: n, means, mean ratio, % effect, t / log / bootstrap
-    CIs, p (t on log ratios), Holm-adjusted p within each family, Wilcoxon p,
-    and ``significant`` = p_holm < alpha AND the t CI of the mean ratio
-    excludes 1."""
+    """One row per contrast.
+
+    Primary: the geometric mean ratio (``geo_mean_ratio``, ``effect_pct``)
+    with its back-transformed log-scale t CI (``ci_low``/``ci_high`` on the
+    ratio scale, ``effect_ci_low``/``effect_ci_high`` in %). Secondary: the
+    arithmetic mean ratio (``mean_ratio``, ``mean_effect_pct``) with its t CI.
+    Tests: p (t on log ratios), its Holm adjustment within the family,
+    ``p_signflip`` (exact sign-flip permutation), ``p_wilcoxon``, and
+    ``mde_pct`` (smallest change detectable with 80% power). ``unpaired``
+    lists seeds only one arm ran; ``invalid`` names seeds whose values form
+    no ratio (zero, negative, null): such a contrast is reported with no
+    estimate and an untestable p that still counts in its Holm family.
+    ``significant`` = p_holm < alpha AND the CI excludes 1 (``n_resamples``
+    is kept for callers; ``seed`` seeds the sign-flip draws beyond exact size).
+    """
+    del n_resamples
+    nan = math.nan
     rows = []
     for c in contrasts:
         p = pair(runs, c)
-        ratios = stats.paired_ratios(p["num"].to_dict(), p["den"].to_dict())
-        s = stats.summarize_ratios(list(ratios.values()), _rng(seed, c.name), n_resamples)
-        rows.append({
+        num, den = p["num"].to_dict(), p["den"].to_dict()
+        invalid = stats.invalid_pairs(num, den)
+        row = {
             "family": c.family, "name": c.name, "metric": c.metric,
             "numerator": describe(c.numerator), "denominator": describe(c.denominator),
-            "n": s.n, "seeds": ",".join(str(k) for k in ratios), "unpaired": p.attrs["unpaired"],
-            "mean_numerator": stats.mean_over_seeds(p["num"]),
-            "mean_denominator": stats.mean_over_seeds(p["den"]),
-            "mean_ratio": s.mean_ratio, "geo_mean_ratio": s.geo_mean_ratio, "effect_pct": s.effect_pct,
-            "ci_low": s.t_ci[0], "ci_high": s.t_ci[1],
-            "log_ci_low": s.log_ci[0], "log_ci_high": s.log_ci[1],
-            "boot_ci_low": s.boot_ci[0], "boot_ci_high": s.boot_ci[1],
-            "p": s.p, "p_wilcoxon": s.p_wilcoxon,
-        })
-    cols = list(rows[0]) if rows else ["family", "name", "metric", "n", "p"]
+            "n": len(p) - len(invalid), "seeds": _seed_list(p.index),
+            "unpaired": _seed_list(p.attrs["unpaired"]),
+            "invalid": "; ".join(f"seed {s}: {why}" for s, why in invalid.items()),
+            "mean_numerator": stats.mean_over_seeds(pd.to_numeric(p["num"], errors="coerce")),
+            "mean_denominator": stats.mean_over_seeds(pd.to_numeric(p["den"], errors="coerce")),
+        }
+        if invalid:
+            row.update(geo_mean_ratio=nan, effect_pct=nan, ci_low=nan, ci_high=nan, effect_ci_low=nan,
+                       effect_ci_high=nan, mean_ratio=nan, mean_effect_pct=nan, mean_ci_low=nan,
+                       mean_ci_high=nan, p=nan, p_signflip=nan, p_wilcoxon=nan, mde_pct=nan)
+        else:
+            ratios = stats.paired_ratios(num, den)
+            s = stats.summarize_ratios(list(ratios.values()), alpha, _rng(seed, c.name))
+            row.update(
+                geo_mean_ratio=s.geo_mean_ratio, effect_pct=s.effect_pct, ci_low=s.ci[0], ci_high=s.ci[1],
+                effect_ci_low=stats.effect_pct(s.ci[0]), effect_ci_high=stats.effect_pct(s.ci[1]),
+                mean_ratio=s.mean_ratio, mean_effect_pct=stats.effect_pct(s.mean_ratio),
+                mean_ci_low=s.t_ci[0], mean_ci_high=s.t_ci[1],
+                p=s.p, p_signflip=s.p_signflip, p_wilcoxon=s.p_wilcoxon, mde_pct=stats.effect_pct(s.mde_ratio),
+            )
+        rows.append(row)
+    cols = list(rows[0]) if rows else ["family", "name", "metric", "n", "p", "ci_low", "ci_high", "invalid"]
     df = pd.DataFrame(rows, columns=cols)
     return _finish(df, null=1.0, alpha=alpha)
 
@@ -200,7 +245,8 @@ def _finish(df: pd.DataFrame, null: float | None, alpha: float) -> pd.DataFrame:
         sig.append(stats.is_significant(r["p_holm"], (r["ci_low"], r["ci_high"]), nul, alpha))
     df["significant"] = sig
     n = df["n"] if "n" in df.columns else df[["n_a", "n_b"]].min(axis=1)
-    df["verdict"] = [_verdict(int(k), s) for k, s in zip(n, sig, strict=True)]
+    invalid = df["invalid"] if "invalid" in df.columns else pd.Series("", index=df.index)
+    df["verdict"] = [_verdict(int(k), s, inv) for k, s, inv in zip(n, sig, invalid, strict=True)]
     return df
 
 

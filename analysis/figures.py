@@ -7,8 +7,11 @@ every figure the data support and returns the written paths. Figures are
 built on bare `matplotlib.figure.Figure` objects (Agg canvas), never through
 pyplot's global state, so analysis can run in threads and tests.
 
-Error bars are 95% t intervals over seeds, the same intervals the tables
-report.
+Error bars are 95% intervals over seeds, the same intervals the tables
+report: t intervals on absolute means, and for ratios the geometric mean
+with the back-transformed t interval of the mean log ratio. Every axis
+carries its unit (a ratio says it is unitless, a category axis names what it
+lists). `forest_figure` draws whatever contrasts a result set holds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from matplotlib.figure import Figure
 
 from analysis import stats
 from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
-from analysis.load import load_requests, load_steps
+from harness.results import read_run
 
 GIB = 1024**3
 DEPTH_METRICS = (("j_adopt_mean", "J_adopt (tokens)"), ("r_max_mean", "R_max (tokens)"),
@@ -43,8 +46,17 @@ def budget_order(label) -> tuple:
     return (0, int(m.group(1)), "") if m else (1, 0, str(label))
 
 
+# Unit of a summary metric by its name's suffix (first match wins).
+UNIT_SUFFIXES = (("_tok_s", "tok/s"), ("_bytes", "bytes"), ("_s", "s"), ("_tokens", "tokens"),
+                 ("_mean", "tokens"), ("_median", "requests"))
+
+
 def _label(metric: str) -> str:
-    return METRIC_LABELS.get(metric, metric)
+    """Axis label of a metric, with its unit."""
+    if metric in METRIC_LABELS:
+        return METRIC_LABELS[metric]
+    unit = next((u for suffix, u in UNIT_SUFFIXES if metric.endswith(suffix)), "count")
+    return f"{metric} ({unit})"
 
 
 def _mean_ci(values) -> tuple[float, float]:
@@ -85,7 +97,7 @@ def headroom_figure(runs: pd.DataFrame, metric: str = "throughput_ledger_tok_s")
             label = _series_label(where) if others else where["org"].upper()
             ax.errorbar(h, m, yerr=e, marker="o", capsize=3, label=label)
         ax.set_title(f"budget {budget}")
-        ax.set_xlabel("admission headroom f")
+        ax.set_xlabel("admission headroom f (fraction of budget)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(_label(metric))
     axes[-1].legend(fontsize=8)
@@ -111,9 +123,11 @@ def ratio_figure(
             continue
         c = Contrast(f"{num_org}/{den_org}", metric, {**where, "org": num_org}, {**where, "org": den_org})
         p = pair(grp, c)
+        if stats.invalid_pairs(p["num"].to_dict(), p["den"].to_dict()):
+            continue  # no ratio to draw; the contrast table names the seeds
         r = np.array(list(stats.paired_ratios(p["num"].to_dict(), p["den"].to_dict()).values()))
-        lo, hi = stats.t_interval(r)
-        m = r.mean()
+        lo, hi = stats.log_t_interval(r)
+        m = stats.geometric_mean_ratio(r)
         err = (0.0, 0.0) if math.isnan(lo) else (m - lo, hi - m)
         series.setdefault(tuple(where[k] for k in others), []).append((where[x], m, err))
     xs = {pt[0] for pts in series.values() for pt in pts}
@@ -136,9 +150,9 @@ def ratio_figure(
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     if categorical:
         ax.set_xticks(range(len(order)), [str(o) for o in order])
-    ax.set_xlabel("budget" if categorical else "arrival rate (req/s)")
-    ax.set_ylabel(f"{num_org.upper()}/{den_org.upper()} {_label(metric)} ratio")
-    ax.set_title(f"{num_org.upper()} vs {den_org.upper()} by {x} (paired mean ratio, 95% CI)")
+    ax.set_xlabel("budget (label)" if categorical else "arrival rate (req/s)")
+    ax.set_ylabel(f"{num_org.upper()}/{den_org.upper()} ratio of {_label(metric)}\n(unitless, 1 = parity)")
+    ax.set_title(f"{num_org.upper()} vs {den_org.upper()} by {x} (geometric mean ratio, 95% CI)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -157,10 +171,44 @@ def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
         ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[v[1] for v in mc], capsize=4,
                color=[f"C{i}" for i in range(len(orgs))])
         ax.set_xticks(range(len(orgs)), [o.upper() for o in orgs])
+        ax.set_xlabel("organization")
         ax.set_title(lab)
         ax.set_ylabel("mean per request (tokens)")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("joint depth by organization (mean over runs, 95% CI)")
+    return fig
+
+
+def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
+    """Every contrast of a result set: geometric-mean effect (%) with its 95%
+    CI, the seed count and a significance mark; a contrast without an
+    estimate (invalid values, one seed) is listed with the reason."""
+    if contrasts is None or contrasts.empty or "effect_pct" not in contrasts.columns:
+        return None
+    rows = list(contrasts.itertuples(index=False))
+    fig = Figure(figsize=(7.5, 1.2 + 0.32 * len(rows)), layout="constrained")
+    ax = fig.subplots()
+    ys = np.arange(len(rows))[::-1]
+    for y, r in zip(ys, rows, strict=True):
+        lo, hi = r.effect_ci_low, r.effect_ci_high
+        if math.isnan(r.effect_pct):
+            mark = r.verdict
+        else:
+            color = "C3" if r.significant else "0.45"
+            if math.isnan(lo):
+                ax.plot([r.effect_pct], [y], "o", color=color)
+            else:
+                ax.errorbar([r.effect_pct], [y], xerr=[[r.effect_pct - lo], [hi - r.effect_pct]], fmt="o",
+                            color=color, capsize=3)
+            mark = f"n={r.n}" + (" *" if r.significant else "")
+        ax.annotate(mark, xy=(1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+    ax.axvline(0.0, color="black", lw=0.8, ls="--")
+    ax.set_yticks(ys, [f"{r.family}: {r.name}" for r in rows], fontsize=8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("effect (%): geometric mean of within-seed ratios, 95% t CI")
+    ax.set_ylabel("contrast (family: name)")
+    ax.set_title("contrasts (* significant: p Holm < alpha and CI excludes 0)")
+    ax.grid(axis="x", alpha=0.3)
     return fig
 
 
@@ -187,7 +235,7 @@ def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | 
             ax.set_xscale("log")
         ax.set_title(title)
         ax.set_xlabel(f"{title.split()[0]} (s)")
-        ax.set_ylabel("fraction of requests")
+        ax.set_ylabel("cumulative fraction of requests (0-1)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -216,16 +264,19 @@ def memory_figure(steps: pd.DataFrame, title: str) -> Figure | None:
 def _requests_by_org(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
     out: dict[str, list] = {}
     for _, r in runs.iterrows():
-        if (Path(r["path"]) / "requests.parquet").is_file():
-            out.setdefault(r["org"], []).append(load_requests(r["path"]))
+        run = read_run(r["path"])
+        if run.has_table("requests"):
+            out.setdefault(r["org"], []).append(run.table("requests"))
     return {o: pd.concat(frames, ignore_index=True) for o, frames in out.items()}
 
 
 def render_figures(
     runs: pd.DataFrame, out_dir, metrics: Sequence[str] = ("throughput_ledger_tok_s",),
+    contrasts: pd.DataFrame | None = None,
 ) -> list[Path]:
-    """Draw every figure the data support under ``out_dir``; return the paths."""
-    figs: list[tuple[str, Figure | None]] = []
+    """Draw every figure the data support under ``out_dir`` (the forest plot
+    of ``contrasts`` when given); return the paths."""
+    figs: list[tuple[str, Figure | None]] = [("contrasts_forest", forest_figure(contrasts))]
     for m in metrics:
         figs.append((f"headroom_{m}", headroom_figure(runs, m)))
         for x in ("budget", "rate"):
@@ -233,11 +284,12 @@ def render_figures(
     figs.append(("joint_depth", joint_depth_figure(runs)))
     figs.append(("latency_cdf", latency_cdf_figure(_requests_by_org(runs))))
     # The memory timeline is per run: draw the first run (by id) that has steps.
-    with_steps = [r for _, r in runs.sort_values("run_id").iterrows() if (Path(r["path"]) / "steps.parquet").is_file()]
+    with_steps = [(r, run) for _, r in runs.sort_values("run_id").iterrows()
+                  if (run := read_run(r["path"])).has_table("steps")]
     if with_steps:
-        first = with_steps[0]
+        first, run = with_steps[0]
         figs.append(("memory_" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(first["run_id"])),
-                     memory_figure(load_steps(first["path"]),
+                     memory_figure(run.table("steps"),
                                    f"memory by state kind: {str(first['org']).upper()} @ "
                                    f"{first['budget']}, seed {first['seed']}")))
     paths: list[Path] = []

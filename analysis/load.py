@@ -1,96 +1,55 @@
-"""Reading a results root into tables the statistics can use.
+"""A results root as one table the statistics can use.
 
-A results root holds run directories (at any depth, so a sweep's nested
-folders work too), each with ``manifest.json`` and ``summary.json`` and the
-per-request / per-step parquet tables. Only runs whose manifest says
-``"status": "complete"`` and that have a summary count; any other directory
-with a manifest is skipped with a `RunSkipped` warning, because a crashed or
-half-written run must never enter a paired comparison silently.
-
-`load_runs` returns one row per run: the run's configuration as plain
-columns (``org``, ``budget``, ``q``, ``seed``, ...; their names are listed in
+Reading is `harness.results`'s job (`iter_runs`: schema version checked,
+incomplete runs skipped with a `RunSkipped` warning or refused when
+``strict``); this module only flattens the runs it returns. `load_runs`
+gives one row per run: the run's configuration as plain columns (``org``,
+``budget``, ``q``, ``seed``, ...; their names are listed in
 ``df.attrs["config_keys"]``), every summary metric as a column, and the
-identity columns ``run_id``, ``workload_hash``, ``path``.
+identity and checked-metadata columns in `IDENTITY_COLUMNS`.
 """
 
 from __future__ import annotations
 
-import json
-import warnings
 from dataclasses import fields
-from pathlib import Path
 
 import pandas as pd
 
 from harness.config import RunConfig
 from harness.errors import HbenchError
+from harness.results import Run, RunSkipped, iter_runs
 
-IDENTITY_COLUMNS = ("run_id", "workload_hash", "path", "git_commit", "engine_version", "created_utc")
+__all__ = ["IDENTITY_COLUMNS", "RunSkipped", "config_keys", "load_runs", "run_row"]
 
-
-class RunSkipped(UserWarning):
-    """A directory that looks like a run but is not a complete one."""
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+IDENTITY_COLUMNS = ("run_id", "workload_hash", "path", "git_commit", "engine", "engine_version",
+                    "schema_version", "created_utc")
 
 
-def _run_row(run_dir: Path) -> tuple[dict, list[str]] | None:
-    """The row for one run directory and its config keys, or None (with a
-    warning) if it does not count."""
-    try:
-        manifest = _read_json(run_dir / "manifest.json")
-    except ValueError as exc:
-        warnings.warn(f"skipping {run_dir}: unreadable manifest ({exc})", RunSkipped, stacklevel=3)
-        return None
-    status = manifest.get("status")
-    if status != "complete":
-        warnings.warn(f"skipping {run_dir}: status {status!r}, not 'complete'", RunSkipped, stacklevel=3)
-        return None
-    if not (run_dir / "summary.json").is_file():
-        warnings.warn(f"skipping {run_dir}: no summary.json", RunSkipped, stacklevel=3)
-        return None
-    try:
-        summary = _read_json(run_dir / "summary.json")
-    except ValueError as exc:
-        warnings.warn(f"skipping {run_dir}: unreadable summary ({exc})", RunSkipped, stacklevel=3)
-        return None
-    config = manifest.get("config") or {}
+def run_row(run: Run) -> dict:
+    """One run as a flat row: configuration, summary metrics, identity."""
+    config = run.config
     row: dict = dict(config)
-    for key, value in summary.items():
+    for key, value in run.summary.items():
         # Configuration and summary share no keys by design; never let a metric
         # overwrite a config value if that ever changes.
         row[f"summary.{key}" if key in config else key] = value
-    row["run_id"] = manifest.get("run_id", run_dir.name)
-    row["workload_hash"] = manifest.get("workload_hash")
-    row["git_commit"] = manifest.get("git_commit")
-    row["engine_version"] = manifest.get("engine_version")
-    row["created_utc"] = manifest.get("created_utc")
-    row["path"] = str(run_dir)
-    return row, list(config)
+    row.update(run_id=run.run_id, workload_hash=run.workload_hash, path=str(run.path),
+               git_commit=run.git_commit, engine=run.engine, engine_version=run.engine_version,
+               schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"))
+    return row
 
 
-def load_runs(root) -> pd.DataFrame:
+def load_runs(root, *, strict: bool = False) -> pd.DataFrame:
     """One row per complete run under ``root`` (searched recursively), sorted by path."""
-    root = Path(root)
-    if not root.is_dir():
-        raise HbenchError(f"results directory {root} does not exist")
-    rows, config_keys = [], []
-    for manifest in sorted(root.rglob("manifest.json")):
-        found = _run_row(manifest.parent)
-        if found is None:
-            continue
-        row, keys = found
-        rows.append(row)
-        config_keys.extend(k for k in keys if k not in config_keys)
+    rows, keys = [], []
+    for run in iter_runs(root, strict=strict):
+        rows.append(run_row(run))
+        keys.extend(k for k in run.config if k not in keys)
     if not rows:
-        raise HbenchError(f"no complete runs under {root} (a run needs manifest.json with status 'complete' and summary.json)")
+        raise HbenchError(f"no complete runs under {root} (a run needs manifest.json with status "
+                          "'complete' and summary.json)")
     df = pd.DataFrame(rows)
-    df.attrs["config_keys"] = config_keys
+    df.attrs["config_keys"] = keys
     return df
 
 
@@ -98,20 +57,4 @@ def config_keys(runs: pd.DataFrame) -> list[str]:
     """The configuration columns of a `load_runs` table (RunConfig's fields if
     the table lost its attrs along the way)."""
     keys = runs.attrs.get("config_keys") or [f.name for f in fields(RunConfig)]
-    return [k for k in keys if k in runs.columns]
-
-
-def load_requests(run_path) -> pd.DataFrame:
-    """A run's per-request table (``requests.parquet``)."""
-    path = Path(run_path) / "requests.parquet"
-    if not path.is_file():
-        raise HbenchError(f"{path} not found")
-    return pd.read_parquet(path)
-
-
-def load_steps(run_path) -> pd.DataFrame:
-    """A run's per-step table (``steps.parquet``)."""
-    path = Path(run_path) / "steps.parquet"
-    if not path.is_file():
-        raise HbenchError(f"{path} not found")
-    return pd.read_parquet(path)
+    return [k for k in keys if k in runs.columns and k not in IDENTITY_COLUMNS]

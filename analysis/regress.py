@@ -1,184 +1,347 @@
-"""Performance regression check between two results roots (baseline vs candidate).
+"""Performance regression check: a candidate results root against a baseline.
 
-Cells are matched on everything that defines the measurement: the run
-configuration (the config keys both roots record, minus the connection and
-diagnostic fields in `VOLATILE_KEYS`), which includes the seed, plus the
-``workload_hash``. A candidate cell whose config matches but whose request
-stream differs is not compared (it is listed as unmatched with the reason).
+Cells are matched by their configuration (every `RunConfig` field both sides
+record except the connection and diagnostic fields in `VOLATILE_KEYS`; the
+seed is one of them). Matched runs must agree on their checked metadata
+(schema version, engine, workload hash: `harness.results.check_pairable`);
+the engine version may differ, since a candidate build is the point, and the
+report shows both sides' versions and commits.
 
-Per metric, within-cell ratios ``candidate / baseline`` are tested with the
-paired t test on log ratios; p values are Holm-adjusted across the metrics.
-A metric regresses when it moved in its bad direction by at least
-``min_effect`` (a fraction: 0.02 = 2%) AND p_holm < alpha. With a single
-matched cell there is no spread to test; the engines we gate on are
-deterministic (same inputs, same outputs), so the relative change itself
-decides: a change of at least ``min_effect`` in the bad direction regresses.
+How a cell is judged depends on the engine (the manifest's ``engine``):
+
+* deterministic (the simulator: same inputs, same bits) -- cell by cell.
+  A cell regresses when a gated metric is worse than the baseline by more
+  than ``min_effect`` (a fraction: 0.02 = 2%). Nothing is pooled, so a change
+  confined to one organization is caught however many cells agree.
+* noisy (a real server: vllm, sglang, anything else) -- per seed group: the
+  cells that differ only in seed form one paired comparison (log ratios
+  candidate / baseline, t test, geometric-mean change with its log-scale t
+  CI); Holm across groups x metrics; a group regresses when it is
+  significant by the rule `analyze` uses (p Holm < alpha AND the CI excludes
+  1) and its change is worse than ``min_effect``. One seed per group cannot
+  be tested and is refused.
+
+In both modes a candidate value that is zero, negative, null, NaN or not a
+number where the baseline is positive is a regression of that cell, and so
+is a baseline cell missing from the candidate (unless ``allow_missing``).
+Bad input of any shape raises `HbenchError`. The report is rendered by
+`analysis.regress_report`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from analysis import stats
-from analysis.contrasts import VOLATILE_KEYS, norm_value
-from analysis.load import config_keys
-from analysis.report import fmt_p, fmt_pct, markdown_table
+from harness.config import RunConfig
 from harness.errors import HbenchError
+from harness.results import Run, check_pairable, iter_runs
 
-# metric -> the direction that is better
-METRICS: dict[str, str] = {
+# The gated metrics and the direction that is better. Summary keys not listed
+# here are carried along but never gated.
+GATED: dict[str, str] = {
     "throughput_ledger_tok_s": "higher",
+    "throughput_span_tok_s": "higher",
     "ttft_p99_s": "lower",
     "itl_p99_s": "lower",
     "e2e_p99_s": "lower",
     "peak_mem_total_bytes": "lower",
 }
+DETERMINISTIC_ENGINES = ("sim",)
+# Config fields that say how a run was connected or checked, not what was measured.
+VOLATILE_KEYS = ("endpoint", "launch", "server_cmd", "debug_invariants")
+# Always named in a cell's label, whether or not they vary.
+LABEL_KEYS = ("org", "budget", "seed")
+CONFIG_KEYS = tuple(f.name for f in fields(RunConfig) if f.name not in VOLATILE_KEYS)
 
+
+def number(value) -> float | None:
+    """A summary value as a finite float, or None (null, NaN, infinity, a
+    string, a bool, a list ...)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def bad_change(change: float, better: str) -> float:
+    """A relative change (candidate / baseline - 1) turned so positive = worse."""
+    return -change if better == "higher" else change
+
+
+# --------------------------------------------------------------------- input
 
 @dataclass(frozen=True)
-class MetricVerdict:
-    """The outcome for one metric across all matched cells."""
+class Side:
+    """One results root, read strictly: every run directory must be readable."""
 
+    root: Path
+    runs: tuple[Run, ...]
+
+    @classmethod
+    def read(cls, root, name: str) -> Side:
+        root = Path(root)
+        try:
+            runs = tuple(iter_runs(root, strict=True))
+        except HbenchError as exc:
+            raise HbenchError(f"{name}: {exc}") from None
+        if not runs:
+            raise HbenchError(f"{name}: no run directories under {root}")
+        return cls(root, runs)
+
+    def values(self, attr: str) -> list[str]:
+        return sorted({str(getattr(r, attr)) for r in self.runs})
+
+
+def match_keys(base: Side, cand: Side) -> tuple[str, ...]:
+    """The configuration fields cells are matched on: `RunConfig`'s fields
+    (less `VOLATILE_KEYS`) that both sides record, so a field added to the
+    configuration after the baseline was written does not unmatch every cell
+    (the workload hash still guards the request stream)."""
+    recorded = [{k for r in side.runs for k in r.config} for side in (base, cand)]
+    return tuple(k for k in CONFIG_KEYS if k in recorded[0] and k in recorded[1])
+
+
+def _key(run: Run, keys: Sequence[str]) -> tuple:
+    return tuple(run.config.get(k) for k in keys)
+
+
+def _index(side: Side, name: str, keys: Sequence[str]) -> dict[tuple, Run]:
+    out: dict[tuple, Run] = {}
+    for run in side.runs:
+        key = _key(run, keys)
+        if key in out:
+            raise HbenchError(f"{name}: runs {out[key].run_id} and {run.run_id} have the same "
+                              "configuration and seed; keep one run per cell")
+        out[key] = run
+    return out
+
+
+def _label_keys(runs: Sequence[Run], keys: Sequence[str]) -> list[str]:
+    varying = [k for k in keys if len({repr(r.config.get(k)) for r in runs}) > 1]
+    return [k for k in keys if k in LABEL_KEYS or k in varying]
+
+
+def _order(where: Mapping) -> list:
+    """Sort key of a cell label: numbers numerically, budgets like b63 < b108."""
+    out = []
+    for v in where.values():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append((0, float(v), ""))
+        elif isinstance(v, str) and v[:1] == "b" and v[1:].isdigit():
+            out.append((0, float(v[1:]), v))
+        else:
+            out.append((1, 0.0, str(v)))
+    return out
+
+
+# ------------------------------------------------------------------- verdicts
+
+@dataclass(frozen=True)
+class Finding:
+    """One gated metric of one cell (deterministic) or one seed group (noisy).
+
+    ``baseline`` / ``candidate`` are the cell's values (a group: arithmetic
+    means over its valid seeds; the candidate is None when it is not a
+    number). ``change`` is candidate / baseline - 1 (a group: the geometric
+    mean of the per-seed ratios - 1) and ``ci`` its 95% CI on the ratio scale
+    (groups only).
+    """
+
+    where: Mapping
     metric: str
-    better: str               # "higher" or "lower"
-    n: int                    # matched cells with the metric on both sides
-    mean_ratio: float         # mean over cells of candidate / baseline
-    ci: tuple[float, float]   # t CI of the mean ratio (NaN when n < 2)
-    p: float                  # t test on log ratios (NaN when n < 2)
-    p_holm: float
+    better: str
+    baseline: float
+    candidate: float | None
+    change: float
     regression: bool
     reason: str
+    n: int = 1
+    ci: stats.Interval = stats.NAN_INTERVAL
+    p: float = math.nan
+    p_holm: float = math.nan
 
     @property
-    def bad_change(self) -> float:
-        """Relative change in the bad direction (positive = worse)."""
-        return 1.0 - self.mean_ratio if self.better == "higher" else self.mean_ratio - 1.0
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.where.items())
 
 
 @dataclass(frozen=True)
 class RegressResult:
-    verdicts: tuple[MetricVerdict, ...]
+    deterministic: bool
+    engine: str
+    findings: tuple[Finding, ...]
     cells: int
-    unmatched: tuple[str, ...]
+    missing: tuple[Mapping, ...]        # baseline cells absent from the candidate
+    unmatched: tuple[str, ...]          # candidate runs without a baseline cell
+    allow_missing: bool
     min_effect: float
     alpha: float
+    sides: Mapping = field(default_factory=dict)   # name -> {"root", "runs", "engine_version", "git_commit"}
+
+    @property
+    def regressions(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.regression)
 
     @property
     def regressed(self) -> bool:
-        return any(v.regression for v in self.verdicts)
+        return bool(self.regressions) or (bool(self.missing) and not self.allow_missing)
 
 
-def _keys(baseline: pd.DataFrame, candidate: pd.DataFrame) -> list[str]:
-    cand = set(config_keys(candidate))
-    return [k for k in config_keys(baseline) if k in cand and k not in VOLATILE_KEYS]
+def _invalid(where, metric, better, b, raw) -> Finding:
+    return Finding(where, metric, better, b, None, math.nan, True,
+                   f"candidate value {raw!r} is not a positive number (baseline {b:.6g})")
 
 
-def _index(runs: pd.DataFrame, keys: list[str], side: str) -> dict[tuple, pd.Series]:
-    out = {}
-    for _, row in runs.iterrows():
-        key = tuple(norm_value(row[k]) for k in keys)
-        if key in out:
-            raise HbenchError(f"{side}: runs {out[key]['run_id']} and {row['run_id']} have the same configuration and seed")
-        out[key] = row
+def _cell_finding(where, metric, better, b: float, raw, min_effect: float) -> Finding | None:
+    """The deterministic verdict of one metric of one cell (None: not gated here)."""
+    c = number(raw)
+    if b > 0:
+        if c is None or c <= 0:
+            return _invalid(where, metric, better, b, raw)
+        change = c / b - 1.0
+        worse = bad_change(change, better)
+        if worse > min_effect:
+            return Finding(where, metric, better, b, c, change, True,
+                           f"worse by {worse:.2%} (tolerance {min_effect:.2%})")
+        return Finding(where, metric, better, b, c, change, False, "within tolerance")
+    if b == 0 and c == 0:
+        return Finding(where, metric, better, b, c, 0.0, False, "zero on both sides")
+    if b == 0 and better == "lower" and (c is None or c > 0):
+        return Finding(where, metric, better, b, c, math.inf, True, f"rose from 0 to {raw!r}")
+    return None  # a baseline that is not positive forms no ratio to gate on
+
+
+_PENDING = "awaiting Holm"   # the reason of a tested group until `_judge_groups` decides
+
+
+def _group_findings(where, pairs: Sequence[tuple[Run, Run]]) -> list[Finding]:
+    """Per metric: invalid candidate cells (each a regression) and the paired
+    test over the valid seeds (p Holm and the verdict by `_judge_groups`)."""
+    out = []
+    for metric, better in GATED.items():
+        ratios, bs, cs = [], [], []
+        for b_run, c_run in pairs:
+            b = number(b_run.summary.get(metric))
+            if b is None or b <= 0:
+                continue
+            raw = c_run.summary.get(metric)
+            c = number(raw)
+            if c is None or c <= 0:
+                out.append(_invalid({**where, "seed": b_run.config.get("seed")}, metric, better, b, raw))
+                continue
+            ratios.append(c / b)
+            bs.append(b)
+            cs.append(c)
+        if not ratios:
+            continue
+        r = np.asarray(ratios)
+        geo = stats.geometric_mean_ratio(r)
+        out.append(Finding(where, metric, better, float(np.mean(bs)), float(np.mean(cs)), geo - 1.0,
+                           False, _PENDING, n=r.size, ci=stats.log_t_interval(r), p=stats.ttest_log_ratios(r)))
     return out
 
 
-def match_cells(baseline: pd.DataFrame, candidate: pd.DataFrame) -> tuple[list[tuple[pd.Series, pd.Series]], list[str]]:
-    """(baseline row, candidate row) pairs with equal config and workload hash,
-    and a note for every run left unmatched."""
-    keys = _keys(baseline, candidate)
+def _judge_groups(findings: list[Finding], min_effect: float, alpha: float) -> list[Finding]:
+    """Holm across every tested group x metric, then the significance rule."""
+    tested = [i for i, f in enumerate(findings) if f.reason == _PENDING]
+    p_holm = stats.holm([findings[i].p for i in tested])
+    out = list(findings)
+    for i, ph in zip(tested, p_holm, strict=True):
+        f = findings[i]
+        worse = bad_change(f.change, f.better)
+        significant = stats.is_significant(ph, f.ci, 1.0, alpha)
+        if f.n < 2:
+            reg, why = False, "one valid seed: not tested"
+        elif significant and worse > min_effect:
+            reg, why = True, f"worse by {worse:.2%} (tolerance {min_effect:.2%}), p Holm < {alpha} and CI excludes 0"
+        elif significant:
+            reg, why = False, "significant, within tolerance" if worse > 0 else "significant improvement"
+        else:
+            reg, why = False, "not significant"
+        out[i] = Finding(f.where, f.metric, f.better, f.baseline, f.candidate, f.change, reg, why,
+                         f.n, f.ci, f.p, float(ph))
+    return out
+
+
+def validate_thresholds(min_effect: float, alpha: float) -> None:
+    if not (math.isfinite(min_effect) and min_effect >= 0):
+        raise HbenchError(f"--min-effect must be a finite number >= 0, got {min_effect}")
+    if not (math.isfinite(alpha) and 0 < alpha < 1):
+        raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")
+
+
+def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.05,
+            allow_missing: bool = False) -> RegressResult:
+    """Compare the runs under ``candidate`` with those under ``baseline``."""
+    validate_thresholds(min_effect, alpha)
+    base, cand = Side.read(baseline, "baseline"), Side.read(candidate, "candidate")
+    engines = sorted({str(r.engine) for r in base.runs + cand.runs})
+    if len(engines) != 1:
+        raise HbenchError(f"baseline and candidate mix engines ({', '.join(engines)}); compare one engine at a time")
+    engine = engines[0]
+    deterministic = engine in DETERMINISTIC_ENGINES
+    keys = match_keys(base, cand)
     if "seed" not in keys:
         raise HbenchError("runs carry no seed in their configuration; cannot match cells")
-    base, cand = _index(baseline, keys, "baseline"), _index(candidate, keys, "candidate")
-    pairs, notes = [], []
-    for key, c in cand.items():
-        b = base.get(key)
-        if b is None:
-            notes.append(f"candidate {c['run_id']}: no baseline run with the same configuration")
-        elif b["workload_hash"] != c["workload_hash"]:
-            notes.append(f"candidate {c['run_id']}: workload hash {c['workload_hash']} differs from "
-                         f"baseline {b['run_id']} ({b['workload_hash']}); not compared")
-        else:
-            pairs.append((b, c))
-    notes += [f"baseline {b['run_id']}: no candidate run with the same configuration"
-              for key, b in base.items() if key not in cand]
-    return pairs, notes
+    b_index, c_index = _index(base, "baseline", keys), _index(cand, "candidate", keys)
+    label_keys = _label_keys(base.runs, keys)
 
+    def where(run: Run, keys=label_keys) -> dict:
+        return {k: run.config.get(k) for k in keys}
 
-def compare(baseline: pd.DataFrame, candidate: pd.DataFrame, metrics: dict[str, str] | None = None,
-            min_effect: float = 0.02, alpha: float = 0.05) -> RegressResult:
-    """Test every metric over the matched cells; raise `HbenchError` if none match."""
-    if min_effect < 0 or not 0 < alpha < 1:
-        raise HbenchError("--min-effect must be >= 0 and --alpha in (0, 1)")
-    metrics = METRICS if metrics is None else metrics
-    pairs, notes = match_cells(baseline, candidate)
+    pairs, missing = [], []
+    for key, b_run in sorted(b_index.items(), key=lambda kv: _order(where(kv[1]))):
+        c_run = c_index.get(key)
+        if c_run is None:
+            missing.append(where(b_run))
+            continue
+        check_pairable(b_run, c_run, same_engine_version=False, what="compare")
+        pairs.append((b_run, c_run))
+    unmatched = tuple(f"{r.run_id} ({', '.join(f'{k}={v}' for k, v in where(r).items())})"
+                      for key, r in c_index.items() if key not in b_index)
     if not pairs:
-        detail = f" ({notes[0]})" if notes else ""
-        raise HbenchError(f"no matching cells between baseline and candidate{detail}")
-    partial = []
-    for m, better in metrics.items():
-        if better not in ("higher", "lower"):
-            raise HbenchError(f"metric {m}: direction must be 'higher' or 'lower'")
-        ratios = []
-        for b, c in pairs:
-            bv, cv = pd.to_numeric(b.get(m), errors="coerce"), pd.to_numeric(c.get(m), errors="coerce")
-            if not (np.isfinite(bv) and np.isfinite(cv)):
-                continue
-            if bv == 0:
-                # 0 -> 0 is no change; 0 -> x cannot form a ratio and is skipped.
-                if cv == 0:
-                    ratios.append(1.0)
-                continue
-            ratios.append(float(cv) / float(bv))
-        partial.append((m, better, np.array(ratios)))
-    p_raw = [stats.ttest_log_ratios(r) if r.size >= 2 and (r > 0).all() else math.nan for _, _, r in partial]
-    p_holm = stats.holm(p_raw)
-    verdicts = []
-    for (m, better, r), p, ph in zip(partial, p_raw, p_holm, strict=True):
-        n = int(r.size)
-        mean = stats.mean_ratio(r) if n else math.nan
-        bad = (1.0 - mean) if better == "higher" else (mean - 1.0)
-        big = not math.isnan(bad) and bad >= min_effect
-        if n == 0:
-            reg, why = False, "not measured in the matched cells"
-        elif n == 1:
-            reg = big
-            why = "single cell, deterministic change" + (f" >= {min_effect:.1%} in the bad direction" if big else f" below {min_effect:.1%}")
-        else:
-            reg = big and not math.isnan(ph) and ph < alpha
-            if reg:
-                why = f"worse by >= {min_effect:.1%} and p Holm < {alpha}"
-            elif big:
-                why = f"worse by >= {min_effect:.1%} but p Holm >= {alpha}"
-            else:
-                why = f"not worse by {min_effect:.1%} or more"
-        verdicts.append(MetricVerdict(m, better, n, mean, stats.t_interval(r), p, ph, reg, why))
-    return RegressResult(tuple(verdicts), len(pairs), tuple(notes), min_effect, alpha)
+        raise HbenchError("no matching cells between baseline and candidate (same configuration and seed)"
+                          + (f"; candidate has {unmatched[0]}" if unmatched else ""))
 
+    findings: list[Finding] = []
+    if deterministic:
+        for b_run, c_run in pairs:
+            for metric, better in GATED.items():
+                b = number(b_run.summary.get(metric))
+                if b is None:
+                    continue
+                f = _cell_finding(where(b_run), metric, better, b, c_run.summary.get(metric), min_effect)
+                if f is not None:
+                    findings.append(f)
+    else:
+        group_keys = [k for k in label_keys if k != "seed"]
+        cell_keys = [k for k in keys if k != "seed"]
+        seeds: dict[tuple, list] = {}
+        for b_run in base.runs:
+            seeds.setdefault(_key(b_run, cell_keys), []).append(b_run.config.get("seed"))
+        for group, group_seeds in seeds.items():
+            if len(group_seeds) < 2:
+                label = ", ".join(f"{k}={v}" for k, v in zip(cell_keys, group, strict=True) if k in group_keys)
+                raise HbenchError(
+                    f"engine {engine} is noisy: a paired comparison needs at least 2 seeds per cell, but the "
+                    f"baseline has only seed {group_seeds[0]} for {label}; run more seeds")
+        groups: dict[tuple, list] = {}
+        for b_run, c_run in pairs:
+            groups.setdefault(_key(b_run, cell_keys), []).append((b_run, c_run))
+        for members in groups.values():
+            # A group left with one matched seed (the others missing) is not
+            # tested; its missing cells are reported as such.
+            findings += _group_findings(where(members[0][0], group_keys), members)
+        findings = _judge_groups(findings, min_effect, alpha)
 
-def markdown(result: RegressResult, baseline, candidate) -> str:
-    """A report suitable for a CI comment."""
-    head = "REGRESSION" if result.regressed else "no regression"
-    rows = []
-    for v in result.verdicts:
-        ci = "n/a" if math.isnan(v.ci[0]) else f"[{fmt_pct(v.ci[0])}, {fmt_pct(v.ci[1])}]"
-        rows.append([v.metric, f"{v.better} is better", str(v.n), fmt_pct(v.mean_ratio), ci, fmt_p(v.p),
-                     fmt_p(v.p_holm), "**REGRESSION**" if v.regression else "ok", v.reason])
-    lines = [
-        f"## hbench regress: {head}", "",
-        f"Baseline `{baseline}` vs candidate `{candidate}`: {result.cells} matched cells "
-        f"(same configuration, seed and workload hash). Change = mean over cells of candidate/baseline - 1; "
-        f"p = t test on log ratios, Holm across metrics; a regression needs a change of at least "
-        f"{result.min_effect:.1%} in the bad direction and p Holm < {result.alpha} "
-        "(one cell: the deterministic change alone).", "",
-        markdown_table(["metric", "direction", "cells", "change", "95% CI", "p", "p Holm", "verdict", "why"], rows),
-        "",
-    ]
-    if result.unmatched:
-        lines += [f"<details><summary>{len(result.unmatched)} unmatched runs</summary>", ""]
-        lines += [f"- {n}" for n in result.unmatched] + ["", "</details>", ""]
-    return "\n".join(lines)
+    sides = {name: {"root": str(s.root), "runs": len(s.runs), "engine_version": s.values("engine_version"),
+                    "git_commit": s.values("git_commit")}
+             for name, s in (("baseline", base), ("candidate", cand))}
+    return RegressResult(deterministic, engine, tuple(findings), len(pairs), tuple(missing), unmatched,
+                         allow_missing, min_effect, alpha, sides)

@@ -1,11 +1,14 @@
 """Rendering evaluated contrasts: a rich terminal table, CSV, versioned JSON
 and a Markdown report with the figure list.
 
-Ratios are shown as signed percent effects, ``(ratio - 1) x 100``, with the
-t CI of the mean ratio in the same units; interactions in their own unit
-(pp for differences, % for ratios of ratios). A row whose CI contains the
-null value says "not significant" -- the report never presents it as a
-finding.
+Ratios are shown as signed percent effects, ``(ratio - 1) x 100``: the
+geometric mean ratio with its log-scale t CI first (the estimate the p value
+tests), the arithmetic mean ratio after it (the study's estimate, for
+comparison). Interactions are in their own unit (pp for differences, % for
+ratios of ratios). A row whose CI contains the null value says "not
+significant" -- the report never presents it as a finding. Seeds only one arm
+ran and values that form no ratio are listed under the tables, on the
+terminal and in report.md alike.
 """
 
 from __future__ import annotations
@@ -51,20 +54,41 @@ def _ci_pct(lo: float, hi: float) -> str:
     return "n/a" if _nan(lo) else f"[{fmt_pct(lo)}, {fmt_pct(hi)}]"
 
 
+def _n(r) -> str:
+    unpaired = [x for x in str(r.get("unpaired") or "").split(",") if x]
+    return f"{r['n']}" + (f" (+{len(unpaired)} unpaired)" if unpaired else "")
+
+
+def _mde(x) -> str:
+    return "n/a" if _nan(x) else f"±{x:.2f}%"
+
+
 def contrast_rows(df: pd.DataFrame) -> list[list[str]]:
     """Display cells of each contrast, shared by the terminal and Markdown tables."""
     return [
-        [r["family"], r["name"], str(r["n"]), fmt_value(r["mean_numerator"]), fmt_value(r["mean_denominator"]),
-         fmt_pct(r["mean_ratio"]), _ci_pct(r["ci_low"], r["ci_high"]), _ci_pct(r["boot_ci_low"], r["boot_ci_high"]),
-         fmt_p(r["p"]), fmt_p(r["p_holm"]), fmt_p(r["p_wilcoxon"]), r["verdict"]]
+        [r["family"], r["name"], _n(r), fmt_value(r["mean_numerator"]), fmt_value(r["mean_denominator"]),
+         fmt_pct(r["geo_mean_ratio"]), _ci_pct(r["ci_low"], r["ci_high"]), fmt_pct(r["mean_ratio"]),
+         fmt_p(r["p"]), fmt_p(r["p_signflip"]), fmt_p(r["p_holm"]), _mde(r["mde_pct"]), r["verdict"]]
         for _, r in df.iterrows()
     ]
 
 
-CONTRAST_HEADER = ["family", "contrast", "n", "mean num", "mean den", "effect", "95% CI (t)",
-                   "95% CI (bootstrap)", "p", "p Holm", "p Wilcoxon", "verdict"]
-INTERACTION_HEADER = ["family", "interaction", "kind", "n", "effect", "95% CI (t)", "95% CI (bootstrap)",
-                      "p", "p Holm", "verdict"]
+CONTRAST_HEADER = ["family", "contrast", "n", "mean num", "mean den", "effect (geo. mean)", "95% CI (log t)",
+                   "arith. mean effect", "p (t, log)", "p sign-flip", "p Holm", "MDE (80% power)", "verdict"]
+INTERACTION_HEADER = ["family", "interaction", "kind", "n", "effect", "95% CI (t)",
+                      "95% CI (bootstrap, approx.)", "p", "p Holm", "verdict"]
+
+
+def contrast_notes(df: pd.DataFrame) -> list[str]:
+    """One line per contrast with unpaired seeds or values that form no ratio."""
+    notes = []
+    for _, r in df.iterrows():
+        if str(r.get("unpaired") or ""):
+            notes.append(f"{r['name']}: seeds {r['unpaired']} ran in one arm only and are not in the estimate")
+        if str(r.get("invalid") or ""):
+            notes.append(f"{r['name']}: no estimate, values form no ratio ({r['invalid']}); "
+                         "it still counts in its Holm family")
+    return notes
 
 
 def interaction_rows(df: pd.DataFrame) -> list[list[str]]:
@@ -96,6 +120,8 @@ def print_tables(console: Console, contrasts: pd.DataFrame, interactions: pd.Dat
             # Text, not markup: names such as "s1/s0 [ttft_p99_s]" contain brackets.
             table.add_row(*(Text(c) for c in row), style=style)
         console.print(table)
+    for note in contrast_notes(contrasts):
+        console.print(Text(f"note: {note}"))
 
 
 def _records(df: pd.DataFrame | None) -> list[dict]:
@@ -127,9 +153,12 @@ def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
                     arms: pd.DataFrame | None, figures: Sequence[Path], out_dir) -> str:
     """The report.md text: runs analysed, arm means, contrasts, interactions, figures."""
     parts = [f"# hbench analysis of `{root}`", ""]
-    parts += ["Relative effects are within-seed ratios averaged over seeds; p is a t test on the log "
-              "ratios, Holm-adjusted within each family; a result is significant only when p Holm < "
-              "alpha and its 95% t CI excludes the null (ratio 1, difference 0 pp). Definitions: docs/statistics.md.", ""]
+    parts += ["Relative effects are geometric means of within-seed ratios with the back-transformed t CI of "
+              "the mean log ratio (the arithmetic mean ratio is shown beside it for comparison with the "
+              "study); p is a t test on the log ratios, Holm-adjusted within each family, with the exact "
+              "sign-flip permutation p beside it; MDE is the smallest change the t test detects with 80% "
+              "power at this spread and seed count. A result is significant only when p Holm < alpha and "
+              "its 95% CI excludes the null (ratio 1, difference 0 pp). Definitions: docs/statistics.md.", ""]
     if arms is not None and not arms.empty:
         parts += ["## Arms (mean over seeds)", ""]
         cols = [c for c in arms.columns if not c.endswith(("_ci_low", "_ci_high"))]
@@ -142,6 +171,9 @@ def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
         parts += [markdown_table(CONTRAST_HEADER, contrast_rows(contrasts)), ""]
         sig = contrasts[contrasts["significant"]]
         parts += [f"{len(sig)} of {len(contrasts)} contrasts significant.", ""]
+        notes = contrast_notes(contrasts)
+        if notes:
+            parts += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
     if interactions is not None and not interactions.empty:
         parts += ["## Interactions", "", markdown_table(INTERACTION_HEADER, interaction_rows(interactions)), ""]
     if figures:

@@ -4,9 +4,12 @@ the comparison table `hbench reproduce` prints.
 A `Published` figure points at what hbench computes for it: a declared
 contrast (effect in %), an interaction (pp for a difference, % for a ratio
 of ratios) or an arm mean (absolute value). `compare` looks each one up in
-the evaluated tables and reports the hbench value with its 95% t CI, whether
+the evaluated tables and reports the hbench value with its 95% CI, whether
 the direction matches, whether the CI covers the published value, and the
-magnitude ratio hbench / published. Every hbench number comes from the runs;
+magnitude ratio hbench / published. A relative effect (a contrast, a ratio
+of ratios) is hbench's geometric-mean effect with its log-scale t CI; the
+arithmetic mean of the within-seed ratios -- the study's estimator -- is
+shown beside it (``hbench_arith``) for comparison. Every hbench number comes from the runs;
 nothing measured is stored here.
 """
 
@@ -80,7 +83,8 @@ PUBLISHED: tuple[Published, ...] = (
 )
 
 COLUMNS = ("design", "figure", "published", "unit", "hbench", "ci_low", "ci_high", "n",
-           "direction_reproduced", "ci_covers_published", "magnitude_ratio", "hbench_verdict", "note")
+           "direction_reproduced", "ci_covers_published", "magnitude_ratio", "hbench_verdict", "note",
+           "hbench_arith")
 
 
 def published_for(design: str) -> list[Published]:
@@ -89,6 +93,14 @@ def published_for(design: str) -> list[Published]:
 
 def _sign(x: float) -> int:
     return (x > 0) - (x < 0)
+
+
+def _arith(p: Published, contrasts: pd.DataFrame) -> float:
+    """The arithmetic-mean effect (%) of a contrast (the study's estimator); NaN otherwise."""
+    if p.kind != "contrast" or "mean_effect_pct" not in contrasts.columns:
+        return math.nan
+    row = contrasts[contrasts["name"] == p.target]
+    return math.nan if row.empty else float(row.iloc[0]["mean_effect_pct"])
 
 
 def _lookup(p: Published, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
@@ -140,12 +152,17 @@ def compare(design: str, contrasts: pd.DataFrame, interactions: pd.DataFrame | N
         rows.append({"design": design, "figure": p.figure, "published": p.value, "unit": p.unit,
                      "hbench": v, "ci_low": lo, "ci_high": hi, "n": n,
                      "direction_reproduced": direction, "ci_covers_published": covers,
-                     "magnitude_ratio": ratio, "hbench_verdict": verdict, "note": p.note})
+                     "magnitude_ratio": ratio, "hbench_verdict": verdict, "note": p.note,
+                     "hbench_arith": _arith(p, contrasts)})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
 def _num(x: float) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if _nan(x):
         return "n/a"
     return f"{x:,.3f}" if abs(x) < 1000 else f"{x:,.1f}"
 
@@ -156,20 +173,24 @@ def display_rows(table: pd.DataFrame) -> list[list[str]]:
         ci = "n/a" if math.isnan(r["ci_low"]) else f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
         out.append([r["design"], r["figure"], f"{_num(r['published'])} {r['unit']}".strip(),
                     f"{_num(r['hbench'])} {r['unit']}".strip(), ci, str(r["n"]), r["direction_reproduced"],
-                    r["ci_covers_published"], _num(r["magnitude_ratio"]), r["hbench_verdict"], r["note"]])
+                    r["ci_covers_published"], _num(r["magnitude_ratio"]), r["hbench_verdict"], r["note"],
+                    _num(r["hbench_arith"]) + (f" {r['unit']}" if not _nan(r["hbench_arith"]) else "")])
     return out
 
 
 HEADER = ("design", "published figure", "study", "hbench", "hbench 95% CI", "n", "direction reproduced",
-          "CI covers study", "magnitude ratio", "hbench verdict", "note")
+          "CI covers study", "magnitude ratio", "hbench verdict", "note", "hbench arith. mean")
 
 
 def markdown(table: pd.DataFrame, title: str, notes: Sequence[str] = ()) -> str:
     """The reproduce.md text: the comparison table and how to read it."""
     parts = [f"# {title}", ""]
     parts += ["Study values are the published numbers (DESIGN.md section 8); hbench values come from the "
-              "runs of this directory. Effects are mean within-seed ratios as % (interactions in pp, or % "
-              "for K_ret); CIs are 95% t intervals over seeds. magnitude ratio = hbench / study.", ""]
+              "runs of this directory. Relative effects are geometric means of the within-seed ratios as % "
+              "with the 95% t interval of the mean log ratio (interactions: differences in pp with a t "
+              "interval; K_ret as a geometric mean in %); arm means are arithmetic means over seeds with "
+              "t intervals. The last column is the arithmetic mean of the within-seed ratios, the study's "
+              "estimator, for comparison. magnitude ratio = hbench / study.", ""]
     if table.empty:
         parts += ["The study published no number for this design; see analysis/report.md for the "
                   "contrasts and arm means hbench measured.", ""]
@@ -237,7 +258,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     arms = C.arm_means(runs, list(d.metrics))
     metrics = sorted({c.metric for c in contrasts})
     out = root / "analysis"
-    figs = render_figures(runs, out / "figures", metrics) if figures else []
+    figs = render_figures(runs, out / "figures", metrics, table) if figures else []
     write_outputs(out, root, table, inter, arms, figs)
     comparison = compare(name, table, inter, runs)
     comparison.to_csv(root / "reproduce.csv", index=False)

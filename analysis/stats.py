@@ -6,19 +6,29 @@ arm A and seed ``s`` of arm B served the same request stream. Dividing
 within a seed cancels the stream's difficulty; the seeds then vary only the
 noise we want to average over. Definitions (see ``docs/statistics.md``):
 
-* ratio ``r_s = A_s / B_s`` for each seed both arms ran;
-* mean ratio ``mean(r_s)`` -- the study's "relative effect computed within a
-  seed, then averaged"; effect in % = ``(mean ratio - 1) x 100``;
-* p value: one-sample t test of ``log r_s`` against 0 (the ratio is
-  multiplicative, its log is the additive scale a t test assumes);
-* CIs at 95%: t interval on the mean ratio (the reported CI), t interval on
-  the mean log ratio back-transformed (geometric-mean CI), and a percentile
-  bootstrap that resamples seeds (so pairs stay together);
+* ratio ``r_s = A_s / B_s`` for each seed both arms ran; a ratio needs both
+  values finite and positive (`invalid_pairs` names the seeds that are not);
+* primary effect: the geometric mean ratio ``exp(mean(log r_s))`` with the
+  t interval on the mean log ratio, back-transformed. It is the estimate the
+  p value tests, it can never fall below -100%, and A/B is exactly the
+  reciprocal of B/A (estimate and interval);
+* secondary: the arithmetic mean ratio ``mean(r_s)`` -- the study's
+  "relative effect computed within a seed, then averaged" -- with its t CI;
+* p values: one-sample t test of ``log r_s`` against 0, and the exact
+  sign-flip permutation test of the same log ratios (no normality assumed;
+  its floor is ``2 / 2**n``);
+* the minimum detectable effect: the smallest geometric-mean change the t
+  test detects with 80% power at the observed spread and seed count;
 * a CI that contains the null value (1 for ratios, 0 for differences) means
   "not significant", whatever the p value says.
 
-Randomness: the bootstrap takes a `numpy.random.Generator`; `bootstrap_rng`
-builds one from ``(seed, stream)``; nothing here touches global RNG state.
+The percentile bootstrap remains only for the unpaired interaction
+difference and is labelled approximate: with three to six seeds its coverage
+is far below nominal (about 75% at n = 3).
+
+Randomness: the bootstrap and the sign-flip test beyond `SIGN_FLIP_EXACT_MAX`
+seeds take a `numpy.random.Generator`; `bootstrap_rng` builds one from
+``(seed, stream)``; nothing here touches global RNG state.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
 
 from harness.errors import HbenchError
 
@@ -38,6 +49,10 @@ N_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 20261015
 # Below this many non-zero differences the Wilcoxon signed-rank p is not reported.
 WILCOXON_MIN_N = 2
+# Up to this many seeds the sign-flip test enumerates all 2**n sign vectors.
+SIGN_FLIP_EXACT_MAX = 16
+SIGN_FLIP_DRAWS = 65_536
+POWER = 0.80
 
 Interval = tuple[float, float]
 NAN_INTERVAL: Interval = (math.nan, math.nan)
@@ -62,6 +77,33 @@ def paired_ratios(numerator: Mapping[int, float], denominator: Mapping[int, floa
             raise HbenchError(f"seed {s}: denominator {den!r} is not positive; a ratio needs a positive baseline")
         out[s] = float(numerator[s]) / den
     return out
+
+
+def invalid_pairs(numerator: Mapping[int, object], denominator: Mapping[int, object]) -> dict[int, str]:
+    """Seeds both arms ran whose values cannot form a ratio, with the reason
+    (``"numerator 0"``, ``"denominator null"``, ...): each value must be a
+    finite positive number."""
+    out = {}
+    for s in sorted(set(numerator) & set(denominator)):
+        bad = [f"{side} {_describe(v)}" for side, v in (("numerator", numerator[s]), ("denominator", denominator[s]))
+               if not _positive(v)]
+        if bad:
+            out[s] = " and ".join(bad)
+    return out
+
+
+def _positive(v) -> bool:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return False
+    return math.isfinite(x) and x > 0
+
+
+def _describe(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "null/NaN"
+    return repr(v) if not isinstance(v, (int, float, np.number)) else f"{float(v):g}"
 
 
 def mean_ratio(ratios) -> float:
@@ -111,6 +153,10 @@ def bootstrap_interval(
 ) -> Interval:
     """Percentile bootstrap CI that resamples whole rows (seeds) with replacement.
 
+    Approximate only: with the three to six seeds of a design its coverage is
+    well below the nominal level (about 75% for a 95% interval at n = 3), so
+    reports label it and never base a verdict on it.
+
     ``values`` may be 1-D (one value per seed) or 2-D (a row per seed, e.g. a
     pair of ratios), so paired quantities are resampled together.
     ``statistic`` maps an array of shape ``(n_resamples, n, ...)`` to
@@ -126,6 +172,10 @@ def bootstrap_interval(
     alpha = 1.0 - level
     lo, hi = np.quantile(stat, [alpha / 2, 1 - alpha / 2])
     return (float(lo), float(hi))
+
+
+def _geo_mean_rows(resampled: np.ndarray) -> np.ndarray:
+    return np.exp(np.log(resampled).mean(axis=1))
 
 
 def ttest_zero(values) -> float:
@@ -161,16 +211,65 @@ def wilcoxon_p(values) -> float:
 
 
 def holm(pvalues) -> np.ndarray:
-    """Holm step-down adjusted p values over one family; NaNs stay NaN and are
-    not counted as members of the family."""
+    """Holm step-down adjusted p values over one family.
+
+    A NaN p (a member that could not be tested: too few seeds, invalid
+    values) stays NaN but still counts as a member, as if its p were 1: a
+    family never shrinks because some of its members failed.
+    """
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, math.nan)
     ok = ~np.isnan(p)
-    if ok.sum() == 1:
+    if p.size == 1:
         out[ok] = p[ok]  # a family of one is its own adjustment (and multipletests is slow)
     elif ok.any():
-        out[ok] = multipletests(p[ok], method="holm")[1]
+        out[ok] = multipletests(np.where(ok, p, 1.0), method="holm")[1][ok]
     return out
+
+
+def sign_flip_p(values, rng: np.random.Generator | None = None) -> float:
+    """Two-sided sign-flip permutation p of ``mean(values) == 0`` (values:
+    log ratios). Under the null each value is as likely positive as negative,
+    so the p value is the share of the 2**n sign vectors whose |sum| is at
+    least the observed |sum|. Exact up to `SIGN_FLIP_EXACT_MAX` values, else
+    `SIGN_FLIP_DRAWS` random sign vectors (plus the observed one) from
+    ``rng``. NaN for no values; its floor is 2 / 2**n.
+    """
+    x = np.asarray(values, dtype=float)
+    n = x.size
+    if n == 0 or not np.isfinite(x).all():
+        return math.nan
+    observed = abs(x.sum())
+    tol = 1e-12 * max(1.0, np.abs(x).sum())
+    if n <= SIGN_FLIP_EXACT_MAX:
+        codes = np.arange(2**n)[:, None] >> np.arange(n) & 1
+        sums = np.abs((1 - 2 * codes) @ x)
+        return float(np.mean(sums >= observed - tol))
+    rng = rng if rng is not None else bootstrap_rng()
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(SIGN_FLIP_DRAWS, n))
+    hits = int(np.sum(np.abs(signs @ x) >= observed - tol))
+    return (hits + 1) / (SIGN_FLIP_DRAWS + 1)
+
+
+def power_effect_size(n: int, alpha: float = 0.05, power: float = POWER) -> float:
+    """Standardized effect (mean / sd) a two-sided one-sample t test on ``n``
+    values detects with ``power`` at level ``alpha`` (the noncentral-t power
+    equation, solved by statsmodels' `TTestPower`). NaN when n < 2."""
+    if n < 2:
+        return math.nan
+    return float(TTestPower().solve_power(nobs=n, alpha=alpha, power=power, alternative="two-sided"))
+
+
+def min_detectable_effect(ratios, alpha: float = 0.05, power: float = POWER) -> float:
+    """The smallest geometric-mean change (a ratio above 1) the paired t test on
+    log ratios detects with ``power``, given the observed spread of the log
+    ratios and their count: ``exp(d sd)`` with d from `power_effect_size`.
+    A change down by the same factor (1 / MDE) is equally detectable. NaN
+    when n < 2."""
+    logs = np.log(np.asarray(ratios, dtype=float))
+    if logs.size < 2:
+        return math.nan
+    return math.exp(power_effect_size(logs.size, alpha, power) * float(logs.std(ddof=1)))
 
 
 def excludes(interval: Interval, null: float) -> bool:
@@ -199,30 +298,33 @@ class RatioSummary:
     """Everything reported for one paired ratio (a contrast)."""
 
     n: int
-    mean_ratio: float
-    geo_mean_ratio: float
-    effect_pct: float
-    t_ci: Interval            # t CI of the mean ratio (the reported CI)
-    log_ci: Interval          # back-transformed t CI of the mean log ratio
-    boot_ci: Interval         # percentile bootstrap CI of the mean ratio
+    geo_mean_ratio: float     # the primary estimate
+    effect_pct: float         # (geo_mean_ratio - 1) x 100
+    ci: Interval              # back-transformed t CI of the mean log ratio (primary)
+    mean_ratio: float         # arithmetic mean ratio (secondary, the study's estimate)
+    t_ci: Interval            # t CI of the arithmetic mean ratio (secondary)
     p: float                  # t test on log ratios
+    p_signflip: float         # exact sign-flip permutation test on log ratios
     p_wilcoxon: float
+    mde_ratio: float          # minimum detectable geometric-mean ratio (80% power)
 
 
-def summarize_ratios(ratios, rng: np.random.Generator, n_resamples: int = N_RESAMPLES) -> RatioSummary:
-    """Point estimate, three CIs and two p values for within-seed ratios."""
+def summarize_ratios(ratios, alpha: float = 0.05, rng: np.random.Generator | None = None) -> RatioSummary:
+    """Point estimates, CIs, p values and the detectable effect for within-seed ratios."""
     r = np.asarray(ratios, dtype=float)
-    m = mean_ratio(r)
+    geo = geometric_mean_ratio(r)
+    logs = np.log(r)
     return RatioSummary(
         n=int(r.size),
-        mean_ratio=m,
-        geo_mean_ratio=geometric_mean_ratio(r),
-        effect_pct=effect_pct(m),
+        geo_mean_ratio=geo,
+        effect_pct=effect_pct(geo),
+        ci=log_t_interval(r),
+        mean_ratio=mean_ratio(r),
         t_ci=t_interval(r),
-        log_ci=log_t_interval(r),
-        boot_ci=bootstrap_interval(r, rng, n_resamples=n_resamples),
         p=ttest_log_ratios(r),
-        p_wilcoxon=wilcoxon_p(np.log(r)) if r.size else math.nan,
+        p_signflip=sign_flip_p(logs, rng),
+        p_wilcoxon=wilcoxon_p(logs) if r.size else math.nan,
+        mde_ratio=min_detectable_effect(r, alpha),
     )
 
 
@@ -298,7 +400,8 @@ def ratio_of_ratios(
 ) -> InteractionSummary:
     """K = effect under A over effect under B, per seed: ``K_s = r_a,s / r_b,s``.
 
-    The estimate is ``mean(K_s)``, reported as ``(K - 1) x 100`` %; e.g.
+    The estimate is the geometric mean of ``K_s`` with the back-transformed t
+    CI of the mean log (like a contrast), reported as ``(K - 1) x 100`` %; e.g.
     K_ret = (retention/no-retention under SHARE) / (same under ISOLATE). The
     study's crossover ran all four arms on the same seeds, so this contrast is
     defined only for paired sets: different seed sets are an error.
@@ -310,8 +413,9 @@ def ratio_of_ratios(
         )
     seeds = sorted(ratios_a)
     k = np.array([ratios_a[s] / ratios_b[s] for s in seeds])
-    est = mean_ratio(k)
+    est = geometric_mean_ratio(k)
     return InteractionSummary(
         "ratio", True, len(seeds), len(seeds), est, effect_pct(est),
-        t_interval(k), bootstrap_interval(k, rng, n_resamples=n_resamples), ttest_log_ratios(k),
+        log_t_interval(k), bootstrap_interval(k, rng, _geo_mean_rows, n_resamples=n_resamples),
+        ttest_log_ratios(k),
     )

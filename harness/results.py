@@ -11,8 +11,14 @@ One run is one directory ``<out_root>/<run_id>/``::
 A run directory either exists complete or not at all: everything is written
 into a hidden sibling ``.tmp-<run_id>-<pid>`` and renamed into place last, so
 an interrupted write never leaves a directory that looks like a run.
-`list_runs` ignores hidden directories; `read_run` refuses incomplete ones and
-ones written under another `SCHEMA_VERSION`.
+This module is the one reader of run directories: `read_run` opens one and
+returns a `Run` (manifest, summary, lazily loaded tables, the checked
+metadata as attributes), `iter_runs` reads every run under a root,
+`is_complete` is a sweep's "this cell is done" test, and `check_pairable`
+refuses to compare runs whose checked metadata (schema version, engine,
+engine version, workload hash) disagree. All of them skip hidden directories;
+`read_run` refuses incomplete runs and ones written under another
+`SCHEMA_VERSION`.
 
 JSON files hold no NaN or infinity (written as null) and no numpy types.
 """
@@ -25,6 +31,7 @@ import math
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -203,6 +210,14 @@ def write_run(
 
 # ----------------------------------------------------------------------- read
 
+# A run is readable with its manifest and summary; the tables are loaded on
+# first use (a CI baseline keeps no per-step table). A sweep cell counts as
+# done only with every file (`is_complete`).
+
+class RunSkipped(UserWarning):
+    """A directory that looks like a run but is not a complete one."""
+
+
 def _load_manifest(path: Path) -> dict | None:
     """The manifest of a complete run directory, or None."""
     try:
@@ -211,14 +226,24 @@ def _load_manifest(path: Path) -> dict | None:
         return None
     if not isinstance(manifest, dict) or manifest.get("status") != "complete":
         return None
-    if not all((path / name).is_file() for name in RUN_FILES):
-        return None
     return manifest
 
 
-class RunData(Mapping):
-    """A read run: ``path``, ``manifest`` and ``summary`` are loaded eagerly;
-    ``requests`` and ``steps`` (DataFrames) on first access, then cached."""
+def is_complete(path: Path) -> bool:
+    """A run directory whose manifest says complete and whose files all exist."""
+    path = Path(path)
+    return _load_manifest(path) is not None and all((path / name).is_file() for name in RUN_FILES)
+
+
+class Run(Mapping):
+    """One read run directory: ``path``, ``manifest`` and ``summary`` are loaded
+    eagerly, the tables (``requests``, ``steps``) on first access, then cached.
+
+    The checked metadata (`schema_version`, `engine`, `engine_version`,
+    `workload_hash`) are attributes, so pairing code compares them by name
+    (`check_pairable`). Item access (``run["requests"]``) is kept for callers
+    that treat a run as a mapping.
+    """
 
     _TABLES = {"requests": REQUESTS, "steps": STEPS}
 
@@ -227,7 +252,7 @@ class RunData(Mapping):
 
     def __getitem__(self, key):
         if key not in self._data and key in self._TABLES:
-            self._data[key] = pd.read_parquet(self._data["path"] / self._TABLES[key])
+            self._data[key] = self.table(key)
         return self._data[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -236,35 +261,104 @@ class RunData(Mapping):
     def __len__(self) -> int:
         return 3 + len(self._TABLES)
 
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
 
-def read_run(path: Path) -> RunData:
+    def table(self, name: str) -> pd.DataFrame:
+        """The ``requests`` or ``steps`` table; HbenchError when the file is absent."""
+        file = self.path / self._TABLES[name]
+        if not file.is_file():
+            raise HbenchError(f"{self.path} has no {self._TABLES[name]}")
+        return pd.read_parquet(file)
+
+    def has_table(self, name: str) -> bool:
+        return (self.path / self._TABLES[name]).is_file()
+
+    path = property(lambda self: self._data["path"])
+    manifest = property(lambda self: self._data["manifest"])
+    summary = property(lambda self: self._data["summary"])
+    config = property(lambda self: self.manifest.get("config") or {})
+    run_id = property(lambda self: self.manifest.get("run_id", self.path.name))
+    schema_version = property(lambda self: self.manifest.get("schema_version"))
+    engine = property(lambda self: self.manifest.get("engine") or self.config.get("engine"))
+    engine_version = property(lambda self: self.manifest.get("engine_version"))
+    workload_hash = property(lambda self: self.manifest.get("workload_hash"))
+    git_commit = property(lambda self: self.manifest.get("git_commit"))
+
+
+RunData = Run  # the name earlier callers import
+
+
+def read_run(path: Path) -> Run:
     """Open a complete run directory written under this `SCHEMA_VERSION`.
 
-    Raises HbenchError for a missing directory, a missing or incomplete
-    manifest, a missing file, or another schema version.
+    Raises HbenchError for a missing directory, a missing, unreadable or
+    incomplete manifest, a missing or malformed summary (it must be a JSON
+    object), or another schema version. The tables are checked on access.
     """
     path = Path(path)
     if not path.is_dir():
         raise HbenchError(f"no run directory at {path}")
-    manifest = _load_manifest(path)
-    if manifest is None:
-        missing = [name for name in RUN_FILES if not (path / name).is_file()]
-        detail = f"missing {', '.join(missing)}" if missing else "manifest is unreadable or not complete"
-        raise HbenchError(f"{path} is not a complete run directory ({detail})")
+    if not (path / MANIFEST).is_file():
+        raise HbenchError(f"{path} is not a complete run directory (missing {MANIFEST})")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HbenchError(f"{path / MANIFEST} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise HbenchError(f"{path / MANIFEST} holds a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("status") != "complete":
+        raise HbenchError(f"{path}: manifest status {manifest.get('status')!r} is not complete")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise HbenchError(
             f"{path} has results schema version {manifest.get('schema_version')!r}; "
             f"this hbench reads version {SCHEMA_VERSION}"
         )
+    if not (path / SUMMARY).is_file():
+        raise HbenchError(f"{path} is not a complete run directory (missing {SUMMARY})")
     try:
         summary = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         raise HbenchError(f"{path / SUMMARY} is not valid JSON: {exc}") from None
-    return RunData(path, manifest, summary)
+    if not isinstance(summary, dict):
+        raise HbenchError(f"{path / SUMMARY} holds a JSON {type(summary).__name__}, not an object of metrics")
+    return Run(path, manifest, summary)
+
+
+def _run_dirs(root: Path) -> Iterator[Path]:
+    """Directories at or below ``root`` holding a manifest, hidden ones skipped;
+    a run directory's own contents are not searched further."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        if MANIFEST in filenames:
+            dirnames.clear()
+            yield Path(dirpath)
+            continue
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+
+
+def iter_runs(root: Path, *, strict: bool = False) -> Iterator[Run]:
+    """Every run directory at or below ``root``, read by `read_run`, in path order.
+
+    A directory with a manifest that is not a readable complete run is an
+    error when ``strict`` (a regression gate must not ignore a broken run),
+    otherwise skipped with a `RunSkipped` warning (a crashed cell of a sweep).
+    A foreign schema version is always an error: its numbers mean something
+    else. A missing root is an error; an empty one yields nothing.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise HbenchError(f"no results directory at {root}")
+    for path in sorted(_run_dirs(root)):
+        try:
+            yield read_run(path)
+        except HbenchError as exc:
+            if strict or "schema version" in str(exc):
+                raise
+            warnings.warn(f"skipping {path}: {exc}", RunSkipped, stacklevel=2)
 
 
 def list_runs(root: Path) -> list[Path]:
-    """Complete run directories at or below ``root``, sorted.
+    """Complete run directories (every file present) at or below ``root``, sorted.
 
     Hidden directories (including interrupted ``.tmp-*`` writes) are skipped,
     and a run directory's own contents are not searched further.
@@ -272,12 +366,36 @@ def list_runs(root: Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         raise HbenchError(f"no results directory at {root}")
-    found = []
-    for dirpath, dirnames, _ in os.walk(root):
-        here = Path(dirpath)
-        if _load_manifest(here) is not None:
-            found.append(here)
-            dirnames.clear()
-            continue
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-    return sorted(found)
+    return sorted(p for p in _run_dirs(root) if is_complete(p))
+
+
+# ------------------------------------------------------------ checked metadata
+
+# What two runs must agree on before their numbers are compared, with the
+# words an error uses. The engine version may be waived (a baseline against a
+# candidate build); the workload hash never (same seed, same request stream).
+CHECKED_METADATA = {"schema_version": "results schema version", "engine": "engine",
+                    "engine_version": "engine version", "workload_hash": "workload hash"}
+
+
+def metadata_conflict(a: Mapping, b: Mapping, keys=tuple(CHECKED_METADATA)) -> str | None:
+    """The first checked field among ``keys`` on which ``a`` and ``b`` (runs'
+    metadata as mappings) disagree, as ``"<field> differs (x vs y)"``; None
+    when they agree. A field neither side records is not checked."""
+    for key in keys:
+        va, vb = a.get(key), b.get(key)
+        if (va is not None or vb is not None) and va != vb:
+            return f"{CHECKED_METADATA[key]} differs ({va} vs {vb})"
+    return None
+
+
+def check_pairable(a: Run, b: Run, *, same_engine_version: bool = True, what: str = "pair") -> None:
+    """Refuse (HbenchError) to compare ``a`` with ``b`` when their checked
+    metadata disagree: schema version, engine, engine version (unless
+    ``same_engine_version`` is False, as for a baseline against a candidate
+    build), and workload hash (the same seed must mean the same request stream).
+    """
+    keys = [k for k in CHECKED_METADATA if same_engine_version or k != "engine_version"]
+    conflict = metadata_conflict({k: getattr(a, k) for k in keys}, {k: getattr(b, k) for k in keys}, keys)
+    if conflict:
+        raise HbenchError(f"refusing to {what} {a.run_id} with {b.run_id}: {conflict}")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from harness.config import RunConfig
 from harness.errors import HbenchError
-from harness.results import MANIFEST, RUN_FILES, TMP_PREFIX, cell_id, to_jsonable
+from harness.results import TMP_PREFIX, cell_id, is_complete, to_jsonable
 
 SWEEP_FILE = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
@@ -213,16 +213,6 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
         cells.append(Cell(cfg, hashes[key], versions[cfg.engine],
                           cell_id(cfg, hashes[key], versions[cfg.engine])))
     return cells
-
-
-def is_complete(run_dir: Path) -> bool:
-    """A run directory whose manifest says complete and whose files all exist."""
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (isinstance(manifest, dict) and manifest.get("status") == "complete"
-            and all((run_dir / f).is_file() for f in RUN_FILES))
 
 
 def _pid_alive(pid: int) -> bool:

@@ -110,11 +110,11 @@ def test_load_runs_skips_incomplete_with_warning(tmp_path):
     assert list(runs["run_id"]) == ["done"]
     msgs = sorted(str(w.message) for w in caught if issubclass(w.category, RunSkipped))
     assert len(msgs) == 2
-    assert "status 'running'" in msgs[0] and "no summary.json" in msgs[1]
+    assert "status 'running'" in msgs[0] and "missing summary.json" in msgs[1]
 
 
 def test_load_runs_errors_on_missing_or_empty_root(tmp_path):
-    with pytest.raises(HbenchError, match="does not exist"):
+    with pytest.raises(HbenchError, match="no results directory"):
         load_runs(tmp_path / "nope")
     write_run(tmp_path, "crashed", status="failed")
     with pytest.warns(RunSkipped), pytest.raises(HbenchError, match="no complete runs"):

@@ -70,9 +70,12 @@ def test_holm_hand_worked_example():
     assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
 
 
-def test_holm_ignores_nan_members():
+def test_holm_counts_untestable_members():
+    # The NaN member keeps its place in the family as if its p were 1:
+    # 0.01 x 3 = 0.03, then max(0.03, 0.04 x 2) = 0.08.
     out = stats.holm([0.01, math.nan, 0.04])
-    assert out[0] == pytest.approx(0.02) and out[2] == pytest.approx(0.04) and math.isnan(out[1])
+    assert out[0] == pytest.approx(0.03) and out[2] == pytest.approx(0.08) and math.isnan(out[1])
+    assert list(stats.holm([0.01, 0.04])) == pytest.approx([0.02, 0.04])
 
 
 def test_bootstrap_is_seeded_percentile_over_seeds():
@@ -93,10 +96,74 @@ def test_excludes_null():
 
 
 def test_summarize_ratios_collects_everything():
-    s = stats.summarize_ratios(RATIOS, stats.bootstrap_rng(), n_resamples=500)
-    assert s.n == 6 and s.mean_ratio == pytest.approx(RATIOS.mean())
-    assert s.effect_pct == pytest.approx((RATIOS.mean() - 1) * 100)
-    assert s.t_ci == stats.t_interval(RATIOS) and s.p == stats.ttest_log_ratios(RATIOS)
+    s = stats.summarize_ratios(RATIOS)
+    logs = np.log(RATIOS)
+    assert s.n == 6 and s.geo_mean_ratio == pytest.approx(math.exp(logs.mean()))
+    assert s.effect_pct == pytest.approx((math.exp(logs.mean()) - 1) * 100)
+    ref = sps.t.interval(0.95, logs.size - 1, loc=logs.mean(), scale=sps.sem(logs))
+    assert s.ci == pytest.approx(tuple(np.exp(ref)), rel=1e-12)   # exp of scipy's t CI on log ratios
+    assert s.mean_ratio == pytest.approx(RATIOS.mean()) and s.t_ci == stats.t_interval(RATIOS)
+    assert s.p == stats.ttest_log_ratios(RATIOS) and s.p_signflip == stats.sign_flip_p(logs)
+    assert s.mde_ratio == stats.min_detectable_effect(RATIOS)
+
+
+def test_geometric_effect_is_reciprocal_and_never_below_minus_100_percent():
+    ab = stats.summarize_ratios(RATIOS)
+    ba = stats.summarize_ratios(1 / RATIOS)
+    assert ab.geo_mean_ratio * ba.geo_mean_ratio == pytest.approx(1.0, rel=1e-12)
+    assert ab.ci == pytest.approx((1 / ba.ci[1], 1 / ba.ci[0]), rel=1e-12)
+    assert ab.p == pytest.approx(ba.p) and ab.p_signflip == ba.p_signflip
+    assert ab.mean_ratio * ba.mean_ratio != pytest.approx(1.0)  # the arithmetic mean is not
+    # Widely spread ratios: the arithmetic t CI reaches below ratio 0 (an
+    # impossible "-100% or worse"); the geometric CI stays positive.
+    wide = stats.summarize_ratios([0.05, 1.9, 0.5])
+    assert wide.t_ci[0] < 0 < wide.ci[0]
+
+
+def test_sign_flip_p_exact_small_n():
+    # n = 3, all positive: only all-plus and all-minus reach the observed |sum|.
+    assert stats.sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(2 / 8)
+    assert stats.sign_flip_p([0.1, -0.1]) == 1.0
+    assert math.isnan(stats.sign_flip_p([]))
+    logs = np.log(RATIOS)
+    ref = sps.permutation_test((logs,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                               alternative="two-sided").pvalue
+    assert stats.sign_flip_p(logs) == pytest.approx(ref)
+
+
+def test_sign_flip_p_draws_beyond_exact_size():
+    x = np.random.default_rng([4, 0]).normal(0.3, 1.0, stats.SIGN_FLIP_EXACT_MAX + 1)
+    ref = sps.permutation_test((x,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                               alternative="two-sided").pvalue
+    p = stats.sign_flip_p(x, stats.bootstrap_rng(1, 2))
+    assert p == pytest.approx(ref, abs=0.01)
+    assert p == stats.sign_flip_p(x, stats.bootstrap_rng(1, 2))
+
+
+@pytest.mark.parametrize("n", [3, 6, 12])
+def test_power_effect_size_gives_the_requested_power(n):
+    d = stats.power_effect_size(n)
+    crit = sps.t.ppf(0.975, n - 1)
+    nc = d * math.sqrt(n)
+    power = sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
+    assert power == pytest.approx(0.80, abs=1e-6)
+
+
+def test_min_detectable_effect_scales_with_spread_and_seed_count():
+    logs = np.log(RATIOS)
+    expected = math.exp(stats.power_effect_size(6) * logs.std(ddof=1))
+    assert stats.min_detectable_effect(RATIOS) == pytest.approx(expected)
+    assert stats.min_detectable_effect(RATIOS[:3]) > stats.min_detectable_effect(np.tile(RATIOS[:3], 4))
+    assert stats.min_detectable_effect([1.1, 1.1, 1.1]) == 1.0   # no spread: any change is detectable
+    assert math.isnan(stats.min_detectable_effect([1.1]))
+
+
+def test_invalid_pairs_name_zero_null_and_negative_values():
+    num = {1: 0.0, 2: None, 3: 5.0, 4: float("nan"), 5: 2.0}
+    den = {1: 1.0, 2: 1.0, 3: -1.0, 4: 0.0, 5: 1.0, 6: 3.0}
+    assert stats.invalid_pairs(num, den) == {
+        1: "numerator 0", 2: "numerator null/NaN", 3: "denominator -1",
+        4: "numerator null/NaN and denominator 0"}
 
 
 def test_interaction_difference_paired_per_seed():
@@ -126,9 +193,11 @@ def test_ratio_of_ratios_per_seed():
     iso = {1: 1.00, 2: 1.02, 3: 0.98}
     s = stats.ratio_of_ratios(share, iso, stats.bootstrap_rng(), n_resamples=500)
     k = np.array([1.2 / 1.0, 1.1 / 1.02, 1.15 / 0.98])
+    geo = math.exp(np.log(k).mean())
     assert s.kind == "ratio" and s.null == 1.0
-    assert s.estimate == pytest.approx(k.mean())
-    assert s.effect_pct == pytest.approx((k.mean() - 1) * 100)
+    assert s.estimate == pytest.approx(geo)
+    assert s.effect_pct == pytest.approx((geo - 1) * 100)
+    assert s.t_ci == pytest.approx(stats.log_t_interval(k))
     assert s.p == pytest.approx(stats.ttest_log_ratios(k))
     with pytest.raises(HbenchError, match="same seeds"):
         stats.ratio_of_ratios(share, {1: 1.0, 2: 1.0}, stats.bootstrap_rng())

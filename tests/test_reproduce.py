@@ -94,3 +94,13 @@ def test_reproduce_q3_quick_end_to_end(tmp_path, monkeypatch):
     assert "| q3 | no-share control: S0 throughput | 293.836 tok/s |" in md
     assert (root / "analysis" / "report.md").is_file()
     assert "no-share control" in result.output
+
+
+def test_compare_shows_the_arithmetic_mean_beside_the_geometric_effect():
+    row = {**_contrast_row("D0/S2 b63", 1.05, 1.01, 1.09), "mean_effect_pct": 5.4}
+    t = R.compare("q4", pd.DataFrame([row]), None, pd.DataFrame()).set_index("figure")
+    assert t.loc["D0 vs S2 at b63", "hbench"] == pytest.approx(5.0)
+    assert t.loc["D0 vs S2 at b63", "hbench_arith"] == pytest.approx(5.4)
+    assert math.isnan(t.loc["D0 vs S2 at b83", "hbench_arith"])  # not evaluated
+    text = R.markdown(t.reset_index(), "q4")
+    assert "| hbench arith. mean |" in text and "| 5.400 % |" in text

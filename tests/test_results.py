@@ -241,3 +241,58 @@ def test_package_versions_and_host_info():
     assert {"python", "hbench", "pyarrow", "scipy", "statsmodels", "click"} <= set(versions)
     host = provenance.host_info()
     assert host["cpu_count"] >= 1 and host["platform"]
+
+
+def test_read_run_exposes_checked_metadata_and_loads_tables_lazily(tmp_path):
+    path = write(tmp_path)
+    (path / results.STEPS).unlink()  # a CI baseline keeps no per-step table
+    run = results.read_run(path)
+    assert (run.run_id, run.engine, run.engine_version) == ("run-a", "sim", "sim-1")
+    assert run.workload_hash == WORKLOAD_HASH and run.schema_version == results.SCHEMA_VERSION
+    assert run.config["org"] == RunConfig().org and run.summary["finished"] == 3
+    assert run.has_table("requests") and not run.has_table("steps")
+    assert len(run.table("requests")) == 3
+    with pytest.raises(HbenchError, match="has no steps.parquet"):
+        run.table("steps")
+    assert not results.is_complete(path)  # a sweep reruns a cell without every file
+    assert results.list_runs(tmp_path) == []
+
+
+@pytest.mark.parametrize("text, match", [
+    ("[]", "JSON list, not an object"), ("{not json", "not valid JSON"), ("null", "JSON NoneType")])
+def test_read_run_refuses_a_malformed_summary(tmp_path, text, match):
+    path = write(tmp_path)
+    (path / results.SUMMARY).write_text(text)
+    with pytest.raises(HbenchError, match=match):
+        results.read_run(path)
+
+
+def test_iter_runs_skips_or_refuses_broken_runs(tmp_path):
+    good = write(tmp_path, run_id="a")
+    bad = write(tmp_path, run_id="b")
+    (bad / results.SUMMARY).unlink()
+    with pytest.warns(results.RunSkipped, match="missing summary.json"):
+        assert [r.path for r in results.iter_runs(tmp_path)] == [good]
+    with pytest.raises(HbenchError, match="missing summary.json"):
+        list(results.iter_runs(tmp_path, strict=True))
+    shutil.rmtree(bad)
+    foreign = write(tmp_path, run_id="c")
+    manifest = json.loads((foreign / results.MANIFEST).read_text())
+    (foreign / results.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 2}))
+    with pytest.raises(HbenchError, match="schema version 2"):
+        list(results.iter_runs(tmp_path))  # never silently mixed in, strict or not
+
+
+def test_check_pairable_refuses_disagreeing_metadata(tmp_path):
+    a = results.read_run(write(tmp_path, run_id="a"))
+    b = results.read_run(write(tmp_path, run_id="b"))
+    results.check_pairable(a, b)
+    other_version = results.read_run(write(tmp_path / "v", run_id="c"))
+    other_version.manifest["engine_version"] = "sim-2"
+    with pytest.raises(HbenchError, match=r"engine version differs \(sim-1 vs sim-2\)"):
+        results.check_pairable(a, other_version)
+    results.check_pairable(a, other_version, same_engine_version=False)
+    other_stream = results.read_run(write(tmp_path / "w", run_id="d"))
+    other_stream.manifest["workload_hash"] = "cd" * 32
+    with pytest.raises(HbenchError, match="refusing to pair a with d: workload hash differs"):
+        results.check_pairable(a, other_stream, same_engine_version=False)

@@ -56,7 +56,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)
         out = out_dir if out_dir is not None else results_dir / "analysis"
-        figures = [] if no_figures else render_figures(runs, out / "figures", used)
+        figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
         write_outputs(out, results_dir, table, inter, arms, figures)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)

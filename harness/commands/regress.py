@@ -1,13 +1,15 @@
 """``hbench regress``: does a candidate results root regress against a baseline?
 
-Exit status: 0 no regression, 1 regression, 2 bad input (a missing
-directory, no complete runs, no matching cells). Bad input is reported here
+Exit status: 0 no regression, 1 regression, 2 bad input (bad thresholds, an
+unwritable --report, a missing or empty directory, a malformed run, no
+matching cells, runs that may not be compared). Bad input is reported here
 rather than through the CLI's usual exit 1, so CI can tell "slower" from
-"could not compare".
+"could not compare". Every check of the options runs before any run is read.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -16,34 +18,64 @@ import click
 from harness.errors import HbenchError
 
 
+def check_writable(path: Path) -> None:
+    """Refuse a report path that cannot be written: a directory, a read-only
+    file, or a location whose nearest existing ancestor is not a writable
+    directory."""
+    if path.exists():
+        if path.is_dir():
+            raise HbenchError(f"--report {path} is a directory")
+        if not os.access(path, os.W_OK):
+            raise HbenchError(f"--report {path} is not writable")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise HbenchError(f"--report {path}: {parent} is not a writable directory")
+
+
+def _fail(message: str) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(2)
+
+
 @click.command("regress")
 @click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Baseline results root.")
 @click.option("--candidate", type=click.Path(path_type=Path), required=True, help="Candidate results root.")
 @click.option("--min-effect", type=float, default=0.02, show_default=True,
-              help="Smallest relative change in the bad direction that counts (0.02 = 2%).")
-@click.option("--alpha", type=float, default=0.05, show_default=True, help="Significance level after Holm.")
+              help="Tolerance: the largest relative change in the bad direction that still passes (0.02 = 2%).")
+@click.option("--alpha", type=float, default=0.05, show_default=True,
+              help="Significance level after Holm (noisy engines only).")
+@click.option("--allow-missing", is_flag=True,
+              help="A baseline cell absent from the candidate is listed, not a regression.")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
               help="Write the Markdown report here (for a CI comment).")
-def regress(baseline, candidate, min_effect, alpha, report_path):
-    """Compare CANDIDATE runs with BASELINE runs cell by cell (same config,
-    seed and workload) on throughput, p99 latencies and peak memory."""
-    import warnings
+def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
+    """Compare CANDIDATE runs with BASELINE runs cell by cell (same
+    configuration and seed) on throughput (both timebases), p99 TTFT, ITL and
+    end-to-end latency, and peak memory.
 
-    from analysis.load import load_runs
-    from analysis.regress import compare, markdown
+    The simulator is deterministic, so each cell is judged on its own; a
+    real server's cells are judged per seed group by a paired test.
+    """
+    from analysis.regress import compare, validate_thresholds
+    from analysis.regress_report import markdown
 
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = compare(load_runs(baseline), load_runs(candidate), min_effect=min_effect, alpha=alpha)
+        validate_thresholds(min_effect, alpha)
+        if report_path is not None:
+            check_writable(report_path)
+        result = compare(baseline, candidate, min_effect=min_effect, alpha=alpha,
+                         allow_missing=allow_missing)
     except HbenchError as exc:
-        click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
-    for w in caught:
-        click.echo(f"warning: {w.message}", err=True)
-    text = markdown(result, baseline, candidate)
+        _fail(str(exc))
+    text = markdown(result)
     if report_path is not None:
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(text)
+        try:
+            report_path.parent.mkdir(parents=True, exist_ok=True)
+            report_path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            _fail(f"cannot write --report {report_path}: {exc.strerror or exc}")
     click.echo(text)
     sys.exit(1 if result.regressed else 0)

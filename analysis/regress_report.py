@@ -1,0 +1,102 @@
+"""The Markdown report of `hbench regress` (a CI comment): the verdict,
+both sides' roots, engine versions and commits, the regressions by cell,
+missing cells, then every comparison (per cell for a deterministic engine,
+per seed group for a noisy one)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from analysis import stats
+from analysis.regress import GATED, Finding, RegressResult
+from analysis.report import markdown_table
+
+
+def _value(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
+
+
+def _pct(change: float) -> str:
+    if math.isnan(change):
+        return "n/a"
+    return "+inf" if math.isinf(change) else f"{change * 100:+.2f}%"
+
+
+def _ci(ci: stats.Interval) -> str:
+    return "n/a" if math.isnan(ci[0]) else f"[{_pct(ci[0] - 1)}, {_pct(ci[1] - 1)}]"
+
+
+def markdown(result: RegressResult) -> str:
+    """The report (a CI comment): verdict, both sides' provenance, the
+    regressions by cell, missing cells, then every comparison."""
+    regs = result.regressions
+    head = "REGRESSION" if result.regressed else "no regression"
+    counts = []
+    if regs:
+        counts.append(f"{len(regs)} regressed cell metrics")
+    if result.missing:
+        counts.append(f"{len(result.missing)} missing cells" + (" (allowed)" if result.allow_missing else ""))
+    mode = (f"engine `{result.engine}` is deterministic: each of the {result.cells} matched cells is compared "
+            f"on its own; a gated metric worse by more than {result.min_effect:.2%} is a regression"
+            if result.deterministic else
+            f"engine `{result.engine}` is noisy: the {result.cells} matched cells are compared per seed group "
+            f"(paired t test on log ratios, geometric-mean change with its 95% t CI, Holm across groups x "
+            f"metrics); a group regresses when p Holm < {result.alpha}, its CI excludes 0 and it is worse by "
+            f"more than {result.min_effect:.2%}")
+    lines = [f"## hbench regress: {head}" + (f" ({'; '.join(counts)})" if counts else ""), "",
+             f"Cells are matched by configuration and seed; {mode}. A candidate value that is zero, "
+             "negative, null or not a number where the baseline is positive is a regression, and so is a "
+             "baseline cell the candidate lacks.", "",
+             _table(["side", "root", "runs", "engine version", "commit"],
+                    [[name, f"`{s['root']}`", str(s["runs"]), ", ".join(s["engine_version"]),
+                      ", ".join(s["git_commit"])] for name, s in result.sides.items()]), ""]
+    if regs:
+        lines += ["### Regressions", "",
+                  _table(["cell", "metric", "better", "baseline", "candidate", "change", "why"],
+                         [[f.label, f.metric, f.better, _value(f.baseline), _value(f.candidate),
+                           _pct(f.change), f.reason] for f in regs]), ""]
+    if result.missing:
+        title = "Missing cells (allowed by --allow-missing)" if result.allow_missing else "Missing cells (regressions)"
+        lines += [f"### {title}", ""] + [f"- {', '.join(f'{k}={v}' for k, v in m.items())}"
+                                          for m in result.missing] + [""]
+    lines += ["<details><summary>every comparison</summary>", ""]
+    if result.deterministic:
+        lines += [_cell_table(result.findings)]
+    else:
+        lines += [_table(["group", "metric", "seeds", "baseline mean", "candidate mean", "change", "95% CI",
+                          "p", "p Holm", "verdict"],
+                         [[f.label, f.metric, str(f.n), _value(f.baseline), _value(f.candidate), _pct(f.change),
+                           _ci(f.ci), _p(f.p), _p(f.p_holm), ("**REGRESSION** " if f.regression else "") + f.reason]
+                          for f in result.findings])]
+    lines += ["", "</details>", ""]
+    if result.unmatched:
+        lines += [f"<details><summary>{len(result.unmatched)} candidate runs without a baseline cell "
+                  "(not compared)</summary>", ""] + [f"- {u}" for u in result.unmatched] + ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _p(p: float) -> str:
+    return "n/a" if math.isnan(p) else ("<0.0001" if p < 1e-4 else f"{p:.4f}")
+
+
+def _cell_table(findings: Sequence[Finding]) -> str:
+    """One row per cell, the change of each gated metric as a column."""
+    rows: dict[str, dict[str, Finding]] = {}
+    for f in findings:
+        rows.setdefault(f.label, {})[f.metric] = f
+    metrics = [m for m in GATED if any(m in r for r in rows.values())]
+    body = []
+    for label, by_metric in rows.items():
+        cells = []
+        for m in metrics:
+            f = by_metric.get(m)
+            text = "n/a" if f is None else (_pct(f.change) if f.candidate is not None else "invalid")
+            cells.append(f"**{text}**" if f is not None and f.regression else text)
+        body.append([label, *cells])
+    return _table(["cell", *metrics], body)
+
+
+_table = markdown_table
