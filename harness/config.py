@@ -14,8 +14,9 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from harness.errors import HbenchError
+from harness.orgs import ORGANIZATIONS
 
-ORG_NAMES = ("s0", "s1", "s2", "d0")
+ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
 ARRIVALS = ("poisson", "constant", "gamma")
 
 

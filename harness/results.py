@@ -201,6 +201,38 @@ def write_run(
     return final
 
 
+# ---------------------------------------------------- completeness, cleanup
+
+def is_complete(run_dir: Path) -> bool:
+    """A run directory whose manifest says complete and whose files all exist."""
+    return _load_manifest(Path(run_dir)) is not None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out: Path) -> list[Path]:
+    """Remove ``.tmp-*`` directories under ``out`` left by dead processes
+    (their name ends in the writer's pid); return what was removed."""
+    out = Path(out)
+    removed: list[Path] = []
+    if not out.is_dir():
+        return removed
+    for p in sorted(out.glob(f"{TMP_PREFIX}*")):
+        m = re.search(r"-(\d+)$", p.name)
+        if p.is_dir() and (m is None or not _pid_alive(int(m.group(1)))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
 # ----------------------------------------------------------------------- read
 
 def _load_manifest(path: Path) -> dict | None:

@@ -9,7 +9,6 @@ and writes the self-describing results directory atomically.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 
@@ -35,8 +34,6 @@ def budget_manifest(config: RunConfig, geom) -> dict:
 def build_run_workload(config: RunConfig):
     """The workload a config describes, with its warm-up requests in front; or
     the saved workload it names (whose first ``warmup_requests`` are warm-up)."""
-    from workloads.build import workload_from_config
-
     if config.workload_path:
         from workloads.io import load_workload
 
@@ -45,8 +42,8 @@ def build_run_workload(config: RunConfig):
             raise HbenchError(f"--warmup {config.warmup_requests} leaves no measured request "
                               f"in {config.workload_path} ({len(workload)} requests)")
         return workload
-    if config.warmup_requests:
-        config = dataclasses.replace(config, requests=config.requests + config.warmup_requests)
+    from workloads.build import workload_from_config
+
     return workload_from_config(config)
 
 

@@ -1,9 +1,7 @@
-"""Grids of runs: expansion, content-addressed cells, resumable execution.
+"""Sweeps: content-addressed cells, resumable execution.
 
-A grid is a union of axis sets; each axis set maps `RunConfig` field names
-to a value or a list of values and expands to their cartesian product (so
-"b63 at cap 63 plus b108 at cap 109" is two axis sets, not a product).
-Every expanded config is one **cell**, whose id is
+A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
+grid). Every config is one **cell**, whose id is
 `harness.results.cell_id(config, workload_hash, engine_version)`: the same
 knobs, request stream and engine code always give the same id, and the run
 directory of a cell is ``<out>/<cell id>/``.
@@ -20,144 +18,27 @@ call `run_cell`, so the results are identical whichever executes them.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import re
 import shutil
 import time
-import tomllib
-import typing
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.config import RunConfig
 from harness.errors import HbenchError
-from harness.results import MANIFEST, RUN_FILES, TMP_PREFIX, cell_id, to_jsonable
+from harness.grid import Axes, expand, normalize_axes
+from harness.results import cell_id, clean_stale, is_complete, to_jsonable
 
 SWEEP_FILE = "sweep.json"
 SWEEP_SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
 
-# RunConfig fields that change the request stream (see workloads.build and
-# harness.runner.build_run_workload); cells equal on these share a workload.
-WORKLOAD_FIELDS = ("seed", "q", "rate", "arrival", "burstiness", "requests", "warmup_requests",
-                   "duration_s", "contexts", "mean_input", "max_model_len", "max_output",
-                   "isolate", "workload_path")
-
-FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
-Axes = Mapping[str, Sequence]
-
-
-# ------------------------------------------------------------------ values
-
-def _base_type(field: str):
-    t = FIELD_TYPES[field]
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    return (args[0] if args else t), type(None) in typing.get_args(t)
-
-
-def parse_scalar(field: str, value):
-    """One value of ``field`` from TOML or command-line text, typed as RunConfig wants it."""
-    if field not in FIELD_TYPES:
-        raise HbenchError(f"unknown grid key {field!r}; keys are RunConfig fields "
-                          f"({', '.join(f.name for f in fields(RunConfig))})")
-    base, optional = _base_type(field)
-    if isinstance(value, str):
-        text = value.strip()
-        if optional and text.lower() in ("none", "null", ""):
-            return None
-        try:
-            if base is bool:
-                if text.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if text.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(text)
-            return base(text)
-        except ValueError:
-            raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}") from None
-    if value is None and optional:
-        return None
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
-        raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}")
-    return value
-
-
-_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-
-
-def parse_values(field: str, raw) -> tuple:
-    """All values of one axis: a scalar, a list, or text ``"a,b,c"``; integer
-    fields also take ranges ``"1-6"`` (inclusive). Duplicates are an error."""
-    items = raw if isinstance(raw, (list, tuple)) else [raw]
-    out: list = []
-    for item in items:
-        parts = item.split(",") if isinstance(item, str) else [item]
-        for part in parts:
-            m = _RANGE.match(part) if isinstance(part, str) else None
-            if m and _base_type(field)[0] is int:
-                lo, hi = int(m.group(1)), int(m.group(2))
-                if hi < lo:
-                    raise HbenchError(f"grid key {field}: empty range {part.strip()!r}")
-                out.extend(range(lo, hi + 1))
-            else:
-                out.append(parse_scalar(field, part))
-    if not out:
-        raise HbenchError(f"grid key {field}: no values")
-    if len(set(out)) != len(out):
-        raise HbenchError(f"grid key {field}: repeated values in {raw!r}")
-    return tuple(out)
-
-
-def normalize_axes(axes: Mapping) -> dict[str, tuple]:
-    return {k: parse_values(k, v) for k, v in axes.items()}
-
-
-# -------------------------------------------------------------------- grids
-
-def expand(grids: Sequence[Axes], base: Mapping | None = None) -> list[RunConfig]:
-    """The configs of a union of axis sets, in order, without duplicates.
-
-    ``base`` holds values shared by every axis set (an axis set overrides it).
-    Each combination is validated by `RunConfig`, so an impossible value fails
-    with its one-line message before anything runs.
-    """
-    base_axes = normalize_axes(base or {})
-    out: dict[str, RunConfig] = {}
-    for axes in grids or [{}]:
-        merged = {**base_axes, **normalize_axes(axes)}
-        keys = list(merged)
-        for combo in itertools.product(*(merged[k] for k in keys)):
-            cfg = RunConfig(**dict(zip(keys, combo, strict=True)))
-            out.setdefault(cfg.digest(), cfg)
-    return list(out.values())
-
-
-def load_grid_file(path) -> tuple[dict, list[dict]]:
-    """(base, axis sets) from a TOML grid file: top-level keys are RunConfig
-    fields (a list expands); optional ``[[grid]]`` tables are a union of axis
-    sets that each extend the top-level keys."""
-    path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise HbenchError(f"cannot read grid file {path}: {exc}") from None
-    subgrids = doc.pop("grid", [])
-    if not isinstance(subgrids, list) or not all(isinstance(g, dict) for g in subgrids):
-        raise HbenchError(f"{path}: 'grid' must be an array of tables ([[grid]])")
-    for axes in [doc, *subgrids]:
-        for k, v in axes.items():
-            if isinstance(v, dict):
-                raise HbenchError(f"{path}: key {k!r} is a table; grid values are scalars or lists")
-            parse_values(k, v)
-    return doc, subgrids
+__all__ = ["Cell", "CellOutcome", "SweepResult", "expand", "plan", "run_cell", "run_sweep"]
 
 
 # -------------------------------------------------------------------- cells
@@ -173,13 +54,17 @@ class Cell:
     cell_id: str
 
 
-def workload_key(config: RunConfig) -> tuple:
-    return tuple(getattr(config, f) for f in WORKLOAD_FIELDS)
+def workload_key(config: RunConfig):
+    """The workload cache key of ``config``: its `workloads.spec.WorkloadSpec`,
+    or its saved workload file (path and content)."""
+    from workloads.spec import workload_source
+
+    return workload_source(config)
 
 
 # Per-process workloads, most recently used last: a worker runs many cells of
 # the same few request streams, and building one costs more than looking it up.
-_WORKLOADS: OrderedDict[tuple, object] = OrderedDict()
+_WORKLOADS: OrderedDict[object, object] = OrderedDict()
 _WORKLOAD_CACHE_SIZE = 4
 
 
@@ -202,7 +87,7 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
     from adapters.registry import make_engine
 
     versions: dict[str, str] = {}
-    hashes: dict[tuple, str] = {}
+    hashes: dict[object, str] = {}
     cells = []
     for cfg in configs:
         if cfg.engine not in versions:
@@ -213,40 +98,6 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
         cells.append(Cell(cfg, hashes[key], versions[cfg.engine],
                           cell_id(cfg, hashes[key], versions[cfg.engine])))
     return cells
-
-
-def is_complete(run_dir: Path) -> bool:
-    """A run directory whose manifest says complete and whose files all exist."""
-    try:
-        manifest = json.loads((run_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return (isinstance(manifest, dict) and manifest.get("status") == "complete"
-            and all((run_dir / f).is_file() for f in RUN_FILES))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_stale(out: Path) -> list[Path]:
-    """Remove ``.tmp-*`` directories under ``out`` left by dead processes
-    (their name ends in the writer's pid); return what was removed."""
-    removed = []
-    if not out.is_dir():
-        return removed
-    for p in sorted(out.glob(f"{TMP_PREFIX}*")):
-        m = re.search(r"-(\d+)$", p.name)
-        if p.is_dir() and (m is None or not _pid_alive(int(m.group(1)))):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
 
 
 @dataclass(frozen=True)
@@ -325,7 +176,7 @@ def _write_sweep_file(out: Path, grids, base, cells, outcomes: dict[str, CellOut
 
 def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
     # Group cells that share a request stream so a worker's workload cache hits.
-    first: dict[tuple, int] = {}
+    first: dict[object, int] = {}
     for i, c in enumerate(cells):
         first.setdefault(workload_key(c.config), i)
     return sorted(cells, key=lambda c: first[workload_key(c.config)])
@@ -396,7 +247,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             address = ray_address or os.environ.get("RAY_ADDRESS") or None
             from harness.sweep_ray import execute_ray
 
-            execute_ray(_pending_order(todo), out, jobs, force, report, address)
+            execute_ray(run_cell, _pending_order(todo), out, jobs, force, report, address)
         else:
             _execute_local(_pending_order(todo), out, jobs, force, report)
     finally:

@@ -1,8 +1,9 @@
 """Running sweep cells as Ray tasks (``hbench sweep --executor ray``).
 
 Imported only when Ray is asked for, so the core never needs it. Each cell is
-one task calling `harness.sweep.run_cell`, exactly what the local executors
-call, so results are identical whichever runs them.
+one task calling the cell function it is given (`harness.sweep.run_cell`,
+exactly what the local executors call), so results are identical whichever
+runs them. It imports nothing from `harness.sweep`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 from pathlib import Path
 
 from harness.errors import HbenchError
-from harness.sweep import run_cell
 
 # A local Ray instance only ships CellOutcomes (cells write their own files),
 # so a small object store is plenty and keeps Ray off a laptop's memory.
@@ -52,8 +52,9 @@ def _ray_connect(ray, jobs: int, address: str | None) -> bool:
     return True
 
 
-def execute_ray(todo, out, jobs, force, report, address=None) -> None:
-    """One Ray task per cell; outcomes are reported as tasks finish.
+def execute_ray(run_cell, todo, out, jobs, force, report, address=None) -> None:
+    """One Ray task per cell, each calling ``run_cell(cell, out, force)``;
+    outcomes are reported as tasks finish.
 
     On Ctrl-C, or when a task dies, the tasks still pending are cancelled
     (running ones killed): a killed cell leaves only its ``.tmp-*`` directory,

@@ -1,6 +1,6 @@
 """``hbench sweep``: run a grid of content-addressed, resumable cells.
 
-Thin: flags and/or a TOML grid -> `harness.sweep.expand` -> `run_sweep`,
+Thin: flags and/or a TOML grid -> `harness.grid.expand` -> `harness.sweep.run_sweep`,
 with one progress bar over all cells. Each axis flag takes a comma list
 (integer axes also take ranges such as ``1-6``); the cartesian product of all
 axes is the grid.
@@ -72,7 +72,9 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
     """
     from pathlib import Path
 
-    from harness.sweep import expand, is_complete, load_grid_file, plan, run_sweep
+    from harness.grid import expand, load_grid_file
+    from harness.results import is_complete
+    from harness.sweep import plan, run_sweep
 
     base, subgrids = load_grid_file(grid_file) if grid_file else ({}, [])
     flags = {field: value for field, value in axes.items() if value is not None}
