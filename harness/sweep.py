@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harness.config import RunConfig
+from harness.config import RunConfig, validate
 from harness.errors import HbenchError
 from harness.grid import Axes, expand, normalize_axes
 from harness.results import cell_id, clean_stale, is_complete, to_jsonable
@@ -108,7 +108,8 @@ class CellOutcome:
     error: str = ""
 
 
-def run_cell(cell: Cell, out: str, force: bool = False) -> CellOutcome:
+def run_cell(cell: Cell, out: str, force: bool = False,
+             allow_oversubscribe: bool = False) -> CellOutcome:
     """Run one cell into ``out/<cell id>/`` unless it is complete already.
 
     Module-level so that process pools and Ray can ship it. A user error
@@ -129,7 +130,8 @@ def run_cell(cell: Cell, out: str, force: bool = False) -> CellOutcome:
         if workload.content_hash != cell.workload_hash:
             raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
                               "the workload builder is not deterministic")
-        execute(cell.config, out, workload=workload, run_id=cell.cell_id)
+        execute(cell.config, out, workload=workload, run_id=cell.cell_id,
+                allow_oversubscribe=allow_oversubscribe)
     except HbenchError as exc:
         return CellOutcome(cell.cell_id, "failed", time.perf_counter() - t0, str(exc))
     return CellOutcome(cell.cell_id, "ran", time.perf_counter() - t0)
@@ -182,14 +184,14 @@ def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda c: first[workload_key(c.config)])
 
 
-def _execute_local(todo, out, jobs, force, report) -> None:
+def _execute_local(todo, out, jobs, args, report) -> None:
     if jobs <= 1:
         for c in todo:
-            report(run_cell(c, str(out), force))
+            report(run_cell(c, str(out), *args))
         return
     pool = ProcessPoolExecutor(max_workers=jobs)
     try:
-        pending = {pool.submit(run_cell, c, str(out), force) for c in todo}
+        pending = {pool.submit(run_cell, c, str(out), *args) for c in todo}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
@@ -199,7 +201,8 @@ def _execute_local(todo, out, jobs, force, report) -> None:
 
 
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
-              force: bool = False, grids: Sequence[Axes] = (), base: Mapping | None = None,
+              force: bool = False, allow_oversubscribe: bool = False,
+              grids: Sequence[Axes] = (), base: Mapping | None = None,
               on_plan: Callable[[int, int], None] | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
               ray_address: str | None = None) -> SweepResult:
@@ -222,6 +225,8 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     if not configs:
         raise HbenchError("the grid expands to no cells")
+    for cfg in configs:   # every cell, before any work
+        validate(cfg, allow_oversubscribe=allow_oversubscribe)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
@@ -242,14 +247,15 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         if on_cell:
             on_cell(o)
 
+    args = (force, allow_oversubscribe)   # run_cell's arguments after (cell, out)
     try:
         if executor == "ray":
             address = ray_address or os.environ.get("RAY_ADDRESS") or None
             from harness.sweep_ray import execute_ray
 
-            execute_ray(run_cell, _pending_order(todo), out, jobs, force, report, address)
+            execute_ray(run_cell, _pending_order(todo), out, jobs, args, report, address)
         else:
-            _execute_local(_pending_order(todo), out, jobs, force, report)
+            _execute_local(_pending_order(todo), out, jobs, args, report)
     finally:
         _write_sweep_file(out, grids, base, cells, outcomes)
     return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))

@@ -52,8 +52,8 @@ def _ray_connect(ray, jobs: int, address: str | None) -> bool:
     return True
 
 
-def execute_ray(run_cell, todo, out, jobs, force, report, address=None) -> None:
-    """One Ray task per cell, each calling ``run_cell(cell, out, force)``;
+def execute_ray(run_cell, todo, out, jobs, args, report, address=None) -> None:
+    """One Ray task per cell, each calling ``run_cell(cell, out, *args)``;
     outcomes are reported as tasks finish.
 
     On Ctrl-C, or when a task dies, the tasks still pending are cancelled
@@ -71,7 +71,7 @@ def execute_ray(run_cell, todo, out, jobs, force, report, address=None) -> None:
     try:
         remote = ray.remote(num_cpus=1, max_retries=RAY_TASK_RETRIES)(run_cell)
         # Workers do not share the driver's working directory: give them an absolute path.
-        cells = {remote.remote(c, str(Path(out).resolve()), force): c for c in todo}
+        cells = {remote.remote(c, str(Path(out).resolve()), *args): c for c in todo}
         pending = list(cells)
         while pending:
             # A bounded wait keeps the driver responsive to Ctrl-C.

@@ -140,11 +140,23 @@ def test_parallel_sweep_gives_the_serial_summaries(tmp_path):
     assert _summaries(tmp_path / "serial", serial.cells) == _summaries(tmp_path / "parallel", parallel.cells)
 
 
+# Resolves (6 pages of s2) but cannot hold the workload's longest request:
+# found only once the cell's workload is built, so the cell fails at run time.
+TOO_SMALL = dict(org="s2", seed=1, budget="6p", requests=20)
+
+
 def test_a_failing_cell_is_reported_and_the_rest_run(tmp_path):
-    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(**TOO_SMALL)]
     result = S.run_sweep(configs, tmp_path)
     assert [o.status for o in result.outcomes] == ["ran", "failed"]
-    assert result.failed[0].error
+    assert result.failed[0].error.startswith("budget 6p gives s2 6 shared pages")
+
+
+def test_an_invalid_cell_refuses_the_whole_sweep_before_any_work(tmp_path):
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    with pytest.raises(HbenchError, match="budget b1 gives s2 3 pages"):
+        S.run_sweep(configs, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_ray_executor_without_ray_says_how_to_install(tmp_path):
@@ -208,10 +220,10 @@ def test_ray_interrupt_leaves_complete_cells_and_resume_finishes(tmp_path, ray_i
 
 
 def test_ray_failing_cell_is_reported_and_the_rest_run(tmp_path, ray_instance):
-    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(**TOO_SMALL)]
     result = S.run_sweep(configs, tmp_path, executor="ray")
     assert [o.status for o in result.outcomes] == ["ran", "failed"]
-    assert result.failed[0].error.startswith("budget b1 gives s2 3 pages")
+    assert result.failed[0].error.startswith("budget 6p gives s2 6 shared pages")
     assert not (tmp_path / result.cells[1].cell_id).exists()
 
 

@@ -14,9 +14,11 @@ by path and content, so an edited file is a different workload.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from harness.config import MAX_DURATION_S, MAX_REQUESTS
 from harness.errors import HbenchError
 from workloads.sharegpt.arrivals import ARRIVALS
 
@@ -24,6 +26,8 @@ MIN_TURN_TOKENS = 4
 
 # WorkloadSpec field -> the RunConfig field that holds it, where the names differ.
 CONFIG_NAMES = {"mean_input_tokens": "mean_input"}
+# WorkloadSpec field -> the key of a derived workload's meta that records it.
+META_NAMES = {"mean_input_tokens": "mean_input_target"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,11 @@ class WorkloadSpec:
             raise HbenchError(
                 f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}"
             )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise HbenchError(f"{f.name} must be a finite number, got {value}")
+        expected = self.requests if self.duration_s is None else self.duration_s * self.rate
         checks = [
             (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
             (0.0 <= self.q <= 1.0, f"q must be in [0, 1], got {self.q}"),
@@ -55,6 +64,10 @@ class WorkloadSpec:
             (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
             (self.requests >= 1, f"requests must be >= 1, got {self.requests}"),
             (self.duration_s is None or self.duration_s > 0, "duration must be > 0"),
+            (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
+             f"duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
+            (expected <= MAX_REQUESTS,
+             f"the workload asks for about {expected:,.0f} requests; at most {MAX_REQUESTS:,}"),
             (self.contexts >= 1, f"contexts must be >= 1, got {self.contexts}"),
             (1 <= self.max_output < self.max_model_len,
              f"max output ({self.max_output}) must be in [1, max model len {self.max_model_len})"),
@@ -99,3 +112,18 @@ def workload_source(config) -> WorkloadSpec | SavedWorkload:
     if config.workload_path:
         return SavedWorkload.of(config.workload_path)
     return WorkloadSpec.from_config(config)
+
+
+def config_fields_from_meta(meta: dict, length: int, warmup_requests: int) -> dict:
+    """The RunConfig fields of the recipe a saved workload records in its
+    ``meta`` (what `from_config` would read back), for a stream of ``length``
+    requests whose first ``warmup_requests`` are warm-up. Fields the meta
+    does not record are left out."""
+    out = {}
+    for f in fields(WorkloadSpec):
+        key = META_NAMES.get(f.name, f.name)
+        if key in meta:
+            out[CONFIG_NAMES.get(f.name, f.name)] = meta[key]
+    if "requests" in out:
+        out["requests"] = length - warmup_requests
+    return out

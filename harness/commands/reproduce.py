@@ -58,8 +58,12 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
     import pandas as pd
 
     from analysis.reproduce import evaluate_design, markdown
+    from harness.paths import check_writable_dir
     from harness.sweep import run_sweep
 
+    if jobs < 1:
+        raise HbenchError(f"--jobs must be >= 1, got {jobs}")
+    check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
     console = Console(stderr=True)
     tables = []

@@ -57,8 +57,10 @@ def _axis_options(f):
                    "with 'ray start'); OUT must be shared by its nodes. Default: a local Ray "
                    "instance with --jobs CPUs, shut down when the sweep ends.")
 @click.option("--force", is_flag=True, help="Rerun cells that are already complete (default: skip them).")
+@click.option("--allow-oversubscribe", is_flag=True,
+              help="Simulate cells even if weights plus state exceed the simulated GPU's memory.")
 @click.option("--dry-run", is_flag=True, help="List the cells and whether they are done; run nothing.")
-def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **axes):
+def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_oversubscribe, dry_run, **axes):
     """Run every combination of the given axes, resumably.
 
     \b
@@ -72,10 +74,16 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
     """
     from pathlib import Path
 
+    from harness.config import validate
     from harness.grid import expand, load_grid_file
+    from harness.paths import check_writable_dir
     from harness.results import is_complete
     from harness.sweep import plan, run_sweep
 
+    if jobs < 1:
+        raise HbenchError(f"--jobs must be >= 1, got {jobs}")
+    if not dry_run:
+        check_writable_dir(out)
     base, subgrids = load_grid_file(grid_file) if grid_file else ({}, [])
     flags = {field: value for field, value in axes.items() if value is not None}
     for item in extra:
@@ -86,7 +94,11 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
     base = {**base, **flags}
     # A flag replaces the same key inside [[grid]] tables too.
     subgrids = [{k: v for k, v in g.items() if k not in flags} for g in subgrids]
+    if "model" in flags and "config_path" in flags:
+        raise HbenchError("give --model or --config (--set config_path=...), not both")
     configs = expand(subgrids, base)
+    for cfg in configs:
+        validate(cfg, allow_oversubscribe=allow_oversubscribe)
     console = Console(stderr=True)
     if dry_run:
         cells = plan(configs)
@@ -111,6 +123,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
                 console.print(f"[red]cell {o.cell_id} failed:[/red] {o.error}")
 
         result = run_sweep(configs, out, jobs=jobs, executor=executor, force=force,
+                           allow_oversubscribe=allow_oversubscribe,
                            grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell,
                            ray_address=ray_address)
     click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "
