@@ -18,13 +18,16 @@ call `run_cell`, so the results are identical whichever executes them.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,9 +35,10 @@ from pathlib import Path
 from harness.config import RunConfig, validate
 from harness.errors import HbenchError
 from harness.grid import Axes, expand, normalize_axes
-from harness.results import cell_id, clean_stale, is_complete, to_jsonable
+from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
 
 SWEEP_FILE = "sweep.json"
+LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
 
@@ -103,37 +107,77 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
 @dataclass(frozen=True)
 class CellOutcome:
     cell_id: str
-    status: str          # "ran", "skipped" or "failed"
+    status: str          # "ran", "skipped", "failed", or "busy" (another process holds it)
     seconds: float = 0.0
     error: str = ""
 
 
-def run_cell(cell: Cell, out: str, force: bool = False,
-             allow_oversubscribe: bool = False) -> CellOutcome:
-    """Run one cell into ``out/<cell id>/`` unless it is complete already.
+@contextmanager
+def cell_lock(out: Path, cell: str, wait: bool) -> Iterator[bool]:
+    """Hold the exclusive lock of cell ``cell`` under ``out`` (an ``flock`` on
+    ``out/.locks/<cell>``, released by the kernel if the holder dies). Yields
+    True once held; with ``wait`` False, yields False at once if another
+    process holds it."""
+    locks = out / LOCK_DIR
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / cell, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
-    Module-level so that process pools and Ray can ship it. A user error
-    (HbenchError) becomes a "failed" outcome; anything else propagates.
+
+def _served_nothing_error(run_dir: Path) -> str:
+    req = read_run(run_dir)["requests"]
+    failed = req.loc[req["status"] != "finished"]
+    first = failed["error"].iloc[0] if len(failed) and "error" in failed else ""
+    return (f"no request finished ({len(failed)} of {len(req)} failed or cancelled; results kept "
+            f"in {run_dir}, rerun on resume)" + (f"; first error: {str(first)[:200]}" if first else ""))
+
+
+def run_cell(cell: Cell, out: str, force: bool = False, allow_oversubscribe: bool = False,
+             wait: bool = True) -> CellOutcome:
+    """Run one cell into ``out/<cell id>/`` unless it is done already.
+
+    Module-level so that process pools and Ray can ship it. Only the holder
+    of the cell's lock runs it, so sweeps sharing ``out`` compute each cell
+    once: with ``wait`` False a cell another process is running comes back
+    "busy" at once; with ``wait`` True this waits and then finds it done.
+    A user error (HbenchError) and a run in which no request finished become
+    "failed" outcomes (the latter rerun on resume); anything else propagates.
     """
     from harness.runner import execute
 
-    run_dir = Path(out) / cell.cell_id
-    if is_complete(run_dir) and not force:
+    out_dir = Path(out)
+    run_dir = out_dir / cell.cell_id
+    if is_done(run_dir) and not force:
         return CellOutcome(cell.cell_id, "skipped")
-    t0 = time.perf_counter()
-    try:
-        if run_dir.exists():
-            # --force, or a directory some other tool left under our name:
-            # the cell is rerun from scratch (resume redoes it if we die now).
-            shutil.rmtree(run_dir)
-        workload = cached_workload(cell.config)
-        if workload.content_hash != cell.workload_hash:
-            raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
-                              "the workload builder is not deterministic")
-        execute(cell.config, out, workload=workload, run_id=cell.cell_id,
-                allow_oversubscribe=allow_oversubscribe)
-    except HbenchError as exc:
-        return CellOutcome(cell.cell_id, "failed", time.perf_counter() - t0, str(exc))
+    with cell_lock(out_dir, cell.cell_id, wait) as held:
+        if not held:
+            return CellOutcome(cell.cell_id, "busy")
+        if is_done(run_dir) and not force:   # another sweep ran it while we waited
+            return CellOutcome(cell.cell_id, "skipped")
+        t0 = time.perf_counter()
+        try:
+            if run_dir.exists():
+                # --force, a run that served nothing, or a directory some other
+                # tool left under our name: the cell is rerun from scratch.
+                shutil.rmtree(run_dir)
+            workload = cached_workload(cell.config)
+            if workload.content_hash != cell.workload_hash:
+                raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
+                                  "the workload builder is not deterministic")
+            execute(cell.config, out, workload=workload, run_id=cell.cell_id,
+                    allow_oversubscribe=allow_oversubscribe)
+            if not is_done(run_dir):
+                raise HbenchError(_served_nothing_error(run_dir))
+        except HbenchError as exc:
+            return CellOutcome(cell.cell_id, "failed", time.perf_counter() - t0, str(exc))
     return CellOutcome(cell.cell_id, "ran", time.perf_counter() - t0)
 
 
@@ -184,20 +228,22 @@ def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda c: first[workload_key(c.config)])
 
 
-def _execute_local(todo, out, jobs, args, report) -> None:
-    if jobs <= 1:
-        for c in todo:
-            report(run_cell(c, str(out), *args))
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While a sweep runs, SIGTERM unwinds it like Ctrl-C (SystemExit 143), so
+    its workers are stopped and sweep.json is written."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    pool = ProcessPoolExecutor(max_workers=jobs)
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        pending = {pool.submit(run_cell, c, str(out), *args) for c in todo}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                report(f.result())
+        yield
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
@@ -208,11 +254,18 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
               ray_address: str | None = None) -> SweepResult:
     """Run every config as a content-addressed cell under ``out``.
 
-    Finished cells are skipped unless ``force``; stale ``.tmp-*`` directories
-    are removed first; ``sweep.json`` (grid, cells, engine versions, status)
-    is written before and after. ``on_plan(total, already_done)`` and
-    ``on_cell(outcome)`` drive a progress display. Ctrl-C stops the sweep,
-    leaving only complete cells.
+    Every config is validated before any work. Done cells (complete, and
+    some request finished) are skipped unless ``force``; stale ``.tmp-*``
+    directories are removed first; ``sweep.json`` (grid, cells, engine
+    versions, status) is rewritten atomically at the start and after every
+    cell, so it is accurate whenever the sweep dies. ``on_plan(total,
+    already_done)`` and ``on_cell(outcome)`` drive a progress display.
+    Ctrl-C or SIGTERM stops the sweep and its workers, leaving only complete
+    cells.
+
+    Several sweeps may share ``out``: each cell is run under its lock. A first
+    pass skips cells another process is running; a second pass waits for
+    them, and then finds them done.
 
     ``executor="ray"`` runs cells as Ray tasks: on the cluster at
     ``ray_address`` (or ``$RAY_ADDRESS``; ``out`` must then be a directory
@@ -231,31 +284,45 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
     cells = plan(configs)
+    by_id = {c.cell_id: c for c in cells}
     outcomes: dict[str, CellOutcome] = {}
     todo = []
     for c in cells:
-        if not force and is_complete(out / c.cell_id):
+        if not force and is_done(out / c.cell_id):
             outcomes[c.cell_id] = CellOutcome(c.cell_id, "skipped")
         else:
             todo.append(c)
     _write_sweep_file(out, grids, base, cells, outcomes)
     if on_plan:
         on_plan(len(cells), len(cells) - len(todo))
+    busy: list[Cell] = []
 
     def report(o: CellOutcome) -> None:
+        if o.status == "busy":
+            busy.append(by_id[o.cell_id])
+            return
         outcomes[o.cell_id] = o
+        _write_sweep_file(out, grids, base, cells, outcomes)
         if on_cell:
             on_cell(o)
 
-    args = (force, allow_oversubscribe)   # run_cell's arguments after (cell, out)
-    try:
+    def execute(cells_now: list[Cell], wait: bool) -> None:
+        args = (force, allow_oversubscribe, wait)   # run_cell's arguments after (cell, out)
         if executor == "ray":
-            address = ray_address or os.environ.get("RAY_ADDRESS") or None
             from harness.sweep_ray import execute_ray
 
-            execute_ray(run_cell, _pending_order(todo), out, jobs, args, report, address)
+            address = ray_address or os.environ.get("RAY_ADDRESS") or None
+            execute_ray(run_cell, cells_now, out, jobs, args, report, address)
         else:
-            _execute_local(_pending_order(todo), out, jobs, args, report)
+            from harness.sweep_local import execute_local
+
+            execute_local(run_cell, cells_now, out, jobs, args, report)
+
+    try:
+        with _sigterm_raises():
+            execute(_pending_order(todo), wait=False)
+            if busy:
+                execute(list(busy), wait=True)
     finally:
         _write_sweep_file(out, grids, base, cells, outcomes)
     return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))

@@ -138,7 +138,10 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     summary.json, then prints the summary. Bad input is refused before any
     work (see harness.config.validate).
     """
-    if flags["config_path"] and ctx.get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE:
+    # The simulator takes its geometry from one of them; a real engine serves
+    # --model and takes the geometry from --config.
+    if (flags["engine"] == "sim" and flags["config_path"]
+            and ctx.get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE):
         raise HbenchError("give --model or --config, not both")
     config = RunConfig(**flags)
     check_writable_dir(out)

@@ -77,7 +77,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     from harness.config import validate
     from harness.grid import expand, load_grid_file
     from harness.paths import check_writable_dir
-    from harness.results import is_complete
+    from harness.results import is_done
     from harness.sweep import plan, run_sweep
 
     if jobs < 1:
@@ -94,17 +94,17 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     base = {**base, **flags}
     # A flag replaces the same key inside [[grid]] tables too.
     subgrids = [{k: v for k, v in g.items() if k not in flags} for g in subgrids]
-    if "model" in flags and "config_path" in flags:
-        raise HbenchError("give --model or --config (--set config_path=...), not both")
     configs = expand(subgrids, base)
+    if "model" in flags and "config_path" in flags and any(c.engine == "sim" for c in configs):
+        raise HbenchError("give --model or --config (--set config_path=...), not both")
     for cfg in configs:
         validate(cfg, allow_oversubscribe=allow_oversubscribe)
     console = Console(stderr=True)
     if dry_run:
         cells = plan(configs)
-        done = sum(is_complete(Path(out) / c.cell_id) for c in cells)
+        done = sum(is_done(Path(out) / c.cell_id) for c in cells)
         for c in cells:
-            mark = "done" if is_complete(Path(out) / c.cell_id) else "todo"
+            mark = "done" if is_done(Path(out) / c.cell_id) else "todo"
             cfg = c.config
             click.echo(f"{c.cell_id}  {mark}  {cfg.engine}:{cfg.org}@{cfg.budget} rate={cfg.rate} q={cfg.q} "
                        f"f={cfg.headroom} ret={cfg.retention} iso={cfg.isolate} seed={cfg.seed} n={cfg.requests}")
