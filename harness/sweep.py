@@ -1,19 +1,23 @@
-"""Sweeps: content-addressed cells, resumable execution.
+"""Sweeps: content-addressed cells, resumable, safe to share and to interrupt.
 
 A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
-grid). Every config is one **cell**, whose id is
+grid, re-exported here). Every config is one **cell**, whose id is
 `harness.results.cell_id(config, workload_hash, engine_version)`: the same
-knobs, request stream and engine code always give the same id, and the run
-directory of a cell is ``<out>/<cell id>/``.
+knobs, request stream, input files and engine code always give the same id,
+and the run directory of a cell is ``<out>/<cell id>/``.
 
 Because `harness.runner.execute` writes run directories atomically, a cell
-directory either exists complete or not at all; resuming a sweep simply skips
-cells whose complete directory exists. A killed sweep leaves at most hidden
-``.tmp-*`` directories of dead processes, which the next sweep removes.
+directory either exists complete or not at all; resuming a sweep skips cells
+that are done (`harness.results.is_done`). A killed sweep leaves at most
+hidden ``.tmp-*`` directories of dead processes, which the next sweep
+removes. Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
+sharing ``out`` compute each cell once.
 
-Cells run serially, on a local process pool (``jobs`` workers, each running
-many cells and keeping the few workloads it last built), or on Ray. All three
-call `run_cell`, so the results are identical whichever executes them.
+Cells run serially or on a local process pool (`harness.sweep_local`: ``jobs``
+workers, each running many cells and keeping the few workloads it last
+built), or on Ray (`harness.sweep_ray`). Both executors are handed
+`run_cell`, so the results are identical whichever executes them, and
+neither imports this module.
 """
 
 from __future__ import annotations
