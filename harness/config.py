@@ -40,6 +40,10 @@ MAX_DURATION_S = 7 * 24 * 3600.0
 #: rounded up here.
 RUN_BYTES_PER_REQUEST = 56_000
 RUN_BYTES_PER_PROMPT_TOKEN = 64
+#: The simulator's bookkeeping per page of the organization's pools. Measured
+#: (ru_maxrss of building each organization at a 2 TiB budget, 31k to 1.5M
+#: pages): 349 to 379 B per page; rounded up here.
+RUN_BYTES_PER_PAGE = 400
 #: A run whose estimated memory exceeds this is refused before any work.
 MAX_RUN_MEMORY_BYTES = 8 * 2**30
 
@@ -131,7 +135,8 @@ class RunConfig:
 
     @property
     def estimated_run_bytes(self) -> float:
-        """Estimated peak memory of the run (see `RUN_BYTES_PER_REQUEST`)."""
+        """Estimated peak memory of the run's requests (see `RUN_BYTES_PER_REQUEST`);
+        `validate` adds the simulator's pages."""
         per_request = RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * self.mean_input
         return self.expected_requests * per_request
 
@@ -159,27 +164,31 @@ def _flag(field: str) -> str:
 
 def validate(config: RunConfig, *, allow_oversubscribe: bool = False) -> None:
     """Refuse (HbenchError, one line) a config that cannot run sensibly, before
-    any work: a run estimated to need more than `MAX_RUN_MEMORY_BYTES`, a
-    ``--token-budget`` below the organization's grid (a prefill chunk could
-    never be scheduled), and, for the simulator, model weights plus the
-    budget's whole-model state bytes larger than the simulated GPU's memory
-    unless ``allow_oversubscribe``. Also resolves the model and the budget, so
-    an unknown model, config.json or budget label fails here."""
+    any work: a ``--token-budget`` below the organization's grid (a prefill
+    chunk could never be scheduled); a run estimated to need more than
+    `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages); and, for
+    the simulator, model weights plus the budget's whole-model state bytes
+    larger than the simulated GPU's memory unless ``allow_oversubscribe``.
+    Also resolves the model and the budget, so an unknown model, config.json
+    or budget label fails here."""
     from harness.budget import resolve_budget
     from harness.layout import layout_for
     from harness.model_configs import geometry_for_run
 
-    if not config.workload_path and config.estimated_run_bytes > MAX_RUN_MEMORY_BYTES:
-        raise HbenchError(
-            f"this run would need about {config.estimated_run_bytes / 2**30:,.1f} GiB of memory "
-            f"({config.expected_requests:,.0f} requests of {config.mean_input} prompt tokens); "
-            f"the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: ask for fewer requests")
     geom = geometry_for_run(config)
     grid = layout_for(config.org, geom).grid_tokens
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
                           f"grid of {grid} tokens; the minimum for {config.org} is {grid}")
     budget = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
+    requests_bytes = 0.0 if config.workload_path else config.estimated_run_bytes
+    pages_bytes = RUN_BYTES_PER_PAGE * budget.total_pages if config.engine == "sim" else 0
+    if requests_bytes + pages_bytes > MAX_RUN_MEMORY_BYTES:
+        raise HbenchError(
+            f"this run would need about {(requests_bytes + pages_bytes) / 2**30:,.1f} GiB of memory "
+            f"({config.expected_requests:,.0f} requests of {config.mean_input} prompt tokens, "
+            f"{budget.total_pages:,} pages); the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: "
+            "ask for fewer requests or a smaller budget")
     if config.engine == "sim" and not allow_oversubscribe:
         from adapters.sim.hardware import get_hardware
 

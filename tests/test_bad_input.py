@@ -41,6 +41,7 @@ def grid(org: str) -> int:
 RUN_CASES = [
     (["--requests", "99999999999999"], f"<= {MAX_REQUESTS:,}"),
     (["--requests", "40000"], "GiB of memory"),
+    (["--budget", "500TiB", "--allow-oversubscribe"], "GiB of memory"),
     (["--duration", "inf"], "--duration must be a finite number"),
     (["--duration", "nan"], "--duration must be a finite number"),
     (["--duration", "1e12"], "--duration must be <="),
