@@ -5,20 +5,47 @@ budget, scheduler policy, workload recipe, seed). It is validated in
 ``__post_init__`` and never mutated; a sweep derives cells with
 `dataclasses.replace`. `RunConfig.to_dict()` is what the manifest stores and
 what the content-addressed sweep cell id hashes.
+
+Validation has two layers, both here: ``__post_init__`` checks each value on
+its own (finite, in range, below the size caps), and `validate` checks what
+needs the model and the hardware (the token budget against the
+organization's grid, weights plus state against the simulated GPU's memory,
+the estimated memory of the run against `MAX_RUN_MEMORY_BYTES`). Every
+command that runs something (run, sweep, reproduce) calls `validate` on every
+config before any work, and `harness.runner.execute` calls it again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 
 from harness.errors import HbenchError
 from harness.orgs import ORGANIZATIONS
 
-#: CLI names of the organizations, in registry order (the registry is the one list).
-ORG_NAMES = tuple(ORGANIZATIONS)
+ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
 ARRIVALS = ("poisson", "constant", "gamma")
+
+#: Most requests one run may ask for, directly or as duration x rate; far above
+#: any study run (240) and far below what would exhaust memory on the way.
+MAX_REQUESTS = 1_000_000
+#: Largest simulated duration (s): a week of virtual time.
+MAX_DURATION_S = 7 * 24 * 3600.0
+#: Peak memory (RSS) of one run grows linearly with its requests, and per
+#: request linearly with the prompt length. Measured (ru_maxrss, sim engine,
+#: s2 at b83, 240 vs 1920 requests, mean input 1000 / 3332 / 6000 tokens):
+#: 115 / 257 / 428 kB per request, i.e. about 52 kB + 63 B per prompt token;
+#: rounded up here.
+RUN_BYTES_PER_REQUEST = 56_000
+RUN_BYTES_PER_PROMPT_TOKEN = 64
+#: The simulator's bookkeeping per page of the organization's pools. Measured
+#: (ru_maxrss of building each organization at a 2 TiB budget, 31k to 1.5M
+#: pages): 349 to 379 B per page; rounded up here.
+RUN_BYTES_PER_PAGE = 400
+#: A run whose estimated memory exceeds this is refused before any work.
+MAX_RUN_MEMORY_BYTES = 8 * 2**30
 
 
 @dataclass(frozen=True)
@@ -65,6 +92,10 @@ class RunConfig:
             raise HbenchError(f"unknown organization {self.org!r}; choose from {', '.join(ORG_NAMES)}")
         if self.arrival not in ARRIVALS:
             raise HbenchError(f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise HbenchError(f"{_flag(f.name)} must be a finite number, got {value}")
         checks = [
             (self.cap >= 1, f"--cap must be >= 1, got {self.cap}"),
             (self.token_budget >= 16, f"--token-budget must be >= 16, got {self.token_budget}"),
@@ -74,18 +105,40 @@ class RunConfig:
             (self.burstiness > 0, f"--burstiness must be > 0, got {self.burstiness}"),
             (0.0 <= self.q <= 1.0, f"--q must be in [0, 1], got {self.q}"),
             (self.requests >= 1, f"--requests must be >= 1, got {self.requests}"),
+            (self.requests <= MAX_REQUESTS, f"--requests must be <= {MAX_REQUESTS:,}, got {self.requests:,}"),
             (self.duration_s is None or self.duration_s > 0, "--duration must be > 0"),
+            (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
+             f"--duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
+            (self.expected_requests <= MAX_REQUESTS,
+             f"--duration x --rate asks for about {self.expected_requests:,.0f} requests; "
+             f"the most one run may ask for is {MAX_REQUESTS:,}"),
             (self.contexts >= 1, "--contexts must be >= 1"),
             (self.mean_input >= 16, f"--mean-input must be >= 16, got {self.mean_input}"),
             (self.max_model_len >= 32, "--max-model-len must be >= 32"),
             (1 <= self.max_output < self.max_model_len, "--max-output must be in [1, max-model-len)"),
             (self.warmup_requests >= 0, "--warmup must be >= 0"),
+            (self.warmup_requests <= MAX_REQUESTS, f"--warmup must be <= {MAX_REQUESTS:,}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.seed >= 0, "--seed must be >= 0"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise HbenchError(msg)
+
+    @property
+    def expected_requests(self) -> float:
+        """Requests the workload recipe asks for (warm-up included): the count,
+        or the expected arrivals of a ``--duration`` run."""
+        if self.duration_s is not None:
+            return self.duration_s * self.rate
+        return self.requests + self.warmup_requests
+
+    @property
+    def estimated_run_bytes(self) -> float:
+        """Estimated peak memory of the run's requests (see `RUN_BYTES_PER_REQUEST`);
+        `validate` adds the simulator's pages."""
+        per_request = RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * self.mean_input
+        return self.expected_requests * per_request
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,3 +155,49 @@ class RunConfig:
         """Stable short hash of the resolved configuration."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _flag(field: str) -> str:
+    return "--" + {"duration_s": "duration", "ssm_state_dtype": "ssm-dtype",
+                   "warmup_requests": "warmup"}.get(field, field).replace("_", "-")
+
+
+def validate(config: RunConfig, *, allow_oversubscribe: bool = False) -> None:
+    """Refuse (HbenchError, one line) a config that cannot run sensibly, before
+    any work: a ``--token-budget`` below the organization's grid (a prefill
+    chunk could never be scheduled); a run estimated to need more than
+    `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages); and, for
+    the simulator, model weights plus the budget's whole-model state bytes
+    larger than the simulated GPU's memory unless ``allow_oversubscribe``.
+    Also resolves the model and the budget, so an unknown model, config.json
+    or budget label fails here."""
+    from harness.budget import resolve_budget
+    from harness.layout import layout_for
+    from harness.model_configs import geometry_for_run
+
+    geom = geometry_for_run(config)
+    grid = layout_for(config.org, geom).grid_tokens
+    if config.token_budget < grid:
+        raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
+                          f"grid of {grid} tokens; the minimum for {config.org} is {grid}")
+    budget = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
+    requests_bytes = 0.0 if config.workload_path else config.estimated_run_bytes
+    pages_bytes = RUN_BYTES_PER_PAGE * budget.total_pages if config.engine == "sim" else 0
+    if requests_bytes + pages_bytes > MAX_RUN_MEMORY_BYTES:
+        raise HbenchError(
+            f"this run would need about {(requests_bytes + pages_bytes) / 2**30:,.1f} GiB of memory "
+            f"({config.expected_requests:,.0f} requests of {config.mean_input} prompt tokens, "
+            f"{budget.total_pages:,} pages); the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: "
+            "ask for fewer requests or a smaller budget")
+    if config.engine == "sim" and not allow_oversubscribe:
+        from adapters.sim.hardware import get_hardware
+
+        hw = get_hardware(config.gpu)
+        need = geom.weights_bytes + budget.whole_model_bytes
+        if need > hw.mem_bytes:
+            raise HbenchError(
+                f"weights ({geom.weights_bytes / 2**30:.1f} GiB) plus budget {config.budget} "
+                f"({budget.whole_model_bytes / 2**30:.1f} GiB of state) need "
+                f"{need / 2**30:.1f} GiB, more than the {hw.mem_bytes / 2**30:.0f} GiB of "
+                f"{config.gpu}; choose a smaller budget or a larger --gpu, or pass "
+                "--allow-oversubscribe")

@@ -25,6 +25,7 @@ JSON files hold no NaN or infinity (written as null) and no numpy types.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -80,19 +81,33 @@ def new_run_id(config: RunConfig, workload_hash: str, *, now: datetime | None = 
     return "-".join(_slug(str(p)) for p in parts) + f"-{short}"
 
 
+def _file_sha256(path: str, flag: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise HbenchError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def cell_id(config: RunConfig, workload_hash: str, engine_version: str) -> str:
     """Content address of a sweep cell: first 16 hex of sha256 over the
-    canonical JSON of the config, the workload hash and the engine version.
+    canonical JSON of the config, the workload hash, the engine version and
+    the sha256 of the bytes of the files the config names (``--config``,
+    ``--workload``), so editing such a file gives a new cell.
 
     Equal ids mean the same engine saw the same request stream under the same
     knobs, so a sweep can skip a cell whose id already has a complete run.
     """
-    blob = _canonical({
+    doc = {
         "config": config.to_dict(),
         "workload_hash": workload_hash,
         "engine_version": engine_version,
-    })
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    }
+    files = {flag: _file_sha256(path, flag)
+             for flag, path in (("--config", config.config_path), ("--workload", config.workload_path))
+             if path}
+    if files:
+        doc["input_files"] = files
+    return hashlib.sha256(_canonical(doc).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------- JSON
@@ -200,12 +215,62 @@ def write_run(
             _fsync(tmp / name)
         if final.exists():
             raise HbenchError(f"run directory {final} already exists; refusing to overwrite it")
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            # Another writer renamed its directory into place between our
+            # check and our rename: theirs stands, ours is removed below.
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise HbenchError(f"run directory {final} already exists; "
+                                  "refusing to overwrite it") from None
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync(out_root)
     return final
+
+
+# ---------------------------------------------------- completeness, cleanup
+
+def served_nothing(run_dir: Path) -> bool:
+    """A complete run directory in which no measured request finished (every
+    one failed or was cancelled): a result, but not a measurement."""
+    try:
+        summary = json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return summary.get("requests", 0) > 0 and summary.get("finished", 0) == 0
+
+
+def is_done(run_dir: Path) -> bool:
+    """What a sweep skips on resume: a complete run (`is_complete`) that served something."""
+    return is_complete(run_dir) and not served_nothing(run_dir)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(out: Path) -> list[Path]:
+    """Remove ``.tmp-*`` directories under ``out`` left by dead processes
+    (their name ends in the writer's pid); return what was removed."""
+    out = Path(out)
+    removed: list[Path] = []
+    if not out.is_dir():
+        return removed
+    for p in sorted(out.glob(f"{TMP_PREFIX}*")):
+        m = re.search(r"-(\d+)$", p.name)
+        if p.is_dir() and (m is None or not _pid_alive(int(m.group(1)))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 # ----------------------------------------------------------------------- read

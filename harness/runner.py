@@ -15,7 +15,7 @@ from pathlib import Path
 
 from adapters.registry import check_expressible, make_engine
 from harness.budget import resolve_budget
-from harness.config import RunConfig
+from harness.config import RunConfig, validate
 from harness.errors import HbenchError
 from harness.model_configs import geometry_for_run
 from harness.results import new_run_id, write_run
@@ -35,8 +35,6 @@ def budget_manifest(config: RunConfig, geom) -> dict:
 def build_run_workload(config: RunConfig):
     """The workload a config describes, with its warm-up requests in front; or
     the saved workload it names (whose first ``warmup_requests`` are warm-up)."""
-    from workloads.build import workload_from_config
-
     if config.workload_path:
         from workloads.io import load_workload
 
@@ -45,20 +43,38 @@ def build_run_workload(config: RunConfig):
             raise HbenchError(f"--warmup {config.warmup_requests} leaves no measured request "
                               f"in {config.workload_path} ({len(workload)} requests)")
         return workload
-    if config.warmup_requests:
-        config = dataclasses.replace(config, requests=config.requests + config.warmup_requests)
+    from workloads.build import workload_from_config
+
     return workload_from_config(config)
 
 
+def recorded_config(config: RunConfig, workload) -> RunConfig:
+    """The config a run's manifest records. For a saved workload the workload
+    flags were ignored, so the workload's own generator parameters (seed, q,
+    rate, requests, ...) replace them: analysis pairs runs on these fields."""
+    if not config.workload_path:
+        return config
+    from workloads.spec import config_fields_from_meta
+
+    recipe = config_fields_from_meta(dict(workload.meta), len(workload), config.warmup_requests)
+    try:
+        return dataclasses.replace(config, **recipe)
+    except (HbenchError, TypeError) as exc:
+        raise HbenchError(f"{config.workload_path}: its recorded recipe is not a valid run "
+                          f"configuration ({exc})") from None
+
+
 def execute(config: RunConfig, out_root: str | Path = "results", *, workload=None,
-            progress=None, run_id: str | None = None) -> Path:
+            progress=None, run_id: str | None = None, allow_oversubscribe: bool = False) -> Path:
     """Run ``config`` and write ``out_root/<run-id>/``; returns that path."""
+    validate(config, allow_oversubscribe=allow_oversubscribe)
     engine = make_engine(config.engine)
     check_expressible(engine.name, engine.supported_orgs, config.org)
     geom = geometry_for_run(config)
     budget = budget_manifest(config, geom)   # validates the budget before any work
     if workload is None:
         workload = build_run_workload(config)
+    config = recorded_config(config, workload)
     run = engine.run(workload, config, progress)
     wl_hash = workload.content_hash
     return write_run(

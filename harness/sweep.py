@@ -1,163 +1,52 @@
-"""Grids of runs: expansion, content-addressed cells, resumable execution.
+"""Sweeps: content-addressed cells, resumable, safe to share and to interrupt.
 
-A grid is a union of axis sets; each axis set maps `RunConfig` field names
-to a value or a list of values and expands to their cartesian product (so
-"b63 at cap 63 plus b108 at cap 109" is two axis sets, not a product).
-Every expanded config is one **cell**, whose id is
+A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
+grid, re-exported here). Every config is one **cell**, whose id is
 `harness.results.cell_id(config, workload_hash, engine_version)`: the same
-knobs, request stream and engine code always give the same id, and the run
-directory of a cell is ``<out>/<cell id>/``.
+knobs, request stream, input files and engine code always give the same id,
+and the run directory of a cell is ``<out>/<cell id>/``.
 
 Because `harness.runner.execute` writes run directories atomically, a cell
-directory either exists complete or not at all; resuming a sweep simply skips
-cells whose complete directory exists. A killed sweep leaves at most hidden
-``.tmp-*`` directories of dead processes, which the next sweep removes.
+directory either exists complete or not at all; resuming a sweep skips cells
+that are done (`harness.results.is_done`). A killed sweep leaves at most
+hidden ``.tmp-*`` directories of dead processes, which the next sweep
+removes. Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
+sharing ``out`` compute each cell once.
 
-Cells run serially, on a local process pool (``jobs`` workers, each running
-many cells and keeping the few workloads it last built), or on Ray. All three
-call `run_cell`, so the results are identical whichever executes them.
+Cells run serially or on a local process pool (`harness.sweep_local`: ``jobs``
+workers, each running many cells and keeping the few workloads it last
+built), or on Ray (`harness.sweep_ray`). Both executors are handed
+`run_cell`, so the results are identical whichever executes them, and
+neither imports this module.
 """
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import json
 import os
-import re
 import shutil
+import signal
+import threading
 import time
-import tomllib
-import typing
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harness.config import RunConfig
+from harness.config import RunConfig, validate
 from harness.errors import HbenchError
-from harness.results import TMP_PREFIX, cell_id, is_complete, to_jsonable
+from harness.grid import Axes, expand, normalize_axes
+from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
 
 SWEEP_FILE = "sweep.json"
+LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
 
-# RunConfig fields that change the request stream (see workloads.build and
-# harness.runner.build_run_workload); cells equal on these share a workload.
-WORKLOAD_FIELDS = ("seed", "q", "rate", "arrival", "burstiness", "requests", "warmup_requests",
-                   "duration_s", "contexts", "mean_input", "max_model_len", "max_output",
-                   "isolate", "workload_path")
-
-FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
-Axes = Mapping[str, Sequence]
-
-
-# ------------------------------------------------------------------ values
-
-def _base_type(field: str):
-    t = FIELD_TYPES[field]
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    return (args[0] if args else t), type(None) in typing.get_args(t)
-
-
-def parse_scalar(field: str, value):
-    """One value of ``field`` from TOML or command-line text, typed as RunConfig wants it."""
-    if field not in FIELD_TYPES:
-        raise HbenchError(f"unknown grid key {field!r}; keys are RunConfig fields "
-                          f"({', '.join(f.name for f in fields(RunConfig))})")
-    base, optional = _base_type(field)
-    if isinstance(value, str):
-        text = value.strip()
-        if optional and text.lower() in ("none", "null", ""):
-            return None
-        try:
-            if base is bool:
-                if text.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if text.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(text)
-            return base(text)
-        except ValueError:
-            raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}") from None
-    if value is None and optional:
-        return None
-    if base is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
-        raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}")
-    return value
-
-
-_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-
-
-def parse_values(field: str, raw) -> tuple:
-    """All values of one axis: a scalar, a list, or text ``"a,b,c"``; integer
-    fields also take ranges ``"1-6"`` (inclusive). Duplicates are an error."""
-    items = raw if isinstance(raw, (list, tuple)) else [raw]
-    out: list = []
-    for item in items:
-        parts = item.split(",") if isinstance(item, str) else [item]
-        for part in parts:
-            m = _RANGE.match(part) if isinstance(part, str) else None
-            if m and _base_type(field)[0] is int:
-                lo, hi = int(m.group(1)), int(m.group(2))
-                if hi < lo:
-                    raise HbenchError(f"grid key {field}: empty range {part.strip()!r}")
-                out.extend(range(lo, hi + 1))
-            else:
-                out.append(parse_scalar(field, part))
-    if not out:
-        raise HbenchError(f"grid key {field}: no values")
-    if len(set(out)) != len(out):
-        raise HbenchError(f"grid key {field}: repeated values in {raw!r}")
-    return tuple(out)
-
-
-def normalize_axes(axes: Mapping) -> dict[str, tuple]:
-    return {k: parse_values(k, v) for k, v in axes.items()}
-
-
-# -------------------------------------------------------------------- grids
-
-def expand(grids: Sequence[Axes], base: Mapping | None = None) -> list[RunConfig]:
-    """The configs of a union of axis sets, in order, without duplicates.
-
-    ``base`` holds values shared by every axis set (an axis set overrides it).
-    Each combination is validated by `RunConfig`, so an impossible value fails
-    with its one-line message before anything runs.
-    """
-    base_axes = normalize_axes(base or {})
-    out: dict[str, RunConfig] = {}
-    for axes in grids or [{}]:
-        merged = {**base_axes, **normalize_axes(axes)}
-        keys = list(merged)
-        for combo in itertools.product(*(merged[k] for k in keys)):
-            cfg = RunConfig(**dict(zip(keys, combo, strict=True)))
-            out.setdefault(cfg.digest(), cfg)
-    return list(out.values())
-
-
-def load_grid_file(path) -> tuple[dict, list[dict]]:
-    """(base, axis sets) from a TOML grid file: top-level keys are RunConfig
-    fields (a list expands); optional ``[[grid]]`` tables are a union of axis
-    sets that each extend the top-level keys."""
-    path = Path(path)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise HbenchError(f"cannot read grid file {path}: {exc}") from None
-    subgrids = doc.pop("grid", [])
-    if not isinstance(subgrids, list) or not all(isinstance(g, dict) for g in subgrids):
-        raise HbenchError(f"{path}: 'grid' must be an array of tables ([[grid]])")
-    for axes in [doc, *subgrids]:
-        for k, v in axes.items():
-            if isinstance(v, dict):
-                raise HbenchError(f"{path}: key {k!r} is a table; grid values are scalars or lists")
-            parse_values(k, v)
-    return doc, subgrids
+__all__ = ["Cell", "CellOutcome", "SweepResult", "expand", "plan", "run_cell", "run_sweep"]
 
 
 # -------------------------------------------------------------------- cells
@@ -173,13 +62,17 @@ class Cell:
     cell_id: str
 
 
-def workload_key(config: RunConfig) -> tuple:
-    return tuple(getattr(config, f) for f in WORKLOAD_FIELDS)
+def workload_key(config: RunConfig):
+    """The workload cache key of ``config``: its `workloads.spec.WorkloadSpec`,
+    or its saved workload file (path and content)."""
+    from workloads.spec import workload_source
+
+    return workload_source(config)
 
 
 # Per-process workloads, most recently used last: a worker runs many cells of
 # the same few request streams, and building one costs more than looking it up.
-_WORKLOADS: OrderedDict[tuple, object] = OrderedDict()
+_WORKLOADS: OrderedDict[object, object] = OrderedDict()
 _WORKLOAD_CACHE_SIZE = 4
 
 
@@ -202,7 +95,7 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
     from adapters.registry import make_engine
 
     versions: dict[str, str] = {}
-    hashes: dict[tuple, str] = {}
+    hashes: dict[object, str] = {}
     cells = []
     for cfg in configs:
         if cfg.engine not in versions:
@@ -215,62 +108,80 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
     return cells
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_stale(out: Path) -> list[Path]:
-    """Remove ``.tmp-*`` directories under ``out`` left by dead processes
-    (their name ends in the writer's pid); return what was removed."""
-    removed = []
-    if not out.is_dir():
-        return removed
-    for p in sorted(out.glob(f"{TMP_PREFIX}*")):
-        m = re.search(r"-(\d+)$", p.name)
-        if p.is_dir() and (m is None or not _pid_alive(int(m.group(1)))):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
-
-
 @dataclass(frozen=True)
 class CellOutcome:
     cell_id: str
-    status: str          # "ran", "skipped" or "failed"
+    status: str          # "ran", "skipped", "failed", or "busy" (another process holds it)
     seconds: float = 0.0
     error: str = ""
 
 
-def run_cell(cell: Cell, out: str, force: bool = False) -> CellOutcome:
-    """Run one cell into ``out/<cell id>/`` unless it is complete already.
+@contextmanager
+def cell_lock(out: Path, cell: str, wait: bool) -> Iterator[bool]:
+    """Hold the exclusive lock of cell ``cell`` under ``out`` (an ``flock`` on
+    ``out/.locks/<cell>``, released by the kernel if the holder dies). Yields
+    True once held; with ``wait`` False, yields False at once if another
+    process holds it."""
+    locks = out / LOCK_DIR
+    locks.mkdir(parents=True, exist_ok=True)
+    fd = os.open(locks / cell, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
 
-    Module-level so that process pools and Ray can ship it. A user error
-    (HbenchError) becomes a "failed" outcome; anything else propagates.
+
+def _served_nothing_error(run_dir: Path) -> str:
+    req = read_run(run_dir)["requests"]
+    failed = req.loc[req["status"] != "finished"]
+    first = failed["error"].iloc[0] if len(failed) and "error" in failed else ""
+    return (f"no request finished ({len(failed)} of {len(req)} failed or cancelled; results kept "
+            f"in {run_dir}, rerun on resume)" + (f"; first error: {str(first)[:200]}" if first else ""))
+
+
+def run_cell(cell: Cell, out: str, force: bool = False, allow_oversubscribe: bool = False,
+             wait: bool = True) -> CellOutcome:
+    """Run one cell into ``out/<cell id>/`` unless it is done already.
+
+    Module-level so that process pools and Ray can ship it. Only the holder
+    of the cell's lock runs it, so sweeps sharing ``out`` compute each cell
+    once: with ``wait`` False a cell another process is running comes back
+    "busy" at once; with ``wait`` True this waits and then finds it done.
+    A user error (HbenchError) and a run in which no request finished become
+    "failed" outcomes (the latter rerun on resume); anything else propagates.
     """
     from harness.runner import execute
 
-    run_dir = Path(out) / cell.cell_id
-    if is_complete(run_dir) and not force:
+    out_dir = Path(out)
+    run_dir = out_dir / cell.cell_id
+    if is_done(run_dir) and not force:
         return CellOutcome(cell.cell_id, "skipped")
-    t0 = time.perf_counter()
-    try:
-        if run_dir.exists():
-            # --force, or a directory some other tool left under our name:
-            # the cell is rerun from scratch (resume redoes it if we die now).
-            shutil.rmtree(run_dir)
-        workload = cached_workload(cell.config)
-        if workload.content_hash != cell.workload_hash:
-            raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
-                              "the workload builder is not deterministic")
-        execute(cell.config, out, workload=workload, run_id=cell.cell_id)
-    except HbenchError as exc:
-        return CellOutcome(cell.cell_id, "failed", time.perf_counter() - t0, str(exc))
+    with cell_lock(out_dir, cell.cell_id, wait) as held:
+        if not held:
+            return CellOutcome(cell.cell_id, "busy")
+        if is_done(run_dir) and not force:   # another sweep ran it while we waited
+            return CellOutcome(cell.cell_id, "skipped")
+        t0 = time.perf_counter()
+        try:
+            if run_dir.exists():
+                # --force, a run that served nothing, or a directory some other
+                # tool left under our name: the cell is rerun from scratch.
+                shutil.rmtree(run_dir)
+            workload = cached_workload(cell.config)
+            if workload.content_hash != cell.workload_hash:
+                raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
+                                  "the workload builder is not deterministic")
+            execute(cell.config, out, workload=workload, run_id=cell.cell_id,
+                    allow_oversubscribe=allow_oversubscribe)
+            if not is_done(run_dir):
+                raise HbenchError(_served_nothing_error(run_dir))
+        except HbenchError as exc:
+            return CellOutcome(cell.cell_id, "failed", time.perf_counter() - t0, str(exc))
     return CellOutcome(cell.cell_id, "ran", time.perf_counter() - t0)
 
 
@@ -315,40 +226,50 @@ def _write_sweep_file(out: Path, grids, base, cells, outcomes: dict[str, CellOut
 
 def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
     # Group cells that share a request stream so a worker's workload cache hits.
-    first: dict[tuple, int] = {}
+    first: dict[object, int] = {}
     for i, c in enumerate(cells):
         first.setdefault(workload_key(c.config), i)
     return sorted(cells, key=lambda c: first[workload_key(c.config)])
 
 
-def _execute_local(todo, out, jobs, force, report) -> None:
-    if jobs <= 1:
-        for c in todo:
-            report(run_cell(c, str(out), force))
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While a sweep runs, SIGTERM unwinds it like Ctrl-C (SystemExit 143), so
+    its workers are stopped and sweep.json is written."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    pool = ProcessPoolExecutor(max_workers=jobs)
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
     try:
-        pending = {pool.submit(run_cell, c, str(out), force) for c in todo}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                report(f.result())
+        yield
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
-              force: bool = False, grids: Sequence[Axes] = (), base: Mapping | None = None,
+              force: bool = False, allow_oversubscribe: bool = False,
+              grids: Sequence[Axes] = (), base: Mapping | None = None,
               on_plan: Callable[[int, int], None] | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
               ray_address: str | None = None) -> SweepResult:
     """Run every config as a content-addressed cell under ``out``.
 
-    Finished cells are skipped unless ``force``; stale ``.tmp-*`` directories
-    are removed first; ``sweep.json`` (grid, cells, engine versions, status)
-    is written before and after. ``on_plan(total, already_done)`` and
-    ``on_cell(outcome)`` drive a progress display. Ctrl-C stops the sweep,
-    leaving only complete cells.
+    Every config is validated before any work. Done cells (complete, and
+    some request finished) are skipped unless ``force``; stale ``.tmp-*``
+    directories are removed first; ``sweep.json`` (grid, cells, engine
+    versions, status) is rewritten atomically at the start and after every
+    cell, so it is accurate whenever the sweep dies. ``on_plan(total,
+    already_done)`` and ``on_cell(outcome)`` drive a progress display.
+    Ctrl-C or SIGTERM stops the sweep and its workers, leaving only complete
+    cells.
+
+    Several sweeps may share ``out``: each cell is run under its lock. A first
+    pass skips cells another process is running; a second pass waits for
+    them, and then finds them done.
 
     ``executor="ray"`` runs cells as Ray tasks: on the cluster at
     ``ray_address`` (or ``$RAY_ADDRESS``; ``out`` must then be a directory
@@ -361,34 +282,51 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     if not configs:
         raise HbenchError("the grid expands to no cells")
+    for cfg in configs:   # every cell, before any work
+        validate(cfg, allow_oversubscribe=allow_oversubscribe)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
     cells = plan(configs)
+    by_id = {c.cell_id: c for c in cells}
     outcomes: dict[str, CellOutcome] = {}
     todo = []
     for c in cells:
-        if not force and is_complete(out / c.cell_id):
+        if not force and is_done(out / c.cell_id):
             outcomes[c.cell_id] = CellOutcome(c.cell_id, "skipped")
         else:
             todo.append(c)
     _write_sweep_file(out, grids, base, cells, outcomes)
     if on_plan:
         on_plan(len(cells), len(cells) - len(todo))
+    busy: list[Cell] = []
 
     def report(o: CellOutcome) -> None:
+        if o.status == "busy":
+            busy.append(by_id[o.cell_id])
+            return
         outcomes[o.cell_id] = o
+        _write_sweep_file(out, grids, base, cells, outcomes)
         if on_cell:
             on_cell(o)
 
-    try:
+    def execute(cells_now: list[Cell], wait: bool) -> None:
+        args = (force, allow_oversubscribe, wait)   # run_cell's arguments after (cell, out)
         if executor == "ray":
-            address = ray_address or os.environ.get("RAY_ADDRESS") or None
             from harness.sweep_ray import execute_ray
 
-            execute_ray(_pending_order(todo), out, jobs, force, report, address)
+            address = ray_address or os.environ.get("RAY_ADDRESS") or None
+            execute_ray(run_cell, cells_now, out, jobs, args, report, address)
         else:
-            _execute_local(_pending_order(todo), out, jobs, force, report)
+            from harness.sweep_local import execute_local
+
+            execute_local(run_cell, cells_now, out, jobs, args, report)
+
+    try:
+        with _sigterm_raises():
+            execute(_pending_order(todo), wait=False)
+            if busy:
+                execute(list(busy), wait=True)
     finally:
         _write_sweep_file(out, grids, base, cells, outcomes)
     return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))

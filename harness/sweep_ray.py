@@ -1,8 +1,9 @@
 """Running sweep cells as Ray tasks (``hbench sweep --executor ray``).
 
 Imported only when Ray is asked for, so the core never needs it. Each cell is
-one task calling `harness.sweep.run_cell`, exactly what the local executors
-call, so results are identical whichever runs them.
+one task calling the cell function it is given (`harness.sweep.run_cell`,
+exactly what the local executors call), so results are identical whichever
+runs them. It imports nothing from `harness.sweep`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 from pathlib import Path
 
 from harness.errors import HbenchError
-from harness.sweep import run_cell
 
 # A local Ray instance only ships CellOutcomes (cells write their own files),
 # so a small object store is plenty and keeps Ray off a laptop's memory.
@@ -52,8 +52,9 @@ def _ray_connect(ray, jobs: int, address: str | None) -> bool:
     return True
 
 
-def execute_ray(todo, out, jobs, force, report, address=None) -> None:
-    """One Ray task per cell; outcomes are reported as tasks finish.
+def execute_ray(run_cell, todo, out, jobs, args, report, address=None) -> None:
+    """One Ray task per cell, each calling ``run_cell(cell, out, *args)``;
+    outcomes are reported as tasks finish.
 
     On Ctrl-C, or when a task dies, the tasks still pending are cancelled
     (running ones killed): a killed cell leaves only its ``.tmp-*`` directory,
@@ -70,7 +71,7 @@ def execute_ray(todo, out, jobs, force, report, address=None) -> None:
     try:
         remote = ray.remote(num_cpus=1, max_retries=RAY_TASK_RETRIES)(run_cell)
         # Workers do not share the driver's working directory: give them an absolute path.
-        cells = {remote.remote(c, str(Path(out).resolve()), force): c for c in todo}
+        cells = {remote.remote(c, str(Path(out).resolve()), *args): c for c in todo}
         pending = list(cells)
         while pending:
             # A bounded wait keeps the driver responsive to Ctrl-C.

@@ -10,11 +10,12 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from harness import grid as G
 from harness import sweep as S
 from harness.cli import cli
 from harness.config import RunConfig
 from harness.errors import HbenchError
-from harness.results import cell_id
+from harness.results import cell_id, is_complete
 
 TINY = {"budget": "b83", "requests": 20}
 
@@ -26,11 +27,11 @@ def _summaries(out, cells):
 # ------------------------------------------------------------------ grids
 
 def test_parse_values_ranges_lists_and_types():
-    assert S.parse_values("seed", "1-3,7") == (1, 2, 3, 7)
-    assert S.parse_values("headroom", "0,0.19") == (0.0, 0.19)
-    assert S.parse_values("retention", "off,on") == (False, True)
-    assert S.parse_values("q", [0, 1]) == (0.0, 1.0)
-    assert S.parse_values("duration_s", "none") == (None,)
+    assert G.parse_values("seed", "1-3,7") == (1, 2, 3, 7)
+    assert G.parse_values("headroom", "0,0.19") == (0.0, 0.19)
+    assert G.parse_values("retention", "off,on") == (False, True)
+    assert G.parse_values("q", [0, 1]) == (0.0, 1.0)
+    assert G.parse_values("duration_s", "none") == (None,)
 
 
 @pytest.mark.parametrize("key,raw,msg", [
@@ -42,32 +43,32 @@ def test_parse_values_ranges_lists_and_types():
 ])
 def test_bad_axis_values_are_one_line_errors(key, raw, msg):
     with pytest.raises(HbenchError, match=msg):
-        S.parse_values(key, raw)
+        G.parse_values(key, raw)
 
 
 def test_expand_is_the_cartesian_product_in_order_without_duplicates():
-    configs = S.expand([], {"org": "s0,s1", "q": "0,1", "seed": "1-2"})
+    configs = G.expand([], {"org": "s0,s1", "q": "0,1", "seed": "1-2"})
     assert len(configs) == 8
     assert [(c.org, c.q, c.seed) for c in configs[:3]] == [("s0", 0.0, 1), ("s0", 0.0, 2), ("s0", 1.0, 1)]
     # two axis sets that overlap keep one copy of the shared cell
-    union = S.expand([{"cap": 63}, {"cap": [63, 109]}], {"org": "s2"})
+    union = G.expand([{"cap": 63}, {"cap": [63, 109]}], {"org": "s2"})
     assert [c.cap for c in union] == [63, 109]
 
 
 def test_invalid_combination_fails_before_running():
     with pytest.raises(HbenchError, match="--headroom must be in"):
-        S.expand([], {"headroom": "0,1.5"})
+        G.expand([], {"headroom": "0,1.5"})
 
 
 def test_toml_grid_equals_flags_and_grid_tables_form_a_union(tmp_path):
     f = tmp_path / "grid.toml"
     f.write_text('org = ["s2", "d0"]\nseed = "1-2"\nrate = 3\n'
                  '[[grid]]\nbudget = "b63"\ncap = 63\n[[grid]]\nbudget = "b108"\ncap = 109\n')
-    base, grids = S.load_grid_file(f)
-    configs = S.expand(grids, base)
+    base, grids = G.load_grid_file(f)
+    configs = G.expand(grids, base)
     assert len(configs) == 8
     assert {(c.budget, c.cap) for c in configs} == {("b63", 63), ("b108", 109)}
-    flat = S.expand([], {"org": "s2,d0", "seed": "1-2", "rate": "3", "budget": "b63", "cap": "63"})
+    flat = G.expand([], {"org": "s2,d0", "seed": "1-2", "rate": "3", "budget": "b63", "cap": "63"})
     assert flat == [c for c in configs if c.budget == "b63"]
 
 
@@ -75,16 +76,16 @@ def test_toml_grid_errors_name_the_problem(tmp_path):
     f = tmp_path / "grid.toml"
     f.write_text('orgs = ["s2"]\n')
     with pytest.raises(HbenchError, match="unknown grid key 'orgs'"):
-        S.load_grid_file(f)
+        G.load_grid_file(f)
     f.write_text("org = [\n")
     with pytest.raises(HbenchError, match="cannot read grid file"):
-        S.load_grid_file(f)
+        G.load_grid_file(f)
 
 
 # ------------------------------------------------------------------ cells
 
 def test_cell_ids_are_stable_and_content_addressed():
-    configs = S.expand([], {**TINY, "org": "s0,s2", "seed": "1"})
+    configs = G.expand([], {**TINY, "org": "s0,s2", "seed": "1"})
     a, b = S.plan(configs), S.plan(configs)
     assert [c.cell_id for c in a] == [c.cell_id for c in b]
     assert len({c.cell_id for c in a}) == 2
@@ -98,7 +99,7 @@ def test_cell_ids_are_stable_and_content_addressed():
 
 def test_resume_reruns_only_the_missing_cell_and_cleans_stale_tmp(tmp_path):
     out = tmp_path / "sw"
-    configs = S.expand([], {**TINY, "org": "s0,s1,s2", "seed": "1"})
+    configs = G.expand([], {**TINY, "org": "s0,s1,s2", "seed": "1"})
     first = S.run_sweep(configs, out)
     assert first.count("ran") == 3
     assert json.loads((out / "sweep.json").read_text())["cells"][0]["status"] == "ran"
@@ -120,7 +121,7 @@ def test_resume_reruns_only_the_missing_cell_and_cleans_stale_tmp(tmp_path):
     for c in first.cells:
         if c.cell_id != victim:
             assert (out / c.cell_id / "manifest.json").stat().st_mtime_ns == mtimes[c.cell_id]
-    assert S.is_complete(out / victim)
+    assert is_complete(out / victim)
 
 
 def test_force_reruns_complete_cells(tmp_path):
@@ -131,7 +132,7 @@ def test_force_reruns_complete_cells(tmp_path):
 
 
 def test_parallel_sweep_gives_the_serial_summaries(tmp_path):
-    configs = S.expand([], {**TINY, "org": "s0,d0", "seed": "1-2"})
+    configs = G.expand([], {**TINY, "org": "s0,d0", "seed": "1-2"})
     serial = S.run_sweep(configs, tmp_path / "serial", jobs=1)
     parallel = S.run_sweep(configs, tmp_path / "parallel", jobs=2)
     assert [c.cell_id for c in serial.cells] == [c.cell_id for c in parallel.cells]
@@ -139,11 +140,25 @@ def test_parallel_sweep_gives_the_serial_summaries(tmp_path):
     assert _summaries(tmp_path / "serial", serial.cells) == _summaries(tmp_path / "parallel", parallel.cells)
 
 
+# Resolves (6 pages of s2) but cannot hold the workload's longest request:
+# found only once the cell's workload is built, so the cell fails at run time.
+TOO_SMALL = dict(org="s2", seed=1, budget="6p", requests=20)
+
+
 def test_a_failing_cell_is_reported_and_the_rest_run(tmp_path):
-    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(**TOO_SMALL)]
     result = S.run_sweep(configs, tmp_path)
     assert [o.status for o in result.outcomes] == ["ran", "failed"]
-    assert result.failed[0].error
+    # the first check that refuses it: the longest request's first chunk, sized
+    # by the token budget, does not fit the 6 pages even alone
+    assert result.failed[0].error.startswith("budget 6p cannot admit the longest request's first")
+
+
+def test_an_invalid_cell_refuses_the_whole_sweep_before_any_work(tmp_path):
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    with pytest.raises(HbenchError, match="budget b1 gives s2 3 pages"):
+        S.run_sweep(configs, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_ray_executor_without_ray_says_how_to_install(tmp_path):
@@ -166,7 +181,7 @@ RAY_GRID = {**TINY, "org": "s0,d0", "seed": "1-2"}
 def test_ray_executor_matches_serial_and_shuts_down_its_instance(tmp_path):
     ray = _ray()
     assert not ray.is_initialized()
-    configs = S.expand([], RAY_GRID)
+    configs = G.expand([], RAY_GRID)
     serial = S.run_sweep(configs, tmp_path / "serial")
     seen = []
     remote = S.run_sweep(configs, tmp_path / "ray", jobs=2, executor="ray", on_cell=seen.append)
@@ -189,7 +204,7 @@ def ray_instance():
 
 
 def test_ray_interrupt_leaves_complete_cells_and_resume_finishes(tmp_path, ray_instance):
-    configs = S.expand([], RAY_GRID)
+    configs = G.expand([], RAY_GRID)
 
     def ctrl_c(outcome):
         raise KeyboardInterrupt
@@ -199,18 +214,20 @@ def test_ray_interrupt_leaves_complete_cells_and_resume_finishes(tmp_path, ray_i
     statuses = [c["status"] for c in json.loads((tmp_path / "sweep.json").read_text())["cells"]]
     assert sorted(statuses) == ["pending", "pending", "pending", "ran"]
     visible = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    assert visible and all(S.is_complete(p) for p in visible)
+    assert visible and all(is_complete(p) for p in visible)
     resumed = S.run_sweep(configs, tmp_path, executor="ray")
     assert resumed.count("skipped") == len(visible) and resumed.count("ran") == 4 - len(visible)
-    assert all(S.is_complete(tmp_path / c.cell_id) for c in resumed.cells)
+    assert all(is_complete(tmp_path / c.cell_id) for c in resumed.cells)
     assert ray_instance.is_initialized()  # not ours to stop
 
 
 def test_ray_failing_cell_is_reported_and_the_rest_run(tmp_path, ray_instance):
-    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(org="s2", seed=1, budget="b1", requests=20)]
+    configs = [RunConfig(org="s2", seed=1, **TINY), RunConfig(**TOO_SMALL)]
     result = S.run_sweep(configs, tmp_path, executor="ray")
     assert [o.status for o in result.outcomes] == ["ran", "failed"]
-    assert result.failed[0].error.startswith("budget b1 gives s2 3 pages")
+    # the first check that refuses it: the longest request's first chunk, sized
+    # by the token budget, does not fit the 6 pages even alone
+    assert result.failed[0].error.startswith("budget 6p cannot admit the longest request's first")
     assert not (tmp_path / result.cells[1].cell_id).exists()
 
 
@@ -222,7 +239,7 @@ def test_cli_sweep_on_ray_with_a_relative_out(tmp_path, ray_instance, monkeypatc
     assert result.exit_code == 0, result.output
     assert "1 cells: 1 ran, 0 already done, 0 failed" in result.output
     cell = json.loads((tmp_path / "rel" / "sweep.json").read_text())["cells"][0]["cell_id"]
-    assert S.is_complete(tmp_path / "rel" / cell)
+    assert is_complete(tmp_path / "rel" / cell)
 
 
 # -------------------------------------------------------------------- CLI

@@ -4,6 +4,11 @@ One row per request; token ids as a list<int64> column; the workload's
 ``meta`` as JSON in the schema metadata, next to a schema version. A saved
 workload is what `hbench workload describe` reads and what a run can replay
 instead of re-deriving; loading it back gives the same `content_hash`.
+
+The file also stores that content hash: `load_workload` recomputes it and
+refuses a file whose requests were edited after it was written, and refuses
+requests no engine can serve (NaN or negative arrival, empty prompt, output
+length < 1, prompt plus output longer than the recorded max model length).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from workloads.workload import WORKLOAD_SCHEMA_VERSION, Workload, WorkloadReques
 
 _META = b"hbench.workload.meta"
 _VERSION = b"hbench.workload.schema"
+_HASH = b"hbench.workload.content_hash"
 _COLUMNS = ("request_id", "arrival_s", "prompt_text", "prompt_token_ids", "output_len",
             "prefix_group", "prefix_tokens", "salt")
 
@@ -48,6 +54,7 @@ def save_workload(w: Workload, path: str | Path) -> Path:
     table = table.replace_schema_metadata({
         _META: json.dumps(w.meta, sort_keys=True).encode(),
         _VERSION: str(WORKLOAD_SCHEMA_VERSION).encode(),
+        _HASH: w.content_hash.encode(),
     })
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -80,21 +87,45 @@ def load_workload(path: str | Path) -> Workload:
             f"{path}: workload schema {version}, this hbench reads {WORKLOAD_SCHEMA_VERSION}"
         )
     cols = {c: table.column(c).combine_chunks() for c in _COLUMNS}
+    if any(cols[c].null_count for c in _COLUMNS if c != "salt"):
+        raise HbenchError(f"{path}: a request has a missing value")
     ids = cols["prompt_token_ids"]
     flat = ids.values.to_numpy(zero_copy_only=False).astype(np.int64)
     offsets = ids.offsets.to_numpy()
     py = {c: cols[c].to_pylist() for c in _COLUMNS if c != "prompt_token_ids"}
-    requests = tuple(
-        WorkloadRequest(
-            request_id=py["request_id"][i],
-            arrival_s=py["arrival_s"][i],
-            prompt_text=py["prompt_text"][i],
-            prompt_token_ids=flat[offsets[i]:offsets[i + 1]].copy(),
-            output_len=py["output_len"][i],
-            prefix_group=py["prefix_group"][i],
-            prefix_tokens=py["prefix_tokens"][i],
-            salt=py["salt"][i],
+    try:
+        meta = json.loads(md[_META])
+        requests = tuple(
+            WorkloadRequest(
+                request_id=py["request_id"][i],
+                arrival_s=py["arrival_s"][i],
+                prompt_text=py["prompt_text"][i],
+                prompt_token_ids=flat[offsets[i]:offsets[i + 1]].copy(),
+                output_len=py["output_len"][i],
+                prefix_group=py["prefix_group"][i],
+                prefix_tokens=py["prefix_tokens"][i],
+                salt=py["salt"][i],
+            )
+            for i in range(table.num_rows)
         )
-        for i in range(table.num_rows)
-    )
-    return Workload(requests=requests, meta=json.loads(md[_META]))
+        w = Workload(requests=requests, meta=meta)
+    except HbenchError as exc:
+        raise HbenchError(f"{path}: {exc}") from None
+    except ValueError as exc:
+        raise HbenchError(f"{path}: unreadable workload metadata ({exc})") from None
+    if not isinstance(meta, dict):
+        raise HbenchError(f"{path}: unreadable workload metadata (not an object)")
+    if not w.requests:
+        raise HbenchError(f"{path}: the workload has no requests")
+    stored = md.get(_HASH)
+    if stored is not None and stored.decode() != w.content_hash:
+        raise HbenchError(f"{path}: content hash mismatch (stored {stored.decode()[:16]}..., "
+                          f"requests hash to {w.content_hash[:16]}...): the file was edited")
+    limit = meta.get("max_model_len")
+    if isinstance(limit, int):
+        for r in w.requests:
+            if r.prompt_len + r.output_len > limit:
+                raise HbenchError(f"{path}: request {r.request_id} has {r.prompt_len} prompt + "
+                                  f"{r.output_len} output tokens, more than the max model length "
+                                  f"{limit}")
+    return w

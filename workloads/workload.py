@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +55,15 @@ class Workload:
         ids = [r.request_id for r in self.requests]
         if ids != list(range(len(ids))):
             raise HbenchError("workload request ids must be 0..N-1 in order")
+        for r in self.requests:
+            if not (math.isfinite(r.arrival_s) and r.arrival_s >= 0):
+                raise HbenchError(f"workload request {r.request_id}: arrival time {r.arrival_s} "
+                                  "is not a finite number >= 0")
+            if r.prompt_len < 1:
+                raise HbenchError(f"workload request {r.request_id}: empty prompt")
+            if r.output_len < 1:
+                raise HbenchError(f"workload request {r.request_id}: output length "
+                                  f"{r.output_len} must be >= 1")
         arrivals = [r.arrival_s for r in self.requests]
         if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
             raise HbenchError("workload arrivals must be non-decreasing")

@@ -10,6 +10,8 @@ identical results, bit for bit.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import heapq
 import math
@@ -31,19 +33,65 @@ STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
 #: serving benchmark's client loop); the ledger window ends at the next poll.
 POLL_INTERVAL_S = 0.05
 
-_SOURCES = ("adapters/sim/engine.py", "adapters/sim/cost.py", "adapters/sim/hardware.py",
-            "adapters/sim/recorder.py",
-            "harness/scheduler.py", "harness/orgs", "harness/layout.py", "harness/budget.py",
-            "harness/geometry.py", "harness/model_configs.py")
+#: Modules whose code decides a simulated run's numbers: the simulator, the
+#: summary metrics and the workload builder. The simulator version hashes these
+#: and every module of ours they import (found by `_source_files`), so no list
+#: of files has to be kept by hand.
+_ROOTS = ("adapters.sim.engine", "harness.metrics", "harness.runner", "workloads.build",
+          "workloads.io")
+_PACKAGES = ("adapters", "harness", "workloads")
 
 
-def _source_digest() -> str:
-    root = Path(__file__).resolve().parents[2]
+def _module_file(root: Path, name: str) -> Path | None:
+    base = root.joinpath(*name.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Our modules that ``path`` (module ``name``) imports anywhere in its body,
+    with every package on the way (their ``__init__`` runs too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    ours = {m for m in found if m.split(".")[0] in _PACKAGES}
+    return {".".join(m.split(".")[:i]) for m in ours for i in range(1, m.count(".") + 2)}
+
+
+def _source_files(root: Path) -> list[Path]:
+    """Every source file of ours reachable by imports from `_ROOTS`, sorted."""
+    seen: dict[str, Path] = {}
+    todo = list(_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(root, name)
+        if path is None:   # an imported name that is not a module (a function, a class)
+            continue
+        seen[name] = path
+        todo.extend(_imports(path, name) - seen.keys())
+    return sorted(set(seen.values()))
+
+
+@functools.cache
+def _source_digest(root: Path | None = None) -> str:
+    root = root or Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    for rel in _SOURCES:
-        p = root / rel
-        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
-            h.update(f.read_bytes())
+    for f in _source_files(root):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
 

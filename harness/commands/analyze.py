@@ -40,9 +40,11 @@ def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
     from analysis.figures import render_figures
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
+    from harness.paths import check_writable_dir
 
     if not 0 < alpha < 1:
         raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")
+    check_writable_dir(out_dir if out_dir is not None else results_dir / "analysis")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         runs = load_runs(results_dir)

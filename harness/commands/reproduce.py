@@ -58,9 +58,18 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
     import pandas as pd
 
     from analysis.reproduce import evaluate_design, markdown
+    from harness.paths import check_writable_dir
     from harness.sweep import run_sweep
 
+    if jobs < 1:
+        raise HbenchError(f"--jobs must be >= 1, got {jobs}")
+    check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
+    from harness.config import validate
+
+    for n in names:   # every cell of every design, before any work
+        for cfg in DESIGNS[n].configs(quick):
+            validate(cfg)
     console = Console(stderr=True)
     tables = []
     for n in names:

@@ -16,9 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from harness.config import ARRIVALS, ORG_NAMES, RunConfig
+from harness.config import ARRIVALS, ORG_NAMES, RunConfig, validate
 from harness.errors import HbenchError
-from harness.results import read_run
+from harness.paths import check_writable_dir
+from harness.results import clean_stale, read_run
 from harness.runner import build_run_workload, execute
 
 D = RunConfig()
@@ -121,10 +122,13 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
 @click.option("--server-cmd", default=None, help="Real engines: the command that starts the server.")
 @click.option("--debug-invariants", is_flag=True,
               help="Check every organization invariant after every step (slow).")
+@click.option("--allow-oversubscribe", is_flag=True,
+              help="Simulate even if weights plus state exceed the simulated GPU's memory.")
 @click.option("--out", default="results", show_default=True, type=click.Path(),
               help="Results root; the run goes into OUT/<run-id>/.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def run(out, as_json, **flags):
+@click.pass_context
+def run(ctx, out, as_json, allow_oversubscribe, **flags):
     """Serve one ShareGPT-derived workload under one memory organization.
 
     \b
@@ -133,9 +137,18 @@ def run(out, as_json, **flags):
 
     Writes OUT/<run-id>/ with manifest.json (config, seed, workload hash, git
     commit, versions, resolved pages), requests.parquet, steps.parquet and
-    summary.json, then prints the summary.
+    summary.json, then prints the summary. Bad input is refused before any
+    work (see harness.config.validate).
     """
+    # The simulator takes its geometry from one of them; a real engine serves
+    # --model and takes the geometry from --config.
+    if (flags["engine"] == "sim" and flags["config_path"]
+            and ctx.get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE):
+        raise HbenchError("give --model or --config, not both")
     config = RunConfig(**flags)
+    check_writable_dir(out)
+    validate(config, allow_oversubscribe=allow_oversubscribe)
+    clean_stale(out)
     console = Console(stderr=True)
     with console.status("building workload"):
         workload = build_run_workload(config)
@@ -143,7 +156,7 @@ def run(out, as_json, **flags):
                   TimeElapsedColumn(), console=console, transient=True,
                   disable=as_json) as bar:
         task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}", total=len(workload))
-        run_dir = execute(config, out, workload=workload,
+        run_dir = execute(config, out, workload=workload, allow_oversubscribe=allow_oversubscribe,
                           progress=lambda n: bar.update(task, completed=n))
     data = read_run(run_dir)
     summary = data["summary"]

@@ -1,6 +1,6 @@
 """``hbench sweep``: run a grid of content-addressed, resumable cells.
 
-Thin: flags and/or a TOML grid -> `harness.sweep.expand` -> `run_sweep`,
+Thin: flags and/or a TOML grid -> `harness.grid.expand` -> `harness.sweep.run_sweep`,
 with one progress bar over all cells. Each axis flag takes a comma list
 (integer axes also take ranges such as ``1-6``); the cartesian product of all
 axes is the grid.
@@ -57,8 +57,10 @@ def _axis_options(f):
                    "with 'ray start'); OUT must be shared by its nodes. Default: a local Ray "
                    "instance with --jobs CPUs, shut down when the sweep ends.")
 @click.option("--force", is_flag=True, help="Rerun cells that are already complete (default: skip them).")
+@click.option("--allow-oversubscribe", is_flag=True,
+              help="Simulate cells even if weights plus state exceed the simulated GPU's memory.")
 @click.option("--dry-run", is_flag=True, help="List the cells and whether they are done; run nothing.")
-def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **axes):
+def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_oversubscribe, dry_run, **axes):
     """Run every combination of the given axes, resumably.
 
     \b
@@ -72,8 +74,16 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
     """
     from pathlib import Path
 
-    from harness.sweep import expand, is_complete, load_grid_file, plan, run_sweep
+    from harness.config import validate
+    from harness.grid import expand, load_grid_file
+    from harness.paths import check_writable_dir
+    from harness.results import is_done
+    from harness.sweep import plan, run_sweep
 
+    if jobs < 1:
+        raise HbenchError(f"--jobs must be >= 1, got {jobs}")
+    if not dry_run:
+        check_writable_dir(out)
     base, subgrids = load_grid_file(grid_file) if grid_file else ({}, [])
     flags = {field: value for field, value in axes.items() if value is not None}
     for item in extra:
@@ -85,12 +95,16 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
     # A flag replaces the same key inside [[grid]] tables too.
     subgrids = [{k: v for k, v in g.items() if k not in flags} for g in subgrids]
     configs = expand(subgrids, base)
+    if "model" in flags and "config_path" in flags and any(c.engine == "sim" for c in configs):
+        raise HbenchError("give --model or --config (--set config_path=...), not both")
+    for cfg in configs:
+        validate(cfg, allow_oversubscribe=allow_oversubscribe)
     console = Console(stderr=True)
     if dry_run:
         cells = plan(configs)
-        done = sum(is_complete(Path(out) / c.cell_id) for c in cells)
+        done = sum(is_done(Path(out) / c.cell_id) for c in cells)
         for c in cells:
-            mark = "done" if is_complete(Path(out) / c.cell_id) else "todo"
+            mark = "done" if is_done(Path(out) / c.cell_id) else "todo"
             cfg = c.config
             click.echo(f"{c.cell_id}  {mark}  {cfg.engine}:{cfg.org}@{cfg.budget} rate={cfg.rate} q={cfg.q} "
                        f"f={cfg.headroom} ret={cfg.retention} iso={cfg.isolate} seed={cfg.seed} n={cfg.requests}")
@@ -109,6 +123,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, dry_run, **
                 console.print(f"[red]cell {o.cell_id} failed:[/red] {o.error}")
 
         result = run_sweep(configs, out, jobs=jobs, executor=executor, force=force,
+                           allow_oversubscribe=allow_oversubscribe,
                            grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell,
                            ray_address=ray_address)
     click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "

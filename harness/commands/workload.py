@@ -114,9 +114,11 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
+    from harness.paths import check_writable_file
     from workloads.build import build_workload
     from workloads.io import save_workload
 
+    check_writable_file(output, "--output")
     with Console(stderr=True).status("Loading ShareGPT and deriving the workload..."):
         w = build_workload(
             seed=seed, q=q, rate=rate, arrival=arrival, burstiness=burstiness,
@@ -142,8 +144,11 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def describe(path, png, as_json):
     """Summarize a saved workload."""
+    from harness.paths import check_writable_file
     from workloads.io import load_workload
 
+    if png:
+        check_writable_file(png, "--png")
     w = load_workload(path)
     s = summarize(w)
     if png:

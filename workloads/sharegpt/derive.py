@@ -23,15 +23,14 @@ the paired reply's token count, capped at ``max_output`` and at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow.compute as pc
 
 from harness.errors import HbenchError
-from workloads.sharegpt.arrivals import ARRIVALS, arrival_times
+from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
 from workloads.sharegpt.tokenizer import Tokenizer
+from workloads.spec import MIN_TURN_TOKENS, WorkloadSpec
 from workloads.workload import Workload, WorkloadRequest
 
 # Stream ids are part of the workload definition: never renumber them.
@@ -43,7 +42,6 @@ STREAMS = {
     "contexts": 5,  # order of conversations that context text is cut from
     "calibration": 6,  # sample that fixes L (drawn with seed 0, see context_length)
 }
-MIN_TURN_TOKENS = 4
 CALIBRATION_SAMPLE = 2048
 PAIR_BLOCK = 256
 CONTEXT_KEY_CHARS = 200  # conversations whose opening text repeats are not context sources
@@ -52,48 +50,6 @@ CONTEXT_KEY_CHARS = 200  # conversations whose opening text repeats are not cont
 def stream(seed: int, name: str) -> np.random.Generator:
     """The generator for one purpose; the same (seed, name) always draws the same."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, STREAMS[name]])))
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """The recipe of one derived workload (mirrors the workload part of RunConfig)."""
-
-    seed: int
-    q: float
-    rate: float
-    arrival: str = "poisson"
-    burstiness: float = 1.0
-    requests: int = 240
-    duration_s: float | None = None
-    contexts: int = 8
-    max_model_len: int = 8192
-    max_output: int = 1024
-    isolate: bool = False
-    mean_input_tokens: int = 3332
-
-    def __post_init__(self):
-        if self.arrival not in ARRIVALS:
-            raise HbenchError(
-                f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}"
-            )
-        checks = [
-            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
-            (0.0 <= self.q <= 1.0, f"q must be in [0, 1], got {self.q}"),
-            (self.rate > 0, f"rate must be > 0, got {self.rate}"),
-            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
-            (self.requests >= 1, f"requests must be >= 1, got {self.requests}"),
-            (self.duration_s is None or self.duration_s > 0, "duration must be > 0"),
-            (self.contexts >= 1, f"contexts must be >= 1, got {self.contexts}"),
-            (1 <= self.max_output < self.max_model_len,
-             f"max output ({self.max_output}) must be in [1, max model len {self.max_model_len})"),
-            (self.mean_input_tokens > MIN_TURN_TOKENS,
-             f"mean input must be > {MIN_TURN_TOKENS} tokens, got {self.mean_input_tokens}"),
-            (self.mean_input_tokens < self.max_model_len,
-             f"mean input ({self.mean_input_tokens}) must be < max model len ({self.max_model_len})"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise HbenchError(msg)
 
 
 class TokenMemo:

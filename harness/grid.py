@@ -1,0 +1,133 @@
+"""Grids of run configurations: typed values, axis sets, TOML grid files.
+
+A grid is a union of axis sets; each axis set maps `RunConfig` field names
+to a value or a list of values and expands to their cartesian product (so
+"b63 at cap 63 plus b108 at cap 109" is two axis sets, not a product).
+Values arrive as TOML scalars or lists, or as command-line text (``"a,b,c"``,
+integer ranges ``"1-6"``); `parse_values` types them as `RunConfig` declares,
+and `expand` validates every combination by building its `RunConfig`, so an
+impossible value fails with one line before anything runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+
+from harness.config import RunConfig
+from harness.errors import HbenchError
+
+FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
+Axes = Mapping[str, Sequence]
+
+
+# ------------------------------------------------------------------ values
+
+def _base_type(field: str):
+    t = FIELD_TYPES[field]
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return (args[0] if args else t), type(None) in typing.get_args(t)
+
+
+def parse_scalar(field: str, value):
+    """One value of ``field`` from TOML or command-line text, typed as RunConfig wants it."""
+    if field not in FIELD_TYPES:
+        raise HbenchError(f"unknown grid key {field!r}; keys are RunConfig fields "
+                          f"({', '.join(f.name for f in fields(RunConfig))})")
+    base, optional = _base_type(field)
+    if isinstance(value, str):
+        text = value.strip()
+        if optional and text.lower() in ("none", "null", ""):
+            return None
+        try:
+            if base is bool:
+                if text.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if text.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(text)
+            return base(text)
+        except ValueError:
+            raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}") from None
+    if value is None and optional:
+        return None
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}")
+    return value
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def parse_values(field: str, raw) -> tuple:
+    """All values of one axis: a scalar, a list, or text ``"a,b,c"``; integer
+    fields also take ranges ``"1-6"`` (inclusive). Duplicates are an error."""
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    out: list = []
+    for item in items:
+        parts = item.split(",") if isinstance(item, str) else [item]
+        for part in parts:
+            m = _RANGE.match(part) if isinstance(part, str) else None
+            if m and _base_type(field)[0] is int:
+                lo, hi = int(m.group(1)), int(m.group(2))
+                if hi < lo:
+                    raise HbenchError(f"grid key {field}: empty range {part.strip()!r}")
+                out.extend(range(lo, hi + 1))
+            else:
+                out.append(parse_scalar(field, part))
+    if not out:
+        raise HbenchError(f"grid key {field}: no values")
+    if len(set(out)) != len(out):
+        raise HbenchError(f"grid key {field}: repeated values in {raw!r}")
+    return tuple(out)
+
+
+def normalize_axes(axes: Mapping) -> dict[str, tuple]:
+    return {k: parse_values(k, v) for k, v in axes.items()}
+
+
+# -------------------------------------------------------------------- grids
+
+def expand(grids: Sequence[Axes], base: Mapping | None = None) -> list[RunConfig]:
+    """The configs of a union of axis sets, in order, without duplicates.
+
+    ``base`` holds values shared by every axis set (an axis set overrides it).
+    Each combination is validated by `RunConfig`, so an impossible value fails
+    with its one-line message before anything runs.
+    """
+    base_axes = normalize_axes(base or {})
+    out: dict[str, RunConfig] = {}
+    for axes in grids or [{}]:
+        merged = {**base_axes, **normalize_axes(axes)}
+        keys = list(merged)
+        for combo in itertools.product(*(merged[k] for k in keys)):
+            cfg = RunConfig(**dict(zip(keys, combo, strict=True)))
+            out.setdefault(cfg.digest(), cfg)
+    return list(out.values())
+
+
+def load_grid_file(path) -> tuple[dict, list[dict]]:
+    """(base, axis sets) from a TOML grid file: top-level keys are RunConfig
+    fields (a list expands); optional ``[[grid]]`` tables are a union of axis
+    sets that each extend the top-level keys."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise HbenchError(f"cannot read grid file {path}: {exc}") from None
+    subgrids = doc.pop("grid", [])
+    if not isinstance(subgrids, list) or not all(isinstance(g, dict) for g in subgrids):
+        raise HbenchError(f"{path}: 'grid' must be an array of tables ([[grid]])")
+    for axes in [doc, *subgrids]:
+        for k, v in axes.items():
+            if isinstance(v, dict):
+                raise HbenchError(f"{path}: key {k!r} is a table; grid values are scalars or lists")
+            parse_values(k, v)
+    return doc, subgrids

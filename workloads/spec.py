@@ -1,0 +1,129 @@
+"""What identifies a workload: the recipe it is derived from, or the file it is read from.
+
+`WorkloadSpec` is the frozen recipe of one derived workload and the only
+input of the builder (`workloads.build.workload_for`), so two runs whose specs
+are equal are served the same request stream. `WorkloadSpec.from_config`
+reads every one of its fields out of a `harness.config.RunConfig` by name
+(warm-up requests are served first, so they extend ``requests``): adding a
+knob to the spec adds it to the builder's input and to every cache key built
+from a spec at once, and a knob the spec does not hold cannot change a
+workload. `SavedWorkload` names a file written by ``hbench workload build``
+by path and content, so an edited file is a different workload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from harness.config import MAX_DURATION_S, MAX_REQUESTS
+from harness.errors import HbenchError
+from workloads.sharegpt.arrivals import ARRIVALS
+
+MIN_TURN_TOKENS = 4
+
+# WorkloadSpec field -> the RunConfig field that holds it, where the names differ.
+CONFIG_NAMES = {"mean_input_tokens": "mean_input"}
+# WorkloadSpec field -> the key of a derived workload's meta that records it.
+META_NAMES = {"mean_input_tokens": "mean_input_target"}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The recipe of one derived workload (the workload part of a RunConfig)."""
+
+    seed: int
+    q: float
+    rate: float
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    requests: int = 240
+    duration_s: float | None = None
+    contexts: int = 8
+    max_model_len: int = 8192
+    max_output: int = 1024
+    isolate: bool = False
+    mean_input_tokens: int = 3332
+
+    def __post_init__(self):
+        if self.arrival not in ARRIVALS:
+            raise HbenchError(
+                f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}"
+            )
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise HbenchError(f"{f.name} must be a finite number, got {value}")
+        expected = self.requests if self.duration_s is None else self.duration_s * self.rate
+        checks = [
+            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
+            (0.0 <= self.q <= 1.0, f"q must be in [0, 1], got {self.q}"),
+            (self.rate > 0, f"rate must be > 0, got {self.rate}"),
+            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
+            (self.requests >= 1, f"requests must be >= 1, got {self.requests}"),
+            (self.duration_s is None or self.duration_s > 0, "duration must be > 0"),
+            (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
+             f"duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
+            (expected <= MAX_REQUESTS,
+             f"the workload asks for about {expected:,.0f} requests; at most {MAX_REQUESTS:,}"),
+            (self.contexts >= 1, f"contexts must be >= 1, got {self.contexts}"),
+            (1 <= self.max_output < self.max_model_len,
+             f"max output ({self.max_output}) must be in [1, max model len {self.max_model_len})"),
+            (self.mean_input_tokens > MIN_TURN_TOKENS,
+             f"mean input must be > {MIN_TURN_TOKENS} tokens, got {self.mean_input_tokens}"),
+            (self.mean_input_tokens < self.max_model_len,
+             f"mean input ({self.mean_input_tokens}) must be < max model len ({self.max_model_len})"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise HbenchError(msg)
+
+    @classmethod
+    def from_config(cls, config) -> WorkloadSpec:
+        """The recipe a run configuration describes, warm-up requests included
+        (they are the first ``config.warmup_requests`` of the stream)."""
+        values = {f.name: getattr(config, CONFIG_NAMES.get(f.name, f.name)) for f in fields(cls)}
+        values["requests"] += config.warmup_requests
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SavedWorkload:
+    """A workload file, identified by its resolved path and the sha256 of its bytes."""
+
+    path: str
+    sha256: str
+
+    @classmethod
+    def of(cls, path: str | Path) -> SavedWorkload:
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise HbenchError(f"cannot read workload file {p}: {exc.strerror or exc}") from None
+        return cls(str(p.expanduser().resolve()), hashlib.sha256(data).hexdigest())
+
+
+def workload_source(config) -> WorkloadSpec | SavedWorkload:
+    """What identifies the workload of ``config``: its saved file or its recipe.
+    Equal sources give the same workload, so this is the workload cache key."""
+    if config.workload_path:
+        return SavedWorkload.of(config.workload_path)
+    return WorkloadSpec.from_config(config)
+
+
+def config_fields_from_meta(meta: dict, length: int, warmup_requests: int) -> dict:
+    """The RunConfig fields of the recipe a saved workload records in its
+    ``meta`` (what `from_config` would read back), for a stream of ``length``
+    requests whose first ``warmup_requests`` are warm-up. Fields the meta
+    does not record are left out."""
+    out = {}
+    for f in fields(WorkloadSpec):
+        key = META_NAMES.get(f.name, f.name)
+        if key in meta:
+            out[CONFIG_NAMES.get(f.name, f.name)] = meta[key]
+    if "requests" in out:
+        out["requests"] = length - warmup_requests
+    return out
