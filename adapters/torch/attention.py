@@ -1,0 +1,66 @@
+"""Causal attention over paged K/V blocks with an online (streaming) softmax.
+
+The keys and values of a request's context ``[0, context_len)`` lie in a
+page tensor, block ``j`` (positions ``[j * block, (j + 1) * block)``) in page
+``block_table[j]``::
+
+    kv_layer: [pages, 2 (K, V), block_tokens, kv_heads, head_dim]
+
+Queries visit the blocks in order and keep, per query and head, a running
+maximum ``m``, a running sum of ``exp(score - m)`` and an accumulator of
+``exp(score - m) * v``. When a block raises the maximum, the old sum and
+accumulator are rescaled by ``exp(m_old - m_new)``; after the last block
+``acc / sum`` equals the softmax over the whole context exactly (up to
+rounding), without ever holding more than one block of scores. A key at
+position ``p`` is visible to a query at position ``t`` iff ``p <= t``
+(causal), so one chunk of a chunked prefill sees every earlier chunk and the
+chunk's own keys up to itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor,
+                    block_table: Sequence[int], context_len: int, scale: float) -> torch.Tensor:
+    """Attention of queries ``q [T, heads, head_dim]`` at positions ``q_pos [T]``.
+
+    Query head ``h`` reads K/V head ``h // (heads // kv_heads)`` (grouped-query
+    attention). Returns ``[T, heads, head_dim]``.
+    """
+    T, H, D = q.shape
+    block, kvh = kv_layer.shape[2], kv_layer.shape[3]
+    g = H // kvh
+    if context_len > block * len(block_table):
+        raise ValueError(f"context of {context_len} tokens needs more than the "
+                         f"{len(block_table)} blocks of {block} tokens in the block table")
+    qg = (q * scale).reshape(T, kvh, g, D).permute(1, 2, 0, 3)  # [kvh, g, T, D]
+    m = torch.full((kvh, g, T), float("-inf"), dtype=q.dtype)
+    total = torch.zeros((kvh, g, T), dtype=q.dtype)
+    acc = torch.zeros((kvh, g, T, D), dtype=q.dtype)
+    last_query = int(q_pos.max())
+    for j in range((context_len + block - 1) // block):
+        first = j * block
+        if first > last_query:       # every later key is in every query's future
+            break
+        n = min(block, context_len - first)
+        page = kv_layer[block_table[j]]
+        k, v = page[0, :n], page[1, :n]                       # [n, kvh, D]
+        s = torch.einsum("hgtd,nhd->hgtn", qg, k)
+        k_pos = torch.arange(first, first + n)
+        future = k_pos[None, :] > q_pos[:, None]              # [T, n]
+        if bool(future.any()):
+            s = s.masked_fill(future, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        # A query that has seen no visible key yet keeps m = -inf; shift by 0 there.
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - shift[..., None])
+        rescale = torch.exp(m - shift)
+        total = total * rescale + p.sum(-1)
+        acc = acc * rescale[..., None] + torch.einsum("hgtn,nhd->hgtd", p, v)
+        m = m_new
+    out = acc / total[..., None]
+    return out.permute(2, 0, 1, 3).reshape(T, H, D)
