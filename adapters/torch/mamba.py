@@ -40,22 +40,23 @@ def causal_conv(xbc: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     return F.silu(out).transpose(1, 2), full[..., full.shape[-1] - width:]
 
 
-def _heads(t: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Repeat group-shared B or C ``[..., G, N]`` to one per head ``[..., H, N]``."""
-    return t.repeat_interleave(n_heads // t.shape[-2], dim=-2)
-
-
 def ssm_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+             C: torch.Tensor, state: torch.Tensor, in_place: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token: ``x [b, H, P]``, ``dt [b, H]``, ``B, C [b, G, N]``, ``state [b, H, P, N]``.
 
-    Returns ``y [b, H, P]`` (without the D skip) and the new state.
+    Heads ``g * H/G .. (g + 1) * H/G - 1`` share group ``g``'s B and C.
+    Returns ``y [b, H, P]`` (without the D skip) and the new state, which is
+    ``state`` itself, updated, when ``in_place``.
     """
-    H = x.shape[1]
-    Bh, Ch = _heads(B, H), _heads(C, H)
+    b, H, P = x.shape
+    G, N = B.shape[1:]
     decay = torch.exp(dt * A)[..., None, None]
-    state = state * decay + (dt[..., None] * x)[..., None] * Bh[:, :, None, :]
-    return torch.einsum("bhpn,bhn->bhp", state, Ch), state
+    new = state.mul_(decay) if in_place else state * decay
+    grouped = new.view(b, G, H // G, P, N)
+    grouped.addcmul_((dt[..., None] * x).view(b, G, H // G, P, 1), B.view(b, G, 1, 1, N))
+    y = torch.einsum("bgkpn,bgn->bgkp", grouped, C)
+    return y.reshape(b, H, P), new
 
 
 def sequential_scan(x, dt, A, B, C, state):
@@ -75,26 +76,32 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     For tokens ``s <= t`` of one chunk with ``cs`` the running sum of
     ``dt * A``: ``y_t = sum_s exp(cs_t - cs_s) (C_t . B_s) dt_s x_s +
     exp(cs_t) C_t . state_in``, and ``state_out = exp(cs_last) state_in +
-    sum_s exp(cs_last - cs_s) dt_s x_s (outer) B_s``.
+    sum_s exp(cs_last - cs_s) dt_s x_s (outer) B_s``. Heads stay grouped
+    (``[G, H/G]``) so B and C are never copied per head.
     """
-    H = x.shape[2]
+    b, T, H, P = x.shape
+    G, N = B.shape[2:]
+    k = H // G
+    state = state.reshape(b, G, k, P, N)
     ys = []
-    for lo in range(0, x.shape[1], chunk):
+    for lo in range(0, T, chunk):
         xc, dtc = x[:, lo:lo + chunk], dt[:, lo:lo + chunk]
-        Bc, Cc = _heads(B[:, lo:lo + chunk], H), _heads(C[:, lo:lo + chunk], H)
+        Bc, Cc = B[:, lo:lo + chunk], C[:, lo:lo + chunk]
         L = xc.shape[1]
         cs = torch.cumsum(dtc * A, dim=1)                                  # [b, L, H]
         seg = cs[:, :, None, :] - cs[:, None, :, :]                        # [b, t, s, H]
         causal = torch.ones(L, L, dtype=torch.bool).tril()[None, :, :, None]
-        decay = torch.exp(seg.masked_fill(~causal, float("-inf")))
-        scores = torch.einsum("bthn,bshn->btsh", Cc, Bc) * decay * dtc[:, None, :, :]
-        y = torch.einsum("btsh,bshp->bthp", scores, xc)
-        y = y + torch.einsum("bthn,bhpn->bthp", Cc, state) * torch.exp(cs)[..., None]
-        ys.append(y)
-        w = torch.exp(cs[:, -1:, :] - cs) * dtc                            # [b, L, H]
-        state = (state * torch.exp(cs[:, -1, :])[..., None, None]
-                 + torch.einsum("bsh,bshp,bshn->bhpn", w, xc, Bc))
-    return torch.cat(ys, dim=1), state
+        decay = torch.exp(seg.masked_fill(~causal, float("-inf"))) * dtc[:, None, :, :]
+        cb = torch.einsum("btgn,bsgn->btsg", Cc, Bc)                       # [b, t, s, G]
+        scores = (decay.view(b, L, L, G, k) * cb[..., None])               # [b, t, s, G, k]
+        y = torch.einsum("btsgk,bsgkp->btgkp", scores, xc.view(b, L, G, k, P))
+        y = y + (torch.einsum("btgn,bgkpn->btgkp", Cc, state)
+                 * torch.exp(cs).view(b, L, G, k, 1))
+        ys.append(y.reshape(b, L, H, P))
+        w = (torch.exp(cs[:, -1:, :] - cs) * dtc)[..., None] * xc          # [b, L, H, P]
+        state = (state * torch.exp(cs[:, -1, :]).view(b, G, k, 1, 1)
+                 + torch.einsum("bsgkp,bsgn->bgkpn", w.view(b, L, G, k, P), Bc))
+    return torch.cat(ys, dim=1), state.reshape(b, H, P, N)
 
 
 def mup_vector(cfg: FalconH1Config) -> torch.Tensor:
@@ -123,16 +130,15 @@ def mixer(h: torch.Tensor, w: dict, cfg: FalconH1Config, mup: torch.Tensor,
     Bm, Cm = Bm.reshape(b, T, G, N), Cm.reshape(b, T, G, N)
     dt = F.softplus(dt + w["dt_bias"]).clamp(*cfg.time_step_limit)
     A = -torch.exp(w["A_log"])
-    if T == 1:
-        y, new_state = ssm_step(x[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], ssm_state)
-        y = y[:, None]
+    if T == 1:   # decode: update the caller's state where it lies
+        y = ssm_step(x[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], ssm_state, in_place=True)[0][:, None]
     else:
         y, new_state = ssd_scan(x, dt, A, Bm, Cm, ssm_state, cfg.mamba_chunk_size)
+        ssm_state.copy_(new_state)
     y = (y + w["D"][:, None] * x).reshape(b, T, cfg.mamba_d_ssm)
     if cfg.mamba_rms_norm:
         y = gated_rms_norm(y, z, w["norm.weight"], cfg.rms_norm_eps, G, cfg.mamba_norm_before_gate)
     else:
         y = y * F.silu(z)
-    ssm_state.copy_(new_state)
     conv_state.copy_(new_conv)
     return F.linear(y, w["out_proj.weight"], w.get("out_proj.bias"))
