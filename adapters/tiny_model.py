@@ -61,6 +61,7 @@ class TinyFalconH1:
     def hf_config(self, vocab_size: int) -> dict:
         """config.json as Falcon-H1 checkpoints write it (model_type falcon_h1)."""
         d = asdict(self)
+        rms_norm = d.pop("mamba_rms_norm")   # keeps the key where config.json always had it
         d.update(
             vocab_size=vocab_size,
             model_type="falcon_h1",
@@ -70,6 +71,7 @@ class TinyFalconH1:
             mamba_conv_bias=True,
             mamba_proj_bias=False,
             mamba_norm_before_gate=False,
+            mamba_rms_norm=rms_norm,
             projectors_bias=False,
             attention_bias=False,
             mlp_bias=False,
