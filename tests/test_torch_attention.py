@@ -8,7 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from adapters.torch.attention import paged_attention  # noqa: E402
+from adapters.torch.attention import paged_attention, paged_decode_attention  # noqa: E402
+from adapters.torch.paging import block_table_tensor  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -77,3 +78,31 @@ def test_a_block_table_too_short_for_the_context_is_refused():
     kv = torch.zeros(2, 2, 16, 1, 8)
     with pytest.raises(ValueError, match="needs more than the 2 blocks"):
         paged_attention(torch.zeros(1, 1, 8), torch.tensor([32]), kv, [0, 1], 33, 1.0)
+
+
+@pytest.mark.parametrize("block", [1, 16, 64])
+def test_batched_decode_attention_equals_exact_softmax_per_request(block):
+    """Requests of different lengths in one shared pool, tables padded; stale slots do not leak."""
+    rng = torch.Generator().manual_seed(block)
+    heads, kv_heads, d, lengths = 4, 2, 8, [1, 17, 130, 64]
+    pages = sum(math.ceil(n / block) for n in lengths) + 2
+    kv = torch.randn(pages, 2, block, kv_heads, d, generator=rng) * 50   # stale, finite
+    order = torch.randperm(pages, generator=rng).tolist()
+    tables, ks, vs = [], [], []
+    for n in lengths:
+        table = [order.pop() for _ in range(math.ceil(n / block))]
+        k = torch.randn(n, kv_heads, d, generator=rng) * 3
+        v = torch.randn(n, kv_heads, d, generator=rng)
+        for j, page in enumerate(table):
+            part = slice(j * block, min((j + 1) * block, n))
+            kv[page, 0, :part.stop - part.start] = k[part]
+            kv[page, 1, :part.stop - part.start] = v[part]
+        tables.append(table)
+        ks.append(k)
+        vs.append(v)
+    q = torch.randn(len(lengths), heads, d, generator=rng) * 3
+    pos = torch.tensor(lengths) - 1
+    got = paged_decode_attention(q, pos, kv, block_table_tensor(tables), d ** -0.5)
+    for r in range(len(lengths)):
+        want = exact_attention(q[r:r + 1], ks[r], vs[r], pos[r:r + 1], d ** -0.5)
+        assert torch.allclose(got[r:r + 1], want, atol=1e-5, rtol=1e-5), (r, (got[r] - want).abs().max())

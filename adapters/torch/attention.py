@@ -64,3 +64,42 @@ def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor
         m = m_new
     out = acc / total[..., None]
     return out.permute(2, 0, 1, 3).reshape(T, H, D)
+
+
+def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor,
+                           tables: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query per request, all requests at once: the same online softmax, batched.
+
+    Request ``r``'s query ``q[r] [heads, head_dim]`` sits at position
+    ``q_pos[r]`` and sees keys ``0 .. q_pos[r]``, block ``j`` in page
+    ``tables[r, j]``. ``tables [b, blocks]`` is padded to the longest request
+    with any valid page index: blocks wholly after a query are masked out.
+    Whole pages are read, so slots past a request's context must hold finite
+    values (a zeroed pool and stale K/V both do): a masked score weighs 0,
+    and 0 x NaN would still be NaN. Returns ``[b, heads, head_dim]``.
+    """
+    b, H, D = q.shape
+    block, kvh = kv_layer.shape[2], kv_layer.shape[3]
+    g = H // kvh
+    n_blocks = int(q_pos.max()) // block + 1
+    if n_blocks > tables.shape[1]:
+        raise ValueError(f"position {int(q_pos.max())} needs more than the "
+                         f"{tables.shape[1]} blocks of {block} tokens in the block tables")
+    qg = (q * scale).view(b, kvh, g, D)
+    m = torch.full((b, kvh, g), float("-inf"), dtype=q.dtype)
+    total = torch.zeros((b, kvh, g), dtype=q.dtype)
+    acc = torch.zeros((b, kvh, g, D), dtype=q.dtype)
+    offsets = torch.arange(block)
+    for j in range(n_blocks):
+        pages = kv_layer[tables[:, j]]                                  # [b, 2, block, kvh, D]
+        s = torch.einsum("bhgd,bnhd->bhgn", qg, pages[:, 0])
+        future = (j * block + offsets)[None, :] > q_pos[:, None]        # [b, block]
+        s = s.masked_fill(future[:, None, None, :], float("-inf"))
+        # Block 0 holds position 0, visible to every query: m is finite from then on.
+        m_new = torch.maximum(m, s.amax(-1))
+        p = torch.exp(s - m_new[..., None])
+        rescale = torch.exp(m - m_new)
+        total = total * rescale + p.sum(-1)
+        acc = acc * rescale[..., None] + torch.einsum("bhgn,bnhd->bhgd", p, pages[:, 1])
+        m = m_new
+    return (acc / total[..., None]).reshape(b, H, D)

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from adapters.torch.attention import paged_attention
+from adapters.torch.attention import paged_attention, paged_decode_attention
 from adapters.torch.config import FalconH1Config
 from adapters.torch.layers import apply_rope, rms_norm, rope_tables, swiglu_mlp
 from adapters.torch.mamba import mixer, mup_vector
-from adapters.torch.paging import StateShapes, write_kv
+from adapters.torch.paging import StateShapes, block_table_tensor, write_kv, write_kv_tokens
 from harness.errors import HbenchError
 
 _LAYER_PARAMS = (
@@ -167,17 +167,19 @@ class FalconH1:
         if len(block_tables) != b or positions.shape[0] != b:
             raise ValueError(f"{b} tokens need {b} positions and block tables, got "
                              f"{positions.shape[0]} and {len(block_tables)}")
+        tables = block_table_tensor(block_tables)
+        block = kv.shape[3]
+        j = positions // block
+        if bool((j >= torch.tensor([len(t) for t in block_tables])).any()):
+            raise ValueError("a block table does not cover its request's position")
+        pages, offsets = tables.gather(1, j[:, None])[:, 0], positions % block
         x = self.embed[tokens] * c.embedding_multiplier                      # [b, hidden]
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw["input_layernorm.weight"], c.rms_norm_eps)
             m = mixer(h[:, None], self.mamba[i], c, self.mup, ssm_state[:, i],
                       conv_state[:, i])[:, 0]
             q, k, v = self._qkv(i, h, positions)
-            outs = []
-            for r, table in enumerate(block_tables):
-                pos = int(positions[r])
-                write_kv(kv, i, table, pos, k[r:r + 1], v[r:r + 1])
-                outs.append(paged_attention(q[r:r + 1], positions[r:r + 1], kv[:, i], table,
-                                            pos + 1, self.scale))
-            x = self._finish_layer(i, x, m, self._attn_out(i, torch.cat(outs)))
+            write_kv_tokens(kv, i, pages, offsets, k, v)
+            o = paged_decode_attention(q, positions, kv[:, i], tables, self.scale)
+            x = self._finish_layer(i, x, m, self._attn_out(i, o))
         return self._logits(x)

@@ -123,6 +123,24 @@ def write_kv(kv: torch.Tensor, layer: int, block_table: Sequence[int], start_pos
         pos += n
 
 
+def write_kv_tokens(kv: torch.Tensor, layer: int, pages: torch.Tensor, offsets: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store one token per request: K and V ``[b, kv_heads, head_dim]`` at ``pages[r], offsets[r]``."""
+    kv[pages, layer, 0, offsets] = k
+    kv[pages, layer, 1, offsets] = v
+
+
+def block_table_tensor(block_tables: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Block tables as one ``[b, longest]`` index tensor, short rows padded with page 0.
+
+    Padding entries are never read unmasked: a block past a request's last
+    position holds only future keys.
+    """
+    width = max(len(t) for t in block_tables)
+    return torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables],
+                        dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class Extent:
     """``length`` elements per layer at ``offset`` in page ``page``."""
