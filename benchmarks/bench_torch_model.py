@@ -43,13 +43,19 @@ BLOCK = 512
 VOCAB = 2048
 
 
-def median_s(fn, repeats: int) -> float:
-    times = []
+def median_s(fn, repeats: int) -> tuple[float, float]:
+    """Median wall and median process CPU seconds of ``fn()``.
+
+    On a shared machine the CPU time (one thread) shows the work; the wall
+    time adds waiting for the core.
+    """
+    wall, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - t)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main(argv=None) -> None:
@@ -103,16 +109,19 @@ def main(argv=None) -> None:
     paging = median_s(round_trip, args.repeats * 3)
 
     chunks = -(-args.context // 512)
-    prefill_s = args.requests * (first + (chunks - 1) * second)
-    decode_s = args.requests * args.output / args.batch * (decode + paging)
     print(f"preset {args.preset}: {sum(w.numel() for w in model.layers[0].values()):,} "
           f"parameters per layer, {s.n_layers} layers")
-    print(f"prefill 512 tokens, fresh state      {first * 1e3:8.1f} ms")
-    print(f"prefill 512 tokens after 512          {second * 1e3:8.1f} ms")
-    print(f"decode step, batch {args.batch} at {args.context} tokens  {decode * 1e3:8.1f} ms")
-    print(f"gather + scatter {args.batch} checkpoints      {paging * 1e3:8.1f} ms")
-    print(f"estimate: {args.requests} requests x {args.context} prompt + {args.output} output "
-          f"tokens = {prefill_s:.1f} s prefill + {decode_s:.1f} s decode")
+    print(f"{'median ms':40s} {'wall':>8s} {'cpu':>8s}")
+    rows = [("prefill 512 tokens, fresh state", first), ("prefill 512 tokens after 512", second),
+            (f"decode step, batch {args.batch} at {args.context} tokens", decode),
+            (f"gather + scatter {args.batch} checkpoints", paging)]
+    for label, (wall, cpu) in rows:
+        print(f"{label:40s} {wall * 1e3:8.1f} {cpu * 1e3:8.1f}")
+    for i, kind in enumerate(("wall", "cpu")):
+        prefill_s = args.requests * (first[i] + (chunks - 1) * second[i])
+        decode_s = args.requests * args.output / args.batch * (decode[i] + paging[i])
+        print(f"estimate ({kind}): {args.requests} requests x {args.context} prompt + "
+              f"{args.output} output tokens = {prefill_s:.1f} s prefill + {decode_s:.1f} s decode")
 
 
 if __name__ == "__main__":
