@@ -89,10 +89,11 @@ class FalconH1:
         except ImportError:
             raise HbenchError("the torch engine needs the safetensors package "
                               "(pip install 'hbench[engines]')") from None
+        cfg = FalconH1Config.from_dir(model_dir)
         path = Path(model_dir) / "model.safetensors"
         if not path.is_file():
             raise HbenchError(f"weights file not found: {path}")
-        return cls(FalconH1Config.from_dir(model_dir), load_file(str(path)))
+        return cls(cfg, load_file(str(path)))
 
     # ---- one layer -------------------------------------------------------------
     def _qkv(self, i: int, h: torch.Tensor, positions: torch.Tensor):
