@@ -44,9 +44,10 @@ def paged(k, v, block, rng):
     return kv, table
 
 
+@pytest.mark.parametrize("step_tokens", [1, 48], ids=["block-per-step", "pages-per-step"])
 @pytest.mark.parametrize("block", [1, 5, 16, 64, 512])
 @pytest.mark.parametrize("queries", ["prefill", "chunk", "decode"])
-def test_online_softmax_over_blocks_equals_exact_softmax(block, queries):
+def test_online_softmax_over_blocks_equals_exact_softmax(block, queries, step_tokens):
     rng = torch.Generator().manual_seed(block * 7 + len(queries))
     ctx, heads, kv_heads, d = 150, 6, 2, 16
     # large logits so the running maximum really moves between blocks
@@ -56,7 +57,7 @@ def test_online_softmax_over_blocks_equals_exact_softmax(block, queries):
     lo = {"prefill": 0, "chunk": 97, "decode": ctx - 1}[queries]
     q_pos = torch.arange(lo, ctx)
     kv, table = paged(k, v, block, rng)  # unused page slots are NaN: reading one would show
-    got = paged_attention(q[lo:], q_pos, kv, table, ctx, d ** -0.5)
+    got = paged_attention(q[lo:], q_pos, kv, table, ctx, d ** -0.5, step_tokens=step_tokens)
     want = exact_attention(q[lo:], k, v, q_pos, d ** -0.5)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
 
@@ -80,8 +81,9 @@ def test_a_block_table_too_short_for_the_context_is_refused():
         paged_attention(torch.zeros(1, 1, 8), torch.tensor([32]), kv, [0, 1], 33, 1.0)
 
 
+@pytest.mark.parametrize("step_tokens", [1, 48], ids=["block-per-step", "pages-per-step"])
 @pytest.mark.parametrize("block", [1, 16, 64])
-def test_batched_decode_attention_equals_exact_softmax_per_request(block):
+def test_batched_decode_attention_equals_exact_softmax_per_request(block, step_tokens):
     """Requests of different lengths in one shared pool, tables padded; stale slots do not leak."""
     rng = torch.Generator().manual_seed(block)
     heads, kv_heads, d, lengths = 4, 2, 8, [1, 17, 130, 64]
@@ -102,7 +104,8 @@ def test_batched_decode_attention_equals_exact_softmax_per_request(block):
         vs.append(v)
     q = torch.randn(len(lengths), heads, d, generator=rng) * 3
     pos = torch.tensor(lengths) - 1
-    got = paged_decode_attention(q, pos, kv, block_table_tensor(tables), d ** -0.5)
+    got = paged_decode_attention(q, pos, kv, block_table_tensor(tables), d ** -0.5,
+                                 step_tokens=step_tokens)
     for r in range(len(lengths)):
         want = exact_attention(q[r:r + 1], ks[r], vs[r], pos[r:r + 1], d ** -0.5)
         assert torch.allclose(got[r:r + 1], want, atol=1e-5, rtol=1e-5), (r, (got[r] - want).abs().max())

@@ -11,10 +11,11 @@ maximum ``m``, a running sum of ``exp(score - m)`` and an accumulator of
 ``exp(score - m) * v``. When a block raises the maximum, the old sum and
 accumulator are rescaled by ``exp(m_old - m_new)``; after the last block
 ``acc / sum`` equals the softmax over the whole context exactly (up to
-rounding), without ever holding more than one block of scores. A key at
+rounding), without ever holding more than one step of scores. A key at
 position ``p`` is visible to a query at position ``t`` iff ``p <= t``
 (causal), so one chunk of a chunked prefill sees every earlier chunk and the
-chunk's own keys up to itself.
+chunk's own keys up to itself. A step may take several consecutive blocks at
+once (`STEP_TOKENS`), so small blocks cost no more Python steps than large ones.
 """
 
 from __future__ import annotations
@@ -23,13 +24,23 @@ from collections.abc import Sequence
 
 import torch
 
+# Keys one softmax step takes at most (whole blocks; at least one): 16-token
+# blocks are visited 32 at a time, 512-token blocks one at a time.
+STEP_TOKENS = 512
+
+
+def _pages_per_step(block: int, step_tokens: int) -> int:
+    return max(1, step_tokens // block)
+
 
 def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor,
-                    block_table: Sequence[int], context_len: int, scale: float) -> torch.Tensor:
+                    block_table: Sequence[int], context_len: int, scale: float,
+                    step_tokens: int = STEP_TOKENS) -> torch.Tensor:
     """Attention of queries ``q [T, heads, head_dim]`` at positions ``q_pos [T]``.
 
     Query head ``h`` reads K/V head ``h // (heads // kv_heads)`` (grouped-query
-    attention). Returns ``[T, heads, head_dim]``.
+    attention). Each softmax step takes as many whole blocks as fit in
+    ``step_tokens`` (at least one). Returns ``[T, heads, head_dim]``.
     """
     T, H, D = q.shape
     block, kvh = kv_layer.shape[2], kv_layer.shape[3]
@@ -42,13 +53,15 @@ def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor
     total = torch.zeros((kvh, g, T), dtype=q.dtype)
     acc = torch.zeros((kvh, g, T, D), dtype=q.dtype)
     last_query = int(q_pos.max())
-    for j in range((context_len + block - 1) // block):
+    per_step = _pages_per_step(block, step_tokens)
+    for j in range(0, (context_len + block - 1) // block, per_step):
         first = j * block
         if first > last_query:       # every later key is in every query's future
             break
-        n = min(block, context_len - first)
-        page = kv_layer[block_table[j]]
-        k, v = page[0, :n], page[1, :n]                       # [n, kvh, D]
+        pages = kv_layer[torch.as_tensor(list(block_table[j:j + per_step]))]
+        n = min(pages.shape[0] * block, context_len - first)
+        k = pages[:, 0].reshape(-1, kvh, D)[:n]                # [n, kvh, D]
+        v = pages[:, 1].reshape(-1, kvh, D)[:n]
         s = torch.einsum("hgtd,nhd->hgtn", qg, k)
         k_pos = torch.arange(first, first + n)
         future = k_pos[None, :] > q_pos[:, None]              # [T, n]
@@ -67,7 +80,8 @@ def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor
 
 
 def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor,
-                           tables: torch.Tensor, scale: float) -> torch.Tensor:
+                           tables: torch.Tensor, scale: float,
+                           step_tokens: int = STEP_TOKENS) -> torch.Tensor:
     """One query per request, all requests at once: the same online softmax, batched.
 
     Request ``r``'s query ``q[r] [heads, head_dim]`` sits at position
@@ -89,17 +103,19 @@ def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch
     m = torch.full((b, kvh, g), float("-inf"), dtype=q.dtype)
     total = torch.zeros((b, kvh, g), dtype=q.dtype)
     acc = torch.zeros((b, kvh, g, D), dtype=q.dtype)
-    offsets = torch.arange(block)
-    for j in range(n_blocks):
-        pages = kv_layer[tables[:, j]]                                  # [b, 2, block, kvh, D]
-        s = torch.einsum("bhgd,bnhd->bhgn", qg, pages[:, 0])
-        future = (j * block + offsets)[None, :] > q_pos[:, None]        # [b, block]
+    per_step = _pages_per_step(block, step_tokens)
+    for j in range(0, n_blocks, per_step):
+        pages = kv_layer[tables[:, j:min(j + per_step, n_blocks)]]   # [b, p, 2, block, kvh, D]
+        k = pages[:, :, 0].reshape(b, -1, kvh, D)
+        v = pages[:, :, 1].reshape(b, -1, kvh, D)
+        s = torch.einsum("bhgd,bnhd->bhgn", qg, k)
+        future = (j * block + torch.arange(k.shape[1]))[None, :] > q_pos[:, None]
         s = s.masked_fill(future[:, None, None, :], float("-inf"))
         # Block 0 holds position 0, visible to every query: m is finite from then on.
         m_new = torch.maximum(m, s.amax(-1))
         p = torch.exp(s - m_new[..., None])
         rescale = torch.exp(m - m_new)
         total = total * rescale + p.sum(-1)
-        acc = acc * rescale[..., None] + torch.einsum("bhgn,bnhd->bhgd", p, pages[:, 1])
+        acc = acc * rescale[..., None] + torch.einsum("bhgn,bnhd->bhgd", p, v)
         m = m_new
     return (acc / total[..., None]).reshape(b, H, D)
