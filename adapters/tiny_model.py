@@ -9,6 +9,11 @@ names and shapes are the ones Falcon-H1 checkpoints use (vLLM's
 BPE tokenizer trained locally on a few hundred ShareGPT conversations, and
 ``generation_config.json``.
 
+Two dimension sets (`PRESETS`): ``tiny``, the smallest model vLLM's CPU
+build serves, and ``proportional``, whose per-layer state has
+Falcon-H1-7B's proportions (a checkpoint about three 512-token attention
+blocks, a conv state a few percent of one) for hbench's PyTorch engine.
+
 The weights are float32 (the CPU backends run float32 fastest and exactly)
 drawn from a `numpy.random.Generator` seeded by (seed, stream), so the same
 seed gives byte-identical files. Only ``safetensors`` and ``tokenizers`` are

@@ -21,6 +21,10 @@ an organization decides the layout by choosing page sizes and placements:
 `gather_state` copies a placement into contiguous tensors the model computes
 on; `scatter_state` writes them back. Decode may do this every step; the
 model itself never sees a page.
+
+Sizes here are float32 elements. hbench's geometry counts bf16 bytes, so an
+organization's page of ``B`` bytes is ``B / 2`` elements here (the tensors
+take twice the bytes; every ratio between state kinds is the same).
 """
 
 from __future__ import annotations
