@@ -53,13 +53,15 @@ MULTIPLIERS = {
     "lm_head_multiplier": 0.6,
 }
 # gate: SiLU gate, one B/C group. norm: gated RMSNorm over 2 groups, biases on every
-# projection, tied embeddings. norm_after: the gate applied before the norm.
+# projection, tied embeddings. norm_after: the gate applied before the norm, dt clamped
+# (time_step_limit; the softplus of most dt is above 0.4).
 VARIANTS = {
     "gate": (dict(mamba_n_groups=1), {}),
     "norm": (dict(mamba_n_groups=2, mamba_rms_norm=True),
              dict(mamba_norm_before_gate=True, attention_bias=True, mlp_bias=True,
                   projectors_bias=True, mamba_proj_bias=True, tie_word_embeddings=True)),
-    "norm_after": (dict(mamba_n_groups=2, mamba_rms_norm=True), dict(mamba_norm_before_gate=False)),
+    "norm_after": (dict(mamba_n_groups=2, mamba_rms_norm=True),
+                   dict(mamba_norm_before_gate=False, time_step_limit=[0.01, 0.4])),
 }
 BIASES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
           "feed_forward.gate_proj", "feed_forward.up_proj", "feed_forward.down_proj",
