@@ -228,3 +228,29 @@ def test_a_wrong_multiplier_breaks_parity(pair, field):
     assert_close(model.prefill_chunk(tokens, 0, pages.kv, pages.tables[r], *pages.state(r)), ref)
     err = float((got - ref).abs().max())
     assert err > 10 * REL_TOL * float(ref.abs().max()), f"{change}: max |diff| only {err:.3g}"
+
+
+def test_a_request_continuing_from_a_shared_prefix_matches_a_clean_recompute(pair):
+    """B reuses A's first 512-token block (the same page) and A's checkpoint at 512.
+
+    A's state is published at the block boundary into its own pages; B adopts
+    the block by naming the page in its table, gathers the checkpoint, and
+    prefills only its own suffix. B's logits must equal a clean whole-prompt
+    run of B's tokens (what the study found did not always hold).
+    """
+    model, tokens = pair.model, pair.tokens
+    b_tokens = torch.cat([tokens[:512], torch.roll(tokens, 41)[512:700]])
+    with torch.no_grad():
+        ref_b = pair.ref_model(b_tokens[None]).logits[0]
+    pages = Pages(model, block=512, pages=6)
+    a = pages.add_request(900)
+    ssm, conv = pages.state(a)
+    model.prefill_chunk(tokens[:512], 0, pages.kv, pages.tables[a], ssm, conv)
+    published = pages.add_request(0)               # a checkpoint's pages, no K/V blocks
+    pages.store(published, ssm, conv)
+    model.prefill_chunk(tokens[512:900], 512, pages.kv, pages.tables[a], ssm, conv)  # A goes on
+    b = pages.add_request(700)
+    pages.tables[b][0] = pages.tables[a][0]        # adopt A's block 0
+    ssm_b, conv_b = pages.state(published)         # adopt the checkpoint at 512
+    got = model.prefill_chunk(b_tokens[512:], 512, pages.kv, pages.tables[b], ssm_b, conv_b)
+    assert_close(got, ref_b[512:])
