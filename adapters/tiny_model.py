@@ -9,6 +9,11 @@ names and shapes are the ones Falcon-H1 checkpoints use (vLLM's
 BPE tokenizer trained locally on a few hundred ShareGPT conversations, and
 ``generation_config.json``.
 
+Two dimension sets (`PRESETS`): ``tiny``, the smallest model vLLM's CPU
+build serves, and ``proportional``, whose per-layer state has
+Falcon-H1-7B's proportions (a checkpoint about three 512-token attention
+blocks, a conv state a few percent of one) for hbench's PyTorch engine.
+
 The weights are float32 (the CPU backends run float32 fastest and exactly)
 drawn from a `numpy.random.Generator` seeded by (seed, stream), so the same
 seed gives byte-identical files. Only ``safetensors`` and ``tokenizers`` are
@@ -46,6 +51,7 @@ class TinyFalconH1:
     mamba_n_groups: int = 1
     mamba_d_conv: int = 4
     mamba_chunk_size: int = 64
+    mamba_rms_norm: bool = False      # gated RMSNorm (mamba.norm.weight) before out_proj
     vocab_size: int = 2048            # target; the trained tokenizer's size wins
     max_position_embeddings: int = 4096
 
@@ -60,6 +66,7 @@ class TinyFalconH1:
     def hf_config(self, vocab_size: int) -> dict:
         """config.json as Falcon-H1 checkpoints write it (model_type falcon_h1)."""
         d = asdict(self)
+        rms_norm = d.pop("mamba_rms_norm")   # keeps the key where config.json always had it
         d.update(
             vocab_size=vocab_size,
             model_type="falcon_h1",
@@ -69,7 +76,7 @@ class TinyFalconH1:
             mamba_conv_bias=True,
             mamba_proj_bias=False,
             mamba_norm_before_gate=False,
-            mamba_rms_norm=False,
+            mamba_rms_norm=rms_norm,
             projectors_bias=False,
             attention_bias=False,
             mlp_bias=False,
@@ -119,12 +126,37 @@ class TinyFalconH1:
                 p + "feed_forward.up_proj.weight": (self.intermediate_size, h),
                 p + "feed_forward.down_proj.weight": (h, self.intermediate_size),
             })
+            if self.mamba_rms_norm:
+                shapes[p + "mamba.norm.weight"] = (d,)
         shapes["model.final_layernorm.weight"] = (h,)
         shapes["lm_head.weight"] = (vocab_size, h)
         return shapes
 
 
 ARCHS = {"falcon_h1": TinyFalconH1}
+
+# Named dimension sets (``hbench tiny-model --preset``).
+#
+# tiny: the smallest model vLLM's CPU build serves; its recurrent state is
+#   small beside an attention block (checkpoint 8 KiB, 512-token block 256 KiB
+#   per layer in bf16), the opposite of a real hybrid.
+# proportional: Falcon-H1-7B's state proportions per layer. 7B: attention
+#   2 x 2 KV heads x 128 = 512 elements per token (a 512-token block 512 KiB
+#   bf16); SSM 24 heads x 128 x 256 = 3 blocks (1536 KiB); conv (3072 + 512)
+#   x 3 = 21 KiB, 4.1% of a block. Here: 2 KV heads x 32 = 128 elements per
+#   token (block 128 KiB); SSM 24 heads x 32 x d_state 256 = 196,608 elements
+#   = 3 blocks exactly (384 KiB); conv (768 + 512) x 3 = 7.5 KiB, 5.9% of a
+#   block (d_state 256 keeps B and C as wide as the 7B's, which sets the
+#   floor). The checkpoint, 391.5 KiB, is 3.06 blocks (7B: 1557 / 512 = 3.04).
+#   4 query heads over 2 KV heads keep grouped-query attention.
+PRESETS = {
+    "tiny": TinyFalconH1(),
+    "proportional": TinyFalconH1(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        mamba_d_ssm=768, mamba_n_heads=24, mamba_d_state=256, mamba_n_groups=1,
+        mamba_d_conv=4, mamba_chunk_size=64, max_position_embeddings=8192),
+}
 
 
 def random_weights(spec: TinyFalconH1, vocab_size: int, seed: int) -> dict[str, np.ndarray]:
@@ -197,24 +229,46 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
-def build_tiny_model(out_dir: str | Path, arch: str = "falcon_h1", seed: int = 0,
-                     records: int = 300) -> dict:
-    """Write the model directory; returns a summary (sizes, parameter count)."""
-    if arch not in ARCHS:
-        raise HbenchError(f"unknown tiny-model architecture {arch!r}; choose from {', '.join(ARCHS)}")
+def write_weights(out_dir: str | Path, spec: TinyFalconH1, vocab_size: int, seed: int,
+                  weights: dict[str, np.ndarray] | None = None,
+                  config_overrides: dict | None = None) -> dict[str, np.ndarray]:
+    """Write ``config.json`` and ``model.safetensors`` (no tokenizer); returns the weights.
+
+    ``weights`` replaces `random_weights` (tests perturb them);
+    ``config_overrides`` updates config.json's fields (tests set multipliers).
+    """
     try:
         from safetensors.numpy import save_file
     except ImportError:
         raise HbenchError("hbench tiny-model needs the safetensors package "
                           "(pip install 'hbench[engines]')") from None
-    spec = ARCHS[arch]()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if weights is None:
+        weights = random_weights(spec, vocab_size, seed)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = spec.hf_config(vocab_size) | (config_overrides or {})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return weights
+
+
+def build_tiny_model(out_dir: str | Path, arch: str = "falcon_h1", seed: int = 0,
+                     records: int = 300, preset: str = "tiny") -> dict:
+    """Write the model directory; returns a summary (sizes, parameter count)."""
+    if arch not in ARCHS:
+        raise HbenchError(f"unknown tiny-model architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    if preset not in PRESETS:
+        raise HbenchError(f"unknown tiny-model preset {preset!r}; choose from {', '.join(PRESETS)}")
+    try:
+        import safetensors  # noqa: F401  (fail before the tokenizer is trained)
+    except ImportError:
+        raise HbenchError("hbench tiny-model needs the safetensors package "
+                          "(pip install 'hbench[engines]')") from None
+    spec = PRESETS[preset]
     tok = train_tokenizer(sharegpt_texts(records), spec.vocab_size)
     vocab = tok.get_vocab_size()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    weights = random_weights(spec, vocab, seed)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(spec.hf_config(vocab), indent=2) + "\n")
+    weights = write_weights(out, spec, vocab, seed)
     tok.save(str(out / "tokenizer.json"))
     pad, bos, eos = SPECIAL_TOKENS
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -230,6 +284,6 @@ def build_tiny_model(out_dir: str | Path, arch: str = "falcon_h1", seed: int = 0
         {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "do_sample": False}, indent=2)
         + "\n")
     params = sum(int(w.size) for w in weights.values())
-    return {"dir": str(out), "arch": arch, "seed": seed, "vocab_size": vocab,
+    return {"dir": str(out), "arch": arch, "preset": preset, "seed": seed, "vocab_size": vocab,
             "parameters": params, "tokenizer_records": records,
             "weights_bytes": (out / "model.safetensors").stat().st_size}

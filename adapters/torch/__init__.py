@@ -1,0 +1,18 @@
+"""A Falcon-H1 forward pass in PyTorch for an in-process paged serving engine.
+
+The model never owns request state. Attention K/V live in page tensors the
+caller allocates and reads through block tables; SSM and conv states are
+tensors the caller gathers from its pages and scatters back
+(`adapters.torch.paging`). The pieces, one idea each:
+
+    config.py     config.json -> a frozen `FalconH1Config` (every muP multiplier)
+    layers.py     RMSNorm, gated RMSNorm, rotary embedding, SwiGLU MLP
+    attention.py  attention over K/V blocks with an online softmax
+    mamba.py      the Mamba-2 mixer: causal conv with carried state, chunked
+                  SSD scan for prefill, one-step recurrence for decode
+    paging.py     page tensors, block tables, checkpoint placement over pages
+    model.py      weights from model.safetensors; prefill_chunk / decode
+
+Everything runs in float32. torch is imported only by this package (the
+``engines`` extra); the rest of hbench never needs it.
+"""
