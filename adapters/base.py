@@ -1,6 +1,8 @@
 """The narrow door between `hbench run` and an engine.
 
-An engine takes a `Workload` and a `RunConfig` and returns an `EngineRun`
+An engine takes a `Workload` and a `RunSetup` (harness/run_setup.py: the
+`RunConfig` with its geometry and budget, resolved once per run) and returns
+an `EngineRun`
 (harness/records.py). It never writes files and never computes summaries:
 `harness.results` and `harness.metrics` do that identically for every engine.
 ``progress`` is called with the number of requests completed so far so the CLI
@@ -23,7 +25,7 @@ class Engine(Protocol):
     #: organizations this engine can express (subset of ORGANIZATIONS keys).
     supported_orgs: tuple[str, ...]
 
-    def run(self, workload, config, progress: ProgressFn | None = None) -> EngineRun: ...
+    def run(self, workload, setup, progress: ProgressFn | None = None) -> EngineRun: ...
 
     def version(self) -> str:
         """A string that changes whenever the engine's outputs may change."""

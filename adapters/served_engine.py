@@ -77,7 +77,10 @@ class ServedEngine:
                 "headroom": config.headroom, "isolate": config.isolate}
 
     # -- the run -----------------------------------------------------------------
-    def run(self, workload, config, progress=None) -> EngineRun:
+    def run(self, workload, setup, progress=None) -> EngineRun:
+        """Serve ``workload`` on a launched or given server (``setup.config``
+        says which); the server owns its memory, so only the config is read."""
+        config = setup.config
         self.check_config(config)
         if config.launch:
             port = free_port()

@@ -27,6 +27,7 @@ from pathlib import Path
 from adapters.sim.engine import SimEngine
 from benchmarks.bench_orgs import pin_cpu
 from harness.config import ORG_NAMES, RunConfig
+from harness.run_setup import RunSetup
 from harness.runner import build_run_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def time_org(org: str, args) -> dict:
         builds.append(time.perf_counter() - t)
         gc.collect()
         t = time.perf_counter()
-        run = SimEngine().run(workload, config)
+        run = SimEngine().run(workload, RunSetup.resolve(config))
         runs.append(time.perf_counter() - t)
     best = min(runs)
     return {"build_s": builds, "run_s": runs, "best_run_s": best,
@@ -70,7 +71,8 @@ def profile(org: str, args) -> dict:
     workload = build_run_workload(config)
     prof = cProfile.Profile()
     t = time.perf_counter()
-    prof.runcall(SimEngine().run, workload, config)
+    setup = RunSetup.resolve(config)
+    prof.runcall(SimEngine().run, workload, setup)
     wall = time.perf_counter() - t
     st = pstats.Stats(prof)
     rows = [(func, tt, ct, nc) for func, (_, nc, tt, ct, _) in st.stats.items()]

@@ -46,6 +46,7 @@ import numpy as np
 
 from adapters.sim.engine import SimEngine
 from harness.config import RunConfig
+from harness.run_setup import RunSetup
 
 # op codes; row layout: (op, rid, kidx, x, y, nkeys, flag)
 LOOKUP, DEMAND, CAN_ALLOCATE, ALLOCATE, COMMIT, RETAIN, FINISH, PREEMPT, ABANDON, USAGE = range(10)
@@ -212,9 +213,8 @@ class _RecordingSimEngine(SimEngine):
         self.recorder: RecordingOrg | None = None
 
     def build(self, config):
-        geom, budget, org = super().build(config)
-        self.recorder = RecordingOrg(org)
-        return geom, budget, self.recorder
+        self.recorder = RecordingOrg(super().build(config))
+        return self.recorder
 
 
 def record_trace(config: RunConfig, workload=None) -> Trace:
@@ -225,7 +225,7 @@ def record_trace(config: RunConfig, workload=None) -> Trace:
     if workload is None:
         workload = build_run_workload(config)
     engine = _RecordingSimEngine()
-    engine.run(workload, config)
+    engine.run(workload, RunSetup.resolve(config))
     meta = {"config": config.to_dict(), "workload_hash": workload.content_hash}
     return engine.recorder.trace(meta)
 
@@ -233,7 +233,7 @@ def record_trace(config: RunConfig, workload=None) -> Trace:
 def build_org(name: str, trace: Trace):
     """A fresh organization ``name`` with the budget and model of the trace's run."""
     config = RunConfig.from_dict({**trace.meta["config"], "org": name})
-    return SimEngine().build(config)[2]
+    return SimEngine().build(RunSetup.resolve(config))
 
 
 @dataclass(frozen=True)

@@ -162,25 +162,25 @@ def _flag(field: str) -> str:
                    "warmup_requests": "warmup"}.get(field, field).replace("_", "-")
 
 
-def validate(config: RunConfig, *, allow_oversubscribe: bool = False) -> None:
+def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
     """Refuse (HbenchError, one line) a config that cannot run sensibly, before
     any work: a ``--token-budget`` below the organization's grid (a prefill
     chunk could never be scheduled); a run estimated to need more than
     `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages); and, for
     the simulator, model weights plus the budget's whole-model state bytes
     larger than the simulated GPU's memory unless ``allow_oversubscribe``.
-    Also resolves the model and the budget, so an unknown model, config.json
-    or budget label fails here."""
-    from harness.budget import resolve_budget
+    Resolves the model and the budget once (an unknown model, config.json or
+    budget label fails here) and returns them as a `harness.run_setup.RunSetup`
+    for the run to use."""
     from harness.layout import layout_for
-    from harness.model_configs import geometry_for_run
+    from harness.run_setup import RunSetup
 
-    geom = geometry_for_run(config)
+    setup = RunSetup.resolve(config)
+    geom, budget = setup.geometry, setup.budget
     grid = layout_for(config.org, geom).grid_tokens
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
                           f"grid of {grid} tokens; the minimum for {config.org} is {grid}")
-    budget = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
     requests_bytes = 0.0 if config.workload_path else config.estimated_run_bytes
     pages_bytes = RUN_BYTES_PER_PAGE * budget.total_pages if config.engine == "sim" else 0
     if requests_bytes + pages_bytes > MAX_RUN_MEMORY_BYTES:
@@ -201,3 +201,4 @@ def validate(config: RunConfig, *, allow_oversubscribe: bool = False) -> None:
                 f"{need / 2**30:.1f} GiB, more than the {hw.mem_bytes / 2**30:.0f} GiB of "
                 f"{config.gpu}; choose a smaller budget or a larger --gpu, or pass "
                 "--allow-oversubscribe")
+    return setup

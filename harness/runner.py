@@ -14,15 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from adapters.registry import check_expressible, make_engine
-from harness.budget import resolve_budget
 from harness.config import RunConfig, validate
 from harness.errors import HbenchError
-from harness.model_configs import geometry_for_run
 from harness.results import new_run_id, write_run
 
 
-def budget_manifest(config: RunConfig, geom) -> dict:
-    b = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
+def budget_manifest(b) -> dict:
+    """The manifest's record of a resolved `harness.budget.OrgBudget`."""
     return {
         "label": b.label, "org": b.org, "target_bytes_per_pool_layer": b.target_bytes,
         "whole_model_bytes": b.whole_model_bytes, "pool_layers": b.pool_layers,
@@ -67,21 +65,21 @@ def recorded_config(config: RunConfig, workload) -> RunConfig:
 def execute(config: RunConfig, out_root: str | Path = "results", *, workload=None,
             progress=None, run_id: str | None = None, allow_oversubscribe: bool = False) -> Path:
     """Run ``config`` and write ``out_root/<run-id>/``; returns that path."""
-    validate(config, allow_oversubscribe=allow_oversubscribe)
+    setup = validate(config, allow_oversubscribe=allow_oversubscribe)   # geometry, budget: once
     engine = make_engine(config.engine)
     check_expressible(engine.name, engine.supported_orgs, config.org)
-    geom = geometry_for_run(config)
-    budget = budget_manifest(config, geom)   # validates the budget before any work
     if workload is None:
         workload = build_run_workload(config)
     config = recorded_config(config, workload)
-    run = engine.run(workload, config, progress)
+    setup = setup.with_config(config)
+    run = engine.run(workload, setup, progress)
     wl_hash = workload.content_hash
     return write_run(
         Path(out_root), run_id=run_id or new_run_id(config, wl_hash), config=config, run=run,
-        workload_hash=wl_hash, workload_meta=dict(workload.meta), budget=budget,
+        workload_hash=wl_hash, workload_meta=dict(workload.meta),
+        budget=budget_manifest(setup.budget),
         engine_name=engine.name, engine_version=engine.version(),
-        weights_bytes=geom.weights_bytes,
+        weights_bytes=setup.geometry.weights_bytes,
         extra_manifest={"cache_state": run.engine_info.get("cache_state", "cold"),
                         "warmup_requests": config.warmup_requests},
     )

@@ -17,10 +17,17 @@ from adapters.metrics_scrape import extract, parse_prometheus
 from adapters.sglang import SglangEngine, mamba_full_memory_ratio
 from harness.config import RunConfig
 from harness.errors import HbenchError
+from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 
+
+
+def setup_for(config):
+    """A `RunSetup` for a served engine, which reads only the config (the
+    server owns its memory), so tests need not name a geometry hbench knows."""
+    return RunSetup(config, geometry=None, budget=None)
 
 def recorded_script() -> Script:
     lines = [ln for ln in (FIXTURES / "completion_stream.sse").read_text().splitlines() if ln]
@@ -56,7 +63,7 @@ def d0(**kw) -> RunConfig:
 def test_sglang_stream_and_metrics_become_an_engine_run():
     with ScriptedServer(recorded_script(), metrics_text=MetricsSequence(),
                         models=("tiny-falcon-h1",)) as srv:
-        run = SglangEngine(scrape_interval_s=0.05).run(workload(), d0(endpoint=srv.endpoint.url))
+        run = SglangEngine(scrape_interval_s=0.05).run(workload(), setup_for(d0(endpoint=srv.endpoint.url)))
         bodies = list(srv.bodies)
     assert [r.status for r in run.requests] == ["finished"] * 3
     for r in run.requests:
@@ -76,7 +83,7 @@ def test_sglang_stream_and_metrics_become_an_engine_run():
 
 def test_isolate_gives_every_request_its_own_cache_salt():
     with ScriptedServer(recorded_script()) as srv:
-        SglangEngine().run(workload(), d0(endpoint=srv.endpoint.url, isolate=True, seed=7))
+        SglangEngine().run(workload(), setup_for(d0(endpoint=srv.endpoint.url, isolate=True, seed=7)))
         salts = sorted(b["cache_salt"] for b in srv.bodies)
     assert salts == ["hbench-7-0", "hbench-7-1", "hbench-7-2"]
 
@@ -102,7 +109,7 @@ def test_launch_flags_map_the_d0_split_and_the_cap():
 
 def test_an_organization_sglang_cannot_express_names_the_engines_that_can():
     with pytest.raises(HbenchError) as exc:
-        SglangEngine().run(workload(), RunConfig(org="s0", engine="sglang", endpoint="x:1"))
+        SglangEngine().run(workload(), setup_for(RunConfig(org="s0", engine="sglang", endpoint="x:1")))
     msg = str(exc.value)
     assert msg.startswith("organization s0 is not expressible on sglang; engines that can run it: ")
     assert "vllm" in msg.split(": ", 1)[1]
@@ -110,15 +117,15 @@ def test_an_organization_sglang_cannot_express_names_the_engines_that_can():
 
 def test_headroom_is_refused_rather_than_silently_ignored():
     with pytest.raises(HbenchError, match="--headroom 0.1 is not expressible on sglang"):
-        SglangEngine().run(workload(), d0(endpoint="x:1", headroom=0.1))
+        SglangEngine().run(workload(), setup_for(d0(endpoint="x:1", headroom=0.1)))
 
 
 def test_no_endpoint_and_no_launch_is_a_one_line_error():
     with pytest.raises(HbenchError, match="^--engine sglang needs --endpoint URL or --launch"):
-        SglangEngine().run(workload(), d0())
+        SglangEngine().run(workload(), setup_for(d0()))
 
 
 def test_missing_server_executable_is_a_one_line_error():
     with pytest.raises(HbenchError, match="^server executable 'no-such-sglang' not found$"):
-        SglangEngine().run(workload(), d0(launch=True, model="m",
-                                          server_cmd="no-such-sglang --port {port}"))
+        SglangEngine().run(workload(), setup_for(d0(launch=True, model="m",
+                                          server_cmd="no-such-sglang --port {port}")))

@@ -20,7 +20,6 @@ from adapters.sim.cost import (
     CostConstants,
     CostModel,
     StepShape,
-    estimate_params,
     param_counts,
 )
 from adapters.sim.hardware import HARDWARE, Hardware, get_hardware
@@ -105,34 +104,13 @@ def test_unknown_hardware_lists_choices():
         assert name in str(exc.value)
 
 
-# ---- parameter estimate --------------------------------------------------------
-class Bare:
-    """A geometry-like object with layer sizes only (no param_breakdown/weights)."""
-
-    def __init__(self, geom, **attrs):
-        self._geom = geom
-        self.__dict__.update(attrs)
-
-    def __getattr__(self, name):
-        if name in ("param_breakdown", "param_count", "weights_bytes"):
-            raise AttributeError(name)
-        return getattr(self._geom, name)
-
-
+# ---- parameter counts (read from the geometry) ---------------------------------
 def test_parameter_counts_for_falcon_h1_7b(geom):
     assert geom.ssm_norm is False  # the hand count above assumes it
     p = param_counts(geom)
     assert (p.embedding, p.lm_head) == (EMB, EMB)
     assert p.body == p.body_active == BODY == 6_786_498_656
     assert p.total == 7_585_519_712
-
-
-def test_fallback_estimate_matches_hand_count(geom):
-    assert estimate_params(Bare(geom)) == param_counts(geom)
-    with_norm = estimate_params(Bare(geom, ssm_norm=True))
-    assert with_norm.body == BODY + 44 * 3072
-    bare = CostModel(Bare(geom), get_hardware("a100-pcie-40gb"))
-    assert bare.weights_bytes == (BODY + 2 * EMB) * 2
 
 
 # ---- sanity anchors -------------------------------------------------------------

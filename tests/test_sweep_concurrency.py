@@ -22,6 +22,7 @@ from harness.errors import HbenchError
 from harness.grid import expand
 from harness.records import FAILED
 from harness.results import cell_id, is_complete, list_runs
+from harness.run_setup import RunSetup
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--org", "s0,s1,s2,d0", "--budget", "b83", "--rate", "4", "--seeds", "1-2", "--requests", "12"]
@@ -100,7 +101,7 @@ def test_write_run_loses_a_rename_race_with_one_error_and_no_debris(tmp_path, mo
     from adapters.registry import make_engine
     from workloads.build import workload_from_config
 
-    run = make_engine("sim").run(workload_from_config(cfg), cfg)
+    run = make_engine("sim").run(workload_from_config(cfg), RunSetup.resolve(cfg))
     with pytest.raises(HbenchError, match="already exists"):
         R.write_run(tmp_path / "b", run_id="cell", config=cfg, run=run, workload_hash="h",
                     workload_meta={}, budget=dict(data["manifest"]["budget"]),
@@ -170,8 +171,8 @@ def _every_request_fails(monkeypatch):
 
     real_run = SimEngine.run
 
-    def failing(self, workload, config, progress=None):
-        run = real_run(self, workload, config, progress)
+    def failing(self, workload, setup, progress=None):
+        run = real_run(self, workload, setup, progress)
         for r in run.requests:
             r.status, r.error = FAILED, "connection refused"
         return run

@@ -18,6 +18,7 @@ from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
 from harness.config import RunConfig
 from harness.errors import HbenchError
+from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
 INFO = (
@@ -27,6 +28,12 @@ INFO = (
     'mamba_cache_mode="align",mamba_page_size_padded="None",num_gpu_blocks="8192",'
     'num_gpu_blocks_override="None"} 1.0\n')
 
+
+
+def setup_for(config):
+    """A `RunSetup` for a served engine, which reads only the config (the
+    server owns its memory), so tests need not name a geometry hbench knows."""
+    return RunSetup(config, geometry=None, budget=None)
 
 def metrics(hits: float, queries: float) -> str:
     return (
@@ -115,13 +122,13 @@ def test_model_directory_without_config_gets_no_block_override():
 def test_what_vllm_cannot_express_is_refused(kw, msg):
     config = RunConfig(**{"org": "s0", "engine": "vllm", "endpoint": "x:1", **kw})
     with pytest.raises(HbenchError) as exc:
-        engine().run(None, config)
+        engine().run(None, setup_for(config))
     assert str(exc.value).startswith(msg)
 
 
 def test_d0_refusal_points_at_sglang():
     with pytest.raises(HbenchError, match=r"engines that can run it: .*sglang"):
-        engine().run(None, RunConfig(org="d0", engine="vllm", endpoint="x:1"))
+        engine().run(None, setup_for(RunConfig(org="d0", engine="vllm", endpoint="x:1")))
 
 
 def test_vllm_metrics_and_resolved_cache_config():
@@ -143,8 +150,8 @@ def test_engine_info_records_the_s0_pool_the_ssm_dtype_gives():
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0),
                         metrics_text=metrics(0.0, 0.0)) as srv:
         for dtype in ("bf16", "fp32"):
-            run = engine().run(wl, s0(endpoint=srv.endpoint.url, budget="12GiB",
-                                      ssm_state_dtype=dtype))
+            run = engine().run(wl, setup_for(s0(endpoint=srv.endpoint.url, budget="12GiB",
+                                      ssm_state_dtype=dtype)))
             requested[dtype] = run.engine_info["requested"]
     for dtype, pages in (("bf16", 183), ("fp32", 92)):
         assert requested[dtype]["ssm_state_dtype"] == dtype
@@ -156,7 +163,7 @@ def test_run_against_an_endpoint_records_counters_from_metrics_deltas():
     scrapes = iter([metrics(0.0, 0.0)] + [metrics(256.0, 900.0)] * 1000)
     wl = Workload((WorkloadRequest(0, 0.0, "p", np.arange(3, dtype=np.int64), 4),))
     with ScriptedServer(Script(first_delay_s=0.05), metrics_text=lambda: next(scrapes)) as srv:
-        run = engine().run(wl, s0(endpoint=srv.endpoint.url))
+        run = engine().run(wl, setup_for(s0(endpoint=srv.endpoint.url)))
         body = srv.bodies[0]
     assert run.requests[0].status == "finished"
     assert run.counters["prefix_hits"] == 256.0 and run.counters["prefix_queries"] == 900.0

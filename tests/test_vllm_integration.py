@@ -21,11 +21,18 @@ import pytest
 
 from adapters.tiny_model import TinyFalconH1, random_weights
 from harness.config import RunConfig
+from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
 OUTPUT_LEN = 8
+
+
+def setup_for(config):
+    """A `RunSetup` for a served engine, which reads only the config (the
+    server owns its memory), so tests need not name a geometry hbench knows."""
+    return RunSetup(config, geometry=None, budget=None)
 
 
 def test_tiny_falcon_h1_shapes_follow_the_checkpoint_layout():
@@ -196,7 +203,8 @@ def test_org_that_vllm_cannot_express_is_refused_before_launch():
     from harness.errors import HbenchError
 
     with pytest.raises(HbenchError, match=r"^organization s2 is not expressible on vllm; "):
-        VllmEngine(python=sys.executable).run(None, RunConfig(org="s2", engine="vllm", launch=True))
+        VllmEngine(python=sys.executable).run(
+            None, setup_for(RunConfig(org="s2", engine="vllm", launch=True)))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -35,7 +35,6 @@ the provenance of every constant and the measured call rate.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields
 
 from adapters.sim.hardware import Hardware
@@ -219,10 +218,8 @@ class ParamCounts:
 
 
 def param_counts(g) -> ParamCounts:
-    """Parameter counts of ``g``: from ``g.param_breakdown()`` (harness.geometry),
-    or from `estimate_params` for a geometry object that has none."""
-    if not hasattr(g, "param_breakdown"):
-        return estimate_params(g)
+    """Parameter counts of geometry ``g``, read from ``g.param_breakdown()``
+    (harness.geometry owns the count; the cost model only groups it)."""
     b = g.param_breakdown()
     emb, lm = b["embeddings"], b["lm_head"]
     body = sum(b.values()) - emb - lm
@@ -245,59 +242,6 @@ def _idle_experts(g) -> int:
         return 0
     routed = g.extra.get("num_experts_per_tok", g.n_experts)
     return g.n_moe_layers * (g.n_experts - routed) * _expert_params(g)
-
-
-def _ssm_layer_params(g) -> int:
-    h, d_in, n, heads = g.hidden_size, g.ssm_d_inner, g.ssm_d_state, g.ssm_n_heads
-    norm = d_in if getattr(g, "ssm_norm", True) else 0  # gated RMSNorm before out_proj
-    if g.ssm_kind == "mamba1":
-        dt_rank = getattr(g, "ssm_dt_rank", 0) or math.ceil(h / 16)
-        return (
-            h * 2 * d_in  # in_proj (x, z)
-            + d_in * (g.ssm_d_conv + 1)  # depthwise conv weight + bias
-            + d_in * (dt_rank + 2 * n)  # x_proj -> (dt, B, C)
-            + dt_rank * d_in
-            + d_in  # dt_proj weight + bias
-            + d_in * n
-            + d_in  # A_log, D
-            + d_in * h  # out_proj
-        )
-    conv_ch = d_in + 2 * g.ssm_n_groups * n
-    return (
-        h * (2 * d_in + 2 * g.ssm_n_groups * n + heads)  # in_proj (z, x, B, C, dt)
-        + conv_ch * (g.ssm_d_conv + 1)  # depthwise conv weight + bias
-        + 3 * heads  # A_log, D, dt_bias
-        + norm
-        + d_in * h  # out_proj
-    )
-
-
-def estimate_params(g) -> ParamCounts:
-    """Parameter counts of a hybrid decoder from its layer sizes alone.
-
-    The fallback for geometry objects without ``param_breakdown``. Every layer
-    has two RMSNorms and one gated MLP (``n_moe_layers`` of them instead have
-    ``n_experts`` experts and a router); ``n_attn_layers`` layers have q/k/v/o
-    projections without bias; ``n_ssm_layers`` layers have a Mamba mixer.
-    """
-    h = g.hidden_size
-    q, kv = g.num_attention_heads * g.head_dim, g.num_kv_heads * g.head_dim
-    attn = h * (q + 2 * kv) + q * h
-    moe = g.n_moe_layers if g.n_experts > 1 else 0
-    body = (
-        g.n_attn_layers * attn
-        + (g.n_ssm_layers * _ssm_layer_params(g) if g.n_ssm_layers else 0)
-        + (g.n_layers - moe) * 3 * h * g.intermediate_size
-        + moe * (g.n_experts * _expert_params(g) + h * g.n_experts)
-        + (2 * g.n_layers + 1) * h
-    )
-    emb = g.vocab_size * h
-    return ParamCounts(
-        embedding=emb,
-        lm_head=0 if g.tie_word_embeddings else emb,
-        body=body,
-        body_active=body - _idle_experts(g),
-    )
 
 
 def ssm_flops_per_token(g, chunk_size: int) -> tuple[float, float]:
@@ -330,9 +274,9 @@ def ssm_flops_per_token(g, chunk_size: int) -> tuple[float, float]:
 class CostModel:
     """Roofline step time of one model on one accelerator (see module docstring).
 
-    Weight bytes come from the geometry when it knows them (``weights_bytes``,
-    else ``param_count`` x dtype bytes), else from `param_counts`; linear-layer
-    FLOPs from the active body parameters of `param_counts`.
+    Weight bytes and parameter counts come from the geometry
+    (``weights_bytes``, ``param_breakdown``: harness.geometry owns them);
+    linear-layer FLOPs from the active body parameters of `param_counts`.
     """
 
     def __init__(self, geometry, hardware: Hardware, constants: CostConstants = DEFAULTS):
@@ -341,19 +285,14 @@ class CostModel:
         counts = param_counts(g)
         dtype_b = g.dtype_bytes
 
-        weights_bytes = getattr(g, "weights_bytes", None)
-        if weights_bytes is None and getattr(g, "param_count", None) is not None:
-            weights_bytes = g.param_count * dtype_b
-        if weights_bytes is None:
-            weights_bytes = counts.total * dtype_b
         self.params = counts
-        self.weights_bytes = float(weights_bytes)
+        self.weights_bytes = float(g.weights_bytes)
         # An untied input embedding is gathered row by row, not streamed.
         untied_emb = 0 if g.tie_word_embeddings else counts.embedding
         self.weights_read_bytes = self.weights_bytes - untied_emb * dtype_b
         if self.weights_read_bytes <= 0:
             raise HbenchError(
-                f"{g.name}: weights_bytes {weights_bytes} is smaller than its embedding table"
+                f"{g.name}: weights_bytes {g.weights_bytes} is smaller than its embedding table"
             )
 
         # bytes per unit

@@ -21,9 +21,7 @@ from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.hardware import get_hardware
 from adapters.sim.recorder import StepRecorder
 from harness import __version__
-from harness.budget import resolve_budget
 from harness.errors import HbenchError
-from harness.model_configs import geometry_for_run
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import DONE, Scheduler, SchedulerPolicy
@@ -103,15 +101,14 @@ class SimEngine:
         """Changes whenever the simulator's code (hence possibly its outputs) changes."""
         return f"sim-{__version__}-{_source_digest()}"
 
-    def build(self, config):
-        """(geometry, budget, organization) for a config; raises HbenchError if infeasible."""
-        geom = geometry_for_run(config)
-        budget = resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction)
-        org = build_organization(config.org, geom, tuple(p.pages for p in budget.pools))
-        return geom, budget, org
+    def build(self, setup):
+        """The organization a resolved run serves with (its pools from the budget)."""
+        return build_organization(setup.config.org, setup.geometry,
+                                  tuple(p.pages for p in setup.budget.pools))
 
-    def run(self, workload, config, progress=None) -> EngineRun:
-        geom, budget, org = self.build(config)
+    def run(self, workload, setup, progress=None) -> EngineRun:
+        config, geom, budget = setup.config, setup.geometry, setup.budget
+        org = self.build(setup)
         check_fits(org, workload, config, budget.label)
         cost_model = CostModel(geom, get_hardware(config.gpu))
         sched = Scheduler(org, SchedulerPolicy(
