@@ -117,8 +117,11 @@ class OrgBudget:
 
 
 def applicable_orgs(geom: ModelGeometry) -> tuple[str, ...]:
-    """Organizations that make sense for ``geom``: D0 needs recurrent state."""
-    return ORG_NAMES if geom.slot_checkpoint_bytes else tuple(o for o in ORG_NAMES if o != "d0")
+    """Organizations that make sense for ``geom``: a dual-pool organization
+    (D0) keeps a checkpoint pool, so it needs recurrent state."""
+    if geom.slot_checkpoint_bytes:
+        return ORG_NAMES
+    return tuple(o for o in ORG_NAMES if not layout_for(o, geom).dual_pool)
 
 
 def _org_page_bytes(org: str, geom: ModelGeometry) -> int:
@@ -169,11 +172,11 @@ def resolve_budget(text: str, org: str, geom: ModelGeometry,
     """
     target, label = parse_budget_bytes(text, geom, org)
     layout = layout_for(org, geom)
-    if org == "d0":
+    if layout.dual_pool:
         if not 0.0 < d0_attn_fraction < 1.0:
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
         if layout.ckpt_page_bytes == 0:
-            raise HbenchError(f"d0 keeps a checkpoint pool, but {geom.name} has no recurrent state")
+            raise HbenchError(f"{org} keeps a checkpoint pool, but {geom.name} has no recurrent state")
         m_a = math.floor(d0_attn_fraction * target)
         attn = PoolCapacity("attention", layout.attn_page_bytes, m_a // layout.attn_page_bytes, m_a)
         ckpt = PoolCapacity("checkpoint", layout.ckpt_page_bytes,

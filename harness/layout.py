@@ -78,6 +78,12 @@ class OrgLayout:
     def checkpoint_bytes(self) -> int:
         return self.ssm_bytes + self.conv_bytes
 
+    @property
+    def checkpoint_is_one_unit(self) -> bool:
+        """A checkpoint is one page or unit holding SSM and conv state together
+        (S0, D0), not member pages plus a conv page or slot (S1, S2)."""
+        return self.ssm_pages == 1 and self.conv_pages == 0 and not self.conv_slots
+
 
 def layout_for(org: str, geom: ModelGeometry) -> OrgLayout:
     """The layout of ``org`` (a key of `harness.orgs.ORGANIZATIONS`) for ``geom``."""

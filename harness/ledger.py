@@ -64,7 +64,7 @@ def allocation_bytes(org: str, layout: OrgLayout, x_a: int, x_r: int,
     waste = dict.fromkeys(WASTE_KINDS, 0)
     page = layout.ckpt_page_bytes
     m = 0
-    if org == "s0" or org == "d0":
+    if layout.checkpoint_is_one_unit:
         # one page (S0) or one contiguous unit (D0) per attention block / checkpoint
         allocated = x_a * layout.attn_page_bytes + x_r * page
         waste["attention"] = x_a * (layout.attn_page_bytes - layout.attn_block_bytes)

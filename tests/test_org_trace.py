@@ -111,7 +111,7 @@ def test_replay_preempts_a_request_whose_continuation_does_not_fit():
     assert (stats.admitted, stats.forced_preemptions, stats.skipped) == (1, 1, 1)
     assert stats.finish_as_abandon == 1      # releases the pin the preemption left
     org.check_invariants()
-    assert org.holds_no_references() and not org.pinned
+    assert org.holds_no_references() and not org.pinned_checkpoints()
 
 
 def test_recording_proxy_rejects_a_hit_it_did_not_return():

@@ -74,7 +74,7 @@ def test_headroom_blocks_admission_but_not_growth():
     sched.add(1, 0.0, prompt(1500, 9_000), 1, None)
     plan = sched.schedule()
     assert [i.req.rid for i in plan.items] == [0]
-    assert org.pools[0].available >= 20
+    assert org.available_pages()[0] >= 20
     assert len(sched.waiting) == 1
 
 
@@ -105,7 +105,7 @@ def test_preemption_takes_the_most_recent_request_which_resumes_later():
     assert all(r.record.status == FINISHED for r in sched.requests.values())
     assert all(r.record.output_tokens == 3100 for r in sched.requests.values())
     assert sched.requests[1].record.recomputed_tokens > 0
-    assert not org.pinned and org.holds_no_references()
+    assert not org.pinned_checkpoints() and org.holds_no_references()
 
 
 def test_retention_holds_demanded_checkpoints_only_while_the_producer_runs():
@@ -116,12 +116,11 @@ def test_retention_holds_demanded_checkpoints_only_while_the_producer_runs():
     sched.add(2, 0.0, prompt(1600, 90_000), 5, None)   # private: demand 1
     plan = sched.schedule()
     sched.complete(plan, 0.01)
-    retained = [e for e in org.ckpt_map.values() if e.retains]
     shared_keys = {key_at(sched.requests[0].keys, j) for j in (512, 1024, 1536)}
-    assert {e.key for e in retained} == shared_keys        # the private prefix is not retained
-    assert all(e.retains == 1 for e in retained)
+    # the shared prefix is retained once per checkpoint; the private one not at all
+    assert org.retained_checkpoints() == dict.fromkeys(shared_keys, 1)
     drive(sched)
-    assert not any(e.retains for e in org.ckpt_map.values())
+    assert not org.retained_checkpoints()
     assert org.holds_no_references()
 
 
@@ -155,8 +154,7 @@ def test_random_cancellation_leaks_nothing(org_name, pages):
     statuses = {r.record.status for r in sched.requests.values()}
     assert CANCELLED in statuses and statuses <= {FINISHED, CANCELLED}
     assert org.holds_no_references()
-    assert not org.pinned
-    assert all(h == 0 for p in org.pools for h in p.hold)
+    assert not org.pinned_checkpoints() and not org.retained_checkpoints()
     org.check_invariants()
 
 
@@ -230,7 +228,7 @@ def test_a_first_chunk_that_does_not_fit_with_headroom_stops_admission():
         assert [i.req.rid for i in batch.items] == [0]
         assert [r.rid for r in sched.waiting] == [1, 2]
         sched.complete(batch, 0.02 + step)
-    assert org.pools[0].available == 40 - 5
+    assert org.available_pages()[0] == 40 - 5
 
 
 def test_running_prefill_chunks_shrink_to_the_grid_before_anyone_is_preempted():
@@ -248,7 +246,7 @@ def test_running_prefill_chunks_shrink_to_the_grid_before_anyone_is_preempted():
     batch = sched.schedule()
     assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 0, 2048), (1, 0, 100)]
     sched.complete(batch, 0.01)
-    assert org.pools[0].available == 5
+    assert org.available_pages()[0] == 5
     batch = sched.schedule()
     assert batch.preempted == []
     assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 2048, 2560), (1, 100, 101)]
@@ -279,8 +277,8 @@ def test_a_preempted_adopter_pins_the_checkpoint_it_adopted():
             break
         sched.complete(batch, 1.02 + step)
     assert batch.preempted == [1]
-    assert org.pinned[1].pos == 1792 and org.pinned[1].valid
+    assert org.pinned_checkpoints() == {1: 1792}
     assert sched.requests[1].record.j_adopt == 1792
     drive(sched, now=100.0)
     assert all(r.record.status == FINISHED for r in sched.requests.values())
-    assert not org.pinned and org.holds_no_references()
+    assert not org.pinned_checkpoints() and org.holds_no_references()

@@ -21,6 +21,7 @@ from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.hardware import get_hardware
 from adapters.sim.recorder import StepRecorder
 from harness import __version__
+from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
@@ -95,7 +96,7 @@ def _source_digest(root: Path | None = None) -> str:
 
 class SimEngine:
     name = "sim"
-    supported_orgs = ("s0", "s1", "s2", "d0")
+    supported_orgs = ORG_NAMES   # the simulator expresses every registered organization
 
     def version(self) -> str:
         """Changes whenever the simulator's code (hence possibly its outputs) changes."""

@@ -43,10 +43,8 @@ def describe_members(layout: OrgLayout) -> str:
     """How a checkpoint is laid out, in words."""
     if not layout.checkpoint_bytes:
         return "no recurrent state"
-    if layout.org == "s0":
-        return "1 page"
-    if layout.org == "d0":
-        return "1 unit"
+    if layout.checkpoint_is_one_unit:
+        return "1 unit" if layout.dual_pool else "1 page"
     if layout.conv_slots:
         return (f"{layout.ssm_pages} SSM + {_fmt(kib(layout.slot_bytes))} KiB conv slot "
                 f"({layout.slab_slots}/slab)")

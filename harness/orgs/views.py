@@ -55,6 +55,18 @@ class ReadOnlyViews:
     def invalidations(self) -> int:
         return self.table.invalidations
 
+    def available_pages(self) -> tuple[int, ...]:
+        """Pages per pool an allocation could take now: empty plus evictable cached."""
+        return tuple(p.available for p in self.pools)
+
+    def pinned_checkpoints(self) -> dict:
+        """Preempted request id -> token position of the checkpoint its preemption pinned."""
+        return {rid: e.pos for rid, e in self.pinned.items()}
+
+    def retained_checkpoints(self) -> dict:
+        """Prefix key -> retention holds, for each published checkpoint retention keeps."""
+        return {k: e.retains for k, e in self.ckpts.map.items() if e.retains}
+
     @property
     def invalidations_by_kind(self) -> dict[str, int]:
         """Cached entries destroyed to reclaim a page: ``{"attention": n, "checkpoint": n}``."""
@@ -64,11 +76,6 @@ class ReadOnlyViews:
     @property
     def published_count(self) -> int:
         return self.ckpts.published_count
-
-    @property
-    def ckpt_map(self) -> dict:
-        """Prefix key -> published checkpoint entry (for audits inside harness.orgs)."""
-        return self.ckpts.map
 
     def check_invariants(self) -> None:
         """Raise AssertionError with the broken values if any invariant fails."""
