@@ -15,7 +15,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from harness.budget import OrgBudget, resolve_budget
-from harness.config import RunConfig
+from harness.config import (
+    MAX_RUN_MEMORY_BYTES,
+    RUN_BYTES_PER_PAGE,
+    RunConfig,
+)
+from harness.errors import HbenchError
 from harness.geometry import ModelGeometry
 from harness.model_configs import geometry_for_run
 
@@ -40,3 +45,43 @@ class RunSetup:
                      "d0_attn_fraction"):
             assert getattr(config, name) == getattr(self.config, name), name
         return dataclasses.replace(self, config=config)
+
+
+def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
+    """Refuse (HbenchError, one line) a config that cannot run sensibly, before
+    any work: a ``--token-budget`` below the organization's grid (a prefill
+    chunk could never be scheduled); a run estimated to need more than
+    `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages); and, for
+    the simulator, model weights plus the budget's whole-model state bytes
+    larger than the simulated GPU's memory unless ``allow_oversubscribe``.
+    Resolves the model and the budget once (an unknown model, config.json or
+    budget label fails here) and returns them as a `RunSetup` for the run to use."""
+    from harness.layout import layout_for
+
+    setup = RunSetup.resolve(config)
+    geom, budget = setup.geometry, setup.budget
+    grid = layout_for(config.org, geom).grid_tokens
+    if config.token_budget < grid:
+        raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
+                          f"grid of {grid} tokens; the minimum for {config.org} is {grid}")
+    requests_bytes = 0.0 if config.workload_path else config.estimated_run_bytes
+    pages_bytes = RUN_BYTES_PER_PAGE * budget.total_pages if config.engine == "sim" else 0
+    if requests_bytes + pages_bytes > MAX_RUN_MEMORY_BYTES:
+        raise HbenchError(
+            f"this run would need about {(requests_bytes + pages_bytes) / 2**30:,.1f} GiB of memory "
+            f"({config.expected_requests:,.0f} requests of {config.mean_input} prompt tokens, "
+            f"{budget.total_pages:,} pages); the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: "
+            "ask for fewer requests or a smaller budget")
+    if config.engine == "sim" and not allow_oversubscribe:
+        from adapters.sim.hardware import get_hardware
+
+        hw = get_hardware(config.gpu)
+        need = geom.weights_bytes + budget.whole_model_bytes
+        if need > hw.mem_bytes:
+            raise HbenchError(
+                f"weights ({geom.weights_bytes / 2**30:.1f} GiB) plus budget {config.budget} "
+                f"({budget.whole_model_bytes / 2**30:.1f} GiB of state) need "
+                f"{need / 2**30:.1f} GiB, more than the {hw.mem_bytes / 2**30:.0f} GiB of "
+                f"{config.gpu}; choose a smaller budget or a larger --gpu, or pass "
+                "--allow-oversubscribe")
+    return setup

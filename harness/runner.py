@@ -14,9 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from adapters.registry import check_expressible, make_engine
-from harness.config import RunConfig, validate
+from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.results import new_run_id, write_run
+from harness.run_setup import validate
 
 
 def budget_manifest(b) -> dict:

@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harness.config import RunConfig, validate
+from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.grid import Axes, expand, normalize_axes
 from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
+from harness.run_setup import validate
 
 SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell

@@ -65,7 +65,7 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
-    from harness.config import validate
+    from harness.run_setup import validate
 
     for n in names:   # every cell of every design, before any work
         for cfg in DESIGNS[n].configs(quick):

@@ -16,10 +16,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from harness.config import ARRIVALS, ORG_NAMES, RunConfig, validate
+from harness.config import ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
+from harness.run_setup import validate
 from harness.runner import build_run_workload, execute
 
 D = RunConfig()

@@ -74,10 +74,10 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     """
     from pathlib import Path
 
-    from harness.config import validate
     from harness.grid import expand, load_grid_file
     from harness.paths import check_writable_dir
     from harness.results import is_done
+    from harness.run_setup import validate
     from harness.sweep import plan, run_sweep
 
     if jobs < 1:
