@@ -51,7 +51,8 @@ from decimal import Decimal
 from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.geometry import ModelGeometry
-from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, layout_for
+from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS
+from harness.orgs import layout_for
 
 #: Largest whole-model budget accepted (1 PiB); anything above is a typo.
 MAX_WHOLE_MODEL_BYTES = 1 << 50

@@ -3,8 +3,8 @@
 An `OrgLayout` turns a `ModelGeometry` into page sizes and member counts
 (DESIGN.md section 2). Each organization defines its own layout in its module
 (`harness.orgs.s0` .. `harness.orgs.d0`, method ``layout_for``); this module
-holds the shared value type, the shared constants and `layout_for(org, geom)`,
-a view through the registry `harness.orgs.ORGANIZATIONS`. Budgets
+holds the shared value type and the shared constants; `harness.orgs.layout_for`
+finds an organization's layout through the registry. Budgets
 (harness/budget.py), the allocation ledger (harness/ledger.py) and the
 organizations (harness/orgs/) all read an `OrgLayout`; none stores a size of
 its own.
@@ -22,8 +22,6 @@ Sizes are bytes per pool layer (see harness/geometry.py). For Falcon-H1-7B
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from harness.geometry import ModelGeometry
 
 #: Attention block (and checkpoint grid) of the shared-pool organizations.
 BLOCK_TOKENS = 512
@@ -83,13 +81,3 @@ class OrgLayout:
         """A checkpoint is one page or unit holding SSM and conv state together
         (S0, D0), not member pages plus a conv page or slot (S1, S2)."""
         return self.ssm_pages == 1 and self.conv_pages == 0 and not self.conv_slots
-
-
-def layout_for(org: str, geom: ModelGeometry) -> OrgLayout:
-    """The layout of ``org`` (a key of `harness.orgs.ORGANIZATIONS`) for ``geom``."""
-    from harness.orgs import ORGANIZATIONS  # the registry imports this module
-
-    cls = ORGANIZATIONS.get(org)
-    if cls is None:
-        raise ValueError(f"unknown organization {org!r}")
-    return cls.layout_for(geom)

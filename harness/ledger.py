@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from harness.budget import OrgBudget
 from harness.errors import HbenchError
 from harness.geometry import KIB, ModelGeometry
-from harness.layout import OrgLayout, layout_for
-from harness.orgs import ORGANIZATIONS
+from harness.layout import OrgLayout
+from harness.orgs import ORGANIZATIONS, layout_for
 
 WASTE_KINDS = ("attention", "checkpoint", "ssm", "conv", "slab_spare")
 

@@ -56,7 +56,7 @@ def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
     larger than the simulated GPU's memory unless ``allow_oversubscribe``.
     Resolves the model and the budget once (an unknown model, config.json or
     budget label fails here) and returns them as a `RunSetup` for the run to use."""
-    from harness.layout import layout_for
+    from harness.orgs import layout_for
 
     setup = RunSetup.resolve(config)
     geom, budget = setup.geometry, setup.budget

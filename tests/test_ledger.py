@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from harness.budget import resolve_budget
 from harness.errors import HbenchError
-from harness.layout import layout_for
 from harness.ledger import (
     WASTE_KINDS,
     allocation,
@@ -26,7 +25,7 @@ from harness.ledger import (
     tail_waste_tokens,
 )
 from harness.model_configs import from_config, load_config, preset
-from harness.orgs import ORGANIZATIONS
+from harness.orgs import ORGANIZATIONS, layout_for
 
 GEOM = preset("falcon-h1-7b")
 FIX = Path(__file__).parent / "fixtures" / "configs"

@@ -289,8 +289,7 @@ def test_a_fifth_organization_is_one_class_and_one_registry_entry(monkeypatch):
     placement, invariants) takes it."""
     from dataclasses import replace
 
-    from harness.layout import layout_for
-    from harness.orgs import ORGANIZATIONS, Organization
+    from harness.orgs import ORGANIZATIONS, Organization, layout_for
 
     class Coarse(Organization):
         name = "x1"

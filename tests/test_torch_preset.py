@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from adapters.tiny_model import PRESETS, write_weights
 from harness.cli import cli
-from harness.layout import layout_for
 from harness.model_configs import from_config, preset
+from harness.orgs import layout_for
 
 BLOCK = 512
 

@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.geometry import DTYPE_BYTES, ModelGeometry
-from harness.layout import OrgLayout, layout_for
+from harness.layout import OrgLayout
 from harness.ledger import kib
 from harness.model_configs import DEFAULT_MODEL, PRESETS, geometry_from_options
+from harness.orgs import layout_for
 
 
 def model_options(func):

@@ -1,7 +1,7 @@
 """The memory organizations behind one protocol (`harness.orgs.protocol`).
 
 ``ORGANIZATIONS`` maps the CLI name to the class and is the one list of
-organizations: CLI choices, sweeps, budget tables and layouts derive from it.
+organizations: CLI choices, sweeps, budget tables and layouts (`layout_for`) derive from it.
 Adding an organization means adding its module (a subclass of `Organization`
 with a ``layout_for(geom)``) and one entry here. `build_organization` turns a
 model geometry and pool sizes into a ready organization.
@@ -9,6 +9,7 @@ model geometry and pool sizes into a ready organization.
 
 from __future__ import annotations
 
+from harness.layout import OrgLayout
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.s0 import S0
@@ -28,12 +29,22 @@ from harness.orgs.values import (
 ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0}
 
 
-def build_organization(org: str, geom, pool_pages: tuple[int, ...]) -> Organization:
-    """An organization of ``org``'s layout with the given pages per pool
-    (one count for s0/s1/s2; attention then checkpoint pool for d0)."""
+def _organization(org: str) -> type[Organization]:
     cls = ORGANIZATIONS.get(org)
     if cls is None:
         raise ValueError(f"unknown organization {org!r}")
+    return cls
+
+
+def layout_for(org: str, geom) -> OrgLayout:
+    """The layout of ``org`` (a key of `ORGANIZATIONS`) for model geometry ``geom``."""
+    return _organization(org).layout_for(geom)
+
+
+def build_organization(org: str, geom, pool_pages: tuple[int, ...]) -> Organization:
+    """An organization of ``org``'s layout with the given pages per pool
+    (one count for s0/s1/s2; attention then checkpoint pool for d0)."""
+    cls = _organization(org)
     layout = cls.layout_for(geom)
     want = 2 if layout.dual_pool else 1
     if len(pool_pages) != want:
@@ -42,4 +53,4 @@ def build_organization(org: str, geom, pool_pages: tuple[int, ...]) -> Organizat
 
 
 __all__ = ["ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
-           "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization"]
+           "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]
