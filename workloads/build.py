@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from workloads.multiturn.derive import derive_multiturn
 from workloads.sharegpt.derive import derive_workload
 from workloads.sharegpt.loader import load_pairs
 from workloads.sharegpt.tokenizer import Tokenizer, get_tokenizer
@@ -32,8 +33,11 @@ def _tokenizer(path: str | Path | None) -> Tokenizer:
 
 def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
                  tokenizer: str | Path | None = None) -> Workload:
-    """The ShareGPT-derived workload of ``spec``; ``dataset``/``tokenizer`` None
+    """The ShareGPT-derived workload of ``spec`` (the study's shape, or multi-turn
+    sessions when ``spec.workload_kind`` is "multiturn"); ``dataset``/``tokenizer`` None
     mean the packaged ShareGPT V3 and the download-free regex tokenizer."""
+    if spec.workload_kind == "multiturn":
+        return derive_multiturn(load_pairs(dataset), _tokenizer(tokenizer), spec)
     return derive_workload(load_pairs(dataset), _tokenizer(tokenizer), spec)
 
 
