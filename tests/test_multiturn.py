@@ -168,3 +168,39 @@ def test_coarser_grid_reuses_less_history(served):
     s1 = summarize(served["s1"][1])["history_reused_tokens"]
     d0 = summarize(served["d0"][1])["history_reused_tokens"]
     assert d0 < s1     # D0 checkpoints every 1792 tokens, S1 every 512
+
+
+def test_saved_multiturn_workload_loads_back_with_its_sessions(wl, tmp_path):
+    from workloads.io import load_workload, save_workload
+
+    back = load_workload(save_workload(wl, tmp_path / "mt.parquet"))
+    assert back.content_hash == wl.content_hash
+    assert back.total_requests == wl.total_requests
+    t0, t1 = wl.sessions[0], back.sessions[0]
+    assert [t.think_s for t in t1.turns] == [t.think_s for t in t0.turns]
+    assert all(np.array_equal(a.user_token_ids, b.user_token_ids)
+               for a, b in zip(t0.turns, t1.turns, strict=True))
+
+
+def test_cli_runs_a_multiturn_workload(tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+    from harness.results import read_run
+
+    res = CliRunner().invoke(cli, [
+        "run", "--workload-kind", "multiturn", "--requests", "6", "--rate", "1",
+        "--max-turns", "3", "--think-time", "1", "--think", "constant", "--org", "s1",
+        "--out", str(tmp_path), "--json"])
+    assert res.exit_code == 0, res.output
+    run = read_run(next(p for p in tmp_path.iterdir() if p.is_dir()))
+    assert run["manifest"]["config"]["workload_kind"] == "multiturn"
+    assert run["manifest"]["workload_meta"]["think"] == "constant"
+    req = run["requests"]
+    assert {"session", "turn", "history_tokens", "history_survived"} <= set(req.columns)
+    assert run["summary"]["later_turns"] == int((req["turn"] >= 1).sum()) > 0
+    later = req[req["turn"] >= 1]
+    # turns whose previous prompt reached a 512-token grid point found it cached
+    assert later["history_survived"].notna().any()
+    assert (later["history_survived"].dropna() == 1.0).all()
+    assert (later.loc[later["history_survived"] == 1.0, "reused_tokens"] >= 512).all()

@@ -16,37 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from harness.config import ARRIVALS, ORG_NAMES, THINK_TIMES, WORKLOAD_KINDS, RunConfig, validate
+from harness.commands.workload import multiturn_options
+from harness.config import ARRIVALS, ORG_NAMES, RunConfig, validate
 from harness.errors import HbenchError
 from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
 from harness.runner import build_run_workload, execute
 
 D = RunConfig()
-
-
-def multiturn_options(f):
-    """The multi-turn workload flags, shared by ``run`` and ``workload build``."""
-    opts = [
-        click.option("--workload-kind", type=click.Choice(WORKLOAD_KINDS), default=D.workload_kind,
-                     show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
-                     "conversation replay (--requests/--rate then count sessions)."),
-        click.option("--max-turns", type=int, default=D.max_turns, show_default=True,
-                     help="Multi-turn: turns per session at most."),
-        click.option("--max-history", type=int, default=None,
-                     help="Multi-turn: prompt + output tokens of a turn at most "
-                     "[default: --max-model-len]."),
-        click.option("--think", type=click.Choice(THINK_TIMES), default=D.think,
-                     show_default=True, help="Multi-turn: think-time distribution."),
-        click.option("--think-time", "think_time_s", type=float, default=D.think_time_s,
-                     show_default=True, help="Multi-turn: mean seconds between an answer and "
-                     "the next turn."),
-        click.option("--replay-answers", is_flag=True, help="Multi-turn: the next prompt holds "
-                     "the dataset's answer instead of the generated tokens."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
 
 # (summary key, label, scale, unit) for the table printed after a run
 SUMMARY_ROWS = [

@@ -13,11 +13,37 @@ from pathlib import Path
 import click
 import numpy as np
 
+from harness.config import THINK_TIMES, WORKLOAD_KINDS, RunConfig
 from harness.errors import HbenchError
 from workloads.sharegpt.arrivals import ARRIVALS
 from workloads.workload import Workload
 
 PERCENTILES = (50, 90, 99)
+_D = RunConfig()
+
+
+def multiturn_options(f):
+    """The multi-turn workload flags, shared by ``run`` and ``workload build``."""
+    opts = [
+        click.option("--workload-kind", type=click.Choice(WORKLOAD_KINDS), default=_D.workload_kind,
+                     show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
+                     "conversation replay (--requests/--rate then count sessions)."),
+        click.option("--max-turns", type=int, default=_D.max_turns, show_default=True,
+                     help="Multi-turn: turns per session at most."),
+        click.option("--max-history", type=int, default=None,
+                     help="Multi-turn: prompt + output tokens of a turn at most "
+                     "[default: --max-model-len]."),
+        click.option("--think", type=click.Choice(THINK_TIMES), default=_D.think,
+                     show_default=True, help="Multi-turn: think-time distribution."),
+        click.option("--think-time", "think_time_s", type=float, default=_D.think_time_s,
+                     show_default=True, help="Multi-turn: mean seconds between an answer and "
+                     "the next turn."),
+        click.option("--replay-answers", is_flag=True, help="Multi-turn: the next prompt holds "
+                     "the dataset's answer instead of the generated tokens."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
 
 
 def summarize(w: Workload) -> dict:
@@ -109,8 +135,9 @@ def workload():
               help="A tokenizer.json (or a folder holding one) for exact token counts.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Parquet file to write.")
+@multiturn_options
 def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
-          max_model_len, max_output, isolate, dataset, tokenizer, output):
+          max_model_len, max_output, isolate, dataset, tokenizer, output, **multiturn):
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
@@ -124,10 +151,19 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
             seed=seed, q=q, rate=rate, arrival=arrival, burstiness=burstiness,
             requests=requests, duration_s=duration_s, contexts=contexts,
             max_model_len=max_model_len, max_output=max_output, isolate=isolate,
-            dataset=dataset, tokenizer=tokenizer, mean_input_tokens=mean_input,
+            dataset=dataset, tokenizer=tokenizer, mean_input_tokens=mean_input, **multiturn,
         )
         path = save_workload(w, output)
     m = w.meta
+    if w.sessions:
+        click.echo(
+            f"wrote {path}: {len(w.sessions)} sessions, {w.total_requests} turns (at most "
+            f"{m['max_turns']} per session, history <= {m['max_history']} tok), "
+            f"{m['rate']:g} sessions/s {m['arrival']}, think {m['think']} mean "
+            f"{m['think_time_s']:g} s, {'replayed' if m['replay_answers'] else 'generated'} "
+            f"answers; {m['dataset']}: {m['dataset_records_read']} records read; "
+            f"hash {w.content_hash}")
+        return
     cut = ", file truncated" if m["truncated"] else ""
     click.echo(
         f"wrote {path}: {len(w)} requests, q={m['q']:g}, {m['rate']:g} req/s {m['arrival']}, "
