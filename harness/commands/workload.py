@@ -129,15 +129,21 @@ def workload():
 @click.option("--max-model-len", type=int, default=8192, show_default=True)
 @click.option("--max-output", type=int, default=1024, show_default=True)
 @click.option("--isolate", is_flag=True, help="Give every request a unique cache salt.")
-@click.option("--dataset", type=click.Path(dir_okay=False), default=None,
-              help="A ShareGPT JSON/JSONL file instead of the packaged ShareGPT V3.")
+@click.option("--dataset", default=None, metavar="PATH|HUB-ID",
+              help="A chat corpus instead of the packaged ShareGPT V3: a JSON/JSONL/Parquet "
+              "file or folder, a saved `datasets` dataset, or a hub id (needs network).")
+@click.option("--chat-column", default=None,
+              help="The column holding each record's messages [default: detected from "
+              "conversations, messages, conversation].")
+@click.option("--revision", default=None, help="Hub datasets: the revision to read.")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="A tokenizer.json (or a folder holding one) for exact token counts.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Parquet file to write.")
 @multiturn_options
 def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
-          max_model_len, max_output, isolate, dataset, tokenizer, output, **multiturn):
+          max_model_len, max_output, isolate, dataset, chat_column, revision, tokenizer, output,
+          **multiturn):
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
@@ -152,6 +158,7 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
             requests=requests, duration_s=duration_s, contexts=contexts,
             max_model_len=max_model_len, max_output=max_output, isolate=isolate,
             dataset=dataset, tokenizer=tokenizer, mean_input_tokens=mean_input, **multiturn,
+            chat_column=chat_column, revision=revision,
         )
         path = save_workload(w, output)
     m = w.meta
