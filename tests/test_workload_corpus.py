@@ -112,7 +112,7 @@ def test_unrecognized_corpora_are_refused_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(HbenchError, match="no JSON, JSONL or Parquet"):
         load_corpus(tmp_path / "empty")
-    with pytest.raises(HbenchError, match="dataset not found"):
+    with pytest.raises(HbenchError, match="dataset file not found"):
         load_corpus(tmp_path / "missing.jsonl")
 
 

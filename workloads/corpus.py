@@ -71,7 +71,7 @@ def load_corpus(dataset: str | Path | None = None, *, chat_column: str | None = 
         if path.exists():
             ds, identity = _read_local(path)
         elif _looks_like_path(text):
-            raise HbenchError(f"dataset not found: {text}")
+            raise HbenchError(f"dataset file not found: {text}")
         else:
             ds, identity = _read_hub(text, revision)
         _LOADED[key] = pairs_from_dataset(ds, name=path.name if path.exists() else text,

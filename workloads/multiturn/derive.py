@@ -107,7 +107,7 @@ def derive_multiturn(pairs: ShareGPTPairs, tok: Tokenizer, spec: WorkloadSpec) -
         sessions.append(Session(session_id=s, first_request=s, turns=tuple(turns)))
     meta = {
         "generator": "multiturn", "dataset": pairs.name, "dataset_source": pairs.source,
-        "dataset_records_read": pairs.records_read, "dataset_truncated": pairs.truncated,
+        "records_read": pairs.records_read, "truncated": pairs.truncated,
         "tokenizer": tok.name, "seed": spec.seed, "rate": spec.rate, "arrival": spec.arrival,
         "burstiness": spec.burstiness, "requests": len(times), "duration_s": spec.duration_s,
         "sessions": len(sessions), "turns": next_id, "max_turns": spec.max_turns,
