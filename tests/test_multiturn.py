@@ -204,3 +204,17 @@ def test_cli_runs_a_multiturn_workload(tmp_path):
     assert later["history_survived"].notna().any()
     assert (later["history_survived"].dropna() == 1.0).all()
     assert (later.loc[later["history_survived"] == 1.0, "reused_tokens"] >= 512).all()
+
+
+def test_turn_figure_draws_reuse_and_ttft_by_turn_per_organization(served):
+    from analysis.figures import turn_figure
+
+    tables = {org: per_request_table(run) for org, (_, run) in served.items()}
+    fig = turn_figure(tables)
+    reuse_ax, ttft_ax = fig.axes
+    assert [line.get_label() for line in reuse_ax.get_lines()] == ["D0", "S0", "S1", "S2"]
+    s1 = turn_table(tables["s1"])
+    x, y = ttft_ax.get_lines()[2].get_data()
+    assert list(x) == list(s1["turn"]) and np.allclose(y, 1e3 * s1["ttft_p50_s"])
+    single = {org: t.drop(columns=["turn"]) for org, t in tables.items()}
+    assert turn_figure(single) is None
