@@ -115,16 +115,33 @@ def test_unknown_kind_and_think_are_refused():
         RunConfig(max_turns=0)
 
 
+PROMPTS: dict[str, dict[int, bytes]] = {}   # org -> request id -> later-turn prompt ids
+
+
 @pytest.fixture(scope="module")
 def served():
-    from adapters.sim.engine import SimEngine
+    import adapters.sim.engine as sim
+
+    class Recording(SessionLoop):
+        def next_turn(self, finished, generated_token_ids, finish_s, generated_text=""):
+            nxt = super().next_turn(finished, generated_token_ids, finish_s, generated_text)
+            if nxt is not None:
+                PROMPTS[self.org][nxt.request_id] = nxt.prompt_token_ids.tobytes()
+            return nxt
 
     out = {}
-    for org in ("s0", "s1", "s2", "d0"):
-        cfg = RunConfig(org=org, budget="b83", workload_kind="multiturn", requests=12, rate=0.5,
-                        max_turns=4, think_time_s=2.0, seed=3)
-        w = build_workload(**RECIPE)
-        out[org] = (w, SimEngine().run(w, validate(cfg)))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(sim, "SessionLoop", Recording)
+    try:
+        for org in ("s0", "s1", "s2", "d0"):
+            cfg = RunConfig(org=org, budget="b83", workload_kind="multiturn", requests=12,
+                            rate=0.5, max_turns=4, think_time_s=2.0, seed=3)
+            w = build_workload(**RECIPE)
+            Recording.org = org
+            PROMPTS[org] = {}
+            out[org] = (w, sim.SimEngine().run(w, validate(cfg)))
+    finally:
+        mp.undo()
     return out
 
 
@@ -158,10 +175,10 @@ def test_simulator_serves_every_turn_and_later_turns_reuse_history(served, org):
     assert by_turn.loc[by_turn["turn"] == 0, "reused_tokens_mean"].item() == 0
 
 
-def test_paired_organizations_see_identical_prompts(served):
-    lengths = {org: sorted((r.request_id, r.prompt_tokens) for r in run.requests)
-               for org, (_, run) in served.items()}
-    assert lengths["s0"] == lengths["s1"] == lengths["s2"] == lengths["d0"]
+def test_paired_organizations_see_identical_prompts_token_for_token(served):
+    w = served["s0"][0]
+    assert len(PROMPTS["s0"]) == w.total_requests - len(w.requests)
+    assert PROMPTS["s0"] == PROMPTS["s1"] == PROMPTS["s2"] == PROMPTS["d0"]
 
 
 def test_coarser_grid_reuses_less_history(served):
