@@ -86,6 +86,8 @@ class RunConfig:
     think: str = "exponential"             # think-time distribution between turns
     think_time_s: float = 5.0              # mean think time after an answer, before the next turn
     replay_answers: bool = False           # next prompt holds the dataset's answer, not the generated one
+    dataset: str | None = None             # a chat corpus (file, folder, saved dataset, hub id); None: ShareGPT
+    chat_column: str | None = None         # the corpus column holding the messages (None: detected)
     warmup_requests: int = 0
     seed: int = 0
     workload_path: str | None = None       # a saved workload (hbench workload build) instead

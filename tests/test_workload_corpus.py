@@ -144,3 +144,22 @@ def test_workload_build_cli_takes_a_corpus(tmp_path):
     res = CliRunner().invoke(cli, ["workload", "build", "--dataset", str(bad), "-o", str(out)])
     assert res.exit_code != 0
     assert res.output.strip().startswith("Error:") and len(res.output.strip().splitlines()) == 1
+
+
+def test_run_takes_a_corpus_and_records_it(tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+    from harness.results import read_run
+
+    f = write_jsonl(tmp_path / "oa.jsonl", [openai_record(i, "dialog") for i in range(8)])
+    out = tmp_path / "runs"
+    res = CliRunner().invoke(cli, ["run", "--workload-kind", "multiturn", "--requests", "4",
+                                   "--dataset", str(f), "--chat-column", "dialog", "--org", "s2",
+                                   "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    run = read_run(next(p for p in out.iterdir() if p.is_dir()))
+    assert run["manifest"]["config"]["dataset"] == str(f)
+    ident = run["manifest"]["workload_meta"]["dataset_identity"]
+    assert ident["format"] == "dialog (role/content)" and ident["records_read"] == 8
+    assert run["summary"]["later_turns"] == 4

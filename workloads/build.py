@@ -35,15 +35,22 @@ def _tokenizer(path: str | Path | None) -> Tokenizer:
 def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
                  tokenizer: str | Path | None = None, chat_column: str | None = None,
                  revision: str | None = None) -> Workload:
-    """The ShareGPT-derived workload of ``spec`` (the study's shape, or multi-turn
-    sessions when ``spec.workload_kind`` is "multiturn"); ``dataset``/``tokenizer`` None
-    mean the packaged ShareGPT V3 and the download-free regex tokenizer; any
-    other corpus is read by `workloads.corpus.load_corpus`, whose identity the
-    meta records as ``dataset_identity``."""
-    pairs = load_corpus(dataset, chat_column=chat_column, revision=revision)
+    """The workload of ``spec`` (the study's shape, or multi-turn sessions when
+    ``spec.workload_kind`` is "multiturn") from ``spec.dataset`` (``dataset`` and
+    ``chat_column`` given here replace the spec's); no dataset means the
+    packaged ShareGPT V3, no tokenizer the download-free regex tokenizer. The
+    corpus is read by `workloads.corpus.load_corpus`, whose identity the meta
+    records as ``dataset_identity``."""
+    if dataset is not None or chat_column is not None:
+        spec = dataclasses.replace(spec, dataset=None if dataset is None else str(dataset),
+                                   chat_column=chat_column)
+    pairs = load_corpus(spec.dataset, chat_column=spec.chat_column, revision=revision)
     derive = derive_multiturn if spec.workload_kind == "multiturn" else derive_workload
     w = derive(pairs, _tokenizer(tokenizer), spec)
-    return dataclasses.replace(w, meta={**w.meta, "dataset_identity": pairs.identity})
+    extra = {"dataset_identity": pairs.identity}
+    if spec.dataset is not None:
+        extra.update(dataset_arg=spec.dataset, chat_column=spec.chat_column)
+    return dataclasses.replace(w, meta={**w.meta, **extra})
 
 
 def build_workload(*, dataset: str | Path | None = None, tokenizer: str | Path | None = None,

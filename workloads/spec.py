@@ -27,7 +27,7 @@ MIN_TURN_TOKENS = 4
 # WorkloadSpec field -> the RunConfig field that holds it, where the names differ.
 CONFIG_NAMES = {"mean_input_tokens": "mean_input"}
 # WorkloadSpec field -> the key of a derived workload's meta that records it.
-META_NAMES = {"mean_input_tokens": "mean_input_target"}
+META_NAMES = {"mean_input_tokens": "mean_input_target", "dataset": "dataset_arg"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class WorkloadSpec:
     think: str = "exponential"
     think_time_s: float = 5.0
     replay_answers: bool = False
+    # the corpus (workloads.corpus.load_corpus): None is the packaged ShareGPT
+    dataset: str | None = None
+    chat_column: str | None = None
 
     def __post_init__(self):
         if self.workload_kind not in WORKLOAD_KINDS:

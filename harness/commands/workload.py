@@ -23,7 +23,7 @@ _D = RunConfig()
 
 
 def multiturn_options(f):
-    """The multi-turn workload flags, shared by ``run`` and ``workload build``."""
+    """The multi-turn and corpus flags, shared by ``run`` and ``workload build``."""
     opts = [
         click.option("--workload-kind", type=click.Choice(WORKLOAD_KINDS), default=_D.workload_kind,
                      show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
@@ -40,6 +40,12 @@ def multiturn_options(f):
                      "the next turn."),
         click.option("--replay-answers", is_flag=True, help="Multi-turn: the next prompt holds "
                      "the dataset's answer instead of the generated tokens."),
+        click.option("--dataset", default=None, metavar="PATH|HUB-ID",
+                     help="A chat corpus instead of the packaged ShareGPT V3: a JSON/JSONL/Parquet "
+                     "file or folder, a saved `datasets` dataset, or a hub id (needs network)."),
+        click.option("--chat-column", default=None,
+                     help="The column holding each record's messages [default: detected from "
+                     "conversations, messages, conversation]."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -140,12 +146,6 @@ def workload():
 @click.option("--max-model-len", type=int, default=8192, show_default=True)
 @click.option("--max-output", type=int, default=1024, show_default=True)
 @click.option("--isolate", is_flag=True, help="Give every request a unique cache salt.")
-@click.option("--dataset", default=None, metavar="PATH|HUB-ID",
-              help="A chat corpus instead of the packaged ShareGPT V3: a JSON/JSONL/Parquet "
-              "file or folder, a saved `datasets` dataset, or a hub id (needs network).")
-@click.option("--chat-column", default=None,
-              help="The column holding each record's messages [default: detected from "
-              "conversations, messages, conversation].")
 @click.option("--revision", default=None, help="Hub datasets: the revision to read.")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="A tokenizer.json (or a folder holding one) for exact token counts.")
@@ -153,8 +153,7 @@ def workload():
               help="Parquet file to write.")
 @multiturn_options
 def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
-          max_model_len, max_output, isolate, dataset, chat_column, revision, tokenizer, output,
-          **multiturn):
+          max_model_len, max_output, isolate, revision, tokenizer, output, **multiturn):
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
@@ -168,8 +167,7 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
             seed=seed, q=q, rate=rate, arrival=arrival, burstiness=burstiness,
             requests=requests, duration_s=duration_s, contexts=contexts,
             max_model_len=max_model_len, max_output=max_output, isolate=isolate,
-            dataset=dataset, tokenizer=tokenizer, mean_input_tokens=mean_input, **multiturn,
-            chat_column=chat_column, revision=revision,
+            tokenizer=tokenizer, mean_input_tokens=mean_input, **multiturn, revision=revision,
         )
         path = save_workload(w, output)
     m = w.meta
