@@ -121,7 +121,9 @@ class RunConfig:
             (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
              f"--duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
             (self.expected_requests <= MAX_REQUESTS,
-             f"--duration x --rate asks for about {self.expected_requests:,.0f} requests; "
+             f"{'--duration x --rate' if self.duration_s is not None else '--requests'}"
+             f"{' x --max-turns' if self.workload_kind == 'multiturn' else ''} asks for about "
+             f"{self.expected_requests:,.0f} requests; "
              f"the most one run may ask for is {MAX_REQUESTS:,}"),
             (self.contexts >= 1, "--contexts must be >= 1"),
             (self.mean_input >= 16, f"--mean-input must be >= 16, got {self.mean_input}"),
@@ -148,10 +150,14 @@ class RunConfig:
     @property
     def expected_requests(self) -> float:
         """Requests the workload recipe asks for (warm-up included): the count,
-        or the expected arrivals of a ``--duration`` run."""
+        or the expected arrivals of a ``--duration`` run; for a multi-turn
+        workload, at most ``max_turns`` per session."""
         if self.duration_s is not None:
-            return self.duration_s * self.rate
-        return self.requests + self.warmup_requests
+            n = self.duration_s * self.rate
+        else:
+            n = self.requests + self.warmup_requests
+        # multi-turn: --requests counts sessions; bound the turns by --max-turns each
+        return n * self.max_turns if self.workload_kind == "multiturn" else n
 
     @property
     def estimated_run_bytes(self) -> float:

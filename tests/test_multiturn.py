@@ -235,3 +235,10 @@ def test_turn_figure_draws_reuse_and_ttft_by_turn_per_organization(served):
     assert list(x) == list(s1["turn"]) and np.allclose(y, 1e3 * s1["ttft_p50_s"])
     single = {org: t.drop(columns=["turn"]) for org, t in tables.items()}
     assert turn_figure(single) is None
+
+
+def test_run_size_guard_counts_every_turn_a_session_may_make():
+    assert RunConfig(workload_kind="multiturn", requests=10, max_turns=3).expected_requests == 30
+    assert RunConfig(requests=10, max_turns=3).expected_requests == 10
+    with pytest.raises(HbenchError, match="--requests x --max-turns asks for about 1,600,000"):
+        RunConfig(workload_kind="multiturn", requests=200_000)
