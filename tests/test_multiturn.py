@@ -242,3 +242,21 @@ def test_run_size_guard_counts_every_turn_a_session_may_make():
     assert RunConfig(requests=10, max_turns=3).expected_requests == 10
     with pytest.raises(HbenchError, match="--requests x --max-turns asks for about 1,600,000"):
         RunConfig(workload_kind="multiturn", requests=200_000)
+
+
+def test_malformed_sessions_are_refused(wl):
+    import dataclasses
+
+    from workloads.workload import Workload
+
+    s = next(s for s in wl.sessions if s.turns)
+    bad_think = dataclasses.replace(s, turns=(dataclasses.replace(s.turns[0], think_s=-1.0),
+                                              *s.turns[1:]))
+    sessions = tuple(bad_think if x is s else x for x in wl.sessions)
+    with pytest.raises(HbenchError, match="think time -1.0"):
+        Workload(requests=wl.requests, meta=wl.meta, sessions=sessions)
+    with pytest.raises(HbenchError, match="numbered"):
+        Workload(requests=wl.requests, meta=wl.meta, sessions=wl.sessions[::-1])
+    twice = (wl.sessions[0], dataclasses.replace(wl.sessions[1], first_request=0))
+    with pytest.raises(HbenchError, match="distinct"):
+        Workload(requests=wl.requests, meta=wl.meta, sessions=twice)

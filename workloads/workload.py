@@ -73,6 +73,23 @@ class Workload:
         arrivals = [r.arrival_s for r in self.requests]
         if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
             raise HbenchError("workload arrivals must be non-decreasing")
+        if self.sessions:
+            self._check_sessions()
+
+    def _check_sessions(self) -> None:
+        """Sessions start at distinct open-loop requests, and their later turns
+        are numbered on from the open-loop requests, session by session."""
+        firsts = [s.first_request for s in self.sessions]
+        if len(set(firsts)) != len(firsts) or not all(0 <= f < len(self.requests) for f in firsts):
+            raise HbenchError("workload sessions must start at distinct requests of the workload")
+        ids = [t.request_id for s in self.sessions for t in s.turns]
+        if ids != list(range(len(self.requests), len(self.requests) + len(ids))):
+            raise HbenchError("later turns must be numbered N.. after the N open-loop requests")
+        for s in self.sessions:
+            for t in s.turns:
+                if not (math.isfinite(t.think_s) and t.think_s >= 0) or t.output_len < 1:
+                    raise HbenchError(f"workload turn {t.request_id}: think time {t.think_s} "
+                                      f"and output length {t.output_len} must be >= 0 and >= 1")
 
     def __len__(self) -> int:
         return len(self.requests)
