@@ -260,3 +260,23 @@ def test_malformed_sessions_are_refused(wl):
     twice = (wl.sessions[0], dataclasses.replace(wl.sessions[1], first_request=0))
     with pytest.raises(HbenchError, match="distinct"):
         Workload(requests=wl.requests, meta=wl.meta, sessions=twice)
+
+
+def test_a_saved_workload_records_its_own_kind_whatever_the_flags_say(tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli import cli
+    from harness.results import read_run
+
+    runner = CliRunner()
+    path = tmp_path / "w.parquet"
+    res = runner.invoke(cli, ["workload", "build", "--requests", "5", "--mean-input", "600",
+                              "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "runs"
+    res = runner.invoke(cli, ["run", "--workload", str(path), "--workload-kind", "multiturn",
+                              "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    run = read_run(next(p for p in out.iterdir() if p.is_dir()))
+    assert run["manifest"]["config"]["workload_kind"] == "sharegpt"
+    assert "later_turns" not in run["summary"]

@@ -47,7 +47,7 @@ def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
     pairs = load_corpus(spec.dataset, chat_column=spec.chat_column, revision=revision)
     derive = derive_multiturn if spec.workload_kind == "multiturn" else derive_workload
     w = derive(pairs, _tokenizer(tokenizer), spec)
-    extra = {"dataset_identity": pairs.identity}
+    extra = {"dataset_identity": pairs.identity, "workload_kind": spec.workload_kind}
     if spec.dataset is not None:
         extra.update(dataset_arg=spec.dataset, chat_column=spec.chat_column)
     return dataclasses.replace(w, meta={**w.meta, **extra})
