@@ -243,6 +243,36 @@ def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | 
     return fig
 
 
+def turn_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | None:
+    """Multi-turn runs: history reuse fraction and TTFT p50 by turn index, one
+    line per organization (`harness.metrics.turn_table` over all its runs);
+    None when no run has a turn index."""
+    from harness.metrics import turn_table
+
+    tables = {org: turn_table(req) for org, req in sorted(requests_by_org.items())
+              if "turn" in req.columns}
+    tables = {org: t for org, t in tables.items() if not t.empty}
+    if not tables:
+        return None
+    fig = Figure(figsize=(9.5, 3.6), layout="constrained")
+    ax_reuse, ax_ttft = fig.subplots(1, 2)
+    for org, t in tables.items():
+        later = t[t["turn"] >= 1]
+        ax_reuse.plot(later["turn"], 100 * later["reuse_fraction"], marker="o", label=org.upper())
+        ax_ttft.plot(t["turn"], 1e3 * t["ttft_p50_s"], marker="o", label=org.upper())
+    ax_reuse.set_title("history served from cache")
+    ax_reuse.set_ylabel("reused / previous-turn tokens (%)")
+    ax_reuse.set_ylim(0, 102)
+    ax_ttft.set_title("TTFT p50")
+    ax_ttft.set_ylabel("TTFT p50 (ms)")
+    for ax in (ax_reuse, ax_ttft):
+        ax.set_xlabel("turn index (0 = first turn)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("multi-turn sessions by turn index (all runs per organization)")
+    return fig
+
+
 def memory_figure(steps: pd.DataFrame, title: str) -> Figure | None:
     """Memory in use by state kind over one run (stacked area, GiB)."""
     kinds = [(c, lab) for c, lab in MEMORY_KINDS if c in steps.columns]
@@ -282,7 +312,9 @@ def render_figures(
         for x in ("budget", "rate"):
             figs.append((f"d0_s2_ratio_vs_{x}_{m}", ratio_figure(runs, x, metric=m)))
     figs.append(("joint_depth", joint_depth_figure(runs)))
-    figs.append(("latency_cdf", latency_cdf_figure(_requests_by_org(runs))))
+    by_org = _requests_by_org(runs)
+    figs.append(("latency_cdf", latency_cdf_figure(by_org)))
+    figs.append(("multiturn_by_turn", turn_figure(by_org)))
     # The memory timeline is per run: draw the first run (by id) that has steps.
     with_steps = [(r, run) for _, r in runs.sort_values("run_id").iterrows()
                   if (run := read_run(r["path"])).has_table("steps")]

@@ -27,6 +27,8 @@ from harness.orgs import ORGANIZATIONS
 
 ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
 ARRIVALS = ("poisson", "constant", "gamma")
+WORKLOAD_KINDS = ("sharegpt", "multiturn")
+THINK_TIMES = ("exponential", "constant", "gamma")
 
 #: Most requests one run may ask for, directly or as duration x rate; far above
 #: any study run (240) and far below what would exhaust memory on the way.
@@ -77,6 +79,15 @@ class RunConfig:
     mean_input: int = 3332                 # target mean prompt length in tokens
     max_model_len: int = 8192
     max_output: int = 1024
+    # multi-turn replay: --requests/--rate/--arrival count sessions
+    workload_kind: str = "sharegpt"        # "sharegpt" (the study's shape) or "multiturn"
+    max_turns: int = 8                     # turns per session at most
+    max_history: int | None = None         # a session's prompt + output at most (None: max_model_len)
+    think: str = "exponential"             # think-time distribution between turns
+    think_time_s: float = 5.0              # mean think time after an answer, before the next turn
+    replay_answers: bool = False           # next prompt holds the dataset's answer, not the generated one
+    dataset: str | None = None             # a chat corpus (file, folder, saved dataset, hub id); None: ShareGPT
+    chat_column: str | None = None         # the corpus column holding the messages (None: detected)
     warmup_requests: int = 0
     seed: int = 0
     workload_path: str | None = None       # a saved workload (hbench workload build) instead
@@ -110,12 +121,23 @@ class RunConfig:
             (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
              f"--duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
             (self.expected_requests <= MAX_REQUESTS,
-             f"--duration x --rate asks for about {self.expected_requests:,.0f} requests; "
+             f"{'--duration x --rate' if self.duration_s is not None else '--requests'}"
+             f"{' x --max-turns' if self.workload_kind == 'multiturn' else ''} asks for about "
+             f"{self.expected_requests:,.0f} requests; "
              f"the most one run may ask for is {MAX_REQUESTS:,}"),
             (self.contexts >= 1, "--contexts must be >= 1"),
             (self.mean_input >= 16, f"--mean-input must be >= 16, got {self.mean_input}"),
             (self.max_model_len >= 32, "--max-model-len must be >= 32"),
             (1 <= self.max_output < self.max_model_len, "--max-output must be in [1, max-model-len)"),
+            (self.workload_kind in WORKLOAD_KINDS,
+             f"unknown --workload-kind {self.workload_kind!r}; choose from {', '.join(WORKLOAD_KINDS)}"),
+            (self.think in THINK_TIMES,
+             f"unknown --think {self.think!r}; choose from {', '.join(THINK_TIMES)}"),
+            (self.max_turns >= 1, f"--max-turns must be >= 1, got {self.max_turns}"),
+            (self.max_history is None or 16 <= self.max_history <= self.max_model_len,
+             f"--max-history must be in [16, max-model-len {self.max_model_len}], "
+             f"got {self.max_history}"),
+            (self.think_time_s >= 0, f"--think-time must be >= 0, got {self.think_time_s}"),
             (self.warmup_requests >= 0, "--warmup must be >= 0"),
             (self.warmup_requests <= MAX_REQUESTS, f"--warmup must be <= {MAX_REQUESTS:,}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
@@ -128,10 +150,14 @@ class RunConfig:
     @property
     def expected_requests(self) -> float:
         """Requests the workload recipe asks for (warm-up included): the count,
-        or the expected arrivals of a ``--duration`` run."""
+        or the expected arrivals of a ``--duration`` run; for a multi-turn
+        workload, at most ``max_turns`` per session."""
         if self.duration_s is not None:
-            return self.duration_s * self.rate
-        return self.requests + self.warmup_requests
+            n = self.duration_s * self.rate
+        else:
+            n = self.requests + self.warmup_requests
+        # multi-turn: --requests counts sessions; bound the turns by --max-turns each
+        return n * self.max_turns if self.workload_kind == "multiturn" else n
 
     @property
     def estimated_run_bytes(self) -> float:
@@ -159,4 +185,5 @@ class RunConfig:
 
 def _flag(field: str) -> str:
     return "--" + {"duration_s": "duration", "ssm_state_dtype": "ssm-dtype",
-                   "warmup_requests": "warmup"}.get(field, field).replace("_", "-")
+                   "warmup_requests": "warmup",
+                   "think_time_s": "think-time"}.get(field, field).replace("_", "-")

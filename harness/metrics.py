@@ -4,6 +4,8 @@
 a results directory); `per_request_table` turns it into one row per request
 (``requests.parquet``). Analysis code reads these keys by name, so
 `SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
+A multi-turn run (records with a ``turn`` index) adds `TURN_SUMMARY_KEYS` to
+its summary and `TURN_COLUMNS` to its per-request table (`turn_history`).
 
 Which requests count where:
 
@@ -102,6 +104,20 @@ REQUEST_COLUMNS = {
     "tpot_s": "float64",
     "n_token_times": "int64",
 }
+
+# Multi-turn runs (records with a turn index) add these columns and summary keys.
+TURN_COLUMNS = {
+    "session": "int64",
+    "turn": "int64",
+    "history_tokens": "int64",
+    "history_recomputed_tokens": "int64",
+    "history_survived": "float64",
+}
+TURN_SUMMARY_KEYS = (
+    "sessions", "later_turns", "turn0_ttft_p50_s", "later_turn_ttft_p50_s",
+    "history_tokens", "history_reused_tokens", "history_reuse_fraction",
+    "history_recomputed_tokens", "history_survived_fraction",
+)
 
 NAN = float("nan")
 
@@ -352,7 +368,82 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
         "dispatch_lag_p99_s": percentile(lags, 99),
     })
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
+    if any(r.turn >= 0 for r in run.requests):
+        summary.update(turn_summary(run))
     return summary
+
+
+def _grid(run: EngineRun) -> int:
+    return int(run.engine_info.get("grid_tokens") or 1)
+
+
+def turn_history(run: EngineRun) -> dict[int, tuple[int, int, float]]:
+    """Per multi-turn request id: (history tokens, history tokens recomputed,
+    survived) where history is what the previous turn left reusable (its
+    prompt plus its output), recomputed = history minus the reused tokens (at
+    least 0), and survived is 1.0 if the request reused at least the previous
+    turn's deepest grid point inside its prompt (the state that turn's prefill
+    left in the cache outlived the think time), 0.0 if not, NaN for first
+    turns and turns whose previous prompt is shorter than one grid interval."""
+    grid = _grid(run)
+    by_turn = {(r.session, r.turn): r for r in run.requests if r.turn >= 0}
+    out = {}
+    for (s, k), r in by_turn.items():
+        prev = by_turn.get((s, k - 1))
+        if prev is None:
+            out[r.request_id] = (0, 0, NAN)
+            continue
+        history = prev.prompt_tokens + prev.output_tokens
+        best = prev.prompt_tokens // grid * grid
+        survived = NAN if best == 0 else float(r.reused_tokens >= best)
+        out[r.request_id] = (history, max(0, history - r.reused_tokens), survived)
+    return out
+
+
+def turn_summary(run: EngineRun) -> dict:
+    """`TURN_SUMMARY_KEYS` of a multi-turn run, over measured requests (later
+    turns only for the history keys; TTFTs over finished requests)."""
+    hist = turn_history(run)
+    measured = [r for r in run.requests if not r.warmup and r.turn >= 0]
+    later = [r for r in measured if r.turn >= 1]
+    history = sum(hist[r.request_id][0] for r in later)
+    reused = sum(min(r.reused_tokens, hist[r.request_id][0]) for r in later)
+    survived = [hist[r.request_id][2] for r in later if not math.isnan(hist[r.request_id][2])]
+    ttfts = {k: [ttft(r) for r in measured if r.status == FINISHED
+                 and r.first_token_s is not None and (r.turn == 0) == (k == 0)] for k in (0, 1)}
+    return {
+        "sessions": len({r.session for r in measured}),
+        "later_turns": len(later),
+        "turn0_ttft_p50_s": percentile(ttfts[0], 50),
+        "later_turn_ttft_p50_s": percentile(ttfts[1], 50),
+        "history_tokens": int(history),
+        "history_reused_tokens": int(reused),
+        "history_reuse_fraction": _ratio(reused, history),
+        "history_recomputed_tokens": int(sum(hist[r.request_id][1] for r in later)),
+        "history_survived_fraction": _mean(survived),
+    }
+
+
+def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """Per turn index (measured, finished requests of a multi-turn run's
+    per-request table): requests, TTFT p50 / mean, mean reused and history
+    tokens, reuse fraction (reused / history) and survived fraction."""
+    df = requests[(~requests["warmup"]) & (requests["turn"] >= 0)
+                  & (requests["status"] == FINISHED)]
+    rows = []
+    for k, g in df.groupby("turn", sort=True):
+        hist = g["history_tokens"].sum()
+        rows.append({
+            "turn": int(k), "requests": len(g),
+            "ttft_p50_s": percentile(g["ttft_s"].dropna().to_numpy(), 50),
+            "ttft_mean_s": float(g["ttft_s"].mean()),
+            "reused_tokens_mean": float(g["reused_tokens"].mean()),
+            "history_tokens_mean": float(g["history_tokens"].mean()),
+            "reuse_fraction": _ratio(float(np.minimum(g["reused_tokens"], g["history_tokens"])
+                                           .sum()), float(hist)) if hist else NAN,
+            "survived_fraction": float(g["history_survived"].mean()),
+        })
+    return pd.DataFrame(rows)
 
 
 def _request_row(r: RequestRecord) -> dict:
@@ -396,5 +487,13 @@ def per_request_table(run: EngineRun) -> pd.DataFrame:
     they would dominate the file. Missing times are NaN.
     """
     rows = [_request_row(r) for r in run.requests]
-    df = pd.DataFrame(rows, columns=list(REQUEST_COLUMNS))
-    return df.astype(REQUEST_COLUMNS)
+    columns = dict(REQUEST_COLUMNS)
+    if any(r.turn >= 0 for r in run.requests):
+        columns.update(TURN_COLUMNS)
+        hist = turn_history(run)
+        for row, r in zip(rows, run.requests, strict=True):
+            h = hist.get(r.request_id, (0, 0, NAN))
+            row.update(session=r.session, turn=r.turn, history_tokens=h[0],
+                       history_recomputed_tokens=h[1], history_survived=h[2])
+    df = pd.DataFrame(rows, columns=list(columns))
+    return df.astype(columns)

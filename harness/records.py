@@ -40,6 +40,8 @@ class RequestRecord:
     attn_depth: int = 0                    # available attention depth at first lookup
     prefix_group: int = -1
     warmup: bool = False
+    session: int = -1                      # multi-turn workloads: session id, else -1
+    turn: int = -1                         # multi-turn workloads: turn index in the session
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -10,10 +10,12 @@ and tokenizing.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+from workloads.corpus import load_corpus
+from workloads.multiturn.derive import derive_multiturn
 from workloads.sharegpt.derive import derive_workload
-from workloads.sharegpt.loader import load_pairs
 from workloads.sharegpt.tokenizer import Tokenizer, get_tokenizer
 from workloads.spec import WorkloadSpec
 from workloads.workload import Workload
@@ -31,16 +33,32 @@ def _tokenizer(path: str | Path | None) -> Tokenizer:
 
 
 def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
-                 tokenizer: str | Path | None = None) -> Workload:
-    """The ShareGPT-derived workload of ``spec``; ``dataset``/``tokenizer`` None
-    mean the packaged ShareGPT V3 and the download-free regex tokenizer."""
-    return derive_workload(load_pairs(dataset), _tokenizer(tokenizer), spec)
+                 tokenizer: str | Path | None = None, chat_column: str | None = None,
+                 revision: str | None = None) -> Workload:
+    """The workload of ``spec`` (the study's shape, or multi-turn sessions when
+    ``spec.workload_kind`` is "multiturn") from ``spec.dataset`` (``dataset`` and
+    ``chat_column`` given here replace the spec's); no dataset means the
+    packaged ShareGPT V3, no tokenizer the download-free regex tokenizer. The
+    corpus is read by `workloads.corpus.load_corpus`, whose identity the meta
+    records as ``dataset_identity``."""
+    if dataset is not None or chat_column is not None:
+        spec = dataclasses.replace(spec, dataset=None if dataset is None else str(dataset),
+                                   chat_column=chat_column)
+    pairs = load_corpus(spec.dataset, chat_column=spec.chat_column, revision=revision)
+    derive = derive_multiturn if spec.workload_kind == "multiturn" else derive_workload
+    w = derive(pairs, _tokenizer(tokenizer), spec)
+    extra = {"dataset_identity": pairs.identity, "workload_kind": spec.workload_kind}
+    if spec.dataset is not None:
+        extra.update(dataset_arg=spec.dataset, chat_column=spec.chat_column)
+    return dataclasses.replace(w, meta={**w.meta, **extra})
 
 
 def build_workload(*, dataset: str | Path | None = None, tokenizer: str | Path | None = None,
+                   chat_column: str | None = None, revision: str | None = None,
                    **recipe) -> Workload:
     """`workload_for` of ``WorkloadSpec(**recipe)`` (seed, q, rate, ...)."""
-    return workload_for(WorkloadSpec(**recipe), dataset=dataset, tokenizer=tokenizer)
+    return workload_for(WorkloadSpec(**recipe), dataset=dataset, tokenizer=tokenizer,
+                        chat_column=chat_column, revision=revision)
 
 
 def workload_from_config(cfg) -> Workload:

@@ -1,7 +1,9 @@
 """Save and load a `Workload` as one Parquet file.
 
 One row per request; token ids as a list<int64> column; the workload's
-``meta`` as JSON in the schema metadata, next to a schema version. A saved
+``meta`` as JSON in the schema metadata, next to a schema version. A
+multi-turn workload's sessions (the later turns, made at run time by the
+closed loop) are stored as JSON in the schema metadata too. A saved
 workload is what `hbench workload describe` reads and what a run can replay
 instead of re-deriving; loading it back gives the same `content_hash`.
 
@@ -23,11 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness.errors import HbenchError
+from workloads.multiturn.session import Session, Turn
 from workloads.workload import WORKLOAD_SCHEMA_VERSION, Workload, WorkloadRequest
 
 _META = b"hbench.workload.meta"
 _VERSION = b"hbench.workload.schema"
 _HASH = b"hbench.workload.content_hash"
+_SESSIONS = b"hbench.workload.sessions"
 _COLUMNS = ("request_id", "arrival_s", "prompt_text", "prompt_token_ids", "output_len",
             "prefix_group", "prefix_tokens", "salt")
 
@@ -51,11 +55,14 @@ def save_workload(w: Workload, path: str | Path) -> Path:
         "prefix_tokens": pa.array([r.prefix_tokens for r in rs], pa.int64()),
         "salt": pa.array([r.salt for r in rs], pa.string()),
     })
-    table = table.replace_schema_metadata({
+    md = {
         _META: json.dumps(w.meta, sort_keys=True).encode(),
         _VERSION: str(WORKLOAD_SCHEMA_VERSION).encode(),
         _HASH: w.content_hash.encode(),
-    })
+    }
+    if w.sessions:
+        md[_SESSIONS] = json.dumps([_session_json(x) for x in w.sessions]).encode()
+    table = table.replace_schema_metadata(md)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
@@ -108,7 +115,10 @@ def load_workload(path: str | Path) -> Workload:
             )
             for i in range(table.num_rows)
         )
-        w = Workload(requests=requests, meta=meta)
+        sessions = tuple(_session_of(x) for x in json.loads(md[_SESSIONS])) if _SESSIONS in md else ()
+        w = Workload(requests=requests, meta=meta, sessions=sessions)
+    except (KeyError, TypeError) as exc:
+        raise HbenchError(f"{path}: unreadable sessions ({exc})") from None
     except HbenchError as exc:
         raise HbenchError(f"{path}: {exc}") from None
     except ValueError as exc:
@@ -129,3 +139,23 @@ def load_workload(path: str | Path) -> Workload:
                                   f"{r.output_len} output tokens, more than the max model length "
                                   f"{limit}")
     return w
+
+
+def _session_json(s: Session) -> dict:
+    return {"session_id": s.session_id, "first_request": s.first_request, "turns": [
+        {"request_id": t.request_id, "user_token_ids": t.user_token_ids.tolist(),
+         "user_text": t.user_text, "answer_token_ids": t.answer_token_ids.tolist(),
+         "answer_text": t.answer_text, "output_len": t.output_len, "think_s": t.think_s,
+         "prompt_len": t.prompt_len} for t in s.turns]}
+
+
+def _session_of(d: dict) -> Session:
+    turns = tuple(Turn(request_id=int(t["request_id"]),
+                       user_token_ids=np.asarray(t["user_token_ids"], dtype=np.int64),
+                       user_text=t["user_text"],
+                       answer_token_ids=np.asarray(t["answer_token_ids"], dtype=np.int64),
+                       answer_text=t["answer_text"], output_len=int(t["output_len"]),
+                       think_s=float(t["think_s"]), prompt_len=int(t["prompt_len"]))
+                  for t in d["turns"])
+    return Session(session_id=int(d["session_id"]), first_request=int(d["first_request"]),
+                   turns=turns)

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from harness.config import MAX_DURATION_S, MAX_REQUESTS
+from harness.config import MAX_DURATION_S, MAX_REQUESTS, THINK_TIMES, WORKLOAD_KINDS
 from harness.errors import HbenchError
 from workloads.sharegpt.arrivals import ARRIVALS
 
@@ -27,7 +27,7 @@ MIN_TURN_TOKENS = 4
 # WorkloadSpec field -> the RunConfig field that holds it, where the names differ.
 CONFIG_NAMES = {"mean_input_tokens": "mean_input"}
 # WorkloadSpec field -> the key of a derived workload's meta that records it.
-META_NAMES = {"mean_input_tokens": "mean_input_target"}
+META_NAMES = {"mean_input_tokens": "mean_input_target", "dataset": "dataset_arg"}
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,24 @@ class WorkloadSpec:
     max_output: int = 1024
     isolate: bool = False
     mean_input_tokens: int = 3332
+    # multi-turn replay (workload_kind "multiturn"; requests/rate count sessions)
+    workload_kind: str = "sharegpt"
+    max_turns: int = 8
+    max_history: int | None = None
+    think: str = "exponential"
+    think_time_s: float = 5.0
+    replay_answers: bool = False
+    # the corpus (workloads.corpus.load_corpus): None is the packaged ShareGPT
+    dataset: str | None = None
+    chat_column: str | None = None
 
     def __post_init__(self):
+        if self.workload_kind not in WORKLOAD_KINDS:
+            raise HbenchError(f"unknown workload kind {self.workload_kind!r}; "
+                              f"choose from {', '.join(WORKLOAD_KINDS)}")
+        if self.think not in THINK_TIMES:
+            raise HbenchError(f"unknown think-time distribution {self.think!r}; "
+                              f"choose from {', '.join(THINK_TIMES)}")
         if self.arrival not in ARRIVALS:
             raise HbenchError(
                 f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}"
@@ -73,6 +89,11 @@ class WorkloadSpec:
              f"max output ({self.max_output}) must be in [1, max model len {self.max_model_len})"),
             (self.mean_input_tokens > MIN_TURN_TOKENS,
              f"mean input must be > {MIN_TURN_TOKENS} tokens, got {self.mean_input_tokens}"),
+            (self.max_turns >= 1, f"max turns must be >= 1, got {self.max_turns}"),
+            (self.max_history is None or MIN_TURN_TOKENS < self.max_history <= self.max_model_len,
+             f"max history must be in ({MIN_TURN_TOKENS}, max model len {self.max_model_len}], "
+             f"got {self.max_history}"),
+            (self.think_time_s >= 0, f"think time must be >= 0 s, got {self.think_time_s}"),
             (self.mean_input_tokens < self.max_model_len,
              f"mean input ({self.mean_input_tokens}) must be < max model len ({self.max_model_len})"),
         ]

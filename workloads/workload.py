@@ -48,8 +48,14 @@ class WorkloadRequest:
 
 @dataclass(frozen=True)
 class Workload:
+    """``requests`` are served open-loop at their arrival times. A multi-turn
+    workload also holds ``sessions`` (`workloads.multiturn.session.Session`):
+    its requests are the sessions' first turns, and each later turn is made by
+    `workloads.multiturn.session.SessionLoop` when the turn before it ends."""
+
     requests: tuple[WorkloadRequest, ...]
     meta: dict = field(default_factory=dict)
+    sessions: tuple = ()
 
     def __post_init__(self):
         ids = [r.request_id for r in self.requests]
@@ -67,9 +73,47 @@ class Workload:
         arrivals = [r.arrival_s for r in self.requests]
         if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
             raise HbenchError("workload arrivals must be non-decreasing")
+        if self.sessions:
+            self._check_sessions()
+
+    def _check_sessions(self) -> None:
+        """Sessions start at distinct open-loop requests, and their later turns
+        are numbered on from the open-loop requests, session by session."""
+        firsts = [s.first_request for s in self.sessions]
+        if len(set(firsts)) != len(firsts) or not all(0 <= f < len(self.requests) for f in firsts):
+            raise HbenchError("workload sessions must start at distinct requests of the workload")
+        ids = [t.request_id for s in self.sessions for t in s.turns]
+        if ids != list(range(len(self.requests), len(self.requests) + len(ids))):
+            raise HbenchError("later turns must be numbered N.. after the N open-loop requests")
+        for s in self.sessions:
+            for t in s.turns:
+                if not (math.isfinite(t.think_s) and t.think_s >= 0) or t.output_len < 1:
+                    raise HbenchError(f"workload turn {t.request_id}: think time {t.think_s} "
+                                      f"and output length {t.output_len} must be >= 0 and >= 1")
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    @property
+    def total_requests(self) -> int:
+        """Requests an engine serves in all: the open-loop ones plus later turns."""
+        return len(self.requests) + sum(len(s.turns) for s in self.sessions)
+
+    def warmup_ids(self, warmup: int) -> frozenset[int]:
+        """Request ids that are warm-up when the first ``warmup`` open-loop
+        requests are: for a multi-turn workload, every turn of those sessions."""
+        ids = set(range(min(warmup, len(self.requests))))
+        for s in self.sessions:
+            if s.first_request in ids:
+                ids.update(s.request_ids)
+        return frozenset(ids)
+
+    def longest_request(self) -> tuple[int, int]:
+        """(prompt, output) tokens of the request with the most tokens in all,
+        later turns of sessions included at their planned prompt length."""
+        sizes = [(r.prompt_len, r.output_len) for r in self.requests]
+        sizes += [(t.prompt_len, t.output_len) for s in self.sessions for t in s.turns]
+        return max(sizes, key=sum)
 
     @property
     def content_hash(self) -> str:
@@ -84,6 +128,13 @@ class Workload:
             )
             h.update(r.prompt_text.encode())
             h.update(np.ascontiguousarray(r.prompt_token_ids, dtype=np.int64).tobytes())
+        for s in self.sessions:
+            h.update(json.dumps(["session", s.session_id, s.first_request]).encode())
+            for t in s.turns:
+                h.update(json.dumps([t.request_id, t.output_len, repr(float(t.think_s)),
+                                     t.prompt_len, t.user_text, t.answer_text]).encode())
+                h.update(np.ascontiguousarray(t.user_token_ids, dtype=np.int64).tobytes())
+                h.update(np.ascontiguousarray(t.answer_token_ids, dtype=np.int64).tobytes())
         return h.hexdigest()
 
     # Parquet save/load lives in workloads/io.py (keeps pyarrow out of this module).

@@ -1,8 +1,13 @@
-"""Open-loop replay of a `Workload` against a streaming server.
+"""Open-loop replay of a `Workload` against a streaming server, with
+closed-loop turns for multi-turn sessions.
 
 Each request is sent at its scheduled arrival time (relative to one start
 instant) whether or not earlier requests have finished, so queueing happens
-in the server, where it is measured, and not in the client. Each request
+in the server, where it is measured, and not in the client. A multi-turn
+workload's later turns are the exception by design: turn k is made by
+`workloads.multiturn.session.SessionLoop` from what turn k-1 generated (its
+text and, where the server streams them, its token ids) when turn k-1 ends,
+and sent a think time later. Each request
 records when it was really sent (``dispatch_s``; the dispatch lag is
 ``dispatch_s - arrival_s``), and `adapters.client.stream` times the rest.
 
@@ -17,6 +22,7 @@ a second thread being created or scheduled.
 
 from __future__ import annotations
 
+import heapq
 import http.client
 import json
 import sys
@@ -42,6 +48,7 @@ from adapters.client.stream import (
     stream_exchange,
 )
 from harness.records import RequestRecord
+from workloads.multiturn.session import SessionLoop
 
 SWITCH_INTERVAL_S = 1e-4
 PREPARE_LEAD_S = 0.05   # a request's thread starts and connects this long before its arrival
@@ -103,7 +110,8 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                   extra_body: dict | None = None, progress: ProgressFn | None = None,
                   clock: Clock = time.perf_counter,
                   t0: float | None = None) -> OpenLoopResult:
-    """Replay ``workload`` open-loop; one `RequestRecord` per request, in order.
+    """Replay ``workload`` open-loop (later turns of its sessions closed-loop);
+    one `RequestRecord` per request served, in request-id order.
 
     Times in the records are seconds since the start instant ``t0`` (now, if
     not given; pass it to share the origin with a metrics scraper), so
@@ -114,11 +122,19 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     connects and waits; at ``arrival`` (slept to within ``SPIN_S``, then spun)
     it writes the request on that open socket itself.
     """
-    requests = list(workload.requests)
-    outcomes: list[StreamOutcome | None] = [None] * len(requests)
-    slots: list[ConnectionSlot | None] = [None] * len(requests)
-    lock = threading.Lock()
+    loop = SessionLoop(workload) if workload.sessions else None
+    requests = list(workload.requests)   # grows: a session's next turn is appended when made
+    outcomes: dict[int, StreamOutcome] = {}
+    slots: dict[int, ConnectionSlot] = {}
+    cond = threading.Condition()
     completed = [0]
+    # (time, 0 = prepare / 1 = send, index): a request is prepared before it is sent
+    timeline: list[tuple[float, int, int]] = []
+    unfinished = [len(requests)]   # requests whose end may still add a turn
+
+    def plan(i: int, r) -> None:
+        heapq.heappush(timeline, (r.arrival_s - PREPARE_LEAD_S, 0, i))
+        heapq.heappush(timeline, (r.arrival_s, 1, i))
 
     def read(i: int, slot: ConnectionSlot, t0: float):
         try:
@@ -126,16 +142,24 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                                       clock)
         except Exception as exc:  # a client bug must fail one request, not lose it silently
             outcome = failed(slot.out, f"client error {type(exc).__name__}: {exc}", clock() - t0)
-        with lock:
+        nxt = None
+        if loop is not None and outcome.success:
+            nxt = loop.next_turn(requests[i], outcome.token_ids, outcome.finish_s, outcome.text)
+        with cond:
             outcomes[i] = outcome
             completed[0] += 1
             n = completed[0]
+            if nxt is not None:
+                requests.append(nxt)
+                unfinished[0] += 1
+                plan(len(requests) - 1, nxt)
+            unfinished[0] -= 1
+            cond.notify()
         if progress is not None:
             progress(n)
 
-    # (time, 0 = prepare / 1 = send, index): a request is prepared before it is sent
-    timeline = sorted([(r.arrival_s - PREPARE_LEAD_S, 0, i) for i, r in enumerate(requests)]
-                      + [(r.arrival_s, 1, i) for i, r in enumerate(requests)])
+    for i, r in enumerate(requests):
+        plan(i, r)
     threads = []
     # Many reader threads share the GIL; a short switch interval lets the
     # dispatcher take it back within ~0.1 ms of its deadline instead of 5 ms.
@@ -143,7 +167,18 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         t0 = clock() if t0 is None else t0
-        for at, kind, i in timeline:
+        while True:
+            with cond:
+                if not timeline and loop is not None and unfinished[0] > 0:
+                    cond.wait()    # a turn in flight may still make the next one
+                    continue
+                if not timeline:
+                    break
+                at, kind, i = timeline[0]
+                if loop is not None and (left := t0 + at - SPIN_S * kind - clock()) > 0:
+                    cond.wait(left)   # woken early when a finished turn plans an earlier one
+                    continue
+                heapq.heappop(timeline)
             if kind == 0:
                 _sleep_until(t0 + at, clock)
                 r = requests[i]
@@ -158,15 +193,18 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                 _sleep_until(t0 + at - SPIN_S, clock)
                 while clock() < t0 + at:
                     pass
-                slots[i].dispatch(t0, clock, timeouts.connect_s)
-                slots[i] = None
+                slots.pop(i).dispatch(t0, clock, timeouts.connect_s)
         for th in threads:
             th.join()
     finally:
         sys.setswitchinterval(switch)
     end = clock() - t0
-    records = [request_record(r, o) for r, o in zip(requests, outcomes, strict=True)]
-    return OpenLoopResult(records, outcomes, 0.0, end)
+    order = sorted(range(len(requests)), key=lambda i: requests[i].request_id)
+    records = [request_record(requests[i], outcomes[i]) for i in order]
+    if loop is not None:
+        for rec in records:
+            rec.session, rec.turn = loop.turn_of[rec.request_id]
+    return OpenLoopResult(records, [outcomes[i] for i in order], 0.0, end)
 
 
 def _sleep_until(deadline: float, clock: Clock) -> None:

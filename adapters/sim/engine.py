@@ -25,7 +25,8 @@ from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
-from harness.scheduler import DONE, Scheduler, SchedulerPolicy
+from harness.scheduler import DONE, Scheduler, SchedulerPolicy, generated_token
+from workloads.multiturn.session import SessionLoop
 
 STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
 #: The benchmark notices completions by polling at this interval (assumed, like a
@@ -117,6 +118,10 @@ class SimEngine:
             retention=config.retention, retention_threshold=config.retention_threshold))
         recorder = StepRecorder(org, geom.pool_layers)
         warmup = config.warmup_requests
+        warm_ids = workload.warmup_ids(warmup)
+        # Multi-turn sessions: a finished turn makes the next one (closed loop).
+        loop = SessionLoop(workload) if workload.sessions else None
+        sent: dict[int, object] = {}
         events: list[tuple] = []
         seq = 0
         for wr in workload.requests:
@@ -128,14 +133,22 @@ class SimEngine:
         while events:
             now, kind, _, payload = heapq.heappop(events)
             if kind == ARRIVAL:
-                sched.add(payload.request_id, payload.arrival_s, payload.prompt_token_ids,
-                          payload.output_len, payload.salt, payload.prefix_group,
-                          warmup=payload.request_id < warmup)
+                added = sched.add(payload.request_id, payload.arrival_s,
+                                  payload.prompt_token_ids, payload.output_len, payload.salt,
+                                  payload.prefix_group, warmup=payload.request_id in warm_ids)
+                if loop:
+                    sent[payload.request_id] = payload
+                    added.record.session, added.record.turn = loop.turn_of[payload.request_id]
             else:
                 finished = sched.complete(batch, now)
                 recorder.step_finished(now)
                 batch = None
                 done += len(finished)
+                for r in finished if loop else ():
+                    nxt = loop.next_turn(sent.pop(r.rid), generated_ids(r), now)
+                    if nxt is not None:
+                        heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
+                        seq += 1
                 if finished and progress:
                     progress(done)
                 if config.debug_invariants:
@@ -189,9 +202,8 @@ def check_fits(org, workload, config, label: str) -> None:
     grid boundary)."""
     if not workload.requests:
         raise HbenchError("the workload has no requests")
-    longest = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
-    total = longest.prompt_len + longest.output_len
-    prompt = longest.prompt_len
+    prompt, output = workload.longest_request()
+    total = prompt + output
     first = (prompt if prompt <= config.token_budget
              else config.token_budget // org.grid * org.grid)
     if not org.can_allocate(org.pages_needed(-1, first, prompt), config.headroom):
@@ -206,6 +218,12 @@ def check_fits(org, workload, config, label: str) -> None:
             raise HbenchError(
                 f"budget {label} gives {org.name} {pool.pages} {pool.name} pages, but the "
                 f"longest request ({total} tokens) alone needs {n}: raise the budget")
+
+
+def generated_ids(r) -> list[int]:
+    """Every token id a finished request generated: those the scheduler fed
+    back into its sequence, plus the last one (emitted, never fed back)."""
+    return r.tokens[r.prompt_len:] + [generated_token(r.rid, r.generated)]
 
 
 def _shape(batch) -> StepShape:

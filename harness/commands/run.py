@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
+from harness.commands.workload import multiturn_options
 from harness.config import ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.paths import check_writable_dir
@@ -45,6 +46,11 @@ SUMMARY_ROWS = [
     ("peak_mem_ssm_bytes", "peak SSM state", 2**-30, "GiB"),
     ("slab_occupancy_mean", "slab occupancy (mean)", 100, "%"),
     ("finished", "finished", 1, ""), ("failed", "failed", 1, ""), ("cancelled", "cancelled", 1, ""),
+    # multi-turn runs only
+    ("later_turn_ttft_p50_s", "TTFT p50, turns after the first", 1e3, "ms"),
+    ("history_reuse_fraction", "history served from cache", 100, "%"),
+    ("history_recomputed_tokens", "history tokens recomputed", 1, ""),
+    ("history_survived_fraction", "turns whose history survived", 100, "%"),
 ]
 
 
@@ -63,6 +69,8 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
     t.add_column("value", justify="right")
     t.add_column("unit")
     for key, label, scale, unit in SUMMARY_ROWS:
+        if key not in summary:
+            continue
         t.add_row(label, _fmt(summary.get(key), scale), unit)
     console.print(t)
     console.print(f"results: {run_dir}")
@@ -97,6 +105,7 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
               help="Generate arrivals for this many seconds instead of --requests.")
 @click.option("--contexts", type=int, default=D.contexts, show_default=True,
               help="Number of shared contexts.")
+@multiturn_options
 @click.option("--mean-input", type=int, default=D.mean_input, show_default=True,
               help="Target mean prompt length in tokens (the study's working point: 3332).")
 @click.option("--max-model-len", type=int, default=D.max_model_len, show_default=True)
@@ -156,7 +165,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True,
                   disable=as_json) as bar:
-        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}", total=len(workload))
+        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}", total=workload.total_requests)
         run_dir = execute(config, out, workload=workload, allow_oversubscribe=allow_oversubscribe,
                           progress=lambda n: bar.update(task, completed=n))
     data = read_run(run_dir)

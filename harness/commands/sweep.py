@@ -32,6 +32,9 @@ AXES = [
     ("--gpu", "gpu", "simulated hardware presets"),
     ("--arrival", "arrival", "arrival processes"),
     ("--warmup", "warmup_requests", "warm-up requests"),
+    ("--workload-kind", "workload_kind", "workload generators (sharegpt, multiturn)"),
+    ("--think-time", "think_time_s", "multi-turn mean think times in s"),
+    ("--max-turns", "max_turns", "multi-turn turns per session at most"),
 ]
 
 

@@ -13,18 +13,54 @@ from pathlib import Path
 import click
 import numpy as np
 
+from harness.config import THINK_TIMES, WORKLOAD_KINDS, RunConfig
 from harness.errors import HbenchError
 from workloads.sharegpt.arrivals import ARRIVALS
 from workloads.workload import Workload
 
 PERCENTILES = (50, 90, 99)
+_D = RunConfig()
 
 
-def summarize(w: Workload) -> dict:
-    """Length percentiles, shared fraction, offered load and identity of ``w``.
+def multiturn_options(f):
+    """The multi-turn and corpus flags, shared by ``run`` and ``workload build``."""
+    opts = [
+        click.option("--workload-kind", type=click.Choice(WORKLOAD_KINDS), default=_D.workload_kind,
+                     show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
+                     "conversation replay (--requests/--rate then count sessions)."),
+        click.option("--max-turns", type=int, default=_D.max_turns, show_default=True,
+                     help="Multi-turn: turns per session at most."),
+        click.option("--max-history", type=int, default=None,
+                     help="Multi-turn: prompt + output tokens of a turn at most "
+                     "[default: --max-model-len]."),
+        click.option("--think", type=click.Choice(THINK_TIMES), default=_D.think,
+                     show_default=True, help="Multi-turn: think-time distribution."),
+        click.option("--think-time", "think_time_s", type=float, default=_D.think_time_s,
+                     show_default=True, help="Multi-turn: mean seconds between an answer and "
+                     "the next turn."),
+        click.option("--replay-answers", is_flag=True, help="Multi-turn: the next prompt holds "
+                     "the dataset's answer instead of the generated tokens."),
+        click.option("--dataset", default=None, metavar="PATH|HUB-ID",
+                     help="A chat corpus instead of the packaged ShareGPT V3: a JSON/JSONL/Parquet "
+                     "file or folder, a saved `datasets` dataset, or a hub id (needs network)."),
+        click.option("--chat-column", default=None,
+                     help="The column holding each record's messages [default: detected from "
+                     "conversations, messages, conversation]."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def summarize(w: Workload, grids: dict[str, int] | None = None) -> dict:
+    """Length percentiles, shared fraction, offered load and identity of ``w``;
+    with ``grids`` (organization -> checkpoint grid tokens) also its
+    prefix-sharing structure against them and, for a multi-turn workload, the
+    history growth per turn (`workloads.describe`).
 
     Offered load divides the requested tokens by the arrival span (the
-    process starts at t = 0, so the span is the last arrival time).
+    process starts at t = 0, so the span is the last arrival time); for a
+    multi-turn workload it covers the first turns, the open-loop part.
     """
     if len(w) == 0:
         raise HbenchError("the workload has no requests")
@@ -38,6 +74,12 @@ def summarize(w: Workload) -> dict:
         return d
 
     per_s = (lambda total: total / duration) if duration > 0 else (lambda total: float("nan"))
+    extra = {}
+    if grids:
+        from workloads.describe import history_growth, sharing_structure
+
+        extra = {"sharing": sharing_structure(w, grids), "history_growth": history_growth(w),
+                 "total_requests": w.total_requests}
     return {
         "requests": len(w),
         "input_tokens": dist(inputs),
@@ -49,6 +91,7 @@ def summarize(w: Workload) -> dict:
         "offered_output_tok_per_s": per_s(float(outputs.sum())),
         "content_hash": w.content_hash,
         "meta": w.meta,
+        **extra,
     }
 
 
@@ -103,14 +146,14 @@ def workload():
 @click.option("--max-model-len", type=int, default=8192, show_default=True)
 @click.option("--max-output", type=int, default=1024, show_default=True)
 @click.option("--isolate", is_flag=True, help="Give every request a unique cache salt.")
-@click.option("--dataset", type=click.Path(dir_okay=False), default=None,
-              help="A ShareGPT JSON/JSONL file instead of the packaged ShareGPT V3.")
+@click.option("--revision", default=None, help="Hub datasets: the revision to read.")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="A tokenizer.json (or a folder holding one) for exact token counts.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Parquet file to write.")
+@multiturn_options
 def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
-          max_model_len, max_output, isolate, dataset, tokenizer, output):
+          max_model_len, max_output, isolate, revision, tokenizer, output, **multiturn):
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
@@ -124,10 +167,19 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
             seed=seed, q=q, rate=rate, arrival=arrival, burstiness=burstiness,
             requests=requests, duration_s=duration_s, contexts=contexts,
             max_model_len=max_model_len, max_output=max_output, isolate=isolate,
-            dataset=dataset, tokenizer=tokenizer, mean_input_tokens=mean_input,
+            tokenizer=tokenizer, mean_input_tokens=mean_input, **multiturn, revision=revision,
         )
         path = save_workload(w, output)
     m = w.meta
+    if w.sessions:
+        click.echo(
+            f"wrote {path}: {len(w.sessions)} sessions, {w.total_requests} turns (at most "
+            f"{m['max_turns']} per session, history <= {m['max_history']} tok), "
+            f"{m['rate']:g} sessions/s {m['arrival']}, think {m['think']} mean "
+            f"{m['think_time_s']:g} s, {'replayed' if m['replay_answers'] else 'generated'} "
+            f"answers; {m['dataset']}: {m['records_read']} records read; "
+            f"hash {w.content_hash}")
+        return
     cut = ", file truncated" if m["truncated"] else ""
     click.echo(
         f"wrote {path}: {len(w)} requests, q={m['q']:g}, {m['rate']:g} req/s {m['arrival']}, "
@@ -141,18 +193,30 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Also write a histogram of input and output lengths.")
+@click.option("--sharing-png", type=click.Path(dir_okay=False), default=None,
+              help="Also write a figure of the prefix-sharing structure against the grids.")
+@click.option("--model", default="falcon-h1-7b", show_default=True,
+              help="Model preset whose organization grids the sharing is compared with.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def describe(path, png, as_json):
-    """Summarize a saved workload."""
+def describe(path, png, sharing_png, model, as_json):
+    """Summarize a saved workload: lengths, load, and the prefix sharing a
+    hybrid cache can use at each organization's checkpoint grid."""
     from harness.paths import check_writable_file
+    from workloads.describe import org_grids
     from workloads.io import load_workload
 
     if png:
         check_writable_file(png, "--png")
+    if sharing_png:
+        check_writable_file(sharing_png, "--sharing-png")
     w = load_workload(path)
-    s = summarize(w)
+    s = summarize(w, org_grids(model))
     if png:
         plot_lengths(w, Path(png))
+    if sharing_png:
+        from workloads.describe import save_sharing_figure
+
+        save_sharing_figure(s, Path(sharing_png))
     if as_json:
         click.echo(json.dumps(s, indent=2, sort_keys=True))
         return
@@ -181,7 +245,35 @@ def describe(path, png, as_json):
         f"{' (file truncated)' if m.get('truncated') else ''}; tokenizer {m.get('tokenizer')}",
         f"content hash      {s['content_hash']}",
     ]
+    if w.sessions:
+        lines[0] = (f"sessions          {len(w.sessions)} sessions, {w.total_requests} turns "
+                        f"(think {m.get('think')} mean {m.get('think_time_s')} s, "
+                    f"{'replayed' if m.get('replay_answers') else 'generated'} answers, "
+                    f"{'ISOLATE' if m.get('isolate') else 'SHARE'})")
     if png:
         lines.append(f"histogram         {png}")
     for line in lines:
         click.echo(line)
+    sh = s["sharing"]
+    click.echo(f"shareable prefix  {sh['shareable_fraction']:.1%} of {sh['prompt_tokens']:,} prompt "
+               f"tokens at best ({sh['sharing_requests']} of {sh['requests']} requests share, "
+               f"median prefix {sh['shareable_prefix_p50']:.0f} tok)")
+    grid_table = Table(title="reusable at each organization's checkpoint grid")
+    for col in ("org", "grid", "reusable", "beyond last grid point", "per sharing request",
+                "prefix < one grid"):
+        grid_table.add_column(col, justify="left" if col == "org" else "right")
+    for org, o in sh["orgs"].items():
+        grid_table.add_row(org, f"{o['grid_tokens']}", f"{o['reusable_fraction']:.1%}",
+                           f"{o['beyond_grid_tokens']:,} tok", f"{o['beyond_grid_mean']:.0f} tok",
+                           f"{o['below_one_grid']}")
+    console.print(grid_table)
+    if s["history_growth"]:
+        growth = Table(title="history growth per session")
+        for col in ("turn", "sessions", "mean prompt", "max prompt"):
+            growth.add_column(col, justify="right")
+        for g in s["history_growth"]:
+            growth.add_row(str(g["turn"]), str(g["sessions"]), f"{g['prompt_mean']:.0f}",
+                           str(g["prompt_max"]))
+        console.print(growth)
+    if sharing_png:
+        click.echo(f"sharing figure    {sharing_png}")

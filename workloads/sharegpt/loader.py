@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +57,7 @@ class ShareGPTPairs:
     conv: np.ndarray  # int64 per pair
     human: pa.Array  # string per pair
     gpt: pa.Array  # string per pair
+    identity: dict = field(default_factory=dict)  # set by workloads.corpus: source, hash, skips
 
     def __len__(self) -> int:
         return len(self.conv)

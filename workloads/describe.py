@@ -1,0 +1,141 @@
+"""The prefix-sharing structure of a workload, against the organizations' grids.
+
+A hybrid cache can reuse a prefix only up to a checkpoint, and checkpoints
+exist only on the organization's grid (every 512 tokens for S0/S1/S2, every
+1792 for D0 with Falcon-H1's geometry). So what a workload offers a cache is
+its *shareable prefixes*, and what an organization can take of them is each
+prefix cut down to its last grid point.
+
+For every request, the shareable prefix is the part of its prompt that an
+earlier request has already sent, at best:
+
+- the study's shape: the shared context (``prefix_tokens``) of a request whose
+  context group was used by an earlier request, under SHARE; 0 otherwise;
+- multi-turn: the whole previous turn (its prompt and its answer, at their
+  planned lengths) for every turn after the first; 0 for first turns.
+
+`sharing_structure` gives, per organization, the prompt share reusable at its
+grid and the shareable tokens beyond its last grid point; `history_growth`
+the mean planned prompt length by turn index. Both are pure functions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workloads.workload import Workload
+
+
+def shareable_prefixes(w: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt tokens, shareable prefix tokens) per request, later turns included."""
+    prompts, shared = [], []
+    seen: set[int] = set()
+    for r in w.requests:
+        prompts.append(r.prompt_len)
+        group = r.prefix_group
+        shared.append(r.prefix_tokens if group >= 0 and group in seen and r.salt is None else 0)
+        if group >= 0:
+            seen.add(group)
+    for s in w.sessions:
+        first = w.requests[s.first_request]
+        prev_prompt, prev_out = first.prompt_len, first.output_len
+        for t in s.turns:
+            prompts.append(t.prompt_len)
+            shared.append(prev_prompt + prev_out)
+            prev_prompt, prev_out = t.prompt_len, t.output_len
+    return np.asarray(prompts, dtype=np.int64), np.asarray(shared, dtype=np.int64)
+
+
+def sharing_structure(w: Workload, grids: dict[str, int]) -> dict:
+    """Prompt tokens, best-case shareable share, and per organization (name ->
+    grid tokens): the share reusable at its grid, the shareable tokens beyond
+    its last grid point (total and per sharing request)."""
+    prompts, shared = shareable_prefixes(w)
+    total = int(prompts.sum())
+    sharing = shared > 0
+    out = {
+        "requests": int(len(prompts)),
+        "prompt_tokens": total,
+        "sharing_requests": int(sharing.sum()),
+        "shareable_tokens": int(shared.sum()),
+        "shareable_fraction": float(shared.sum() / total) if total else float("nan"),
+        "shareable_prefix_p50": float(np.median(shared[sharing])) if sharing.any() else 0.0,
+        "orgs": {},
+    }
+    for org, grid in grids.items():
+        at_grid = shared // grid * grid
+        beyond = shared - at_grid
+        out["orgs"][org] = {
+            "grid_tokens": int(grid),
+            "reusable_tokens": int(at_grid.sum()),
+            "reusable_fraction": float(at_grid.sum() / total) if total else float("nan"),
+            "beyond_grid_tokens": int(beyond.sum()),
+            "beyond_grid_mean": float(beyond[sharing].mean()) if sharing.any() else 0.0,
+            "below_one_grid": int((sharing & (at_grid == 0)).sum()),
+        }
+    return out
+
+
+def history_growth(w: Workload) -> list[dict]:
+    """Per turn index of a multi-turn workload: sessions reaching it and the
+    mean planned prompt length (empty for a single-turn workload)."""
+    if not w.sessions:
+        return []
+    by_turn: dict[int, list[int]] = {}
+    for s in w.sessions:
+        by_turn.setdefault(0, []).append(w.requests[s.first_request].prompt_len)
+        for k, t in enumerate(s.turns, start=1):
+            by_turn.setdefault(k, []).append(t.prompt_len)
+    return [{"turn": k, "sessions": len(v), "prompt_mean": float(np.mean(v)),
+             "prompt_max": int(max(v))} for k, v in sorted(by_turn.items())]
+
+
+def org_grids(model: str = "falcon-h1-7b") -> dict[str, int]:
+    """Each organization's checkpoint grid for ``model`` (a preset name)."""
+    from harness.config import ORG_NAMES, RunConfig
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    geom = geometry_for_run(RunConfig(model=model))
+    return {org: layout_for(org, geom).grid_tokens for org in ORG_NAMES}
+
+
+def sharing_figure(summary: dict):
+    """A matplotlib `Figure` of ``summary`` (`harness.commands.workload.summarize`
+    with grids): left, the prompt share reusable at best and at each
+    organization's grid; right, the mean planned prompt length per turn
+    (multi-turn) or the shareable tokens lost beyond the last grid point."""
+    from matplotlib.figure import Figure
+
+    sh = summary["sharing"]
+    orgs = list(sh["orgs"])
+    fig = Figure(figsize=(10, 3.8))
+    ax, ax2 = fig.subplots(1, 2)
+    labels = ["best case", *(f"{o} (grid {sh['orgs'][o]['grid_tokens']})" for o in orgs)]
+    values = [sh["shareable_fraction"], *(sh["orgs"][o]["reusable_fraction"] for o in orgs)]
+    ax.bar(range(len(values)), [100 * v for v in values], color=["#7f7f7f"] + ["#4472c4"] * len(orgs))
+    ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("prompt tokens reusable (%)")
+    ax.set_title("reusable prefix, best case vs checkpoint grid", fontsize=9)
+    growth = summary.get("history_growth") or []
+    if growth:
+        ax2.plot([g["turn"] for g in growth], [g["prompt_mean"] for g in growth], marker="o")
+        ax2.set_xlabel("turn index")
+        ax2.set_ylabel("mean prompt (tokens)")
+        ax2.set_title("history growth per session", fontsize=9)
+    else:
+        ax2.bar(orgs, [sh["orgs"][o]["beyond_grid_mean"] for o in orgs], color="#ed7d31")
+        ax2.set_xlabel("organization")
+        ax2.set_ylabel("shareable tokens beyond the last grid point (tokens/request)")
+        ax2.set_title("shared prefix the grid cannot reach", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def save_sharing_figure(summary: dict, path) -> None:
+    """Write `sharing_figure` of ``summary`` to ``path`` (format from its suffix)."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sharing_figure(summary).savefig(path, dpi=120)
