@@ -24,15 +24,19 @@ from harness.errors import HbenchError
 @click.option("--design", "--family-file", "design", type=click.Path(path_type=Path), default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Significance level after Holm.")
+@click.option("--include-invalid", is_flag=True,
+              help="Keep contrasts whose arms are not valid in their Holm families.")
 @click.option("--no-figures", is_flag=True, help="Skip the figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
-def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
+def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_figures, as_json):
     """Compare organizations across seeds in RESULTS_DIR.
 
     Without --design, runs are grouped by every configuration field except
     org and seed, and each organization is contrasted with s0 (else s2) on
-    each --metric. Writes contrasts.csv, contrasts.json, report.md and
-    figures/ under --out.
+    each --metric. A contrast whose arms are not valid (a run's validity
+    verdict failed, or the arms lack parity) is marked and left out of its
+    Holm family unless --include-invalid. Writes contrasts.csv,
+    contrasts.json, report.md, report.html and figures/ under --out.
     """
     from rich.console import Console
 
@@ -53,7 +57,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
             contrasts, interactions = list(d.contrasts), list(d.interactions)
         else:
             contrasts, interactions = C.auto_contrasts(runs, metrics), []
-        table = C.evaluate(runs, contrasts, alpha=alpha)
+        table = C.evaluate(runs, contrasts, alpha=alpha, include_invalid=include_invalid)
         inter = C.evaluate_interactions(runs, contrasts, interactions, alpha=alpha) if interactions else None
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)

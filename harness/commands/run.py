@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
+from analysis.validity import describe_validity
 from harness.config import ARRIVALS, ORG_NAMES, RunConfig, validate
 from harness.errors import HbenchError
 from harness.paths import check_writable_dir
@@ -63,6 +64,7 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
     t.add_column("unit")
     for key, label, scale, unit in SUMMARY_ROWS:
         t.add_row(label, _fmt(summary.get(key), scale), unit)
+    t.add_row("validity", describe_validity(summary), "")
     console.print(t)
     console.print(f"results: {run_dir}")
 
