@@ -42,6 +42,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
 
     from analysis import contrasts as C
     from analysis.figures import render_figures
+    from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
     from harness.paths import check_writable_dir
@@ -64,11 +65,12 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         out = out_dir if out_dir is not None else results_dir / "analysis"
         figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
         write_outputs(out, results_dir, table, inter, arms, figures)
+        write_report(results_dir, out / "report.html", runs=runs, contrasts=table)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:
         click.echo(to_json(table, inter, arms))
     else:
         print_tables(Console(width=max(Console().width, 160)), table, inter)
-        click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md"
+        click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md, report.html"
                    + (f" and {len(figures)} figure files" if figures else ""))
