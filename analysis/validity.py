@@ -161,8 +161,9 @@ def run_is_valid(summary: Mapping) -> bool:
     return True if not isinstance(v, Mapping) else bool(v.get("valid", True))
 
 
-def describe_validity(summary: Mapping) -> str:
-    """``valid`` or ``NOT VALID: check (detail); ...`` for tables."""
+def describe_validity(summary: Mapping, detail: bool = True) -> str:
+    """``valid`` or ``NOT VALID: check (detail); ...`` for tables (without the
+    details when not ``detail``)."""
     v = summary.get("validity")
     if not isinstance(v, Mapping):
         return "not checked"
@@ -170,8 +171,19 @@ def describe_validity(summary: Mapping) -> str:
         warns = [n for n, c in v.get("checks", {}).items() if c.get("status") == WARN]
         return "valid" + (f" (warn: {', '.join(warns)})" if warns else "")
     checks = v.get("checks", {})
+    if not detail:
+        return "NOT VALID: " + ", ".join(v.get("reasons", []))
     return "NOT VALID: " + "; ".join(f"{n} ({checks.get(n, {}).get('detail', '')})"
                                      for n in v.get("reasons", []))
+
+
+def failed_details(summary: Mapping) -> list[str]:
+    """``check: detail`` for every check that failed or warned."""
+    v = summary.get("validity")
+    if not isinstance(v, Mapping):
+        return []
+    return [f"{n}: {c.get('detail', '')}" for n, c in v.get("checks", {}).items()
+            if c.get("status") in (FAIL, WARN)]
 
 
 def arm_parity(a: Mapping, b: Mapping) -> list[str]:

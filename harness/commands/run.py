@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from analysis.validity import describe_validity
+from analysis.validity import describe_validity, failed_details
 from harness.config import ARRIVALS, ORG_NAMES, RunConfig, validate
 from harness.errors import HbenchError
 from harness.paths import check_writable_dir
@@ -64,8 +64,10 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
     t.add_column("unit")
     for key, label, scale, unit in SUMMARY_ROWS:
         t.add_row(label, _fmt(summary.get(key), scale), unit)
-    t.add_row("validity", describe_validity(summary), "")
+    t.add_row("validity", describe_validity(summary, detail=False), "")
     console.print(t)
+    for line in failed_details(summary):
+        console.print(f"  {line}", highlight=False)
     console.print(f"results: {run_dir}")
 
 
