@@ -23,14 +23,21 @@ this order:
                       had reused the prefix;
 ``evicted_after_reuse``   both halves gone after someone had reused it;
 ``other``             anything else (J_adopt short with both halves reported).
+
+`diagnose` works on the tables; `explain_run` reads a run directory (the
+grid and block from its engine info, the shared length from its workload).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from harness.errors import HbenchError
+from harness.results import read_run
 
 REASONS = {
     "isolate": "ISOLATE: every request has its own cache salt",
@@ -131,3 +138,28 @@ def answer(diag: pd.DataFrame, *, org: str, shared_tokens: int, grid: int, block
         text += (" The prefix was requested again before its first request had finished computing it "
                  "(arrivals close together).")
     return text
+
+
+def explain_run(run_dir: Path) -> dict:
+    """The diagnosis of one run directory as a JSON-ready dict (``hbench explain``
+    and the HTML report); HbenchError when its manifest lacks the grid, the
+    attention block or the shared-context length."""
+    run = read_run(run_dir)
+    info = run.manifest.get("engine_info") or {}
+    grid, block = info.get("grid_tokens"), info.get("attn_block_tokens")
+    shared = (run.manifest.get("workload_meta") or {}).get("context_tokens")
+    if grid is None or block is None or shared is None:
+        raise HbenchError(f"{run_dir}: the manifest records no checkpoint grid, attention block or "
+                          "shared-context length; hbench explain needs a run written by hbench's "
+                          "simulator on a derived workload")
+    diag = diagnose(run.table("requests"), run.table("steps"), shared_tokens=int(shared),
+                    grid=int(grid), block=int(block), isolate=bool(run.config.get("isolate")))
+    counts = Counter(r for r in diag["reason"] if r)
+    return {
+        "run": str(run.path), "org": run.config.get("org"), "grid_tokens": grid,
+        "attn_block_tokens": block, "shared_prefix_tokens": shared,
+        "shared_requests": len(diag), "reused_all": int(diag["reused_all"].sum()),
+        "counts": {k: counts[k] for k in REASONS if counts[k]},
+        "answer": answer(diag, org=str(run.config.get("org")), shared_tokens=int(shared),
+                         grid=int(grid), block=int(block)),
+    }

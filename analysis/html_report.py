@@ -136,7 +136,7 @@ def _capacity_section(root: Path) -> str:
 
 
 def _explain_section(runs: pd.DataFrame, limit: int = 12) -> str:
-    from harness.commands.explain import explain_run
+    from analysis.explain import explain_run
 
     rows = []
     for _, r in runs.sort_values("run_id").head(limit).iterrows():
