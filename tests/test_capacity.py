@@ -118,3 +118,16 @@ def test_capacity_cli_found_rate_holds_and_next_step_fails(tmp_path):
 def test_capacity_cli_refuses_bad_slo(tmp_path):
     res = CliRunner().invoke(cli, ["capacity", "--slo", "ttft<=2", "--out", str(Path(tmp_path) / "c")])
     assert res.exit_code == 1 and res.output.startswith("Error: cannot read SLO term")
+
+
+def test_runs_at_the_found_capacity_that_are_not_valid_are_named():
+    from harness.commands.capacity import _invalid_at_capacity
+
+    cells = pd.DataFrame([
+        {"org": "s2", "budget": "b83", "seed": 1, "rate": 1.0, "meets": True, "valid": True},
+        {"org": "s2", "budget": "b83", "seed": 1, "rate": 2.0, "meets": True, "valid": False},
+        {"org": "s2", "budget": "b83", "seed": 1, "rate": 3.0, "meets": False, "valid": False},
+        {"org": "s2", "budget": "b83", "seed": 2, "rate": 1.0, "meets": True, "valid": True},
+        {"org": "s2", "budget": "b83", "seed": 2, "rate": 2.0, "meets": False, "valid": False},
+    ])
+    assert _invalid_at_capacity(cells) == ["s2@b83 seed 1 rate 2"]

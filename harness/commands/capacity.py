@@ -61,6 +61,20 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     return pd.DataFrame(rows)
 
 
+def _invalid_at_capacity(cells) -> list[str]:
+    """``org@budget seed s rate r`` for each seed's run at its found capacity whose
+    validity verdict failed."""
+    from analysis.capacity import seed_capacity
+
+    out = []
+    for (org, budget, seed), g in cells.groupby(["org", "budget", "seed"], sort=False):
+        cap, _ = seed_capacity(dict(zip(g["rate"], g["meets"], strict=True)))
+        at = g[g["rate"] == cap]
+        if not at.empty and not bool(at["valid"].iloc[0]):
+            out.append(f"{org}@{budget} seed {seed} rate {cap:g}")
+    return out
+
+
 @click.command("capacity", context_settings={"max_content_width": 100})
 @click.option("--org", "orgs", default="s2,d0", show_default=True, help="Organizations, comma list.")
 @click.option("--budget", "budgets", default="b63,b83,b108", show_default=True, help="Budgets, comma list.")
@@ -141,4 +155,8 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
                       f"from {c['from_rate']:g} req/s")
     if not cross:
         console.print("no crossover: no organization overtakes another within the rate grid")
+    shaky = _invalid_at_capacity(cells)
+    if shaky:
+        console.print(f"note: {len(shaky)} runs at a found capacity are not valid (their SLO held in a "
+                      f"transient): {', '.join(shaky)}", highlight=False)
     console.print(f"wrote {out}/capacity.json and {out}/winner_map.png")
