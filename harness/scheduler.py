@@ -25,6 +25,11 @@ Policy, in the order it is applied each step:
 3. Retention (policy): a running producer's published checkpoints whose
    prefix was demanded by at least ``retention_threshold`` distinct requests
    are retained until the producer finishes or is preempted.
+
+Each `StepBatch` also says why the requests left waiting were not admitted
+(``wait_reason``: memory, cap or budget) and who was admitted or skipped;
+the scheduler only records these, the step recorder writes them and
+`analysis.attribution` splits each TTFT by them.
 """
 
 from __future__ import annotations
