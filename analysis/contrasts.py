@@ -31,6 +31,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.load import config_keys
+from analysis.validity import arm_parity
 from harness.errors import HbenchError
 from harness.results import CHECKED_METADATA, metadata_conflict
 
@@ -182,8 +183,14 @@ def _seed_list(seeds) -> str:
 def evaluate(
     runs: pd.DataFrame, contrasts: Sequence[Contrast], alpha: float = ALPHA,
     n_resamples: int = stats.N_RESAMPLES, seed: int = stats.BOOTSTRAP_SEED,
+    include_invalid: bool = True,
 ) -> pd.DataFrame:
     """One row per contrast.
+
+    ``arms_invalid`` says why a contrast's arms are not valid (a run whose
+    validity verdict failed, or a pair without parity: `analysis.validity`);
+    unless ``include_invalid``, such a contrast is left out of its Holm family
+    (``p_holm`` NaN, verdict "arms not valid").
 
     Primary: the geometric mean ratio (``geo_mean_ratio``, ``effect_pct``)
     with its back-transformed log-scale t CI (``ci_low``/``ci_high`` on the
@@ -213,6 +220,7 @@ def evaluate(
             "invalid": "; ".join(f"seed {s}: {why}" for s, why in invalid.items()),
             "mean_numerator": stats.mean_over_seeds(pd.to_numeric(p["num"], errors="coerce")),
             "mean_denominator": stats.mean_over_seeds(pd.to_numeric(p["den"], errors="coerce")),
+            "arms_invalid": arms_invalid(runs, p),
         }
         if invalid:
             row.update(geo_mean_ratio=nan, effect_pct=nan, ci_low=nan, ci_high=nan, effect_ci_low=nan,
@@ -231,13 +239,34 @@ def evaluate(
         rows.append(row)
     cols = list(rows[0]) if rows else ["family", "name", "metric", "n", "p", "ci_low", "ci_high", "invalid"]
     df = pd.DataFrame(rows, columns=cols)
+    df["excluded"] = (df["arms_invalid"] != "") if not include_invalid and len(df) else False
     return _finish(df, null=1.0, alpha=alpha)
+
+
+def arms_invalid(runs: pd.DataFrame, paired: pd.DataFrame) -> str:
+    """Why the arms of a seed-paired table are not valid ("" when they are):
+    runs whose own verdict failed, and pairs without parity."""
+    if "valid" not in runs.columns:
+        return ""
+    by_id = runs.set_index("run_id")
+    problems = []
+    for s, row in paired.iterrows():
+        a, b = by_id.loc[row["num_run"]], by_id.loc[row["den_run"]]
+        bad = [r for r, x in ((row["num_run"], a), (row["den_run"], b)) if not bool(x["valid"])]
+        if bad:
+            problems.append(f"seed {s}: run {', '.join(bad)} not valid")
+        parity = arm_parity(a.to_dict(), b.to_dict())
+        if parity:
+            problems.append(f"seed {s}: {'; '.join(parity)}")
+    return "; ".join(problems)
 
 
 def _finish(df: pd.DataFrame, null: float | None, alpha: float) -> pd.DataFrame:
     """Holm within each family, then the significance flag and verdict."""
     df["p_holm"] = np.nan
-    for _, idx in df.groupby("family", sort=False).groups.items():
+    excluded = df["excluded"] if "excluded" in df.columns else pd.Series(False, index=df.index)
+    kept = df[~excluded.astype(bool)]
+    for _, idx in kept.groupby("family", sort=False).groups.items():
         df.loc[idx, "p_holm"] = stats.holm(df.loc[idx, "p"].to_numpy(dtype=float))
     sig = []
     for _, r in df.iterrows():
@@ -247,6 +276,7 @@ def _finish(df: pd.DataFrame, null: float | None, alpha: float) -> pd.DataFrame:
     n = df["n"] if "n" in df.columns else df[["n_a", "n_b"]].min(axis=1)
     invalid = df["invalid"] if "invalid" in df.columns else pd.Series("", index=df.index)
     df["verdict"] = [_verdict(int(k), s, inv) for k, s, inv in zip(n, sig, invalid, strict=True)]
+    df.loc[excluded.astype(bool), "verdict"] = "arms not valid"
     return df
 
 

@@ -6,7 +6,9 @@ incomplete runs skipped with a `RunSkipped` warning or refused when
 gives one row per run: the run's configuration as plain columns (``org``,
 ``budget``, ``q``, ``seed``, ...; their names are listed in
 ``df.attrs["config_keys"]``), every summary metric as a column, and the
-identity and checked-metadata columns in `IDENTITY_COLUMNS`.
+identity and checked-metadata columns in `IDENTITY_COLUMNS`. The summary's
+nested ``validity`` object becomes two columns: ``valid`` (bool) and
+``validity`` (``valid`` or ``NOT VALID: ...``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import fields
 
 import pandas as pd
 
+from analysis.validity import describe_validity, run_is_valid
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.results import Run, RunSkipped, iter_runs
@@ -30,9 +33,13 @@ def run_row(run: Run) -> dict:
     config = run.config
     row: dict = dict(config)
     for key, value in run.summary.items():
+        if key == "validity":   # the one nested object: its verdict as plain columns
+            continue
         # Configuration and summary share no keys by design; never let a metric
         # overwrite a config value if that ever changes.
         row[f"summary.{key}" if key in config else key] = value
+    row["valid"] = run_is_valid(run.summary)
+    row["validity"] = describe_validity(run.summary)
     row.update(run_id=run.run_id, workload_hash=run.workload_hash, path=str(run.path),
                git_commit=run.git_commit, engine=run.engine, engine_version=run.engine_version,
                schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"))

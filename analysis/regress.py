@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis import stats
+from analysis.validity import describe_validity, run_is_valid
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.results import Run, check_pairable, iter_runs
@@ -183,6 +184,7 @@ class RegressResult:
     min_effect: float
     alpha: float
     sides: Mapping = field(default_factory=dict)   # name -> {"root", "runs", "engine_version", "git_commit"}
+    invalid: tuple[str, ...] = ()       # "side run: NOT VALID: ..." for compared runs whose verdict failed
 
     @property
     def regressions(self) -> tuple[Finding, ...]:
@@ -343,5 +345,8 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
     sides = {name: {"root": str(s.root), "runs": len(s.runs), "engine_version": s.values("engine_version"),
                     "git_commit": s.values("git_commit")}
              for name, s in (("baseline", base), ("candidate", cand))}
+    invalid = tuple(f"{side} {run.run_id}: {describe_validity(run.summary)}"
+                    for pair in pairs for side, run in zip(("baseline", "candidate"), pair, strict=True)
+                    if not run_is_valid(run.summary))
     return RegressResult(deterministic, engine, tuple(findings), len(pairs), tuple(missing), unmatched,
-                         allow_missing, min_effect, alpha, sides)
+                         allow_missing, min_effect, alpha, sides, invalid)

@@ -58,6 +58,9 @@ def markdown(result: RegressResult) -> str:
                   _table(["cell", "metric", "better", "baseline", "candidate", "change", "why"],
                          [[f.label, f.metric, f.better, _value(f.baseline), _value(f.candidate),
                            _pct(f.change), f.reason] for f in regs]), ""]
+    if result.invalid:
+        lines += ["### Runs that are not valid (compared, but their numbers may not mean what they claim)", ""]
+        lines += [f"- {x}" for x in result.invalid] + [""]
     if result.missing:
         title = "Missing cells (allowed by --allow-missing)" if result.allow_missing else "Missing cells (regressions)"
         lines += [f"### {title}", ""] + [f"- {', '.join(f'{k}={v}' for k, v in m.items())}"

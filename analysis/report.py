@@ -88,6 +88,10 @@ def contrast_notes(df: pd.DataFrame) -> list[str]:
         if str(r.get("invalid") or ""):
             notes.append(f"{r['name']}: no estimate, values form no ratio ({r['invalid']}); "
                          "it still counts in its Holm family")
+        if str(r.get("arms_invalid") or ""):
+            where = ("left out of its Holm family" if bool(r.get("excluded", False))
+                     else "kept in its Holm family")
+            notes.append(f"{r['name']}: arms not valid ({r['arms_invalid']}); {where}")
     return notes
 
 

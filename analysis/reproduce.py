@@ -229,13 +229,15 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
                     figures: bool = True) -> Reproduction:
     """Evaluate design ``name`` on the runs under ``root`` (only ``cell_ids``
     if given, so leftovers of another grid never enter a contrast), render
-    its figures and write analysis/ plus reproduce.md and reproduce.csv."""
+    its figures and write analysis/ (with the one-file analysis/report.html)
+    plus reproduce.md and reproduce.csv."""
     import warnings
     from pathlib import Path
 
     from analysis import contrasts as C
     from analysis.designs import design, selected_headroom_contrasts
     from analysis.figures import render_figures
+    from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import write_outputs
     from harness.errors import HbenchError
@@ -260,6 +262,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     out = root / "analysis"
     figs = render_figures(runs, out / "figures", metrics, table) if figures else []
     write_outputs(out, root, table, inter, arms, figs)
+    write_report(root, out / "report.html", runs=runs, contrasts=table)
     comparison = compare(name, table, inter, runs)
     comparison.to_csv(root / "reproduce.csv", index=False)
     notes = [d.notes, f"{len(runs)} runs; contrasts, arm means and figures: analysis/report.md."]

@@ -31,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("harness.commands.run", "run"),
     "sweep": ("harness.commands.sweep", "sweep"),
     "reproduce": ("harness.commands.reproduce", "reproduce"),
+    "capacity": ("harness.commands.capacity", "capacity"),
+    "explain": ("harness.commands.explain", "explain"),
+    "report": ("harness.commands.report", "report"),
 }
 
 

@@ -44,6 +44,10 @@ Step-based definitions (README, "What each number means"):
   (``invalidated_tokens`` = attention blocks x the engine's block tokens),
   because a D0 attention block is 16 tokens and an S1 block 512.
 
+Validity (``validity``, the one nested object, and ``delivered_rate_req_s``)
+and the TTFT attribution (``ttft_p50_<cause>_s``, ``ttft_p99_<cause>_s``) are
+computed by `analysis.validity` and `analysis.attribution`.
+
 Percentiles are numpy's linear interpolation; an empty sample gives NaN
 (written to JSON as null by `harness.results`).
 """
@@ -55,6 +59,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.records import CANCELLED, FAILED, FINISHED, EngineRun, RequestRecord
 
 SUMMARY_KEYS = (
@@ -72,6 +77,8 @@ SUMMARY_KEYS = (
     "j_adopt_mean", "r_max_mean", "attn_depth_mean",
     "finished", "failed", "cancelled", "requests",
     "dispatch_lag_p99_s",
+    "delivered_rate_req_s", "validity",
+    *ATTRIBUTION_KEYS,
 )
 
 # Columns of `per_request_table`, in order, with the dtype each is stored as.
@@ -306,11 +313,14 @@ def _invalidations(rows: list[dict], run: EngineRun) -> dict:
     return out
 
 
-def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
+def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
     """The flat summary of one run, with exactly the keys in `SUMMARY_KEYS`.
 
     ``weights_bytes`` is added to the peak state memory to give
-    ``peak_mem_total_bytes`` (engines report state memory only).
+    ``peak_mem_total_bytes`` (engines report state memory only). ``config``
+    (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
+    (`analysis.validity`, the one nested object) checks the delivered load
+    against; without it the rate checks are "n/a".
     """
     measured = [r for r in run.requests if not r.warmup]
     finished = [r for r in measured if r.status == FINISHED]
@@ -367,6 +377,8 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0) -> dict:
         "requests": len(measured),
         "dispatch_lag_p99_s": percentile(lags, 99),
     })
+    summary.update(_validity(run, measured, rows, lags, summary, config))
+    summary.update(_attribution(run))
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
@@ -444,6 +456,31 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
             "survived_fraction": float(g["history_survived"].mean()),
         })
     return pd.DataFrame(rows)
+
+
+def _attribution(run: EngineRun) -> dict:
+    """TTFT p50 / p99 broken down by cause (`analysis.attribution`); NaN for
+    engines whose step table records no scheduler reasons."""
+    from analysis.attribution import attribute, breakdown
+
+    steps = pd.DataFrame(run.steps)
+    return breakdown(attribute(per_request_table(run), steps))
+
+
+def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> dict:
+    from analysis.validity import delivered_rate, run_validity
+
+    arrivals = [r.arrival_s for r in measured]
+    info = run.engine_info or {}
+    return {
+        "delivered_rate_req_s": delivered_rate(arrivals),
+        "validity": run_validity(
+            arrivals=arrivals, nominal_rate=getattr(config, "rate", None),
+            process=getattr(config, "arrival", None), failed=summary["failed"],
+            cancelled=summary["cancelled"], dispatch_lags=lags,
+            cache_state=info.get("cache_state"), warmup=info.get("warmup_requests"),
+            step_times=[_row_time(row) for row in rows], step_waiting=_column(rows, "waiting")),
+    }
 
 
 def _request_row(r: RequestRecord) -> dict:

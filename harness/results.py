@@ -199,7 +199,7 @@ def write_run(
     manifest.update(extra_manifest or {})
     # Serialize before touching the disk so a bad value fails without debris.
     manifest = to_jsonable(manifest)
-    summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes))
+    summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config))
 
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = out_root / f"{TMP_PREFIX}{run_id}-{os.getpid()}"

@@ -25,6 +25,11 @@ Policy, in the order it is applied each step:
 3. Retention (policy): a running producer's published checkpoints whose
    prefix was demanded by at least ``retention_threshold`` distinct requests
    are retained until the producer finishes or is preempted.
+
+Each `StepBatch` also says why the requests left waiting were not admitted
+(``wait_reason``: memory, cap or budget) and who was admitted or skipped;
+the scheduler only records these, the step recorder writes them and
+`analysis.attribution` splits each TTFT by them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ from harness.orgs.values import PrefixHit
 from harness.records import CANCELLED, FAILED, FINISHED, RequestRecord
 
 WAITING, RUNNING, DONE = "waiting", "running", "done"
+
+# Why the requests left waiting after a step was planned did not start in it
+# (one reason per step: admission is FCFS, so every waiting request waits
+# behind the one that stopped it). Recorded per step for TTFT attribution.
+WAIT_MEMORY = "memory"      # no pages (or headroom) for the head's first chunk, or a preemption
+WAIT_CAP = "cap"            # the running cap is full
+WAIT_BUDGET = "budget"      # the step's token budget is spent
 
 
 @dataclass(frozen=True)
@@ -91,6 +103,12 @@ class StepBatch:
     items: list[BatchItem] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
+    # why the requests still waiting were not admitted ("" when none waits),
+    # who was admitted, and running requests that computed nothing for lack of
+    # token budget; read by the step recorder, never by the scheduler itself
+    wait_reason: str = ""
+    admitted: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
 
     @property
     def batch_tokens(self) -> int:
@@ -197,6 +215,8 @@ class Scheduler:
             batch.items = round_.items
             batch.preempted += round_.preempted
             batch.failed += round_.failed
+            batch.admitted, batch.skipped = round_.admitted, round_.skipped
+            batch.wait_reason = round_.wait_reason
             if round_.items or not (round_.preempted or round_.failed) or not self.has_work:
                 break
         if not batch.items and self.has_work:
@@ -220,6 +240,7 @@ class Scheduler:
             else:
                 end, prefill = self._chunk_end(start, r.prefill_until, budget), True
             if end <= start or end - start > budget:
+                batch.skipped.append(r.rid)
                 continue
             while not self.org.allocate(r.rid, end, r.prefill_until):
                 if prefill:   # publish fewer checkpoints this step before preempting anyone
@@ -237,6 +258,8 @@ class Scheduler:
                 budget -= end - start
         if not batch.preempted:
             self._admit(batch, budget)
+        elif self.waiting:
+            batch.wait_reason = WAIT_MEMORY
         return batch
 
     def _admit(self, batch: StepBatch, budget: int) -> None:
@@ -250,10 +273,12 @@ class Scheduler:
             # fit with headroom, admission stops for this step: no shorter chunk
             end = self._chunk_end(start, r.prefill_until, budget)
             if end <= start:
+                batch.wait_reason = WAIT_BUDGET
                 break
             need = org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit)
             if not org.can_allocate(need, self.policy.headroom):
                 if self.running or batch.items:
+                    batch.wait_reason = WAIT_MEMORY
                     break
                 # Nothing runs, so nothing will ever free pages for it: fail it
                 # rather than wait forever.
@@ -267,8 +292,11 @@ class Scheduler:
             self.waiting.popleft()
             self._on_admit(r, hit)
             self.running.append(r)
+            batch.admitted.append(r.rid)
             batch.items.append(BatchItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
             budget -= end - start
+        if self.waiting and not batch.wait_reason:
+            batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
 
     def _on_admit(self, r: SchedRequest, hit: PrefixHit) -> None:
         r.state = RUNNING

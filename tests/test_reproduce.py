@@ -93,6 +93,7 @@ def test_reproduce_q3_quick_end_to_end(tmp_path, monkeypatch):
     md = (root / "reproduce.md").read_text()
     assert "| q3 | no-share control: S0 throughput | 293.836 tok/s |" in md
     assert (root / "analysis" / "report.md").is_file()
+    assert "Runs and validity" in (root / "analysis" / "report.html").read_text()
     assert "no-share control" in result.output
 
 

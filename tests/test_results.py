@@ -62,7 +62,7 @@ def test_round_trip_preserves_manifest_summary_and_tables(tmp_path):
     assert (m["org"], m["budget"], m["engine_info"], m["sweep"]) == ("s2", {"label": "b83"},
                                                                        {"blocks": 254}, "q1")
     assert {"git_commit", "packages", "host", "created_utc", "workload_meta"} <= set(m)
-    assert data["summary"] == results.to_jsonable(summarize(run, weights_bytes=1000))
+    assert data["summary"] == results.to_jsonable(summarize(run, weights_bytes=1000, config=RunConfig()))
     # per-kind peaks (no per-step byte columns) are never summed into a total
     assert data["summary"]["peak_mem_total_bytes"] is None
     pd.testing.assert_frame_equal(data["requests"], per_request_table(run), check_dtype=False)

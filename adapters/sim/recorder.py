@@ -15,13 +15,22 @@ checkpoints, counted before the step), and memory at the step's start: pages
 per pool and state, blocks per state kind, referenced and cached bytes per
 state kind, and rounding waste per state kind (``waste_<kind>_bytes``:
 allocated minus logical bytes of the pages holding that kind); all bytes are
-whole model, i.e. times the pool layers. `harness.metrics` takes the
+whole model, i.e. times the pool layers. The scheduler's reasons close each
+row: ``wait_reason`` (why requests still waiting were not admitted: memory,
+cap or budget; "" when nobody waits) and the ids admitted, preempted and
+skipped for lack of token budget in that step (``admitted_ids``,
+``preempted_ids``, ``skipped_ids``, comma-separated). `harness.metrics` takes the
 measured period's peaks, waste and invalidations from these rows.
 """
 
 from __future__ import annotations
 
 from harness.orgs.pool import KINDS
+
+
+def _ids(rids) -> str:
+    """Request ids as one compact column value ("3,17"; "" for none)."""
+    return ",".join(map(str, rids))
 
 
 class StepRecorder:
@@ -51,6 +60,11 @@ class StepRecorder:
             "invalidations_attention": self.org.invalidations_by_kind["attention"],
             "invalidations_checkpoint": self.org.invalidations_by_kind["checkpoint"],
             "slab_occupancy": u.slab_occupancy,
+            # the scheduler's reasons (TTFT attribution, `analysis.attribution`)
+            "wait_reason": batch.wait_reason,
+            "admitted_ids": _ids(batch.admitted),
+            "preempted_ids": _ids(batch.preempted),
+            "skipped_ids": _ids(batch.skipped),
         }
         for pool, counts in u.pages.items():
             for state, n in counts.items():

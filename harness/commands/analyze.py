@@ -24,20 +24,25 @@ from harness.errors import HbenchError
 @click.option("--design", "--family-file", "design", type=click.Path(path_type=Path), default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
 @click.option("--alpha", type=float, default=0.05, show_default=True, help="Significance level after Holm.")
+@click.option("--include-invalid", is_flag=True,
+              help="Keep contrasts whose arms are not valid in their Holm families.")
 @click.option("--no-figures", is_flag=True, help="Skip the figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
-def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
+def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_figures, as_json):
     """Compare organizations across seeds in RESULTS_DIR.
 
     Without --design, runs are grouped by every configuration field except
     org and seed, and each organization is contrasted with s0 (else s2) on
-    each --metric. Writes contrasts.csv, contrasts.json, report.md and
-    figures/ under --out.
+    each --metric. A contrast whose arms are not valid (a run's validity
+    verdict failed, or the arms lack parity) is marked and left out of its
+    Holm family unless --include-invalid. Writes contrasts.csv,
+    contrasts.json, report.md, report.html and figures/ under --out.
     """
     from rich.console import Console
 
     from analysis import contrasts as C
     from analysis.figures import render_figures
+    from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
     from harness.paths import check_writable_dir
@@ -53,18 +58,19 @@ def analyze(results_dir, out_dir, metrics, design, alpha, no_figures, as_json):
             contrasts, interactions = list(d.contrasts), list(d.interactions)
         else:
             contrasts, interactions = C.auto_contrasts(runs, metrics), []
-        table = C.evaluate(runs, contrasts, alpha=alpha)
+        table = C.evaluate(runs, contrasts, alpha=alpha, include_invalid=include_invalid)
         inter = C.evaluate_interactions(runs, contrasts, interactions, alpha=alpha) if interactions else None
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)
         out = out_dir if out_dir is not None else results_dir / "analysis"
         figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
         write_outputs(out, results_dir, table, inter, arms, figures)
+        write_report(results_dir, out / "report.html", runs=runs, contrasts=table)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:
         click.echo(to_json(table, inter, arms))
     else:
         print_tables(Console(width=max(Console().width, 160)), table, inter)
-        click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md"
+        click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md, report.html"
                    + (f" and {len(figures)} figure files" if figures else ""))

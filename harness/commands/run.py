@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
+from analysis.validity import describe_validity, failed_details
 from harness.commands.workload import multiturn_options
 from harness.config import ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
@@ -72,7 +73,10 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
         if key not in summary:
             continue
         t.add_row(label, _fmt(summary.get(key), scale), unit)
+    t.add_row("validity", describe_validity(summary, detail=False), "")
     console.print(t)
+    for line in failed_details(summary):
+        console.print(f"  {line}", highlight=False)
     console.print(f"results: {run_dir}")
 
 

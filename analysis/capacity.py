@@ -1,0 +1,181 @@
+"""Capacity at an SLO: pure functions over a rate grid of paired-seed runs.
+
+An **SLO** is a conjunction of run-level limits such as
+``ttft_p99<=2s,tpot_p99<=100ms`` (metrics ttft, tpot, itl, e2e at p50, p90
+or p99; units s or ms). A run **meets** it when every limited summary metric
+is at or under its limit and no request failed.
+
+**Goodput** (DistServe): requests per second that meet the SLO: the
+delivered arrival rate times the fraction of measured requests whose own
+TTFT, TPOT, end-to-end time and ITL p99 are under the limit of the same
+metric family (a failed request meets nothing). It equals the delivered rate
+when every request meets the SLO, and does not depend on how long the last
+requests take to drain.
+
+**Capacity** of an arm (organization x budget) for one seed: the largest
+grid rate r such that the SLO holds at r and at every lower grid rate; the
+next grid step above it fails (or r is the top of the grid). The arm's
+capacity is the mean over seeds with a t interval. The **crossover** rate of
+two organizations at one budget is the lowest grid rate from which the
+first's mean goodput stays above the second's. The **winner map** colours
+each (budget, rate) by the organization with the best mean goodput and is
+hatched where the seed-paired goodput difference to the runner-up is not
+significant (paired t test, p >= alpha, or fewer than two seeds).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from analysis import stats
+from harness.errors import HbenchError
+
+_SLO_TERM = re.compile(r"^\s*(ttft|tpot|itl|e2e)_(p50|p90|p99)\s*<=\s*([0-9.]+(?:e-?[0-9]+)?)\s*(ms|s)\s*$")
+# per-request column that stands for each metric family in goodput
+REQUEST_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_p99_s", "e2e": "e2e_s"}
+
+
+@dataclass(frozen=True)
+class Limit:
+    metric: str        # ttft, tpot, itl, e2e
+    quantile: str      # p50, p90, p99
+    seconds: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.metric}_{self.quantile}_s"
+
+    def __str__(self) -> str:
+        v = self.seconds
+        return f"{self.metric}_{self.quantile}<=" + (f"{v * 1e3:g}ms" if v < 1 else f"{v:g}s")
+
+
+def parse_slo(text: str) -> tuple[Limit, ...]:
+    """``ttft_p99<=2s,tpot_p99<=100ms`` -> limits; HbenchError on anything else."""
+    limits = []
+    for term in filter(None, (t.strip() for t in (text or "").split(","))):
+        m = _SLO_TERM.match(term)
+        if not m:
+            raise HbenchError(f"cannot read SLO term {term!r}; expected e.g. ttft_p99<=2s or tpot_p99<=100ms")
+        value = float(m.group(3)) * (1e-3 if m.group(4) == "ms" else 1.0)
+        if value <= 0:
+            raise HbenchError(f"SLO limit must be > 0 in {term!r}")
+        limits.append(Limit(m.group(1), m.group(2), value))
+    if not limits:
+        raise HbenchError("--slo names no limit")
+    if len({(x.metric, x.quantile) for x in limits}) < len(limits):
+        raise HbenchError(f"--slo limits a metric twice: {text!r}")
+    return tuple(limits)
+
+
+def meets_slo(summary: Mapping, limits: Sequence[Limit]) -> bool:
+    """Every limited metric at or under its limit, and no failed request."""
+    if summary.get("failed", 0) or not summary.get("finished", 0):
+        return False
+    for lim in limits:
+        v = summary.get(lim.key)
+        if v is None or (isinstance(v, float) and math.isnan(v)) or v > lim.seconds:
+            return False
+    return True
+
+
+def goodput(requests: pd.DataFrame, limits: Sequence[Limit]) -> float:
+    """Measured requests per second whose own latencies meet the SLO (delivered
+    rate x the fraction that meets it); NaN for fewer than two arrivals."""
+    m = requests[~requests["warmup"].astype(bool)]
+    if len(m) < 2:
+        return math.nan
+    ok = m["status"] == "finished"
+    for lim in limits:
+        col = m[REQUEST_COLUMN[lim.metric]]
+        ok &= col.isna() | (col <= lim.seconds) if lim.metric in ("tpot", "itl") else col <= lim.seconds
+    span = m["arrival_s"].max() - m["arrival_s"].min()
+    return float(ok.sum() / len(m) * (len(m) - 1) / span) if span > 0 else math.nan
+
+
+def seed_capacity(rates_ok: Mapping[float, bool]) -> tuple[float, float | None]:
+    """(capacity, next rate) for one seed: the largest rate with every rate up to
+    it meeting the SLO (0.0 if the lowest fails), and the grid rate above it
+    (None at the top)."""
+    rates = sorted(rates_ok)
+    cap, nxt = 0.0, rates[0] if rates else None
+    for i, r in enumerate(rates):
+        if not rates_ok[r]:
+            nxt = r
+            break
+        cap = r
+        nxt = rates[i + 1] if i + 1 < len(rates) else None
+    return cap, nxt
+
+
+def capacity_table(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """One row per arm (org, budget) from ``cells`` (columns org, budget, rate,
+    seed, meets): per-seed capacities, their mean and t interval."""
+    rows = []
+    for (org, budget), g in cells.groupby(["org", "budget"], sort=False):
+        per_seed = {}
+        for seed, s in g.groupby("seed"):
+            per_seed[int(seed)] = seed_capacity(dict(zip(s["rate"], s["meets"], strict=True)))[0]
+        caps = np.array(list(per_seed.values()), dtype=float)
+        lo, hi = stats.t_interval(caps, 1 - alpha) if caps.size >= 2 and np.ptp(caps) > 0 else (caps.mean(),) * 2
+        rows.append({"org": org, "budget": budget, "capacity_req_s": float(caps.mean()),
+                     "ci_low": float(lo), "ci_high": float(hi),
+                     "per_seed": ", ".join(f"{s}: {c:g}" for s, c in sorted(per_seed.items()))})
+    return pd.DataFrame(rows)
+
+
+def _paired_p(a: Mapping[int, float], b: Mapping[int, float]) -> float:
+    seeds = sorted(set(a) & set(b))
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    if d.size < 2:
+        return math.nan
+    if np.all(d == d[0]):
+        return 0.0 if d[0] != 0 else 1.0
+    return stats.ttest_zero(d)
+
+
+def winner_map(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """One row per (budget, rate): the organization with the best mean goodput,
+    the runner-up, the paired p of their difference and ``significant``."""
+    rows = []
+    for (budget, rate), g in cells.groupby(["budget", "rate"], sort=False):
+        by_org = {org: dict(zip(s["seed"].astype(int), s["goodput"], strict=True))
+                  for org, s in g.groupby("org", sort=False)}
+        means = sorted(((float(np.mean(list(v.values()))), org) for org, v in by_org.items()), reverse=True)
+        best = means[0][1]
+        second = means[1][1] if len(means) > 1 else None
+        p = _paired_p(by_org[best], by_org[second]) if second else math.nan
+        rows.append({"budget": budget, "rate": float(rate), "winner": best, "runner_up": second,
+                     "goodput": means[0][0], "p": p,
+                     "significant": bool(second and not math.isnan(p) and p < alpha)})
+    return pd.DataFrame(rows)
+
+
+def crossovers(cells: pd.DataFrame) -> list[dict]:
+    """For each budget and each ordered pair of organizations (a, b): the lowest
+    grid rate from which a's mean goodput stays above b's at every higher grid
+    rate, if a is not already ahead at the lowest rate (otherwise no crossover)."""
+    out = []
+    mean = cells.groupby(["budget", "org", "rate"], sort=False)["goodput"].mean()
+    for budget in cells["budget"].unique():
+        orgs = list(cells.loc[cells["budget"] == budget, "org"].unique())
+        rates = sorted(cells.loc[cells["budget"] == budget, "rate"].unique())
+        for a in orgs:
+            for b in orgs:
+                if a == b:
+                    continue
+                ahead = [mean.get((budget, a, r), math.nan) > mean.get((budget, b, r), math.nan)
+                         for r in rates]
+                if ahead[0] or not ahead[-1]:
+                    continue
+                k = len(ahead)
+                while k > 0 and ahead[k - 1]:
+                    k -= 1
+                out.append({"budget": budget, "org": a, "beats": b, "from_rate": float(rates[k])})
+    return out

@@ -1,0 +1,200 @@
+"""Is a run (a cell, a contrast) valid? Pure checks with one verdict each.
+
+A run's numbers describe the configuration it claims only if the load it
+was asked for was the load it got and it measured a steady state:
+
+- ``arrival_rate``: the delivered arrival rate (measured arrivals - 1 over
+  their span) is within ``max(5 %, 3 / sqrt(n - 1))`` of the nominal rate;
+  the second term is three standard errors of a Poisson rate estimate;
+- ``arrival_process``: the arrival process passes its own test: for Poisson,
+  a one-sample Kolmogorov-Smirnov test of the inter-arrival times against the
+  exponential law at the nominal rate (fails at p < 0.001); for constant
+  arrivals every gap equals 1/rate; gamma arrivals are not tested;
+- ``dispatch_lag``: the client's dispatch lag p99 stays under
+  `DISPATCH_LAG_BOUND_S` (real engines; "n/a" where requests are not
+  dispatched by a client, as in the simulator);
+- ``failures``: no measured request failed or was cancelled;
+- ``cache_state``: the engine reports its cache state at the start (cold or
+  warm) and the warm-up count is recorded; an unknown state is a warning;
+- ``overload``: the waiting queue is not still growing at the end of the
+  arrival window: the least-squares trend of the waiting queue over the
+  second half of the measured arrivals must rise by less than
+  ``max(2, 5 % of the measured requests)``; a queue that keeps growing means
+  the run measured a transient, not a steady state.
+
+A verdict is ``pass``, ``warn``, ``fail`` or ``n/a``; a run is ``valid``
+when no check fails. For a contrast, `arm_parity` adds the arms' parity:
+same workload hash (hence the same request stream), same engine version,
+same measured load (delivered rates within 1 %).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
+#: Largest acceptable client dispatch lag p99 (assumed: one decode step of a
+#: 7B model is ~20 ms; a client lagging 10 ms no longer offers the nominal load).
+DISPATCH_LAG_BOUND_S = 0.010
+RATE_TOLERANCE = 0.05
+KS_ALPHA = 0.001
+PARITY_RATE_TOLERANCE = 0.01
+
+
+def _check(status: str, detail: str) -> dict:
+    return {"status": status, "detail": detail}
+
+
+def delivered_rate(arrivals: Sequence[float]) -> float:
+    """(n - 1) / (last - first) of the arrival times; NaN for fewer than two."""
+    a = np.sort(np.asarray(arrivals, dtype=float))
+    if a.size < 2 or a[-1] <= a[0]:
+        return math.nan
+    return (a.size - 1) / float(a[-1] - a[0])
+
+
+def check_rate(arrivals: Sequence[float], nominal: float | None) -> dict:
+    rate = delivered_rate(arrivals)
+    if nominal is None or math.isnan(rate):
+        return _check(NA, "fewer than two measured arrivals or no nominal rate")
+    n = len(arrivals)
+    tol = max(RATE_TOLERANCE, 3 / math.sqrt(n - 1))
+    dev = rate / nominal - 1
+    status = PASS if abs(dev) <= tol else FAIL
+    return _check(status, f"delivered {rate:.3f} req/s vs nominal {nominal:g} ({dev:+.1%}, "
+                          f"tolerance {tol:.1%})")
+
+
+def check_process(arrivals: Sequence[float], process: str | None, nominal: float | None) -> dict:
+    a = np.sort(np.asarray(arrivals, dtype=float))
+    if a.size < 3 or nominal is None:
+        return _check(NA, "fewer than three measured arrivals")
+    gaps = np.diff(a)
+    if process == "poisson":
+        p = float(sps.kstest(gaps, "expon", args=(0, 1 / nominal)).pvalue)
+        status = PASS if p >= KS_ALPHA else FAIL
+        return _check(status, f"KS test of {gaps.size} inter-arrival times vs exponential at "
+                              f"{nominal:g}/s: p = {p:.3g}")
+    if process == "constant":
+        worst = float(np.max(np.abs(gaps - 1 / nominal)))
+        status = PASS if worst <= 1e-6 * max(1.0, 1 / nominal) else FAIL
+        return _check(status, f"largest deviation of a gap from 1/rate: {worst:.3g} s")
+    return _check(NA, f"no test for {process or 'unknown'} arrivals")
+
+
+def check_dispatch(lags: Sequence[float]) -> dict:
+    lags = [x for x in lags if x is not None and not math.isnan(x)]
+    if not lags:
+        return _check(NA, "requests are not dispatched by a client")
+    p99 = float(np.percentile(lags, 99))
+    status = PASS if p99 <= DISPATCH_LAG_BOUND_S else FAIL
+    return _check(status, f"dispatch lag p99 {p99 * 1e3:.2f} ms (bound "
+                          f"{DISPATCH_LAG_BOUND_S * 1e3:g} ms)")
+
+
+def check_failures(failed: int, cancelled: int) -> dict:
+    status = PASS if failed == 0 and cancelled == 0 else FAIL
+    return _check(status, f"{failed} failed, {cancelled} cancelled")
+
+
+def check_cache(cache_state: str | None, warmup: int | None) -> dict:
+    if cache_state in ("cold", "warm"):
+        return _check(PASS, f"{cache_state} cache at start, {warmup or 0} warm-up requests excluded")
+    return _check(WARN, f"cache state at start unknown ({warmup or 0} warm-up requests)")
+
+
+def queue_growth(times: Sequence[float], waiting: Sequence[float], start: float, end: float) -> float:
+    """Fitted increase of the waiting queue over [mid, end], mid the middle of
+    [start, end], from a least-squares line through the samples in that half;
+    NaN when fewer than three samples fall there."""
+    t = np.asarray(times, dtype=float)
+    w = np.asarray(waiting, dtype=float)
+    mid = (start + end) / 2
+    sel = (t >= mid) & (t <= end)
+    if sel.sum() < 3 or np.ptp(t[sel]) == 0:
+        return math.nan
+    slope = np.polyfit(t[sel], w[sel], 1)[0]
+    return float(slope * (end - mid))
+
+
+def check_overload(times, waiting, arrivals: Sequence[float]) -> dict:
+    a = np.asarray(arrivals, dtype=float)
+    if a.size < 2:
+        return _check(NA, "fewer than two measured arrivals")
+    growth = queue_growth(times, waiting, float(a.min()), float(a.max()))
+    if math.isnan(growth):
+        return _check(NA, "too few queue samples in the second half of the arrivals")
+    limit = max(2.0, 0.05 * a.size)
+    status = PASS if growth < limit else FAIL
+    words = "still growing: a transient, not a steady state" if status == FAIL else "steady"
+    return _check(status, f"waiting queue {growth:+.1f} over the second half of the arrivals "
+                          f"(limit {limit:g}): {words}")
+
+
+def verdict(checks: Mapping[str, dict]) -> dict:
+    """The validity object: every check, ``valid`` (no check failed) and the
+    failed checks' names in ``reasons``."""
+    failed = [name for name, c in checks.items() if c["status"] == FAIL]
+    return {"valid": not failed, "reasons": failed, "checks": dict(checks)}
+
+
+def run_validity(*, arrivals, nominal_rate, process, failed, cancelled, dispatch_lags,
+                 cache_state, warmup, step_times, step_waiting) -> dict:
+    """The validity object of one run from its measured requests and step table."""
+    return verdict({
+        "arrival_rate": check_rate(arrivals, nominal_rate),
+        "arrival_process": check_process(arrivals, process, nominal_rate),
+        "dispatch_lag": check_dispatch(dispatch_lags),
+        "failures": check_failures(failed, cancelled),
+        "cache_state": check_cache(cache_state, warmup),
+        "overload": check_overload(step_times, step_waiting, arrivals),
+    })
+
+
+def run_is_valid(summary: Mapping) -> bool:
+    """A run's verdict from its summary; runs written before validity existed count as valid."""
+    v = summary.get("validity")
+    return True if not isinstance(v, Mapping) else bool(v.get("valid", True))
+
+
+def describe_validity(summary: Mapping, detail: bool = True) -> str:
+    """``valid`` or ``NOT VALID: check (detail); ...`` for tables (without the
+    details when not ``detail``)."""
+    v = summary.get("validity")
+    if not isinstance(v, Mapping):
+        return "not checked"
+    if v.get("valid"):
+        warns = [n for n, c in v.get("checks", {}).items() if c.get("status") == WARN]
+        return "valid" + (f" (warn: {', '.join(warns)})" if warns else "")
+    checks = v.get("checks", {})
+    if not detail:
+        return "NOT VALID: " + ", ".join(v.get("reasons", []))
+    return "NOT VALID: " + "; ".join(f"{n} ({checks.get(n, {}).get('detail', '')})"
+                                     for n in v.get("reasons", []))
+
+
+def failed_details(summary: Mapping) -> list[str]:
+    """``check: detail`` for every check that failed or warned."""
+    v = summary.get("validity")
+    if not isinstance(v, Mapping):
+        return []
+    return [f"{n}: {c.get('detail', '')}" for n, c in v.get("checks", {}).items()
+            if c.get("status") in (FAIL, WARN)]
+
+
+def arm_parity(a: Mapping, b: Mapping) -> list[str]:
+    """Why two runs (rows of `analysis.load.load_runs`) are not a fair pair:
+    different workload hash, engine version, or delivered load; [] when fair."""
+    problems = []
+    for key, words in (("workload_hash", "workload hash"), ("engine_version", "engine version")):
+        if a.get(key) != b.get(key):
+            problems.append(f"{words} differs")
+    ra, rb = a.get("delivered_rate_req_s"), b.get("delivered_rate_req_s")
+    if ra is not None and rb is not None and not (math.isnan(ra) or math.isnan(rb)):
+        if abs(ra / rb - 1) > PARITY_RATE_TOLERANCE:
+            problems.append(f"measured load differs ({ra:.3f} vs {rb:.3f} req/s)")
+    return problems

@@ -1,0 +1,36 @@
+"""``hbench report RESULTS -o report.html``: one self-contained HTML report.
+
+Thin: `analysis.html_report.write_report` does the work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("report", context_settings={"max_content_width": 100})
+@click.argument("results_dir", type=click.Path(path_type=Path))
+@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
+              help="Output file (default: RESULTS_DIR/report.html).")
+@click.option("--include-invalid", is_flag=True,
+              help="Keep contrasts whose arms are not valid in their Holm families.")
+def report(results_dir, out, include_invalid):
+    """Write one HTML file with every table and figure of RESULTS_DIR.
+
+    Runs with their validity verdicts, paired-seed contrasts, TTFT
+    attribution, the capacity search (if RESULTS_DIR holds a capacity.json)
+    and shared-prefix diagnostics; figures are inlined, so the file opens
+    offline.
+    """
+    from analysis.html_report import auto_contrasts_table, write_report
+    from analysis.load import load_runs
+    from harness.paths import check_writable_dir
+
+    out = out if out is not None else results_dir / "report.html"
+    check_writable_dir(out.parent)
+    runs = load_runs(results_dir)
+    path = write_report(results_dir, out, runs=runs,
+                        contrasts=auto_contrasts_table(runs, include_invalid))
+    click.echo(f"{len(runs)} runs; wrote {path}")
