@@ -12,8 +12,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from analysis.attribution import CAUSES
 from analysis.figures import budget_order
+from harness.attribution import CAUSES
 
 ORG_COLOURS = {"s0": "#8c8c8c", "s1": "#f28e2b", "s2": "#4e79a7", "d0": "#e15759"}
 CAUSE_COLOURS = {"wait_memory": "#e15759", "wait_cap": "#f28e2b", "wait_budget": "#edc948",

@@ -31,9 +31,9 @@ import pandas as pd
 
 from analysis import stats
 from analysis.load import config_keys
-from analysis.validity import arm_parity
 from harness.errors import HbenchError
 from harness.results import CHECKED_METADATA, metadata_conflict
+from harness.validity import arm_parity
 
 # Config fields that say how a run was connected or checked, not what was measured.
 VOLATILE_KEYS = ("endpoint", "launch", "server_cmd", "debug_invariants")
@@ -188,7 +188,7 @@ def evaluate(
     """One row per contrast.
 
     ``arms_invalid`` says why a contrast's arms are not valid (a run whose
-    validity verdict failed, or a pair without parity: `analysis.validity`);
+    validity verdict failed, or a pair without parity: `harness.validity`);
     unless ``include_invalid``, such a contrast is left out of its Holm family
     (``p_holm`` NaN, verdict "arms not valid").
 

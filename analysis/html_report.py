@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.attribution import CAUSES
+from harness.attribution import CAUSES
 from harness.errors import HbenchError
 
 STYLE = """body{font-family:sans-serif;margin:24px;max-width:1150px;color:#222}

@@ -17,10 +17,10 @@ from dataclasses import fields
 
 import pandas as pd
 
-from analysis.validity import describe_validity, run_is_valid
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.results import Run, RunSkipped, iter_runs
+from harness.validity import describe_validity, run_is_valid
 
 __all__ = ["IDENTITY_COLUMNS", "RunSkipped", "config_keys", "load_runs", "run_row"]
 

@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from analysis import stats
-from analysis.validity import describe_validity, run_is_valid
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.results import Run, check_pairable, iter_runs
+from harness.validity import describe_validity, run_is_valid
 
 # The gated metrics and the direction that is better. Summary keys not listed
 # here are carried along but never gated.

@@ -46,7 +46,7 @@ Step-based definitions (README, "What each number means"):
 
 Validity (``validity``, the one nested object, and ``delivered_rate_req_s``)
 and the TTFT attribution (``ttft_p50_<cause>_s``, ``ttft_p99_<cause>_s``) are
-computed by `analysis.validity` and `analysis.attribution`.
+computed by `harness.validity` and `harness.attribution`.
 
 Percentiles are numpy's linear interpolation; an empty sample gives NaN
 (written to JSON as null by `harness.results`).
@@ -59,7 +59,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
+from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.records import CANCELLED, FAILED, FINISHED, EngineRun, RequestRecord
 
 SUMMARY_KEYS = (
@@ -319,7 +319,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
     ``weights_bytes`` is added to the peak state memory to give
     ``peak_mem_total_bytes`` (engines report state memory only). ``config``
     (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
-    (`analysis.validity`, the one nested object) checks the delivered load
+    (`harness.validity`, the one nested object) checks the delivered load
     against; without it the rate checks are "n/a".
     """
     measured = [r for r in run.requests if not r.warmup]
@@ -459,16 +459,16 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def _attribution(run: EngineRun) -> dict:
-    """TTFT p50 / p99 broken down by cause (`analysis.attribution`); NaN for
+    """TTFT p50 / p99 broken down by cause (`harness.attribution`); NaN for
     engines whose step table records no scheduler reasons."""
-    from analysis.attribution import attribute, breakdown
+    from harness.attribution import attribute, breakdown
 
     steps = pd.DataFrame(run.steps)
     return breakdown(attribute(per_request_table(run), steps))
 
 
 def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> dict:
-    from analysis.validity import delivered_rate, run_validity
+    from harness.validity import delivered_rate, run_validity
 
     arrivals = [r.arrival_s for r in measured]
     info = run.engine_info or {}

@@ -29,7 +29,7 @@ Policy, in the order it is applied each step:
 Each `StepBatch` also says why the requests left waiting were not admitted
 (``wait_reason``: memory, cap or budget) and who was admitted or skipped;
 the scheduler only records these, the step recorder writes them and
-`analysis.attribution` splits each TTFT by them.
+`harness.attribution` splits each TTFT by them.
 """
 
 from __future__ import annotations

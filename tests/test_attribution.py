@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.answer_figures import attribution_figure
-from analysis.attribution import CAUSES, attribute, breakdown
 from analysis.load import load_runs
+from harness.attribution import CAUSES, attribute, breakdown
 from harness.cli import cli
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from analysis.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
+from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.metrics import (
     REQUEST_COLUMNS,
     SUMMARY_KEYS,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from analysis import validity as V
+from harness import validity as V
 from harness.cli import cli
 from tests.test_analysis_factory import write_run
 

@@ -60,7 +60,7 @@ class StepRecorder:
             "invalidations_attention": self.org.invalidations_by_kind["attention"],
             "invalidations_checkpoint": self.org.invalidations_by_kind["checkpoint"],
             "slab_occupancy": u.slab_occupancy,
-            # the scheduler's reasons (TTFT attribution, `analysis.attribution`)
+            # the scheduler's reasons (TTFT attribution, `harness.attribution`)
             "wait_reason": batch.wait_reason,
             "admitted_ids": _ids(batch.admitted),
             "preempted_ids": _ids(batch.preempted),

@@ -16,7 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from analysis.validity import describe_validity, failed_details
 from harness.commands.workload import multiturn_options
 from harness.config import ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
@@ -24,6 +23,7 @@ from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
 from harness.run_setup import validate
 from harness.runner import build_run_workload, execute
+from harness.validity import describe_validity, failed_details
 
 D = RunConfig()
 
