@@ -270,6 +270,20 @@ class Scheduler:
             batch.items.append(BatchItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
             budget -= end - start
 
+    def admits(self, budget: int) -> bool:
+        """Whether `_admit` with ``budget`` tokens left would admit (or fail) the
+        waiting head now, given running requests. Changes nothing: an engine
+        that fast-forwards steps asks it after the organization changed."""
+        if not (self.waiting and len(self.running) < self.policy.cap and budget > 0):
+            return False
+        org, r = self.org, self.waiting[0]
+        hit = org.lookup(r.keys, len(r.tokens) - 1)
+        end = self._chunk_end(hit.j_adopt, r.prefill_until, budget)
+        if end <= hit.j_adopt:
+            return False
+        need = org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit)
+        return org.can_allocate(need, self.policy.headroom) or not self.running
+
     def _on_admit(self, r: SchedRequest, hit: PrefixHit) -> None:
         r.state = RUNNING
         r.admitted_seq = self._seq

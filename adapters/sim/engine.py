@@ -134,12 +134,26 @@ class SimEngine:
         fast = self.fast if self.fast is not None else fast_path_enabled()
         check = org.check_invariants if config.debug_invariants else None
         done = 0
+
+        def add(wr) -> None:
+            sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids, wr.output_len,
+                      wr.salt, wr.prefix_group, warmup=wr.request_id < warmup)
+
+        def arrive(until: float) -> int:
+            """Hand over the arrivals before ``until`` (only arrivals are queued
+            while a step is being fast-forwarded)."""
+            n = 0
+            while events and events[0][0] < until:
+                _, kind, _, wr = heapq.heappop(events)
+                assert kind == ARRIVAL, kind
+                add(wr)
+                n += 1
+            return n
+
         while events:
             now, kind, _, payload = heapq.heappop(events)
             if kind == ARRIVAL:
-                sched.add(payload.request_id, payload.arrival_s, payload.prompt_token_ids,
-                          payload.output_len, payload.salt, payload.prefix_group,
-                          warmup=payload.request_id < warmup)
+                add(payload)
             else:
                 finished = sched.complete(batch, now)
                 recorder.step_finished(now)
@@ -160,8 +174,7 @@ class SimEngine:
                 cost = cost_model.step(_shape(batch))
                 recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
                 if fast:
-                    horizon = events[0][0] if events else math.inf
-                    end = fast_forward(sched, batch, now, cost, horizon, cost_model, recorder,
+                    end = fast_forward(sched, batch, now, cost, arrive, cost_model, recorder,
                                        check)
                     if end is not None:
                         now, cost = end.now, end.cost

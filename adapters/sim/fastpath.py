@@ -6,15 +6,17 @@ counters, the clock and the growing context. A `DecodeStretch` advances such
 steps without a `Scheduler.schedule()` / `Scheduler.complete()` round trip
 per step, and does per-request work only where something happens:
 
-* a step is fast-forwarded while no request finishes in it, nothing arrives
-  before it ends, and (after the first) the scheduler could not admit anyone;
+* a step is fast-forwarded while no request finishes in it and the scheduler
+  would admit no one; arrivals are handed to the scheduler as the event loop
+  would, and the waiting head is asked again after each arrival or block
+  allocation (`Scheduler.admits`); if it would be admitted, the normal
+  scheduler plans that step;
 * a request whose commit completes an attention block (every ``bt`` tokens,
   16 for D0, 512 for S0-S2) is caught up and committed exactly as
   `Scheduler.complete` would, and its next block is allocated as
   `Scheduler.schedule` would: in running order, only if all of that step's
   new blocks fit (else the stretch hands over to the normal scheduler, which
-  preempts). A block allocation with a non-empty waiting queue and a free
-  running slot hands over too: the freed or registered pages might admit;
+  preempts);
 * other requests are caught up once, when the stretch ends: tokens, prefix
   keys, token times (a slice of the stretch's step end times) and the
   organization's computed position (one quiet ``commit``).
@@ -57,6 +59,7 @@ class StretchEnd:
     cost: StepCost | None
     in_flight: bool
     steps: int          # steps completed inside the stretch
+    reason: str         # what ended it: "finish", "admission", "no room"
 
 
 def decode_shape(requests: int, context_tokens: int) -> StepShape:
@@ -67,10 +70,11 @@ def decode_shape(requests: int, context_tokens: int) -> StepShape:
                      state_requests=requests, checkpoint_copies=0, checkpoint_loads=0)
 
 
-def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, horizon: float,
+def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, arrive,
                  cost_model, recorder, on_step=None) -> StretchEnd | None:
     """Advance ``batch`` (just scheduled at ``now`` with ``cost`` and recorded) through
-    the quiet steps that follow it. ``horizon`` is the time of the next arrival.
+    the quiet steps that follow it. ``arrive(t)`` hands the scheduler every arrival
+    before ``t``, as the event loop would, and returns how many there were.
     None when the batch is not a pure decode batch (nothing was done)."""
     if batch.preempted or batch.failed or len(batch.items) != len(sched.running):
         return None
@@ -78,7 +82,7 @@ def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, horizon: f
     for it in items:
         if it.prefill:
             return None
-    return _Stretch(sched, items).run(now, cost, horizon, cost_model, recorder, on_step)
+    return _Stretch(sched, items).run(now, cost, arrive, cost_model, recorder, on_step)
 
 
 class _Stretch:
@@ -96,17 +100,17 @@ class _Stretch:
         # the first completion that finishes a request ends the stretch
         self.last_quiet = min(it.req.output_len - it.req.generated - 1 for it in items)
 
-    def run(self, now, cost, horizon, cost_model, recorder, on_step) -> StretchEnd:
+    def run(self, now, cost, arrive, cost_model, recorder, on_step) -> StretchEnd:
         sched, items = self.sched, self.items
         d = len(items)
         context = sum(self.starts)
-        admission_open = bool(sched.waiting) and len(sched.running) < sched.policy.cap
+        budget = sched.policy.token_budget - d     # what admission gets after the decodes
         bt, by_phase, times = self.bt, self.by_phase, self.times
         j = 0
         while j < self.last_quiet:
             end = now + cost.total_s
-            if horizon < end:          # an arrival is handled before this step completes
-                break
+            # arrivals while step j runs; one at exactly `end` comes after its planning
+            arrived = arrive(end)
             # ---- completion of step j ------------------------------------------
             recorder.step_finished(end)
             times.append(end)
@@ -117,14 +121,17 @@ class _Stretch:
             j += 1
             if on_step is not None:
                 on_step()
-            # ---- planning of step j: the crossing requests need a new block ------
-            if crossing:
-                if admission_open or not self._allocate(crossing, j):
-                    return self._finish(StretchEnd(now, None, False, j))
+            # ---- planning of step j: the crossing requests need a new block; the
+            # waiting head is asked again only if it or the organization changed
+            if crossing and not self._allocate(crossing, j):
+                return self._finish(StretchEnd(now, None, False, j, "no room"))
+            if (crossing or arrived) and sched.admits(budget):
+                # blocks are allocated as `schedule` would; it finds them in place
+                return self._finish(StretchEnd(now, None, False, j, "admission"))
             context += d
             cost = cost_model.step(decode_shape(d, context))
-            recorder.step_repeated(now, cost, fresh=bool(crossing))
-        return self._finish(StretchEnd(now, cost, True, j))
+            recorder.step_repeated(now, cost, len(sched.waiting), fresh=bool(crossing))
+        return self._finish(StretchEnd(now, cost, True, j, "finish"))
 
     def _allocate(self, crossing: list[int], j: int) -> bool:
         """Allocate the next block of each crossing request (running order) if all fit."""

@@ -50,12 +50,14 @@ class StepRecorder:
         self._add_memory(row)
         self.rows.append(row)
 
-    def step_repeated(self, now: float, cost, fresh: bool) -> None:
+    def step_repeated(self, now: float, cost, waiting: int, fresh: bool) -> None:
         """The same batch as the last step runs again from ``now`` (a fast-forwarded
-        decode step, `adapters.sim.fastpath`): the last row with the new timing and
-        cost; memory is read again only if ``fresh`` (pages changed since)."""
+        decode step, `adapters.sim.fastpath`): the last row with the new timing,
+        cost and waiting queue; memory is read again only if ``fresh`` (pages
+        changed since)."""
         row = self.rows[-1].copy()
         row["time_s"] = row["start_s"] = now
+        row["waiting"] = waiting
         row["duration_s"] = cost.total_s
         row["weights_s"], row["kv_s"] = cost.weights_s, cost.kv_s
         row["state_io_s"], row["compute_s"] = cost.state_io_s, cost.compute_s
