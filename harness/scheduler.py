@@ -29,8 +29,11 @@ Policy, in the order it is applied each step:
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from harness.orgs.base import Organization
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
@@ -55,7 +58,7 @@ class SchedRequest:
 
     rid: int
     arrival_s: float
-    tokens: list[int]           # prompt, then generated tokens
+    tokens: array               # prompt, then generated token ids ('q': 8 bytes each)
     keys: list[int]             # chained 16-token prefix keys of `tokens`
     salt: str | None
     prompt_len: int
@@ -67,6 +70,8 @@ class SchedRequest:
     state: str = WAITING
     admitted_seq: int = -1
     first_admission: bool = True
+    # token times so far ('d': 8 bytes each); the record gets them as an array at close
+    token_times: array = field(default_factory=lambda: array("d"))
 
     @property
     def decoding(self) -> bool:
@@ -116,7 +121,11 @@ class Scheduler:
     # ---- arrivals and cancellation --------------------------------------------
     def add(self, rid: int, arrival_s: float, token_ids, output_len: int, salt: str | None,
             prefix_group: int = -1, warmup: bool = False) -> SchedRequest:
-        tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
+        tokens = array("q")
+        if isinstance(token_ids, np.ndarray):
+            tokens.frombytes(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
+        else:
+            tokens.extend(token_ids)
         rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
                             target_output_tokens=output_len, prefix_group=prefix_group,
                             warmup=warmup)
@@ -146,6 +155,7 @@ class Scheduler:
         r.record.status = status
         r.record.error = error
         r.record.output_tokens = r.generated
+        r.record.token_times = np.array(r.token_times, dtype=np.float64)
 
     @property
     def has_work(self) -> bool:
@@ -327,7 +337,7 @@ class Scheduler:
                 continue            # mid-prefill chunk: nothing emitted
             # the step produced the next token
             r.generated += 1
-            r.record.token_times.append(now)
+            r.token_times.append(now)
             if r.record.first_token_s is None:
                 r.record.first_token_s = now
             if r.generated >= r.output_len:

@@ -166,7 +166,7 @@ class _Stretch:
         self.org.commit(r.rid, r.keys, computed, r.prefill_until)
         r.computed = computed
         r.generated = g + n
-        r.record.token_times.extend(self.times[first:upto])
+        r.token_times.extend(self.times[first:upto])
         tokens.append(generated_token(r.rid, g + n))
         if len(tokens) // KEY_TOKENS > len(r.keys):
             extend_keys(r.keys, tokens, r.salt)
