@@ -138,3 +138,12 @@ def test_env_switch(monkeypatch):
     assert fast_path_enabled()
     monkeypatch.delenv("HBENCH_SIM_FAST")
     assert fast_path_enabled()
+
+
+def test_generated_tokens_match_the_scheduler():
+    from adapters.sim.fastpath import generated_tokens
+    from harness.scheduler import generated_token
+
+    for rid in (0, 7, 4_000, 10**6):
+        got = generated_tokens(rid, 1, 3000).tolist()
+        assert got == [generated_token(rid, i) for i in range(1, 3000)]
