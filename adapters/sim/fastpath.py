@@ -8,9 +8,9 @@ per step, and does per-request work only where something happens:
 
 * a step is fast-forwarded while no request finishes in it and the scheduler
   would admit no one; arrivals are handed to the scheduler as the event loop
-  would, and the waiting head is asked again after each arrival or block
-  allocation (`Scheduler.admits`); if it would be admitted, the normal
-  scheduler plans that step;
+  would, and the waiting head is asked again after each arrival or eviction
+  (`Scheduler.admits`); if it would be admitted, the normal scheduler plans
+  that step;
 * a request whose commit completes an attention block (every ``bt`` tokens,
   16 for D0, 512 for S0-S2) is caught up and committed exactly as
   `Scheduler.complete` would, and its next block is allocated as
@@ -111,7 +111,7 @@ class _Stretch:
         self.last_quiet = min(it.req.output_len - it.req.generated - 1 for it in items)
 
     def run(self, now, cost, arrive, cost_model, recorder, on_step) -> StretchEnd:
-        sched, items = self.sched, self.items
+        sched, items, org = self.sched, self.items, self.org
         d = len(items)
         context = sum(self.starts)
         budget = sched.policy.token_budget - d     # what admission gets after the decodes
@@ -131,11 +131,19 @@ class _Stretch:
             j += 1
             if on_step is not None:
                 on_step()
-            # ---- planning of step j: the crossing requests need a new block; the
-            # waiting head is asked again only if it or the organization changed
-            if crossing and not self._allocate(crossing, j):
-                return self._finish(StretchEnd(now, None, False, j, "no room"))
-            if (crossing or arrived) and sched.admits(budget):
+            # ---- planning of step j: the crossing requests need a new block. The
+            # waiting head, refused when the stretch began, is asked again only
+            # after an arrival or an eviction: otherwise pages were only taken
+            # from the empty set (fewer available, the cached ones unchanged)
+            # and the blocks registered end in tokens the running requests
+            # generated, which no waiting request's prefix holds: it stays refused
+            evicted = False
+            if crossing:
+                invalidations = org.invalidations
+                if not self._allocate(crossing, j):
+                    return self._finish(StretchEnd(now, None, False, j, "no room"))
+                evicted = org.invalidations != invalidations
+            if (arrived or evicted) and sched.admits(budget):
                 # blocks are allocated as `schedule` would; it finds them in place
                 return self._finish(StretchEnd(now, None, False, j, "admission"))
             context += d
