@@ -9,6 +9,15 @@ the profiled `SimEngine.run`.
 
     python -m benchmarks.bench_run [--orgs s0,s1,s2,d0] [--requests 240] [--rate 3]
         [--repeats 1] [--cpu 0] [--profile s2] [--top 20] [--json out.json]
+        [--against TREE [--rounds 3]] [--rss 1000,4000]
+
+``--against TREE`` compares two versions of the code: it runs this benchmark
+alternately in TREE (another checkout, e.g. made with ``git worktree add``)
+and in this checkout, ``--rounds`` times each (which goes first alternates),
+and reports per organization the best ``SimEngine.run`` time of each and this
+checkout's over TREE's. ``--rss N,M`` runs one simulated run of N (then M)
+requests of the first organization in a fresh process each and reports the
+process's peak resident set size (``ru_maxrss``), whole process included.
 """
 
 from __future__ import annotations
@@ -19,8 +28,11 @@ import dataclasses
 import gc
 import json
 import pstats
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,6 +97,71 @@ def profile(org: str, args) -> dict:
     return out
 
 
+def against(args, orgs: list[str]) -> int:
+    """Best run time per organization here and in ``args.against``, alternating."""
+    here = ROOT
+    trees = {"this": here, "other": Path(args.against).resolve()}
+    best: dict[str, dict[str, float]] = {t: {} for t in trees}
+    per_round: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(args.rounds):
+            order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
+            got = {}
+            for name in order:
+                out = Path(tmp) / f"{name}-{rnd}.json"
+                subprocess.run([sys.executable, "-m", "benchmarks.bench_run", "--orgs",
+                                ",".join(orgs), "--requests", str(args.requests), "--rate",
+                                str(args.rate), "--budget", args.budget, "--seed",
+                                str(args.seed), "--repeats", str(args.repeats), "--cpu",
+                                str(args.cpu), "--json", str(out)],
+                               cwd=trees[name], check=True, stdout=subprocess.DEVNULL)
+                got[name] = {o: v["best_run_s"]
+                             for o, v in json.loads(out.read_text())["orgs"].items()}
+                for o, t in got[name].items():
+                    best[name][o] = min(t, best[name].get(o, t))
+            per_round.append({o: got["this"][o] / got["other"][o] for o in orgs})
+    print(f"SimEngine.run, this checkout {here} over {trees['other']}: best of "
+          f"{args.rounds} alternating runs x {args.repeats} repeats each")
+    print(f"{'org':4} {'other s':>8} {'this s':>8} {'this/other':>10} {'per-run ratios':>16}")
+    result = {}
+    for o in orgs:
+        ratio = best["this"][o] / best["other"][o]
+        runs = " ".join(f"{r[o]:.2f}" for r in per_round)
+        print(f"{o:4} {best['other'][o]:8.3f} {best['this'][o]:8.3f} {ratio:10.2f}   {runs}")
+        result[o] = {"other_best_s": best["other"][o], "this_best_s": best["this"][o],
+                     "ratio": ratio, "per_run_ratios": [r[o] for r in per_round]}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"against": str(trees["other"]), "orgs": result},
+                                              indent=2))
+    return 0
+
+
+def peak_rss(args, org: str) -> int:
+    """One run in this process; the process's peak RSS in bytes afterwards."""
+    config = config_for(org, args)
+    SimEngine().run(build_run_workload(config), RunSetup.resolve(config))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # Linux: KiB
+
+
+def rss(args, org: str) -> int:
+    """Peak RSS of one fresh process per request count in ``args.rss``."""
+    print(f"peak RSS of one {org} run per process, {args.rate:g} req/s, budget {args.budget}")
+    print(f"{'requests':>8} {'peak RSS MB':>11} {'MB / 1000 req':>13}")
+    result = {}
+    for n in (int(x) for x in args.rss.split(",")):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.bench_run", "--orgs", org,
+                              "--requests", str(n), "--rate", str(args.rate), "--budget",
+                              args.budget, "--seed", str(args.seed), "--cpu", str(args.cpu),
+                              "--rss-child"], cwd=ROOT, check=True, capture_output=True,
+                             text=True).stdout
+        b = int(out.split()[-1])
+        result[n] = b
+        print(f"{n:8d} {b / 1e6:11.1f} {b / 1e6 / n * 1000:13.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"org": org, "peak_rss_bytes": result}, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--orgs", default=",".join(ORG_NAMES))
@@ -97,8 +174,19 @@ def main() -> int:
     ap.add_argument("--profile", choices=ORG_NAMES, help="also profile one run of this org")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--against", help="compare with the checkout at this path (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: runs per checkout")
+    ap.add_argument("--rss", help="peak RSS of one run per request count, e.g. 1000,4000")
+    ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     orgs = [o.strip() for o in args.orgs.split(",")]
+    if args.rss_child:
+        print(peak_rss(args, orgs[0]))
+        return 0
+    if args.against:
+        return against(args, orgs)
+    if args.rss:
+        return rss(args, orgs[0])
 
     pinned = pin_cpu(args.cpu)
     print(f"{args.requests} requests at {args.rate:g} req/s, budget {args.budget}, seed "

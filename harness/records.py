@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 FINISHED = "finished"
 FAILED = "failed"
 CANCELLED = "cancelled"
@@ -29,7 +31,9 @@ class RequestRecord:
     dispatch_s: float | None = None        # real engines: when the request was sent
     first_token_s: float | None = None
     finish_s: float | None = None
-    token_times: list[float] = field(default_factory=list)  # one per output token
+    # one per output token, float64 seconds: an array, not a list of Python floats
+    # (8 bytes a token instead of 32); any sequence given is converted
+    token_times: np.ndarray = field(default_factory=lambda: np.empty(0))
     output_tokens: int = 0
     reused_tokens: int = 0                 # prompt tokens served from cache (first admission)
     initial_input_tokens: int = 0          # prompt tokens computed at first admission
@@ -44,6 +48,7 @@ class RequestRecord:
     turn: int = -1                         # multi-turn workloads: turn index in the session
 
     def __post_init__(self):
+        self.token_times = np.asarray(self.token_times, dtype=np.float64)
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
 

@@ -34,8 +34,11 @@ the scheduler only records these, the step recorder writes them and
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from harness.orgs.base import Organization
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
@@ -67,7 +70,7 @@ class SchedRequest:
 
     rid: int
     arrival_s: float
-    tokens: list[int]           # prompt, then generated tokens
+    tokens: array               # prompt, then generated token ids ('q': 8 bytes each)
     keys: list[int]             # chained 16-token prefix keys of `tokens`
     salt: str | None
     prompt_len: int
@@ -79,6 +82,8 @@ class SchedRequest:
     state: str = WAITING
     admitted_seq: int = -1
     first_admission: bool = True
+    # token times so far ('d': 8 bytes each); the record gets them as an array at close
+    token_times: array = field(default_factory=lambda: array("d"))
 
     @property
     def decoding(self) -> bool:
@@ -134,7 +139,11 @@ class Scheduler:
     # ---- arrivals and cancellation --------------------------------------------
     def add(self, rid: int, arrival_s: float, token_ids, output_len: int, salt: str | None,
             prefix_group: int = -1, warmup: bool = False) -> SchedRequest:
-        tokens = token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids)
+        tokens = array("q")
+        if isinstance(token_ids, np.ndarray):
+            tokens.frombytes(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
+        else:
+            tokens.extend(token_ids)
         rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
                             target_output_tokens=output_len, prefix_group=prefix_group,
                             warmup=warmup)
@@ -164,6 +173,7 @@ class Scheduler:
         r.record.status = status
         r.record.error = error
         r.record.output_tokens = r.generated
+        r.record.token_times = np.array(r.token_times, dtype=np.float64)
 
     @property
     def has_work(self) -> bool:
@@ -298,6 +308,33 @@ class Scheduler:
         if self.waiting and not batch.wait_reason:
             batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
 
+    def refusal(self, budget: int) -> str | None:
+        """Why `_admit` with ``budget`` tokens left would not admit the waiting
+        head now, given running requests: `WAIT_CAP`, `WAIT_BUDGET`,
+        `WAIT_MEMORY`, "" when nobody waits, or None when it would admit (or
+        fail) it. Changes nothing: an engine that fast-forwards steps asks it
+        after the organization changed, and records the reason."""
+        if not self.waiting:
+            return ""
+        if len(self.running) >= self.policy.cap:
+            return WAIT_CAP
+        if budget <= 0:
+            return WAIT_BUDGET
+        org, r = self.org, self.waiting[0]
+        hit = org.lookup(r.keys, len(r.tokens) - 1)
+        end = self._chunk_end(hit.j_adopt, r.prefill_until, budget)
+        if end <= hit.j_adopt:
+            return WAIT_BUDGET
+        need = org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit)
+        if org.can_allocate(need, self.policy.headroom) or not self.running:
+            return None
+        return WAIT_MEMORY
+
+    def admits(self, budget: int) -> bool:
+        """Whether `_admit` with ``budget`` tokens left would admit (or fail) the
+        waiting head now (`refusal` is None)."""
+        return self.refusal(budget) is None
+
     def _on_admit(self, r: SchedRequest, hit: PrefixHit) -> None:
         r.state = RUNNING
         r.admitted_seq = self._seq
@@ -341,7 +378,7 @@ class Scheduler:
                 continue            # mid-prefill chunk: nothing emitted
             # the step produced the next token
             r.generated += 1
-            r.record.token_times.append(now)
+            r.token_times.append(now)
             if r.record.first_token_s is None:
                 r.record.first_token_s = now
             if r.generated >= r.output_len:

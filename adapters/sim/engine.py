@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from adapters.sim.cost import CostModel, StepShape
+from adapters.sim.fastpath import fast_forward, fast_path_enabled
 from adapters.sim.hardware import get_hardware
 from adapters.sim.recorder import StepRecorder
 from harness import __version__
@@ -96,8 +97,15 @@ def _source_digest(root: Path | None = None) -> str:
 
 
 class SimEngine:
+    """The simulator. ``fast`` switches the quiet-stretch fast path
+    (`adapters.sim.fastpath`) on or off; None (the default) follows
+    ``HBENCH_SIM_FAST`` (on unless ``0``). Both give identical results."""
+
     name = "sim"
     supported_orgs = ORG_NAMES   # the simulator expresses every registered organization
+
+    def __init__(self, fast: bool | None = None):
+        self.fast = fast
 
     def version(self) -> str:
         """Changes whenever the simulator's code (hence possibly its outputs) changes."""
@@ -129,16 +137,32 @@ class SimEngine:
             seq += 1
         heapq.heapify(events)
         batch = None        # the batch of the step in flight
+        fast = self.fast if self.fast is not None else fast_path_enabled()
+        check = org.check_invariants if config.debug_invariants else None
         done = 0
+
+        def add(wr) -> None:
+            added = sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids, wr.output_len,
+                              wr.salt, wr.prefix_group, warmup=wr.request_id in warm_ids)
+            if loop:
+                sent[wr.request_id] = wr
+                added.record.session, added.record.turn = loop.turn_of[wr.request_id]
+
+        def arrive(until: float) -> int:
+            """Hand over the arrivals before ``until`` (only arrivals are queued
+            while a step is being fast-forwarded)."""
+            n = 0
+            while events and events[0][0] < until:
+                _, kind, _, wr = heapq.heappop(events)
+                assert kind == ARRIVAL, kind
+                add(wr)
+                n += 1
+            return n
+
         while events:
             now, kind, _, payload = heapq.heappop(events)
             if kind == ARRIVAL:
-                added = sched.add(payload.request_id, payload.arrival_s,
-                                  payload.prompt_token_ids, payload.output_len, payload.salt,
-                                  payload.prefix_group, warmup=payload.request_id in warm_ids)
-                if loop:
-                    sent[payload.request_id] = payload
-                    added.record.session, added.record.turn = loop.turn_of[payload.request_id]
+                add(payload)
             else:
                 finished = sched.complete(batch, now)
                 recorder.step_finished(now)
@@ -151,20 +175,28 @@ class SimEngine:
                         seq += 1
                 if finished and progress:
                     progress(done)
-                if config.debug_invariants:
-                    org.check_invariants()
-            if batch is None and sched.has_work:
+                if check is not None:
+                    check()
+            while batch is None and sched.has_work:
                 batch = sched.schedule()
                 if batch.failed and progress:
                     done += len(batch.failed)
                     progress(done)
                 if not batch.items:
                     batch = None
-                    continue
+                    break
                 cost = cost_model.step(_shape(batch))
+                recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
+                if fast:
+                    end = fast_forward(sched, batch, now, cost, arrive, cost_model, recorder,
+                                       check)
+                    if end is not None:
+                        now, cost = end.now, end.cost
+                        if not end.in_flight:   # completed through `now`: plan anew
+                            batch = None
+                            continue
                 heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
                 seq += 1
-                recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
         self._check_nothing_lost(sched, org)
         records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
         last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
@@ -223,7 +255,7 @@ def check_fits(org, workload, config, label: str) -> None:
 def generated_ids(r) -> list[int]:
     """Every token id a finished request generated: those the scheduler fed
     back into its sequence, plus the last one (emitted, never fed back)."""
-    return r.tokens[r.prompt_len:] + [generated_token(r.rid, r.generated)]
+    return [*r.tokens[r.prompt_len:], generated_token(r.rid, r.generated)]
 
 
 def _shape(batch) -> StepShape:

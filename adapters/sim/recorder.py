@@ -45,8 +45,6 @@ class StepRecorder:
 
     def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
         """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
-        u = self.org.usage()
-        layers = self.layers
         row = {
             "time_s": now, "start_s": now, "duration_s": cost.total_s,
             "running": running, "waiting": waiting,
@@ -57,15 +55,47 @@ class StepRecorder:
             "weights_s": cost.weights_s, "kv_s": cost.kv_s,
             "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
             "overhead_s": cost.overhead_s, "bound": cost.bound,
-            "invalidations_attention": self.org.invalidations_by_kind["attention"],
-            "invalidations_checkpoint": self.org.invalidations_by_kind["checkpoint"],
-            "slab_occupancy": u.slab_occupancy,
             # the scheduler's reasons (TTFT attribution, `harness.attribution`)
             "wait_reason": batch.wait_reason,
             "admitted_ids": _ids(batch.admitted),
             "preempted_ids": _ids(batch.preempted),
             "skipped_ids": _ids(batch.skipped),
         }
+        self._add_memory(row)
+        self.rows.append(row)
+
+    def step_repeated(self, now: float, cost, waiting: int, fresh: bool,
+                      wait_reason: str | None = None) -> None:
+        """The same batch as the last step runs again from ``now`` (a fast-forwarded
+        decode step, `adapters.sim.fastpath`): the last row with the new timing,
+        cost and waiting queue; memory is read again only if ``fresh`` (pages
+        changed since)."""
+        row = self.rows[-1].copy()
+        row["time_s"] = row["start_s"] = now
+        row["waiting"] = waiting
+        row["duration_s"] = cost.total_s
+        row["weights_s"], row["kv_s"] = cost.weights_s, cost.kv_s
+        row["state_io_s"], row["compute_s"] = cost.state_io_s, cost.compute_s
+        row["overhead_s"], row["bound"] = cost.overhead_s, cost.bound
+        # nobody is admitted, preempted or skipped in a repeated decode step; why
+        # the waiting requests wait is ``wait_reason`` when the fast path asked
+        # the scheduler again (after an arrival or an eviction), else the last
+        # step's: nothing that decides it changed
+        row["admitted_ids"] = row["preempted_ids"] = row["skipped_ids"] = _ids(())
+        if wait_reason is not None:
+            row["wait_reason"] = wait_reason
+        if fresh:
+            self._add_memory(row)
+        self.rows.append(row)
+
+    def _add_memory(self, row: dict) -> None:
+        """Memory and invalidation columns of ``row`` from the organization now."""
+        u = self.org.usage()
+        layers = self.layers
+        by_kind = self.org.invalidations_by_kind
+        row["invalidations_attention"] = by_kind["attention"]
+        row["invalidations_checkpoint"] = by_kind["checkpoint"]
+        row["slab_occupancy"] = u.slab_occupancy
         for pool, counts in u.pages.items():
             for state, n in counts.items():
                 row[f"pages_{pool}_{state}"] = n
@@ -78,7 +108,6 @@ class StepRecorder:
             row[f"waste_{k}_bytes"] = u.waste_by_kind[k] * layers
             self.peak[k] = max(self.peak[k], b)
         self.waste_peak = max(self.waste_peak, sum(row[f"waste_{k}_bytes"] for k in KINDS))
-        self.rows.append(row)
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""

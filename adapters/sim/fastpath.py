@@ -1,0 +1,206 @@
+"""Fast-forward through quiet decode stretches: the simulator's opt-in shortcut.
+
+Most simulated steps are pure decode with an unchanged batch: every running
+request computes one token, and the only things that change are token
+counters, the clock and the growing context. A `DecodeStretch` advances such
+steps without a `Scheduler.schedule()` / `Scheduler.complete()` round trip
+per step, and does per-request work only where something happens:
+
+* a step is fast-forwarded while no request finishes in it and the scheduler
+  would admit no one; arrivals are handed to the scheduler as the event loop
+  would, and the waiting head is asked again after each arrival or eviction
+  (`Scheduler.admits`); if it would be admitted, the normal scheduler plans
+  that step;
+* a request whose commit completes an attention block (every ``bt`` tokens,
+  16 for D0, 512 for S0-S2) is caught up and committed exactly as
+  `Scheduler.complete` would, and its next block is allocated as
+  `Scheduler.schedule` would: in running order, only if all of that step's
+  new blocks fit (else the stretch hands over to the normal scheduler, which
+  preempts);
+* other requests are caught up once, when the stretch ends: tokens, prefix
+  keys, token times (a slice of the stretch's step end times) and the
+  organization's computed position (one quiet ``commit``).
+
+Step durations come from the cost model step by step (the context grows by
+one token per request per step) and are added to the clock in the same order
+as the event loop adds them, so times are bit-identical; the step rows are
+the same rows (memory read again from ``usage()`` only after a step that
+allocated). ``HBENCH_SIM_FAST=0`` switches the shortcut off for debugging;
+`tests/test_sim_fastpath.py` checks that both paths give identical results.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from adapters.sim.cost import StepCost, StepShape
+from harness.orgs.keys import KEY_TOKENS, extend_keys
+from harness.orgs.values import Demand
+from harness.scheduler import StepBatch, generated_token
+
+
+def fast_path_enabled() -> bool:
+    """The shortcut is on unless ``HBENCH_SIM_FAST`` is ``0`` (or ``false``/``off``)."""
+    return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
+
+
+@dataclass
+class StretchEnd:
+    """Where a stretch stopped.
+
+    ``in_flight``: step ``steps`` of the stretch is scheduled and recorded, it
+    started at ``now`` and costs ``cost``; its completion is left to the normal
+    path. Otherwise every step up to the last one completed at ``now`` and the
+    next step must be planned by `Scheduler.schedule`.
+    """
+
+    now: float
+    cost: StepCost | None
+    in_flight: bool
+    steps: int          # steps completed inside the stretch
+    reason: str         # what ended it: "finish", "admission", "no room"
+
+
+def generated_tokens(rid: int, first: int, stop: int) -> np.ndarray:
+    """`harness.scheduler.generated_token` for indices ``first`` .. ``stop - 1``,
+    as int64 (the same values: every intermediate fits in 64 bits)."""
+    index = np.arange(first, stop, dtype=np.int64)
+    return 1_000_000 + (rid * 7919 + index * 104729) % 1_000_000_007
+
+
+def decode_shape(requests: int, context_tokens: int) -> StepShape:
+    """The `StepShape` that `adapters.sim.engine._shape` builds for a batch of
+    ``requests`` decodes whose contexts sum to ``context_tokens``."""
+    return StepShape(prefill_tokens=0, prefill_attn_pairs=0, decode_requests=requests,
+                     decode_context_tokens=context_tokens, prefill_context_tokens=0,
+                     state_requests=requests, checkpoint_copies=0, checkpoint_loads=0)
+
+
+def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, arrive,
+                 cost_model, recorder, on_step=None) -> StretchEnd | None:
+    """Advance ``batch`` (just scheduled at ``now`` with ``cost`` and recorded) through
+    the quiet steps that follow it. ``arrive(t)`` hands the scheduler every arrival
+    before ``t``, as the event loop would, and returns how many there were.
+    None when the batch is not a pure decode batch (nothing was done)."""
+    if batch.preempted or batch.failed or len(batch.items) != len(sched.running):
+        return None
+    items = batch.items
+    for it in items:
+        if it.prefill:
+            return None
+    return _Stretch(sched, items).run(now, cost, arrive, cost_model, recorder, on_step)
+
+
+class _Stretch:
+    def __init__(self, sched, items):
+        self.sched, self.org, self.items = sched, sched.org, items
+        bt = self.org.attn_block_tokens
+        self.bt = bt
+        self.starts = [it.start for it in items]
+        self.done = [0] * len(items)       # completions applied to each request
+        self.times = array("d")            # end time of each completed step
+        # completion j makes request i complete a block iff (start_i + 1 + j) % bt == 0
+        self.by_phase: dict[int, list[int]] = {}
+        for i, c in enumerate(self.starts):
+            self.by_phase.setdefault(-(c + 1) % bt, []).append(i)
+        # the first completion that finishes a request ends the stretch
+        self.last_quiet = min(it.req.output_len - it.req.generated - 1 for it in items)
+
+    def run(self, now, cost, arrive, cost_model, recorder, on_step) -> StretchEnd:
+        sched, items, org = self.sched, self.items, self.org
+        d = len(items)
+        context = sum(self.starts)
+        budget = sched.policy.token_budget - d     # what admission gets after the decodes
+        bt, by_phase, times = self.bt, self.by_phase, self.times
+        j = 0
+        while j < self.last_quiet:
+            end = now + cost.total_s
+            # arrivals while step j runs; one at exactly `end` comes after its planning
+            arrived = arrive(end)
+            # ---- completion of step j ------------------------------------------
+            recorder.step_finished(end)
+            times.append(end)
+            crossing = by_phase.get(j % bt, ())
+            for i in crossing:
+                self._catch_up(i, j + 1)
+            now = end
+            j += 1
+            if on_step is not None:
+                on_step()
+            # ---- planning of step j: the crossing requests need a new block. The
+            # waiting head, refused when the stretch began, is asked again only
+            # after an arrival or an eviction: otherwise pages were only taken
+            # from the empty set (fewer available, the cached ones unchanged)
+            # and the blocks registered end in tokens the running requests
+            # generated, which no waiting request's prefix holds: it stays refused
+            evicted = False
+            if crossing:
+                invalidations = org.invalidations
+                if not self._allocate(crossing, j):
+                    return self._finish(StretchEnd(now, None, False, j, "no room"))
+                evicted = org.invalidations != invalidations
+            reason = None     # the last step's, unless the waiting queue was asked again
+            if arrived or evicted:
+                reason = sched.refusal(budget)
+                if reason is None:
+                    # blocks are allocated as `schedule` would; it finds them in place
+                    return self._finish(StretchEnd(now, None, False, j, "admission"))
+            context += d
+            cost = cost_model.step(decode_shape(d, context))
+            recorder.step_repeated(now, cost, len(sched.waiting), fresh=bool(crossing),
+                                   wait_reason=reason)
+        return self._finish(StretchEnd(now, cost, True, j, "finish"))
+
+    def _allocate(self, crossing: list[int], j: int) -> bool:
+        """Allocate the next block of each crossing request (running order) if all fit."""
+        org, items = self.org, self.items
+        total = None
+        for i in crossing:
+            r = items[i].req
+            need = org.pages_needed(r.rid, self.starts[i] + j + 1, r.prefill_until).pages
+            total = need if total is None else tuple(a + b for a, b in zip(total, need, strict=True))
+        if not org.can_allocate(Demand(total)):
+            return False
+        for i in crossing:
+            r = items[i].req
+            assert org.allocate(r.rid, self.starts[i] + j + 1, r.prefill_until)
+        return True
+
+    def _catch_up(self, i: int, upto: int) -> None:
+        """Apply completions ``done[i]`` .. ``upto - 1`` to request i as
+        `Scheduler.complete` would have, one commit for all of them."""
+        n = upto - self.done[i]
+        if n <= 0:
+            return
+        r = self.items[i].req
+        first = self.done[i]
+        self.done[i] = upto
+        g = r.generated
+        computed = self.starts[i] + upto
+        tokens = r.tokens
+        if n > 32:  # tokens generated by the earlier completions, before this commit
+            tokens.frombytes(generated_tokens(r.rid, g + 1, g + n).tobytes())
+        elif n > 1:
+            tokens.extend([generated_token(r.rid, k) for k in range(g + 1, g + n)])
+        if n > 1:
+            extend_keys(r.keys, tokens, r.salt)
+        self.org.commit(r.rid, r.keys, computed, r.prefill_until)
+        r.computed = computed
+        r.generated = g + n
+        r.token_times.extend(self.times[first:upto])
+        tokens.append(generated_token(r.rid, g + n))
+        if len(tokens) // KEY_TOKENS > len(r.keys):
+            extend_keys(r.keys, tokens, r.salt)
+
+    def _finish(self, end: StretchEnd) -> StretchEnd:
+        for i, it in enumerate(self.items):
+            self._catch_up(i, end.steps)
+            if end.in_flight:
+                it.start = self.starts[i] + end.steps
+                it.end = it.start + 1
+        return end
+

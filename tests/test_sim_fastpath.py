@@ -1,0 +1,149 @@
+"""The simulator's quiet-stretch fast path changes no result.
+
+Each case runs one small random configuration twice, with the fast path off
+(`SimEngine(fast=False)`: every step planned and completed by the scheduler)
+and on, and requires identical per-request records (token times included),
+step rows, counters and summaries. The configurations are drawn from a seeded
+generator over organizations, budgets, rates, q, headroom, retention,
+SHARE/ISOLATE, caps, token budgets and seeds, small enough to run in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from adapters.sim.engine import SimEngine
+from adapters.sim.fastpath import fast_path_enabled
+from harness.config import ORG_NAMES, RunConfig
+from harness.errors import HbenchError
+from harness.metrics import summarize
+from harness.run_setup import RunSetup
+from harness.runner import build_run_workload
+
+
+def random_config(rng: np.random.Generator) -> RunConfig:
+    return RunConfig(
+        org=str(rng.choice(ORG_NAMES)),
+        budget=str(rng.choice(["b40", "b63", "b83", "b108"])),
+        rate=float(rng.choice([0.8, 3.0, 4.5, 20.0])),
+        q=float(rng.choice([0.0, 0.5, 1.0])),
+        headroom=float(rng.choice([0.0, 0.1, 0.19, 0.35])),
+        retention=bool(rng.integers(2)),
+        isolate=bool(rng.integers(2)),
+        cap=int(rng.choice([4, 16, 63])),
+        token_budget=int(rng.choice([2048, 8192])),
+        requests=int(rng.integers(8, 25)),
+        mean_input=int(rng.choice([600, 1500, 3332])),
+        max_output=int(rng.choice([64, 300, 1024])),
+        warmup_requests=int(rng.integers(0, 3)),
+        seed=int(rng.integers(0, 10_000)),
+    )
+
+
+def run_both(config: RunConfig):
+    workload = build_run_workload(config)
+    setup = RunSetup.resolve(config)
+    slow = SimEngine(fast=False).run(workload, setup)
+    fast = SimEngine(fast=True).run(workload, setup)
+    return slow, fast
+
+
+def same(a, b) -> bool:
+    """Equal, with NaN equal to NaN (as the results files compare)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+
+
+def assert_identical(slow, fast) -> None:
+    assert len(slow.requests) == len(fast.requests)
+    for a, b in zip(slow.requests, fast.requests, strict=True):
+        da, db = dataclasses.asdict(a), dataclasses.asdict(b)
+        ta, tb = da.pop("token_times"), db.pop("token_times")
+        assert da == db, f"request {a.request_id} differs"
+        assert np.array_equal(np.asarray(ta), np.asarray(tb)), f"request {a.request_id} times"
+    assert len(slow.steps) == len(fast.steps)
+    for i, (ra, rb) in enumerate(zip(slow.steps, fast.steps, strict=True)):
+        assert list(ra) == list(rb), f"step {i}: columns differ"
+        bad = [k for k in ra if not same(ra[k], rb[k])]
+        assert not bad, f"step {i}: {bad}"
+    assert (slow.window_start_s, slow.window_end_s) == (fast.window_start_s, fast.window_end_s)
+    assert slow.counters == fast.counters
+    assert slow.peak_memory == fast.peak_memory
+    assert slow.engine_info == fast.engine_info
+    sa, sb = summarize(slow), summarize(fast)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert same(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("case", range(24))
+def test_fast_path_gives_identical_results(case):
+    config = random_config(np.random.default_rng([2026, case]))
+    try:
+        slow, fast = run_both(config)
+    except HbenchError:     # a budget that cannot serve the workload: refused the same way
+        with pytest.raises(HbenchError):
+            SimEngine(fast=True).run(build_run_workload(config), RunSetup.resolve(config))
+        return
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+def test_fast_path_identical_under_pressure(org):
+    """Preemptions, retention and a waiting queue at a small budget."""
+    config = RunConfig(org=org, budget="b40", rate=20.0, q=0.5, retention=True,
+                       requests=40, seed=7)
+    slow, fast = run_both(config)
+    assert slow.counters["preemptions"] > 0
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+def test_fast_path_keeps_invariants(org):
+    """The organization's invariants hold after every step the fast path takes."""
+    config = RunConfig(org=org, budget="b63", rate=10.0, requests=10, max_output=200,
+                       seed=11, debug_invariants=True)
+    slow, fast = run_both(config)
+    assert_identical(slow, fast)
+
+
+def test_fast_path_skips_steps(monkeypatch):
+    """The fast path really takes over steps: with it on, the scheduler plans
+    fewer steps than the run has."""
+    from harness.scheduler import Scheduler
+
+    calls = {"n": 0}
+    original = Scheduler.schedule
+
+    def counting(self):
+        calls["n"] += 1
+        return original(self)
+
+    monkeypatch.setattr(Scheduler, "schedule", counting)
+    config = RunConfig(org="s2", requests=20, max_output=300, seed=3)
+    workload, setup = build_run_workload(config), RunSetup.resolve(config)
+    run = SimEngine(fast=False).run(workload, setup)
+    slow_calls, calls["n"] = calls["n"], 0
+    fast_run = SimEngine(fast=True).run(workload, setup)
+    assert slow_calls == len(run.steps) == len(fast_run.steps)
+    assert calls["n"] < len(run.steps) / 2
+
+
+def test_env_switch(monkeypatch):
+    monkeypatch.setenv("HBENCH_SIM_FAST", "0")
+    assert not fast_path_enabled()
+    monkeypatch.setenv("HBENCH_SIM_FAST", "1")
+    assert fast_path_enabled()
+    monkeypatch.delenv("HBENCH_SIM_FAST")
+    assert fast_path_enabled()
+
+
+def test_generated_tokens_match_the_scheduler():
+    from adapters.sim.fastpath import generated_tokens
+    from harness.scheduler import generated_token
+
+    for rid in (0, 7, 4_000, 10**6):
+        got = generated_tokens(rid, 1, 3000).tolist()
+        assert got == [generated_token(rid, i) for i in range(1, 3000)]
