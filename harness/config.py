@@ -84,6 +84,9 @@ class RunConfig:
     endpoint: str | None = None
     launch: bool = False
     server_cmd: str | None = None
+    # the in-process torch engine
+    device: str = "cpu"                    # cpu or cuda[:N]
+    poison: bool = False                   # NaN into every freed or invalidated page
     # diagnostics
     debug_invariants: bool = False
 
@@ -120,6 +123,8 @@ class RunConfig:
             (self.warmup_requests <= MAX_REQUESTS, f"--warmup must be <= {MAX_REQUESTS:,}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.seed >= 0, "--seed must be >= 0"),
+            (self.device == "cpu" or self.device.startswith("cuda"),
+             f"--device must be cpu or cuda[:N], got {self.device!r}"),
         ]
         for ok, msg in checks:
             if not ok:
