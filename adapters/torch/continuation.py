@@ -91,7 +91,7 @@ def verify_config(org: str, model_dir: str, budget: str | None = None, device: s
 
     label, token_budget, out, contexts, mean_input, requests = VERIFY_POINTS[org]
     return RunConfig(engine="torch", org=org, budget=budget or label, model=str(model_dir),
-                     config_path=str(Path(model_dir) / "config.json"), device=device,
+                     config_path=str(Path(model_dir) / "config.json"), device=device, dtype="fp32",
                      poison=True, q=1.0, contexts=contexts, requests=requests, rate=100000.0,
                      mean_input=mean_input, max_model_len=4096, max_output=out, seed=seed,
                      token_budget=token_budget)
@@ -136,7 +136,7 @@ def verify_continuation(config) -> ContinuationReport:
     workload = build_run_workload(config)
     engine = TorchEngine(keep_logits=True)
     run = engine.run(workload, setup)
-    device, dtype = resolve_device(config.device)
+    device, dtype = resolve_device(config.device, config.dtype)
     threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(1)      # as the engine does: small ops on a shared CPU
@@ -147,11 +147,10 @@ def verify_continuation(config) -> ContinuationReport:
 
 
 def _compare(config, workload, run, engine, device, dtype) -> ContinuationReport:
-    import torch
 
     from adapters.torch.engine import load_model
 
-    model = load_model(config.model, device, torch.float32 if device == "cpu" else dtype)
+    model = load_model(config.model, device, dtype)
     records = {r.request_id: r for r in run.requests}
     checks = []
     for wr in workload.requests:

@@ -73,16 +73,16 @@ def _torch():
     return torch
 
 
-def resolve_device(name: str) -> tuple[str, object]:
-    """(device, compute dtype): float32 on CPU, bfloat16 on a GPU."""
+def resolve_device(name: str, dtype: str = "auto") -> tuple[str, object]:
+    """(device, compute dtype); ``auto`` is float32 on CPU, bfloat16 on a GPU."""
     torch = _torch()
-    if name == "cpu":
-        return "cpu", torch.float32
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise HbenchError(f"--device {name}: no CUDA device is available")
-        return name, torch.bfloat16
-    raise HbenchError(f"--device must be cpu or cuda[:N], got {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise HbenchError(f"--device {name}: no CUDA device is available")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise HbenchError(f"--device must be cpu or cuda[:N], got {name!r}")
+    if dtype == "auto":
+        dtype = "fp32" if name == "cpu" else "bf16"
+    return name, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 
 def load_model(model_dir: str, device: str, dtype):
@@ -114,8 +114,9 @@ class TorchEngine:
     name = "torch"
     supported_orgs = ("s0", "s1", "s2", "d0")
 
-    def __init__(self, keep_logits: bool = False):
+    def __init__(self, keep_logits: bool = False, model=None):
         self.keep_logits = keep_logits
+        self.model = model        # a FalconH1 already on its device (else --model DIR is loaded)
         self.outputs: dict[int, list[int]] = {}   # rid -> generated token ids (last run)
         self.logits: dict | None = None            # rid -> per-token logits (keep_logits)
         self.stats: dict = {}
@@ -133,7 +134,7 @@ class TorchEngine:
         if geom.ssm_state_dtype != geom.dtype:
             raise HbenchError("the torch engine stores every state in one dtype: "
                               f"--ssm-dtype must be {geom.dtype}")
-        device, dtype = resolve_device(config.device)
+        device, dtype = resolve_device(config.device, config.dtype)
         threads = torch.get_num_threads()
         if device == "cpu":
             # one intra-op thread: the model's ops are small, and on a shared CPU more
@@ -152,7 +153,7 @@ class TorchEngine:
 
         torch = _torch()
         config, geom, budget = setup.config, setup.geometry, setup.budget
-        model = load_model(config.model, device, dtype)
+        model = self.model or load_model(config.model, device, dtype)
         check_geometry(model, geom)
         org = build_organization(config.org, geom, tuple(p.pages for p in budget.pools))
         check_fits(org, workload, config, budget.label)
