@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from adapters.tiny_model import PRESETS, write_weights  # noqa: E402
+from adapters.torch.continuation import all_at_once  # noqa: E402
 from adapters.torch.engine import TorchEngine  # noqa: E402
 from harness.config import RunConfig, validate  # noqa: E402
 from harness.errors import HbenchError  # noqa: E402
@@ -31,9 +32,10 @@ def serve(model_dir, org="s2", poison=True):
     config = RunConfig(engine="torch", org=org, budget="b12", model=str(model_dir),
                        config_path=str(model_dir / "config.json"), poison=poison,
                        requests=4, rate=1000.0, mean_input=1200, max_output=4, contexts=1,
-                       max_model_len=4096, seed=1)
+                       max_model_len=4096, seed=1, token_budget=1024)
     engine = TorchEngine()
-    run = engine.run(build_run_workload(config), validate(config))
+    # every request present before the first step: the schedule does not depend on timing
+    run = engine.run(all_at_once(build_run_workload(config)), validate(config))
     return engine, run
 
 

@@ -70,8 +70,9 @@ class ContinuationReport:
 #: tokens, shared contexts, mean prompt tokens, requests) at which the
 #: proportional tiny model (`hbench tiny-model --preset proportional`) adopts
 #: checkpoints and preempts at least once (found with the simulator, which
-#: schedules identically). D0 checkpoints every 1792 tokens, so its prompts
-#: are longer.
+#: schedules identically when every request arrives at once: S0 adopts in 4
+#: requests and preempts twice, S1 4 and once, S2 6 and once, D0 3 and once).
+#: D0 checkpoints every 1792 tokens, so its prompts are longer.
 VERIFY_POINTS = {
     "s0": ("b8", 1024, 32, 2, 1200, 10),
     "s1": ("b8", 1024, 32, 2, 1200, 10),
@@ -82,9 +83,9 @@ VERIFY_POINTS = {
 
 def verify_config(org: str, model_dir: str, budget: str | None = None, device: str = "cpu",
                   seed: int = 0):
-    """The serving run `verify_continuation` makes: shared prefixes (q = 1) all
-    arriving at once at `VERIFY_POINTS`' working point of ``org``; ``budget``
-    replaces its budget."""
+    """The serving run `verify_continuation` makes: shared prefixes (q = 1) at
+    `VERIFY_POINTS`' working point of ``org`` (arrivals are then moved to time
+    0 by `all_at_once`); ``budget`` replaces its budget."""
     from pathlib import Path
 
     from harness.config import RunConfig
@@ -124,6 +125,18 @@ def cold_run(model, prompt, n_tokens: int):
     return out, all_logits
 
 
+def all_at_once(workload):
+    """The workload with every arrival at time 0: the engine then sees every
+    request before its first step and receives no other, so its decisions do
+    not depend on wall-clock timing (and equal the simulator's)."""
+    import dataclasses
+
+    from workloads.workload import Workload
+
+    return Workload(tuple(dataclasses.replace(r, arrival_s=0.0) for r in workload.requests),
+                    workload.meta)
+
+
 def verify_continuation(config) -> ContinuationReport:
     """Serve ``config`` with the torch engine, then compare every request with `cold_run`."""
     import torch
@@ -133,7 +146,7 @@ def verify_continuation(config) -> ContinuationReport:
     from harness.runner import build_run_workload
 
     setup = validate(config)
-    workload = build_run_workload(config)
+    workload = all_at_once(build_run_workload(config))
     engine = TorchEngine(keep_logits=True)
     run = engine.run(workload, setup)
     device, dtype = resolve_device(config.device, config.dtype)
