@@ -187,6 +187,7 @@ class TorchEngine:
                 time.sleep(min(IDLE_SLEEP_S, max(0.0, arrivals[nxt].arrival_s - now)))
                 continue
             start = clock()
+            executor.begin_step()
             batch = sched.schedule()
             if batch.failed:
                 done += len(batch.failed)

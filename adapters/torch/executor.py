@@ -115,10 +115,13 @@ class Executor:
         self.timing.state_io_s += time.perf_counter() - t
 
     # ---- one step -----------------------------------------------------------------
-    def run(self, batch) -> dict:
-        """Compute every item; returns rid -> the token id each emitting item generated."""
+    def begin_step(self) -> None:
+        """A new step starts (before scheduling: adopt copies happen while it plans)."""
         self.timing = StepTiming()
         self.pending.clear()
+
+    def run(self, batch) -> dict:
+        """Compute every item; returns rid -> the token id each emitting item generated."""
         out: dict = {}
         decodes = []
         for item in batch.items:
