@@ -16,8 +16,8 @@ one intra-op thread):
    memory-pressure counters.
 
     python -m benchmarks.bench_torch_engine [--part decode|runs|both] [--batch 8]
-        [--context 1024] [--repeats 15] [--requests 60] [--rate 4] [--budget b12]
-        [--orgs s0,s1,s2,d0]
+        [--context 1024] [--repeats 15] [--requests 60] [--rate 4] [--budget b8]
+        [--mean-input 1000] [--orgs s0,s1,s2,d0]
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def decode_cost(model: FalconH1, batch: int, context: int, repeats: int) -> dict
             "ratio": med["gathered"] / med["contiguous"]}
 
 
-def runs(model_dir: Path, orgs: list[str], requests: int, rate: float, budget: str) -> dict:
+def runs(model_dir: Path, orgs: list[str], requests: int, rate: float, budget: str,
+         mean_input: int) -> dict:
     from adapters.torch.engine import TorchEngine
     from harness.config import RunConfig, validate
     from harness.metrics import summarize
@@ -102,7 +103,7 @@ def runs(model_dir: Path, orgs: list[str], requests: int, rate: float, budget: s
     for org in orgs:
         config = RunConfig(engine="torch", org=org, budget=budget, model=str(model_dir),
                            config_path=str(model_dir / "config.json"), requests=requests,
-                           rate=rate, **WORKING_POINT)
+                           rate=rate, **(WORKING_POINT | {"mean_input": mean_input}))
         setup = validate(config)
         workload = build_run_workload(config)
         t = time.perf_counter()
@@ -126,7 +127,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--rate", type=float, default=4.0)
-    ap.add_argument("--budget", default="b12")
+    ap.add_argument("--budget", default="b8")
+    ap.add_argument("--mean-input", type=int, default=WORKING_POINT["mean_input"])
     ap.add_argument("--orgs", default="s0,s1,s2,d0")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -140,7 +142,7 @@ def main() -> None:
                   f"gathered {r['gathered_ms']:.2f} ms, contiguous {r['contiguous_ms']:.2f} ms, "
                   f"ratio {r['ratio']:.3f}")
         if a.part in ("runs", "both"):
-            rows = runs(d, a.orgs.split(","), a.requests, a.rate, a.budget)
+            rows = runs(d, a.orgs.split(","), a.requests, a.rate, a.budget, a.mean_input)
             cols = list(next(iter(rows.values())))
             print("| org | " + " | ".join(cols) + " |")
             print("|---" * (len(cols) + 1) + "|")
