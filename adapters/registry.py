@@ -12,6 +12,7 @@ ENGINES: dict[str, tuple[str, str]] = {
     "sim": ("adapters.sim.engine", "SimEngine"),
     "vllm": ("adapters.vllm", "VllmEngine"),
     "sglang": ("adapters.sglang", "SglangEngine"),
+    "torch": ("adapters.torch.engine", "TorchEngine"),
 }
 
 

@@ -95,6 +95,10 @@ class RunConfig:
     endpoint: str | None = None
     launch: bool = False
     server_cmd: str | None = None
+    # the in-process torch engine
+    device: str = "cpu"                    # cpu or cuda[:N]
+    dtype: str = "auto"                    # compute dtype: auto (cpu fp32, cuda bf16), fp32, bf16
+    poison: bool = False                   # NaN into every freed or invalidated page
     # diagnostics
     debug_invariants: bool = False
 
@@ -142,6 +146,10 @@ class RunConfig:
             (self.warmup_requests <= MAX_REQUESTS, f"--warmup must be <= {MAX_REQUESTS:,}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.seed >= 0, "--seed must be >= 0"),
+            (self.device == "cpu" or self.device.startswith("cuda"),
+             f"--device must be cpu or cuda[:N], got {self.device!r}"),
+            (self.dtype in ("auto", "fp32", "bf16"),
+             f"--dtype must be auto, fp32 or bf16, got {self.dtype!r}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -360,8 +360,14 @@ class Scheduler:
         self.waiting.appendleft(r)
 
     # ---- completion -------------------------------------------------------------------
-    def complete(self, batch: StepBatch, now: float) -> list[SchedRequest]:
-        """The batch's tokens are computed at ``now``: commit, publish, emit, finish."""
+    def complete(self, batch: StepBatch, now: float,
+                 next_tokens: dict[int, int] | None = None) -> list[SchedRequest]:
+        """The batch's tokens are computed at ``now``: commit, publish, emit, finish.
+
+        ``next_tokens`` (rid -> token id) are the tokens an engine that really
+        computes generated; without it each request continues with the
+        deterministic stand-in `generated_token`.
+        """
         org = self.org
         finished = []
         for item in batch.items:
@@ -388,7 +394,8 @@ class Scheduler:
                 self._close(r, FINISHED)
                 finished.append(r)
             else:
-                r.tokens.append(generated_token(r.rid, r.generated))
+                r.tokens.append(generated_token(r.rid, r.generated) if next_tokens is None
+                                else next_tokens[r.rid])
                 if len(r.tokens) % KEY_TOKENS == 0:
                     extend_keys(r.keys, r.tokens, r.salt)
         return finished

@@ -13,6 +13,16 @@ tensors the caller gathers from its pages and scatters back
     paging.py     page tensors, block tables, checkpoint placement over pages
     model.py      weights from model.safetensors; prefill_chunk / decode
 
-Everything runs in float32. torch is imported only by this package (the
+The serving engine on top (``hbench run --engine torch``):
+
+    pools.py          one preallocated tensor per pool of the organization's capacity
+    tracking.py       the organization as the engine drives it: copies, poisoning
+    executor.py       one step of a StepBatch over paged state
+    engine.py         the open-loop wall-clock loop, step rows and counters
+    continuation.py   ``hbench verify --engine torch``: against a cold run
+    device_check.py   ``scripts/device_check.sh``
+
+The model computes in the dtype and on the device of its weights (float32 on
+CPU; `FalconH1.to` moves it). torch is imported only by this package (the
 ``engines`` extra); the rest of hbench never needs it.
 """

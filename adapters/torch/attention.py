@@ -49,21 +49,22 @@ def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch.Tensor
         raise ValueError(f"context of {context_len} tokens needs more than the "
                          f"{len(block_table)} blocks of {block} tokens in the block table")
     qg = (q * scale).reshape(T, kvh, g, D).permute(1, 2, 0, 3)  # [kvh, g, T, D]
-    m = torch.full((kvh, g, T), float("-inf"), dtype=q.dtype)
-    total = torch.zeros((kvh, g, T), dtype=q.dtype)
-    acc = torch.zeros((kvh, g, T, D), dtype=q.dtype)
+    dev = q.device
+    m = torch.full((kvh, g, T), float("-inf"), dtype=q.dtype, device=dev)
+    total = torch.zeros((kvh, g, T), dtype=q.dtype, device=dev)
+    acc = torch.zeros((kvh, g, T, D), dtype=q.dtype, device=dev)
     last_query = int(q_pos.max())
     per_step = _pages_per_step(block, step_tokens)
     for j in range(0, (context_len + block - 1) // block, per_step):
         first = j * block
         if first > last_query:       # every later key is in every query's future
             break
-        pages = kv_layer[torch.as_tensor(list(block_table[j:j + per_step]))]
+        pages = kv_layer[torch.as_tensor(list(block_table[j:j + per_step]), device=dev)]
         n = min(pages.shape[0] * block, context_len - first)
         k = pages[:, 0].reshape(-1, kvh, D)[:n]                # [n, kvh, D]
         v = pages[:, 1].reshape(-1, kvh, D)[:n]
         s = torch.einsum("hgtd,nhd->hgtn", qg, k)
-        k_pos = torch.arange(first, first + n)
+        k_pos = torch.arange(first, first + n, device=dev)
         future = k_pos[None, :] > q_pos[:, None]              # [T, n]
         if bool(future.any()):
             s = s.masked_fill(future, float("-inf"))
@@ -88,9 +89,10 @@ def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch
     ``q_pos[r]`` and sees keys ``0 .. q_pos[r]``, block ``j`` in page
     ``tables[r, j]``. ``tables [b, blocks]`` is padded to the longest request
     with any valid page index: blocks wholly after a query are masked out.
-    Whole pages are read, so slots past a request's context must hold finite
-    values (a zeroed pool and stale K/V both do): a masked score weighs 0,
-    and 0 x NaN would still be NaN. Returns ``[b, heads, head_dim]``.
+    Whole pages are read; keys and values of slots past a request's position
+    are masked out (scores to -inf, values to 0), so whatever those slots
+    hold, even NaN from a poisoned pool, never reaches the result. Returns
+    ``[b, heads, head_dim]``.
     """
     b, H, D = q.shape
     block, kvh = kv_layer.shape[2], kv_layer.shape[3]
@@ -100,17 +102,20 @@ def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_layer: torch
         raise ValueError(f"position {int(q_pos.max())} needs more than the "
                          f"{tables.shape[1]} blocks of {block} tokens in the block tables")
     qg = (q * scale).view(b, kvh, g, D)
-    m = torch.full((b, kvh, g), float("-inf"), dtype=q.dtype)
-    total = torch.zeros((b, kvh, g), dtype=q.dtype)
-    acc = torch.zeros((b, kvh, g, D), dtype=q.dtype)
+    dev = q.device
+    m = torch.full((b, kvh, g), float("-inf"), dtype=q.dtype, device=dev)
+    total = torch.zeros((b, kvh, g), dtype=q.dtype, device=dev)
+    acc = torch.zeros((b, kvh, g, D), dtype=q.dtype, device=dev)
     per_step = _pages_per_step(block, step_tokens)
     for j in range(0, n_blocks, per_step):
         pages = kv_layer[tables[:, j:min(j + per_step, n_blocks)]]   # [b, p, 2, block, kvh, D]
         k = pages[:, :, 0].reshape(b, -1, kvh, D)
         v = pages[:, :, 1].reshape(b, -1, kvh, D)
         s = torch.einsum("bhgd,bnhd->bhgn", qg, k)
-        future = (j * block + torch.arange(k.shape[1]))[None, :] > q_pos[:, None]
+        future = (j * block + torch.arange(k.shape[1], device=dev))[None, :] > q_pos[:, None]
         s = s.masked_fill(future[:, None, None, :], float("-inf"))
+        # a masked score weighs 0, but 0 x NaN is NaN: never-written slots count for nothing
+        v = v.masked_fill(future[:, :, None, None], 0.0)
         # Block 0 holds position 0, visible to every query: m is finite from then on.
         m_new = torch.maximum(m, s.amax(-1))
         p = torch.exp(s - m_new[..., None])

@@ -90,7 +90,7 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
         L = xc.shape[1]
         cs = torch.cumsum(dtc * A, dim=1)                                  # [b, L, H]
         seg = cs[:, :, None, :] - cs[:, None, :, :]                        # [b, t, s, H]
-        causal = torch.ones(L, L, dtype=torch.bool).tril()[None, :, :, None]
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()[None, :, :, None]
         decay = torch.exp(seg.masked_fill(~causal, float("-inf"))) * dtc[:, None, :, :]
         cb = torch.einsum("btgn,bsgn->btsg", Cc, Bc)                       # [b, t, s, G]
         scores = (decay.view(b, L, L, G, k) * cb[..., None])               # [b, t, s, G, k]

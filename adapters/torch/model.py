@@ -81,6 +81,34 @@ class FalconH1:
         self.mup = mup_vector(cfg)
         self.scale = cfg.head_dim ** -0.5
 
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> FalconH1:
+        """Move every weight to ``device`` in ``dtype`` (in place); returns self.
+
+        Activations follow the weights: a call computes in the dtype and on the
+        device of the weights, so the caller's state tensors must match them.
+        """
+        def mv(d: dict) -> dict:
+            return {k: v.to(device=device, dtype=dtype) for k, v in d.items()}
+
+        self.embed = self.embed.to(device=device, dtype=dtype)
+        tied = self.cfg.tie_word_embeddings
+        self.lm_head = self.embed if tied else self.lm_head.to(device=device, dtype=dtype)
+        self.final_norm = self.final_norm.to(device=device, dtype=dtype)
+        self.layers = [mv(lw) for lw in self.layers]
+        self.attn = [_sub(lw, "self_attn.") for lw in self.layers]
+        self.mamba = [_sub(lw, "mamba.") for lw in self.layers]
+        self.mlp = [_sub(lw, "feed_forward.") for lw in self.layers]
+        self.mup = self.mup.to(device=device, dtype=dtype)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> FalconH1:
         """Load ``config.json`` and ``model.safetensors`` from a model directory."""
@@ -140,7 +168,7 @@ class FalconH1:
         """
         c = self.cfg
         T = tokens.shape[0]
-        positions = torch.arange(start_pos, start_pos + T)
+        positions = torch.arange(start_pos, start_pos + T, device=tokens.device)
         x = self.embed[tokens] * c.embedding_multiplier                      # [T, hidden]
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw["input_layernorm.weight"], c.rms_norm_eps)
@@ -168,10 +196,10 @@ class FalconH1:
         if len(block_tables) != b or positions.shape[0] != b:
             raise ValueError(f"{b} tokens need {b} positions and block tables, got "
                              f"{positions.shape[0]} and {len(block_tables)}")
-        tables = block_table_tensor(block_tables)
+        tables = block_table_tensor(block_tables).to(tokens.device)
         block = kv.shape[3]
         j = positions // block
-        if bool((j >= torch.tensor([len(t) for t in block_tables])).any()):
+        if bool((j >= torch.tensor([len(t) for t in block_tables], device=j.device)).any()):
             raise ValueError("a block table does not cover its request's position")
         pages, offsets = tables.gather(1, j[:, None])[:, 0], positions % block
         x = self.embed[tokens] * c.embedding_multiplier                      # [b, hidden]

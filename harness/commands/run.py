@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -88,8 +89,10 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
               help="State memory: bN = N checkpoint-sized pages per layer (b63, b83, b108), "
                    "Np = N of the organization's pages (254p), or a whole-model size (12GiB).")
 @click.option("--engine", type=click.Choice(sorted(ENGINES)), default=D.engine, show_default=True,
-              help="sim: the embedded simulator (no GPU); vllm/sglang: a real server.")
-@click.option("--model", default=D.model, show_default=True, help="Model preset (see hbench geometry).")
+              help="sim: the embedded simulator (no GPU); vllm/sglang: a real server; "
+                   "torch: in-process PyTorch engine over real page pools.")
+@click.option("--model", default=D.model, show_default=True,
+              help="Model preset (see hbench geometry); torch engine: a model directory.")
 @click.option("--config", "config_path", type=click.Path(), default=None,
               help="A Hugging Face config.json instead of the preset.")
 @click.option("--gpu", default=D.gpu, show_default=True,
@@ -134,6 +137,13 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
 @click.option("--endpoint", default=None, help="Real engines: URL of a running server.")
 @click.option("--launch", is_flag=True, help="Real engines: start the server and stop it after.")
 @click.option("--server-cmd", default=None, help="Real engines: the command that starts the server.")
+@click.option("--device", default=D.device, show_default=True,
+              help="torch engine: cpu (float32) or cuda[:N] (bfloat16).")
+@click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16"]), default=D.dtype,
+              show_default=True, help="torch engine: compute dtype (auto: cpu fp32, cuda bf16).")
+@click.option("--poison", is_flag=True,
+              help="torch engine: fill every freed or invalidated page with NaN, so a read "
+                   "of storage the organization handed away fails the run.")
 @click.option("--debug-invariants", is_flag=True,
               help="Check every organization invariant after every step (slow).")
 @click.option("--allow-oversubscribe", is_flag=True,
@@ -159,6 +169,8 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     if (flags["engine"] == "sim" and flags["config_path"]
             and ctx.get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE):
         raise HbenchError("give --model or --config, not both")
+    if flags["engine"] == "torch":
+        flags["config_path"] = _torch_model_config(flags["model"], flags["config_path"])
     config = RunConfig(**flags)
     check_writable_dir(out)
     validate(config, allow_oversubscribe=allow_oversubscribe)
@@ -183,3 +195,13 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
         first = req.loc[req["status"] == "failed", "error"].iloc[0]
         raise HbenchError(f"{summary['failed']} of {summary['requests']} requests failed "
                           f"(results kept in {run_dir}); first error: {first[:200]}")
+
+
+def _torch_model_config(model: str, config_path: str | None) -> str:
+    """The torch engine serves the model directory ``--model``; its geometry
+    comes from that directory's config.json unless ``--config`` names one."""
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise HbenchError(f"--engine torch needs --model DIR, a model directory with config.json "
+                          f"and model.safetensors (hbench tiny-model writes one); got {model!r}")
+    return config_path or str(path / "config.json")

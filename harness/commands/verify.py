@@ -115,15 +115,33 @@ def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 
 
 @click.command("verify")
 @click.option("--engine", "engine_name", default="vllm", show_default=True,
-              type=click.Choice(["vllm", "sglang"]), help="Real engine to check.")
+              type=click.Choice(["vllm", "sglang", "torch"]),
+              help="Engine to check: a real server, or the in-process torch engine.")
+@click.option("--org", type=click.Choice(["s0", "s1", "s2", "d0"]), default="s2",
+              show_default=True, help="torch engine: the organization to serve with.")
+@click.option("--budget", default=None,
+              help="torch engine: budget label (default: the organization's verify point).")
+@click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
+@click.option("--seed", type=int, default=0, show_default=True, help="torch engine: workload seed.")
 @click.option("--endpoint", default=None, help="A running server, e.g. http://127.0.0.1:8000.")
 @click.option("--launch", is_flag=True, help="Start the server (needs --model DIR), stop it after.")
 @click.option("--model", default=None, help="Model directory (with --launch) or served model id.")
 @click.option("--server-cmd", default=None, help="Server command for --launch ({port} {model}).")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--output-len", default=16, show_default=True, type=click.IntRange(1, 4096))
-def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_len):
-    """Greedy outputs served with prefix-cache hits must equal clean recomputes."""
+def verify(engine_name, org, budget, device, seed, endpoint, launch, model, server_cmd,
+           n_prompts, output_len):
+    """Greedy outputs served with prefix-cache hits must equal clean recomputes.
+
+    \b
+    With --engine torch --model DIR: serves a shared-prefix workload in process
+    (adoptions, preemptions, pages poisoned when freed) and compares every
+    request with a cold contiguous run of the same prompt, e.g.
+      hbench verify --engine torch --org s2 --model ./tiny-prop
+    """
+    if engine_name == "torch":
+        verify_torch(org, model, budget, device, seed)
+        return
     from adapters.client.http import Endpoint, served_models
     from adapters.registry import make_engine
     from adapters.served_engine import pick_model
@@ -163,3 +181,26 @@ def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_l
     click.echo(f"{len(checks) - len(divergent)}/{len(checks)} prompts identical with and without "
                "prefix reuse")
     raise SystemExit(1 if divergent else 0)
+
+
+def verify_torch(org: str, model: str | None, budget: str | None, device: str, seed: int) -> None:
+    """`adapters.torch.continuation` behind the CLI: exit 0 when every request
+    is identical to its cold run, 1 when any diverges."""
+    from adapters.torch.continuation import verify_config, verify_continuation
+
+    if not model:
+        raise HbenchError("--engine torch needs --model DIR (hbench tiny-model writes one)")
+    report = verify_continuation(verify_config(org, model, budget, device, seed))
+    for c in report.checks:
+        click.echo(c.describe())
+    st = report.stats
+    click.echo(f"{org}: {st['adopted_requests']} requests adopted a checkpoint "
+               f"({st['adopt_copies']} adopt copies, {st['publish_copies']} publish copies), "
+               f"{st['preemptions']} preemptions, {st['poisoned_pages']} pages poisoned")
+    if not st["adopted_requests"]:
+        raise HbenchError("no request adopted a cached checkpoint, so continuation was not "
+                          "tested; use longer shared prompts or a larger budget")
+    bad = [c for c in report.checks if not c.identical]
+    click.echo(f"{len(report.checks) - len(bad)}/{len(report.checks)} requests identical to "
+               "a cold run")
+    raise SystemExit(1 if bad else 0)

@@ -46,6 +46,18 @@ class ReadOnlyViews:
             return "referenced"
         return "cached" if ref.page in pool.lru else "empty"
 
+    def page_lifecycle(self, pool: int) -> tuple[tuple[int, ...], frozenset[int]]:
+        """``(generation of every page, the empty pages)`` of pool ``pool``.
+
+        A page's generation grows each time it is handed out, so a page whose
+        generation changed between two calls was handed out again (its old
+        content is gone, even if it was reclaimed from the cache); a page that
+        became empty was freed or its last cached entry invalidated. An engine
+        that holds real memory reads this to poison storage no entry describes.
+        """
+        p = self.pools[pool]
+        return tuple(p.generation), frozenset(p.empty)
+
     def capacity(self) -> Capacity:
         """The pools to preallocate and the token grids (fixed for the org's life)."""
         return Capacity(tuple(PoolInfo(p.name, p.num_pages, p.page_bytes) for p in self.pools),

@@ -1,0 +1,275 @@
+"""``--engine torch``: an in-process serving engine whose pools are real memory.
+
+The same `Scheduler` and the same organization the simulator uses decide
+what runs; this engine executes every step with real tensors and measures
+it on the wall clock::
+
+    pools = Pools(org.capacity())            # one preallocated tensor per pool
+    loop (wall clock, open loop):
+        add every request that has arrived
+        batch = sched.schedule()             # org calls -> adopt copies, poison
+        tokens = executor.run(batch)         # forward passes over paged state
+        sched.complete(batch, t, tokens)     # commit -> publish copies, state placed
+
+Requests arrive at their workload times measured from the engine's start;
+an idle engine sleeps until the next arrival. Tokens are greedy and are what
+the model computed: the scheduler appends them to the request (so prefix
+keys and recomputation after preemption see the real ids). Times are
+seconds since the engine's start: TTFT, ITL and TPOT as a real server's
+client would see them, without network. Each step row has its measured
+duration split into ``compute_s`` (forward passes), ``state_io_s`` (state
+gathers, scatters and page copies) and ``overhead_s`` (scheduling and
+bookkeeping); ``weights_s`` and ``kv_s`` are modelled quantities and NaN here.
+
+Memory. Step rows report state memory by kind as the organization places
+it, in the engine's element size (`Pools.byte_scale`: float32 pools hold
+twice the bf16 bytes the organization accounts). The manifest's
+``engine_info`` adds the pools' allocated bytes and the process's own peak
+(``ru_maxrss`` on CPU, ``torch.cuda.max_memory_allocated`` on a GPU).
+
+``poison=True`` fills every page that is freed, invalidated or handed out
+again with NaN (`adapters.torch.tracking.Poisoner`); non-finite logits stop
+the run with an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapters.sim.recorder import StepRecorder
+from harness import __version__
+from harness.errors import HbenchError
+from harness.orgs import build_organization
+from harness.records import EngineRun
+from harness.scheduler import DONE, Scheduler, SchedulerPolicy
+
+#: Longest single sleep while waiting for the next arrival (s).
+IDLE_SLEEP_S = 0.05
+
+
+@dataclass(frozen=True)
+class _Unmeasured:
+    """The step row's timing fields before the step ran (filled in afterwards)."""
+
+    total_s: float = 0.0
+    weights_s: float = math.nan
+    kv_s: float = math.nan
+    state_io_s: float = 0.0
+    compute_s: float = 0.0
+    overhead_s: float = 0.0
+    bound: str = "measured"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise HbenchError("the torch engine needs PyTorch (pip install 'hbench[engines]')") from None
+    return torch
+
+
+def resolve_device(name: str, dtype: str = "auto") -> tuple[str, object]:
+    """(device, compute dtype); ``auto`` is float32 on CPU, bfloat16 on a GPU."""
+    torch = _torch()
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise HbenchError(f"--device {name}: no CUDA device is available")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise HbenchError(f"--device must be cpu or cuda[:N], got {name!r}")
+    if dtype == "auto":
+        dtype = "fp32" if name == "cpu" else "bf16"
+    return name, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+
+
+def load_model(model_dir: str, device: str, dtype):
+    """The Falcon-H1 weights of ``model_dir`` on ``device`` in ``dtype``."""
+    from adapters.torch.model import FalconH1
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise HbenchError(f"the torch engine serves a model directory (config.json and "
+                          f"model.safetensors, e.g. from hbench tiny-model); {model_dir!r} is not one")
+    return FalconH1.from_dir(path).to(device, dtype)
+
+
+def check_geometry(model, geom) -> None:
+    """The run's geometry must describe the served model, element for element."""
+    sh = model.shapes
+    u = geom.dtype_bytes
+    mine = (sh.n_layers, sh.kv_token_elems * u, sh.ssm_elems * u, sh.conv_elems * u)
+    theirs = (geom.n_layers, geom.attn_bytes_per_token, geom.ssm_state_bytes,
+              geom.conv_state_bytes)
+    if mine != theirs or geom.attn_groups != 1 or geom.ssm_groups != 1:
+        raise HbenchError(
+            f"the run's geometry {geom.name} (layers, KV bytes/token, SSM bytes, conv bytes = "
+            f"{theirs}) does not describe the served model ({mine}); give --model DIR without "
+            "--config, or the model's own config.json")
+
+
+class TorchEngine:
+    name = "torch"
+    supported_orgs = ("s0", "s1", "s2", "d0")
+
+    def __init__(self, keep_logits: bool = False, model=None):
+        self.keep_logits = keep_logits
+        self.model = model        # a FalconH1 already on its device (else --model DIR is loaded)
+        self.outputs: dict[int, list[int]] = {}   # rid -> generated token ids (last run)
+        self.logits: dict | None = None            # rid -> per-token logits (keep_logits)
+        self.stats: dict = {}
+
+    def version(self) -> str:
+        """Changes whenever this package's code changes."""
+        h = hashlib.sha256()
+        for f in sorted(Path(__file__).parent.glob("*.py")):
+            h.update(f.read_bytes())
+        return f"torch-{__version__}-{h.hexdigest()[:12]}"
+
+    def run(self, workload, setup, progress=None) -> EngineRun:
+        torch = _torch()
+        config, geom = setup.config, setup.geometry
+        if geom.ssm_state_dtype != geom.dtype:
+            raise HbenchError("the torch engine stores every state in one dtype: "
+                              f"--ssm-dtype must be {geom.dtype}")
+        device, dtype = resolve_device(config.device, config.dtype)
+        threads = torch.get_num_threads()
+        if device == "cpu":
+            # one intra-op thread: the model's ops are small, and on a shared CPU more
+            # threads cost far more in synchronisation than they gain
+            torch.set_num_threads(1)
+        try:
+            return self._run(workload, setup, progress, device, dtype)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, workload, setup, progress, device, dtype) -> EngineRun:
+        from adapters.sim.engine import check_fits
+        from adapters.torch.executor import Executor
+        from adapters.torch.pools import Pools
+        from adapters.torch.tracking import Poisoner, TrackedOrg
+
+        torch = _torch()
+        config, geom, budget = setup.config, setup.geometry, setup.budget
+        model = self.model or load_model(config.model, device, dtype)
+        check_geometry(model, geom)
+        org = build_organization(config.org, geom, tuple(p.pages for p in budget.pools))
+        check_fits(org, workload, config, budget.label)
+        pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
+        executor = Executor(model, pools, org, keep_logits=self.keep_logits)
+        poisoner = Poisoner(org, pools) if config.poison else None
+        tracked = TrackedOrg(org, executor.on_admit, executor.on_commit, poisoner)
+        sched = Scheduler(tracked, SchedulerPolicy(
+            cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
+            retention=config.retention, retention_threshold=config.retention_threshold))
+        recorder = StepRecorder(org, geom.pool_layers)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(device)
+        arrivals = sorted(workload.requests, key=lambda r: (r.arrival_s, r.request_id))
+        warmup = config.warmup_requests
+        outputs: dict[int, list[int]] = {}
+        done = nxt = 0
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - t0
+
+        while nxt < len(arrivals) or sched.has_work:
+            now = clock()
+            while nxt < len(arrivals) and arrivals[nxt].arrival_s <= now:
+                wr = arrivals[nxt]
+                sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids, wr.output_len,
+                          wr.salt, wr.prefix_group, warmup=wr.request_id < warmup)
+                nxt += 1
+            if not sched.has_work:
+                time.sleep(min(IDLE_SLEEP_S, max(0.0, arrivals[nxt].arrival_s - now)))
+                continue
+            start = clock()
+            executor.begin_step()
+            batch = sched.schedule()
+            if batch.failed:
+                done += len(batch.failed)
+                if progress:
+                    progress(done)
+            if not batch.items:
+                continue
+            recorder.step_started(start, batch, _Unmeasured(), len(sched.running),
+                                  len(sched.waiting))
+            tokens = executor.run(batch)
+            computed = clock()
+            for rid, tok in tokens.items():
+                outputs.setdefault(rid, []).append(tok)
+            finished = sched.complete(batch, computed, tokens)
+            end = clock()
+            _fill_timing(recorder.rows[-1], start, end, executor.timing)
+            recorder.step_finished(end)
+            done += len(finished)
+            if finished and progress:
+                progress(done)
+            if config.debug_invariants:
+                org.check_invariants()
+        _check_nothing_lost(sched, org)
+        scale = pools.byte_scale
+        rows = [_scaled(row, scale) for row in recorder.rows]
+        records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
+        last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+        process_peak = (torch.cuda.max_memory_allocated(device) if device.startswith("cuda")
+                        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        self.outputs = outputs
+        self.logits = executor.logits
+        self.stats = {
+            "adopt_copies": executor.copies["adopt"],
+            "publish_copies": executor.copies["publish"],
+            "poisoned_pages": poisoner.poisoned if poisoner else 0,
+            "preemptions": sched.preemptions,
+            "adopted_requests": sum(1 for r in records if r.j_adopt > 0),
+            "steps": len(rows),
+        }
+        info = {
+            "engine": self.name, "device": device, "dtype": str(dtype).removeprefix("torch."),
+            "pool_layers": geom.pool_layers,
+            "pools": [{"name": p.name, "pages": p.pages, "page_bytes": p.page_bytes}
+                      for p in budget.pools],
+            "pool_tensor_bytes": pools.physical_bytes, "byte_scale": scale,
+            "process_peak_bytes": int(process_peak),
+            "attn_block_tokens": org.capacity().attn_block_tokens,
+            "grid_tokens": org.capacity().grid_tokens,
+            "poison": bool(config.poison), "cache_state": "cold", "warmup_requests": warmup,
+            **self.stats,
+        }
+        counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
+        counters["rounding_waste_bytes"] = {
+            "budget": int(counters["rounding_waste_bytes"]["budget"] * scale),
+            "pages": max((sum(r[f"waste_{k}_bytes"] for k in ("attention", "ssm", "conv"))
+                          for r in rows), default=0)}
+        return EngineRun(requests=records, steps=rows, window_start_s=0.0, window_end_s=last,
+                         engine_info=info,
+                         peak_memory={k: int(v * scale) for k, v in recorder.peak.items()},
+                         counters=counters)
+
+
+def _fill_timing(row: dict, start: float, end: float, timing) -> None:
+    row["duration_s"] = end - start
+    row["compute_s"] = timing.compute_s
+    row["state_io_s"] = timing.state_io_s
+    row["overhead_s"] = max(0.0, end - start - timing.compute_s - timing.state_io_s)
+
+
+def _scaled(row: dict, scale: float) -> dict:
+    """A step row with its byte columns in the engine's element size."""
+    out = dict(row)
+    for key, value in row.items():
+        if key.endswith("_bytes"):
+            out[key] = int(value * scale)
+    return out
+
+
+def _check_nothing_lost(sched: Scheduler, org) -> None:
+    open_reqs = [r.rid for r in sched.requests.values() if r.state != DONE]
+    if open_reqs:
+        raise AssertionError(f"requests neither finished, failed nor cancelled: {open_reqs[:10]}")
+    org.check_invariants()
+    if not org.holds_no_references():
+        raise AssertionError(f"{org.name}: references left after every request ended")

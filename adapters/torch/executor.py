@@ -1,0 +1,196 @@
+"""One engine step with real tensors: the batch the scheduler built, computed.
+
+For each item of a `StepBatch` the executor reads the request's state where
+the organization placed it and computes its tokens:
+
+* A prefill chunk ``[start, end)`` starts from the zero state at position 0,
+  or else from the request's live state, gathered from its pages (after
+  admission with a prefix hit, the adopt copy has already filled it). The
+  chunk runs in segments split at the checkpoint grid, so the state at each
+  boundary is known exactly; its K/V go into the request's blocks through
+  the block table.
+* Decode items run as one batch: each request's live state is gathered,
+  one token each is computed (attention through the block tables with the
+  online softmax of `adapters.torch.attention.paged_decode_attention`).
+
+Where the state goes afterwards depends on what `commit` publishes, so the
+executor keeps it `Pending` and `write_back` places it once the
+organization's copies are known:
+
+    live state before the step: L0;  boundaries b1 < b2 <= end
+    publish b1: L0 -> L1   state(b1) into L0, copy L0 -> L1 (L0 is now the checkpoint)
+    publish b2: L1 -> L2   state(b2) into L1, copy L1 -> L2
+    end state              into the current live object, unless the copy at
+                           b == end already put it there
+
+A boundary someone else already published has no copy: the request keeps its
+live object. Token ids of the workload are folded into the model's
+vocabulary (``id mod vocab``); generated ids are the model's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from adapters.torch.model import FalconH1
+from adapters.torch.pools import Pools
+from harness.errors import HbenchError
+
+
+@dataclass
+class Pending:
+    """A request's state after the step, not yet placed (see the module docstring)."""
+
+    live: object                       # the org's StatePlacement of the live state before
+    end: int
+    final: tuple[torch.Tensor, torch.Tensor]
+    boundaries: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class StepTiming:
+    """Wall-clock seconds of one step's parts."""
+
+    compute_s: float = 0.0       # model forward passes
+    state_io_s: float = 0.0      # gathers, scatters and page copies
+
+
+class Executor:
+    def __init__(self, model: FalconH1, pools: Pools, org, keep_logits: bool = False):
+        self.model = model
+        self.pools = pools
+        self.org = org                       # read-only placement queries
+        self.vocab = model.cfg.vocab_size
+        self.device = model.device
+        self.pending: dict[object, Pending] = {}
+        self.timing = StepTiming()
+        self.copies = {"adopt": 0, "publish": 0}
+        # rid -> logits of every token it emitted (kept only when asked: `hbench verify`)
+        self.logits: dict[object, list[torch.Tensor]] | None = {} if keep_logits else None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _tokens(self, ids) -> torch.Tensor:
+        return torch.tensor([int(t) % self.vocab for t in ids], dtype=torch.long,
+                            device=self.device)
+
+    def _table(self, rid) -> list[int]:
+        return [ref.page for ref in self.org.block_table(rid)]
+
+    # ---- copies the organization asks for ---------------------------------------------
+    def on_admit(self, rid, copies) -> None:
+        t = time.perf_counter()
+        for c in copies:
+            if c.reason == "adopt":
+                self.pools.copy(c.src, c.dst)
+                self.copies["adopt"] += 1
+        self._sync()
+        self.timing.state_io_s += time.perf_counter() - t
+
+    def on_commit(self, rid, copies) -> None:
+        """Place the request's pending state (see the module docstring)."""
+        pend = self.pending.pop(rid, None)
+        if pend is None:
+            return
+        t = time.perf_counter()
+        by_pos = {c.position: c for c in copies if c.reason == "publish"}
+        cur, placed = pend.live, False
+        for j, ssm, conv in pend.boundaries:
+            c = by_pos.get(j)
+            placed = False
+            if c is None:
+                continue            # published by someone else: keep the live object
+            self.pools.scatter(c.src, ssm, conv)
+            self.pools.copy(c.src, c.dst)
+            self.copies["publish"] += 1
+            cur, placed = c.dst, j == pend.end
+        if not placed:
+            self.pools.scatter(cur, *pend.final)
+        self._sync()
+        self.timing.state_io_s += time.perf_counter() - t
+
+    # ---- one step -----------------------------------------------------------------
+    def begin_step(self) -> None:
+        """A new step starts (before scheduling: adopt copies happen while it plans)."""
+        self.timing = StepTiming()
+        self.pending.clear()
+
+    def run(self, batch) -> dict:
+        """Compute every item; returns rid -> the token id each emitting item generated."""
+        out: dict = {}
+        decodes = []
+        for item in batch.items:
+            if item.prefill:
+                self._prefill(item, out)
+            else:
+                decodes.append(item)
+        if decodes:
+            self._decode(decodes, out)
+        return out
+
+    def _emit(self, rid, logits: torch.Tensor, out: dict, emits: bool) -> None:
+        if not bool(torch.isfinite(logits).all()):
+            raise HbenchError(
+                f"request {rid}: non-finite logits; the step read state that was never "
+                "written or whose page was freed (an organization bookkeeping error)")
+        if emits:
+            out[rid] = int(logits.argmax())
+            if self.logits is not None:
+                self.logits.setdefault(rid, []).append(logits.float().cpu())
+
+    def _prefill(self, item, out: dict) -> None:
+        r, m, pools = item.req, self.model, self.pools
+        start, end = item.start, item.end
+        live = self.org.live_state(r.rid)
+        t = time.perf_counter()
+        if start == 0:
+            ssm, conv = m.shapes.zero_state()
+            ssm, conv = ssm.to(self.device, m.dtype), conv.to(self.device, m.dtype)
+        else:
+            ssm, conv = pools.gather(live)
+        self._sync()
+        t1 = time.perf_counter()
+        self.timing.state_io_s += t1 - t
+        grid = item.grid
+        last = min(end, r.prefill_until)
+        cuts = list(range((start // grid + 1) * grid, last + 1, grid))
+        table = self._table(r.rid)
+        pend = Pending(live, end, (ssm, conv))
+        pos, logits = start, None
+        for stop in [*cuts, end]:
+            if stop <= pos:
+                continue
+            logits = m.prefill_chunk(self._tokens(r.tokens[pos:stop]), pos, pools.kv, table,
+                                     ssm, conv, last_only=True)
+            pos = stop
+            if stop in cuts:
+                pend.boundaries.append((stop, ssm.clone(), conv.clone()))
+        self._sync()
+        self.timing.compute_s += time.perf_counter() - t1
+        self.pending[r.rid] = pend
+        self._emit(r.rid, logits[0], out, end >= len(r.tokens))
+
+    def _decode(self, items, out: dict) -> None:
+        m, pools = self.model, self.pools
+        t = time.perf_counter()
+        lives = [self.org.live_state(i.req.rid) for i in items]
+        states = [pools.gather(p) for p in lives]
+        ssm = torch.stack([s for s, _ in states])
+        conv = torch.stack([c for _, c in states])
+        tokens = self._tokens([i.req.tokens[i.start] for i in items])
+        positions = torch.tensor([i.start for i in items], dtype=torch.long, device=self.device)
+        tables = [self._table(i.req.rid) for i in items]
+        self._sync()
+        t1 = time.perf_counter()
+        self.timing.state_io_s += t1 - t
+        logits = m.decode(tokens, positions, pools.kv, tables, ssm, conv)
+        self._sync()
+        self.timing.compute_s += time.perf_counter() - t1
+        for k, (item, live) in enumerate(zip(items, lives, strict=True)):
+            self.pending[item.req.rid] = Pending(live, item.end, (ssm[k], conv[k]))
+            self._emit(item.req.rid, logits[k], out, True)

@@ -1,0 +1,121 @@
+"""The organization's pools as real memory: one preallocated tensor per pool.
+
+`Pools` takes an organization's `capacity()` and allocates, for each pool,
+one tensor ``[pages, layers, page_elems]`` on the engine's device. Nothing is
+allocated per request afterwards: attention K/V, live recurrent states and
+published checkpoints all live in these pages, where the organization placed
+them.
+
+Bytes to elements. hbench's geometry counts state bytes in the model's
+storage dtype (bf16, 2 bytes), and an organization's page is ``page_bytes``
+of it per layer. The engine stores elements of its compute dtype (float32
+on CPU, bfloat16 on a GPU), one element for each geometry element:
+
+    page_elems = page_bytes / geometry dtype bytes
+    element offset = byte offset / geometry dtype bytes
+
+so every page, offset and slot keeps its place in the layout, and a float32
+pool simply takes twice the bytes the organization accounts (`physical_bytes`
+reports what was really allocated). The SSM state must be stored in the
+geometry dtype (``--ssm-dtype`` equal to the weights' dtype) for this
+element-for-element mapping to hold.
+
+Placements. The organization answers in bytes (`harness.orgs.values`); the
+model gathers and scatters element extents (`adapters.torch.paging`).
+`placement` converts one into the other:
+
+    S0, D0   ConvInline  SSM [page, 0 .. ssm) then conv at the inline offset
+    S1       ConvPages   SSM over member pages, conv over its own page(s)
+    S2       ConvSlot    SSM over member pages, conv at slot x slot_bytes
+                         inside the shared slab page
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adapters.torch.paging import (
+    Extent,
+    StatePlacement,
+    StateShapes,
+    gather_state,
+    kv_view,
+    lay_over_pages,
+    scatter_state,
+)
+from harness.orgs.values import Capacity, ConvInline, ConvPages, ConvSlot
+from harness.orgs.values import StatePlacement as OrgPlacement
+
+
+class Pools:
+    """Every pool of one organization, preallocated (see the module docstring)."""
+
+    def __init__(self, capacity: Capacity, shapes: StateShapes, geometry_dtype_bytes: int,
+                 dtype: torch.dtype, device: str | torch.device):
+        self.capacity = capacity
+        self.shapes = shapes
+        self.unit = geometry_dtype_bytes
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.tensors: list[torch.Tensor] = []
+        for p in capacity.pools:
+            if p.page_bytes % self.unit:
+                raise ValueError(f"pool {p.name}: {p.page_bytes}-byte pages are not whole "
+                                 f"{self.unit}-byte elements")
+            self.tensors.append(torch.zeros(p.pages, shapes.n_layers, p.page_bytes // self.unit,
+                                            dtype=dtype, device=self.device))
+        self.attn_pool = 0
+        self.state_pool = len(self.tensors) - 1
+        self.kv = kv_view(self.tensors[0], shapes, capacity.attn_block_tokens)
+
+    # ---- sizes -------------------------------------------------------------------
+    @property
+    def physical_bytes(self) -> int:
+        """Bytes the pool tensors really hold (all pools, all layers)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    @property
+    def byte_scale(self) -> float:
+        """Physical bytes per byte the organization accounts (2.0 for float32 pools)."""
+        return torch.tensor([], dtype=self.dtype).element_size() / self.unit
+
+    # ---- placements ----------------------------------------------------------------
+    def placement(self, p: OrgPlacement) -> StatePlacement:
+        """The element extents of an organization's byte placement."""
+        u, sh = self.unit, self.shapes
+        elems = self.tensors[p.pool].shape[-1]
+        ssm = lay_over_pages([page for page, _ in p.ssm], sh.ssm_elems, elems)
+        if sum(n for _, n in p.ssm) != sh.ssm_elems * u:
+            raise ValueError(f"SSM placement holds {sum(n for _, n in p.ssm)} bytes; "
+                             f"the model's SSM state is {sh.ssm_elems * u}")
+        conv = p.conv
+        if isinstance(conv, ConvInline):
+            ext = (Extent(conv.page, conv.offset // u, sh.conv_elems),)
+        elif isinstance(conv, ConvPages):
+            ext = lay_over_pages(conv.pages, sh.conv_elems, elems)
+        elif isinstance(conv, ConvSlot):
+            if conv.slot_bytes < sh.conv_elems * u:
+                raise ValueError(f"a {conv.slot_bytes}-byte slot cannot hold the conv state")
+            ext = (Extent(conv.slab, conv.slot * conv.slot_bytes // u, sh.conv_elems),)
+        else:
+            raise ValueError("the torch engine needs a model with conv state")
+        return StatePlacement(ssm=ssm, conv=ext)
+
+    def gather(self, p: OrgPlacement) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of the state at ``p``: ``(ssm [layers, H, P, N], conv [layers, C, K-1])``."""
+        return gather_state(self.tensors[p.pool], self.placement(p), self.shapes)
+
+    def scatter(self, p: OrgPlacement, ssm: torch.Tensor, conv: torch.Tensor) -> None:
+        """Write a state into the pages of ``p``."""
+        scatter_state(self.tensors[p.pool], self.placement(p), ssm, conv)
+
+    def copy(self, src: OrgPlacement, dst: OrgPlacement) -> None:
+        """Page-to-page copy of a checkpoint-sized object (an adopt or publish copy)."""
+        ssm, conv = self.gather(src)
+        self.scatter(dst, ssm, conv)
+
+    def poison(self, pool: int, pages: list[int]) -> None:
+        """Fill whole pages with NaN: whoever reads them afterwards computes NaN."""
+        if pages:
+            idx = torch.as_tensor(pages, device=self.device)
+            self.tensors[pool][idx] = float("nan")

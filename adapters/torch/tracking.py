@@ -1,0 +1,109 @@
+"""The organization as the torch engine drives it: copies handed over, frees poisoned.
+
+The scheduler talks to the organization exactly as it does in the simulator;
+`TrackedOrg` stands between them and forwards every call unchanged. After
+each action it does two things an engine holding real memory needs:
+
+1. With a `Poisoner`, it fills with NaN every page that the action freed,
+   whose last cached entry it invalidated, or that it handed out again
+   (learnt from `page_lifecycle`: empty-set and generation changes). A page
+   read after that, by anyone the organization did not give it to, yields
+   NaN, and the engine refuses non-finite logits.
+2. It hands the state copies the call asked for (`copies()`: ``adopt`` after
+   a request's first `allocate`, ``publish`` after `commit`) to the engine
+   at once, before the scheduler's next call can free anything they touch.
+
+It never changes what the organization decides: asking still changes
+nothing, and every answer is the organization's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from adapters.torch.pools import Pools
+
+
+class Poisoner:
+    """NaN into every page no entry describes any more (all pages at start)."""
+
+    def __init__(self, org, pools: Pools):
+        self.org = org
+        self.pools = pools
+        self.n_pools = len(pools.tensors)
+        self.poisoned = 0
+        self.snap = [org.page_lifecycle(i) for i in range(self.n_pools)]
+        for i, t in enumerate(pools.tensors):
+            self._poison(i, list(range(t.shape[0])))
+
+    def _poison(self, pool: int, pages: list[int]) -> None:
+        self.pools.poison(pool, pages)
+        self.poisoned += len(pages)
+
+    def sweep(self) -> None:
+        """Poison what changed hands since the last sweep."""
+        for i in range(self.n_pools):
+            gen, empty = self.org.page_lifecycle(i)
+            old_gen, old_empty = self.snap[i]
+            pages = set(empty - old_empty)
+            if gen != old_gen:
+                pages.update(p for p, (a, b) in enumerate(zip(gen, old_gen, strict=True))
+                             if a != b)
+            self.snap[i] = (gen, empty)
+            if pages:
+                self._poison(i, sorted(pages))
+
+
+CopyFn = Callable[[object, tuple], None]
+
+
+class TrackedOrg:
+    """Forwards every call to ``org``; see the module docstring for what it adds.
+
+    ``on_admit(rid, copies)`` follows a request's first `allocate` (its adopt
+    copy, if any); ``on_commit(rid, copies)`` follows every `commit` (its
+    publish copies, possibly none).
+    """
+
+    def __init__(self, org, on_admit: CopyFn, on_commit: CopyFn,
+                 poisoner: Poisoner | None = None):
+        self._org = org
+        self._on_admit = on_admit
+        self._on_commit = on_commit
+        self._poisoner = poisoner
+
+    def __getattr__(self, name):
+        return getattr(self._org, name)
+
+    def _moved(self) -> None:
+        if self._poisoner is not None:
+            self._poisoner.sweep()
+
+    def allocate(self, rid, end: int, prefill_until: int, keys=None, hit=None) -> bool:
+        new = not self._org.is_admitted(rid)
+        ok = self._org.allocate(rid, end, prefill_until, keys, hit)
+        self._moved()
+        if ok and new:
+            self._on_admit(rid, self._org.copies())
+        return ok
+
+    def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]:
+        published = self._org.commit(rid, keys, computed, prefill_until)
+        self._moved()
+        self._on_commit(rid, self._org.copies())
+        return published
+
+    def retain(self, rid, position: int, keys) -> bool:
+        return self._org.retain(rid, position, keys)
+
+    def finish(self, rid) -> None:
+        self._org.finish(rid)
+        self._moved()
+
+    def preempt(self, rid) -> None:
+        self._org.preempt(rid)
+        self._moved()
+
+    def abandon(self, rid) -> None:
+        self._org.abandon(rid)
+        self._moved()

@@ -1,0 +1,38 @@
+"""`scripts/device_check.sh`'s module in its CPU mode (DEVICE=cpu SMALL=1), one organization."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+pytest.importorskip("transformers")
+
+from adapters.torch import device_check  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_small_cpu_mode_writes_the_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_check, "ORGS", ("s2",))
+    rep = device_check.main(tmp_path, device="cpu", small=True)
+    assert rep["parity"]["ok"] and rep["parity"]["max_rel_logit_diff"] < 1e-4
+    cont = rep["continuation"]["s2"]
+    assert cont["identical"] and cont["adopted_requests"] > 0 and cont["preemptions"] > 0
+    row = rep["serving"]["s2"]
+    assert row["finished"] == device_check.SMALL_RUN["requests"]
+    assert row["step_p50_ms"] > 0 and row["ttft_p50_ms"] > 0 and row["process_peak_gib"] > 0
+    saved = json.loads((tmp_path / "device_check.json").read_text())
+    assert saved["serving"]["s2"]["steps"] == row["steps"]
+    md = (tmp_path / "device_check.md").read_text()
+    assert "| s2 | b12 |" in md and "parity vs transformers" in md
+
+
+def test_the_script_is_valid_bash_and_runs_the_module():
+    script = ROOT / "scripts" / "device_check.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert "-m adapters.torch.device_check" in script.read_text()
