@@ -6,6 +6,9 @@
 #
 #   OUT=./device-out bash scripts/device_check.sh               # NVIDIA GPU
 #   DEVICE=cpu SMALL=1 OUT=/tmp/dc bash scripts/device_check.sh   # tiny model on CPU
+#   HBENCH_WORKLOAD_CACHE=DIR PREPARE=1 bash scripts/device_check.sh # build its workloads
+#       here, for a GPU machine without the ShareGPT package (then set the same
+#       variable there)
 #
 # Needs python3 with torch, transformers and safetensors; no network. Never
 # run by CI. Exit 0 when every check passed.

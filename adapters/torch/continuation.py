@@ -137,8 +137,9 @@ def all_at_once(workload):
                     workload.meta)
 
 
-def verify_continuation(config) -> ContinuationReport:
-    """Serve ``config`` with the torch engine, then compare every request with `cold_run`."""
+def verify_continuation(config, workload=None) -> ContinuationReport:
+    """Serve ``config`` (its workload, or ``workload`` if given) with the torch
+    engine, then compare every request with `cold_run`."""
     import torch
 
     from adapters.torch.engine import TorchEngine, resolve_device
@@ -146,7 +147,7 @@ def verify_continuation(config) -> ContinuationReport:
     from harness.runner import build_run_workload
 
     setup = validate(config)
-    workload = all_at_once(build_run_workload(config))
+    workload = all_at_once(workload if workload is not None else build_run_workload(config))
     engine = TorchEngine(keep_logits=True)
     run = engine.run(workload, setup)
     device, dtype = resolve_device(config.device, config.dtype)

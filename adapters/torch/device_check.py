@@ -71,13 +71,40 @@ def parity(model_dir: Path, device: str) -> dict:
     return {"max_rel_logit_diff": rel, "ok": rel <= 1e-4}
 
 
+def workload_for(config):
+    """The run's workload, through the folder ``HBENCH_WORKLOAD_CACHE`` names if
+    set: loaded from it when there, else built and saved into it. A GPU machine
+    without the ShareGPT package is handed the workloads this way: run the
+    check here with ``PREPARE=1`` (`prepare`) to fill the folder, carry
+    it, and point the variable at it there."""
+    import hashlib
+    import os
+
+    from harness.runner import build_run_workload
+    from workloads.io import load_workload, save_workload
+    from workloads.spec import WorkloadSpec
+
+    cache = os.environ.get("HBENCH_WORKLOAD_CACHE")
+    if not cache:
+        return build_run_workload(config)
+    key = hashlib.sha256(repr(WorkloadSpec.from_config(config)).encode()).hexdigest()[:16]
+    path = Path(cache) / f"{key}.parquet"
+    if path.exists():
+        return load_workload(path)
+    workload = build_run_workload(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_workload(workload, path)
+    return workload
+
+
 def continuation(model_dir: Path, device: str) -> dict:
     from adapters.torch.continuation import verify_config, verify_continuation
 
     out = {}
     for org in ORGS:
         t = time.perf_counter()
-        rep = verify_continuation(verify_config(org, str(model_dir), device=device))
+        config = verify_config(org, str(model_dir), device=device)
+        rep = verify_continuation(config, workload_for(config))
         out[org] = {"identical": rep.all_identical, "requests": len(rep.checks),
                     "max_rel_logit_diff": max(c.max_rel_logit_diff for c in rep.checks),
                     **rep.stats, "wall_s": round(time.perf_counter() - t, 2)}
@@ -133,7 +160,6 @@ def serve(model, model_dir: Path, device: str, out: Path, small: bool) -> dict:
     from harness.config import RunConfig
     from harness.metrics import summarize
     from harness.run_setup import validate
-    from harness.runner import build_run_workload
 
     rows = {}
     for org in ORGS:
@@ -141,7 +167,7 @@ def serve(model, model_dir: Path, device: str, out: Path, small: bool) -> dict:
                            config_path=str(model_dir / "config.json"), device=device,
                            **(SMALL_RUN if small else FULL_RUN))
         setup = validate(config)
-        workload = build_run_workload(config)
+        workload = workload_for(config)
         engine = TorchEngine(model=model)
         t = time.perf_counter()
         run = engine.run(workload, setup)
@@ -171,6 +197,23 @@ def table(rows: dict) -> str:
         cells = [f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols]
         lines.append(f"| {org} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def prepare(small: bool = False) -> list[Path]:
+    """Build every workload the check serves into ``HBENCH_WORKLOAD_CACHE``
+    (no model needed: a workload depends only on its `WorkloadSpec`)."""
+    import os
+
+    from adapters.torch.continuation import verify_config
+    from harness.config import RunConfig
+
+    cache = Path(os.environ["HBENCH_WORKLOAD_CACHE"])
+    configs = [verify_config(org, "unused") for org in ORGS]
+    configs += [RunConfig(engine="torch", org=org, **(SMALL_RUN if small else FULL_RUN))
+                for org in ORGS]
+    for config in configs:
+        workload_for(config)
+    return sorted(cache.glob("*.parquet"))
 
 
 def main(out: str | Path, device: str = "cuda", small: bool = False) -> dict:
@@ -212,6 +255,11 @@ def main(out: str | Path, device: str = "cuda", small: bool = False) -> dict:
 if __name__ == "__main__":
     import os
     import sys
+
+    if os.environ.get("PREPARE") == "1":
+        files = prepare(os.environ.get("SMALL", "0") == "1")
+        print(f"{len(files)} workloads in {os.environ['HBENCH_WORKLOAD_CACHE']}")
+        sys.exit(0)
 
     rep = main(os.environ.get("OUT", "device-out"), os.environ.get("DEVICE", "cuda"),
                os.environ.get("SMALL", "0") == "1")
