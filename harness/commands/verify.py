@@ -71,12 +71,20 @@ class PromptCheck:
                        f"{self.miss_tokens[d:d + 1]}{lp}")
 
 
-def default_prompts(n: int = 4) -> list[str]:
-    """Prompts long enough for several cache blocks, from the packaged ShareGPT sample."""
+def default_prompts(n: int = 4, chars: int = 2500) -> list[str]:
+    """Prompts long enough for several cache blocks, from the packaged ShareGPT sample
+    (texts shorter than ``chars`` are continued with the next ones)."""
     from adapters.tiny_model import sharegpt_texts
 
     texts = sorted(sharegpt_texts(60), key=len, reverse=True)
-    return [t[:2500] for t in texts[:n]]
+    out = []
+    for i in range(n):
+        text, j = texts[i], i + 1
+        while len(text) < chars:
+            text += "\n" + texts[(i + j) % len(texts)]
+            j += 1
+        out.append(text[:chars])
+    return out
 
 
 def _complete(endpoint, model: str, prompt: str, output_len: int, salt: str | None, timeouts):
@@ -122,7 +130,12 @@ def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 
 @click.option("--server-cmd", default=None, help="Server command for --launch ({port} {model}).")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--output-len", default=16, show_default=True, type=click.IntRange(1, 4096))
-def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_len):
+@click.option("--org", default=None,
+              help="Organization the launched server runs (default: the engine's first, s0).")
+@click.option("--prompt-chars", default=2500, show_default=True, type=click.IntRange(100),
+              help="Characters per prompt; raise it for models with large cache blocks.")
+def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_len, org,
+           prompt_chars):
     """Greedy outputs served with prefix-cache hits must equal clean recomputes."""
     from adapters.client.http import Endpoint, served_models
     from adapters.registry import make_engine
@@ -134,15 +147,18 @@ def verify(engine_name, endpoint, launch, model, server_cmd, n_prompts, output_l
         raise HbenchError("give exactly one of --endpoint URL or --launch --model DIR")
     if launch and not model:
         raise HbenchError("--launch needs --model DIR")
-    prompts = default_prompts(n_prompts)
+    if org and not launch:
+        raise HbenchError("--org needs --launch: the organization is set when the server starts")
+    prompts = default_prompts(n_prompts, prompt_chars)
     if endpoint:
         ep = Endpoint.parse(endpoint)
         checks = verify_endpoint(ep, pick_model(served_models(ep), model, ep), prompts, output_len)
     else:
         engine = make_engine(engine_name)
-        org = engine.supported_orgs[0]
-        config = RunConfig(org=org, engine=engine_name, model=model, launch=True, cap=8,
-                           max_model_len=4096, server_cmd=server_cmd)
+        config = RunConfig(org=org or engine.supported_orgs[0], engine=engine_name,
+                           model=model, launch=True, cap=8, max_model_len=4096,
+                           server_cmd=server_cmd)
+        engine.check_config(config)
         port = free_port()
         ep = Endpoint("127.0.0.1", port)
         with ServerProcess(engine.launch_argv(config, port), ep,
