@@ -161,11 +161,12 @@ class VllmEngine(ServedEngine):
     def __init__(self, python: str | None = None, cpu: bool | None = None,
                  align: bool | None = None, ssm_cache_dtype: bool | None = None,
                  cpu_block_size: int = CPU_BLOCK_SIZE, num_blocks: int | None = None,
-                 grid_tokens: int = 512, **kwargs):
+                 grid_tokens: int = 512, extra_args: tuple[str, ...] = (), **kwargs):
         """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
         (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None.
         ``num_blocks`` overrides the block count derived from the budget;
-        ``grid_tokens`` is the plugin's S1/S2 page grid (512 in the study)."""
+        ``grid_tokens`` is the plugin's S1/S2 page grid (512 in the study);
+        ``extra_args`` are appended to the server command."""
         super().__init__(**kwargs)
         self.python = python or vllm_python()
         self._dist = None
@@ -175,6 +176,7 @@ class VllmEngine(ServedEngine):
         self.cpu_block_size = cpu_block_size
         self.num_blocks = num_blocks
         self.grid_tokens = grid_tokens
+        self.extra_args = tuple(extra_args)
         self._watermark = None
 
     def distribution(self) -> tuple[str, str] | None:
@@ -282,7 +284,7 @@ class VllmEngine(ServedEngine):
                                                    "mamba_ssm_cache_dtype")
             if self._ssm_cache_dtype:
                 argv += ["--mamba-ssm-cache-dtype", VLLM_DTYPES[config.ssm_state_dtype]]
-        return argv
+        return argv + list(self.extra_args)
 
     def requested_info(self, config) -> dict:
         """Adds hbench's S0 pool for the budget (``s0_pool``: page bytes and
