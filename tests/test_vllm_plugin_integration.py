@@ -66,7 +66,7 @@ def prompts() -> list[list[int]]:
 
 
 @contextmanager
-def serve(model, org, blocks=None, alias_ids=False):
+def serve(model, org, blocks=None, alias_ids=False, d0_attn_fraction=0.5):
     from adapters.client.http import Endpoint
     from adapters.server_process import ServerProcess, free_port
     from adapters.vllm import VllmEngine
@@ -79,7 +79,7 @@ def serve(model, org, blocks=None, alias_ids=False):
     engine = VllmEngine(python=VLLM_PYTHON, num_blocks=blocks, cpu_block_size=BLOCK_TOKENS,
                         extra_args=("--no-scheduler-reserve-full-isl",))
     config = RunConfig(org=org, engine="vllm", model=str(model), cap=4, max_model_len=8192,
-                       max_output=16, launch=True)
+                       max_output=16, launch=True, d0_attn_fraction=d0_attn_fraction)
     engine.check_config(config)
     env = engine.launch_env(config)
     if alias_ids:
@@ -147,9 +147,11 @@ def verified(server, model) -> None:
         assert c.identical, c.describe()
 
 
-@pytest.mark.parametrize("org, pages", [("s1", 4), ("s2", 3)])
-def test_shared_pool_orgs_match_stock_under_preemption(model, stock, org, pages):
-    with serve(model, org, BLOCKS) as server:
+@pytest.mark.parametrize("org, pages, blocks", [("s1", 4, BLOCKS), ("s2", 3, 16)])
+def test_shared_pool_orgs_match_stock_under_preemption(model, stock, org, pages, blocks):
+    """S2 needs fewer pages per request than S1, so it gets fewer blocks to be
+    under the same pressure."""
+    with serve(model, org, blocks) as server:
         outputs = traffic(server)
         resolved, c = counters_of(server)
         assert outputs == stock
@@ -170,17 +172,18 @@ def test_shared_pool_orgs_match_stock_under_preemption(model, stock, org, pages)
             assert c["slab_slots_used"] <= 16 * c["slab_pages"]
             assert c["slab_pages"] >= math.ceil(c["slab_slots_used"] / 16)
         # idle: every page is free or an evictable cached one, except held slabs
-        assert c["free_pages"] == BLOCKS - 1 - c["slab_pages"], c
+        assert c["free_pages"] == blocks - 1 - c["slab_pages"], c
         verified(server, model)
 
 
 def test_d0_private_pool_matches_stock_and_its_ids_never_alias(model, stock):
-    with serve(model, "d0", BLOCKS) as server:
+    # 6 attention blocks: four requests crossing their first block edge need 8
+    with serve(model, "d0", BLOCKS, d0_attn_fraction=0.35) as server:
         outputs = traffic(server)
         resolved, c = counters_of(server)
         assert outputs == stock
         attn, ckpt = resolved["attention_blocks"], resolved["checkpoint_blocks"]
-        assert attn + ckpt == BLOCKS - 1
+        assert (attn, ckpt) == (6, 13) and resolved["d0_attn_fraction"] == 0.35
         assert resolved["checkpoint_block_ids"] == [attn + 1, BLOCKS - 1]
         assert c["preemptions"] > 0, c
         assert c["checkpoint_free"] == ckpt and c["attention_free"] == attn, c
