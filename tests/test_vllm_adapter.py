@@ -222,7 +222,7 @@ def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
     import harness.commands.verify as verify_cmd
     from harness.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n: [f"prompt {i}" for i in range(n)])
+    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: [f"prompt {i}" for i in range(n)])
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "2",
                                        "--output-len", "4"])
@@ -240,7 +240,7 @@ def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
     import harness.commands.verify as verify_cmd
     from harness.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n: ["p"] * n)
+    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: ["p"] * n)
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0, diverge_salted_at=1)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "1",
                                        "--output-len", "4"])
