@@ -16,7 +16,6 @@ import pytest
 from adapters.vllm_plugin import check_version, register
 from adapters.vllm_plugin.d0 import block_id_range, carve_private_pool
 from adapters.vllm_plugin.pages import MemberPagesMixin
-from adapters.vllm_plugin.pins import joint_depth
 from adapters.vllm_plugin.plan import (
     SLAB_SLOTS,
     PageLayout,
@@ -346,28 +345,6 @@ def test_d0_negative_control_aliases_ids_with_the_same_capacities():
     private = carve_private_pool(shared, 4, FakePool, Queue, alias_ids=True)
     assert block_id_range(private) == (1, 4)       # the attention pool's own ids
     assert shared.get_num_free_blocks() == 6 and private.get_num_free_blocks() == 4
-
-
-# -- pins -----------------------------------------------------------------------
-
-def _blocks(*cached):
-    out = []
-    for i, c in enumerate(cached):
-        b = Block(i + 1)
-        if c is None:
-            b.is_null = True
-        elif c:
-            b.block_hash = f"h{i}"
-        out.append(b)
-    return out
-
-
-def test_pin_covers_the_deepest_joint_hit_not_the_deepest_checkpoint():
-    attention = _blocks(True, True, True, False)
-    mamba = _blocks(None, True, None, True)       # state at 3 has no attention under it
-    assert joint_depth(mamba, [attention]) == 1
-    assert joint_depth(mamba, [attention, _blocks(True, False, True, True)]) is None
-    assert joint_depth(_blocks(None, None), [_blocks(True, True)]) is None
 
 
 # -- the launcher side (adapters/vllm.py), no server --------------------------------

@@ -8,10 +8,14 @@ AND the attention blocks ``[0, j]`` of every attention group. Pinning the
 checkpoint alone is not enough: with the attention blocks evicted meanwhile
 the resumed lookup finds no joint hit and restarts at 0.
 
-A pin is one extra reference on each of those blocks, taken before vLLM
-frees the victim and released once the victim runs again (its own hit holds
-the blocks by then) or has finished. It never releases a reference it did
-not take, so it cannot undo a running request's hold.
+The hit is found the way the resumed request will look for it: the
+coordinator's ``find_longest_cache_hit`` over the victim's block hashes (in
+``align`` mode a request's own Mamba block list keeps only its running state;
+published checkpoints live in the cache, not in the list). A pin is one extra
+reference on each non-null block of that hit, taken before vLLM frees the
+victim and released once the victim runs again (its own hit holds the blocks
+by then) or has finished. It never releases a reference it did not take, so
+it cannot undo a running request's hold.
 
 The scheduler also writes the plugin's counters to the log (see
 `hooks.emit`), throttled, and once more when the engine goes idle.
@@ -26,7 +30,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
 from adapters.vllm_plugin.hooks import COUNTERS_TAG, OrgMambaManager, emit
-from adapters.vllm_plugin.pins import joint_depth
 
 EMIT_INTERVAL_S = 0.5
 
@@ -53,23 +56,23 @@ class PinningScheduler(Scheduler):
 
     def _pin(self, request) -> None:
         rid = request.request_id
-        mamba, attention = self._managers()
-        if len(mamba) != 1 or rid in self._pins:
+        if rid in self._pins:
             return
-        mblocks = mamba[0].req_to_blocks.get(rid, [])
-        ablocks = [a.req_to_blocks.get(rid, []) for a in attention]
-        depth = joint_depth(mblocks, ablocks)
-        if depth is None:
+        coordinator = self.kv_cache_manager.coordinator
+        found = coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        groups, hit_tokens = found[0], found[1]
+        if hit_tokens <= 0:
             self.pin_counters["pins_without_checkpoint"] += 1
             return
-        held = [(a.block_pool, list(blocks[:depth + 1])) for a, blocks in zip(attention, ablocks,
-                                                                               strict=True)]
-        held.append((mamba[0].block_pool, [mblocks[depth]]))
-        for pool, blocks in held:
-            pool.touch(blocks)
+        held = []
+        for manager, blocks in zip(coordinator.single_type_managers, groups, strict=True):
+            real = [b for b in blocks if not b.is_null]
+            if real:
+                manager.block_pool.touch(real)
+                held.append((manager.block_pool, real))
         self._pins[rid] = held
         self.pin_counters["pins_taken"] += 1
-        self.pin_counters["pinned_tokens_total"] += (depth + 1) * mamba[0].block_size
+        self.pin_counters["pinned_tokens_total"] += hit_tokens
 
     def _release_pins(self) -> None:
         for rid in list(self._pins):
