@@ -186,3 +186,26 @@ def _nvml_handle():
         return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
     except Exception:  # no pynvml, no driver, no device: device memory is simply not sampled
         return None
+
+
+# hbench's vLLM plugin (adapters.vllm_plugin) runs in vLLM's engine-core process,
+# whose Prometheus registry the API server does not serve on CPU, so it writes
+# its resolved layout once and its counters (throttled, and when idle) as log lines.
+PLUGIN_TAGS = {"resolved": "hbench-plugin-resolved", "counters": "hbench-plugin-counters"}
+
+
+def plugin_report(log_text: str) -> dict:
+    """``{"resolved": dict | None, "counters": dict | None}``: the plugin's layout
+    line and its last counters line in a server log (None where absent)."""
+    import json
+
+    out: dict = {"resolved": None, "counters": None}
+    for line in log_text.splitlines():
+        for key, tag in PLUGIN_TAGS.items():
+            at = line.find(tag + " {")
+            if at >= 0:
+                try:
+                    out[key] = json.loads(line[at + len(tag) + 1:])
+                except ValueError:
+                    pass
+    return out

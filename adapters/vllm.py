@@ -4,20 +4,34 @@ Stock vLLM V1 with prefix caching is S0-like: for a hybrid model it pads the
 Mamba page until attention and Mamba pages are equal (one shared pool of
 equal pages) and reuses a prefix only where the attention blocks and a Mamba
 state at the same block boundary are both cached (the joint hit rule, Mamba
-cache mode ``align``). So this engine expresses organization ``s0`` only.
+cache mode ``align``). ``--org s0`` runs it unchanged. ``--org s1|s2|d0``
+launch it with hbench's plugin (`adapters.vllm_plugin`, vLLM 0.32.0 only)
+enabled through the environment, which makes vLLM's allocator take, hold and
+evict pages as that organization does (docs/engines.md says exactly how and
+where it departs from the study).
 
 Knob mapping (checked against the installed vLLM's source, not assumed):
 
+    --org s1|s2|d0 -> HBENCH_ORG (+ HBENCH_D0_ATTN_FRACTION) for the plugin,
+                    --scheduler-cls adapters.vllm_plugin.scheduler.PinningScheduler
+                    (pins a preempted request's deepest joint hit); needs
+                    --launch, vLLM 0.32.0 and the plugin installed
+                    (scripts/setup_vllm_cpu.sh)
     --cap        -> --max-num-seqs
     budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count for
                     the run's geometry, --ssm-dtype included); on CPU block
                     counts follow VLLM_CPU_KVCACHE_SPACE and are only
-                    recorded, not controlled
+                    recorded, not controlled. With the plugin: the
+                    organization's page count (S1/S2 shared pages; D0 the S0
+                    count, split by --d0-attn-fraction), on CPU too
     --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
                     the dtype the block count was sized with; on CPU the
                     model runs in float32 and the flag is not passed
-    headroom > 0 -> refused: vLLM V1 has no admission watermark
+    headroom f   -> --watermark f where the installed vLLM has it (admission
+                    keeps floor(f x num_blocks) blocks free); else refused
     retention    -> refused: vLLM has no retention policy
+                    (--prefix-cache-retention-interval spaces decode-time
+                    checkpoints; it does not exempt a producer's checkpoints)
     SHARE/ISOLATE-> per-request ``cache_salt`` (the workload's salts)
 
 CPU specifics (vllm-cpu): float32 and ``--enforce-eager``; an explicit
@@ -35,13 +49,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from adapters.metrics_scrape import plugin_report
+from adapters.registry import check_expressible
 from adapters.served_engine import ServedEngine
 from adapters.server_process import split_command
+from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
 from harness.errors import HbenchError
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
 CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned so chunks fit
 CPU_KV_GIB = "1"            # VLLM_CPU_KVCACHE_SPACE default for launched CPU servers
+PLUGIN_SCHEDULER = "adapters.vllm_plugin.scheduler.PinningScheduler"
+PLUGIN_ENTRY_POINT = "hbench_orgs"
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hbench -> vLLM
 
 
@@ -77,6 +96,18 @@ def source_has(python: str, relpath: str, needle: str) -> bool:
         return False
 
 
+def has_plugin(python: str) -> bool:
+    """Whether ``python``'s environment registers hbench's vLLM plugin entry point."""
+    code = ("import importlib.metadata as m\n"
+            f"print(any(e.name == {PLUGIN_ENTRY_POINT!r} "
+            "for e in m.entry_points(group='vllm.general_plugins')))")
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.stdout.strip() == "True"
+
+
 def model_max_len(model: str, wanted: int) -> int:
     """``wanted`` capped by a local model's max_position_embeddings."""
     cfg = Path(model) / "config.json"
@@ -106,17 +137,36 @@ def s0_pool(config):
     return resolve_budget(config.budget, "s0", geom).pools[0]
 
 
+def plugin_pages(config) -> int | None:
+    """The block count a plugin run gives vLLM for the budget: the S1/S2 shared
+    pool's pages, or for D0 the S0 page count (vLLM's pages are S0-sized; the
+    plugin splits them by --d0-attn-fraction). None without a known geometry."""
+    from harness.budget import resolve_budget
+    from harness.model_configs import geometry_for_run
+
+    try:
+        geom = geometry_for_run(config)
+    except HbenchError:
+        return None
+    org = "s0" if config.org == "d0" else config.org
+    return resolve_budget(config.budget, org, geom).pools[0].pages
+
+
 class VllmEngine(ServedEngine):
     name = "vllm"
-    supported_orgs = ("s0",)
+    supported_orgs = ("s0", *PLUGIN_ORGS)
     metrics = "vllm"
     extra_body = {"return_token_ids": True}
 
     def __init__(self, python: str | None = None, cpu: bool | None = None,
                  align: bool | None = None, ssm_cache_dtype: bool | None = None,
-                 cpu_block_size: int = CPU_BLOCK_SIZE, **kwargs):
+                 cpu_block_size: int = CPU_BLOCK_SIZE, num_blocks: int | None = None,
+                 grid_tokens: int = 512, extra_args: tuple[str, ...] = (), **kwargs):
         """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
-        (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None."""
+        (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None.
+        ``num_blocks`` overrides the block count derived from the budget;
+        ``grid_tokens`` is the plugin's S1/S2 page grid (512 in the study);
+        ``extra_args`` are appended to the server command."""
         super().__init__(**kwargs)
         self.python = python or vllm_python()
         self._dist = None
@@ -124,6 +174,10 @@ class VllmEngine(ServedEngine):
         self._align = align
         self._ssm_cache_dtype = ssm_cache_dtype
         self.cpu_block_size = cpu_block_size
+        self.num_blocks = num_blocks
+        self.grid_tokens = grid_tokens
+        self.extra_args = tuple(extra_args)
+        self._watermark = None
 
     def distribution(self) -> tuple[str, str] | None:
         if self._dist is None:
@@ -141,13 +195,58 @@ class VllmEngine(ServedEngine):
         dist = self.distribution()
         return f"{dist[0]}-{dist[1]}" if dist else "vllm-unknown"
 
-    headroom_note = " (V1 has no admission watermark)"
+    def has_watermark(self) -> bool:
+        if self._watermark is None:
+            self._watermark = source_has(self.python, "config/scheduler.py", "watermark")
+        return self._watermark
 
     def check_config(self, config) -> None:
-        super().check_config(config)
+        """Refuse, before any server starts, what this vLLM cannot express."""
+        check_expressible(self.name, self.supported_orgs, config.org)
+        if config.retention:
+            raise HbenchError("--retention is not expressible on vllm (it has no retention "
+                              "policy; --prefix-cache-retention-interval only spaces decode-time "
+                              "checkpoints); use --engine sim")
+        if config.headroom > 0 and not self.has_watermark():
+            raise HbenchError(f"--headroom {config.headroom} is not expressible on this vLLM "
+                              "(no --watermark); use --headroom 0 or --engine sim")
+        if config.org in PLUGIN_ORGS:
+            self.check_plugin(config)
         if config.launch and self.cpu and config.cap > self.cpu_block_size:
             raise HbenchError(f"--cap {config.cap} exceeds the CPU step size {self.cpu_block_size} "
                               "tokens (vLLM needs max-num-seqs <= max-num-batched-tokens)")
+
+    def check_plugin(self, config) -> None:
+        org = config.org
+        if not config.launch:
+            raise HbenchError(f"--org {org} on vllm needs --launch: hbench's plugin is enabled "
+                              "by the environment hbench starts the server with")
+        dist = self.distribution()
+        found = dist[1] if dist else "none"
+        if found.split("+", 1)[0] != VLLM_VERSION:
+            raise HbenchError(f"--org {org} on vllm needs vLLM {VLLM_VERSION} (hbench's plugin "
+                              f"is written against its allocator); {self.python} has {found}")
+        if not has_plugin(self.python):
+            raise HbenchError(f"--org {org} on vllm needs hbench's plugin in {self.python}'s "
+                              "environment; run scripts/setup_vllm_cpu.sh")
+
+    def plan(self, config) -> Plan | None:
+        """The plugin plan for ``config`` (None for S0: stock vLLM)."""
+        if config.org not in PLUGIN_ORGS:
+            return None
+        if config.org == "d0":
+            return Plan("d0", self.grid_tokens, config.d0_attn_fraction)
+        return Plan(config.org, self.grid_tokens)
+
+    def block_count(self, config) -> int | None:
+        if self.num_blocks is not None:
+            return self.num_blocks
+        if config.org in PLUGIN_ORGS:
+            return plugin_pages(config)
+        if self.cpu:
+            return None
+        pool = s0_pool(config)
+        return None if pool is None else pool.pages
 
     def launch_argv(self, config, port: int) -> list[str]:
         if self.distribution() is None and not config.server_cmd:
@@ -171,17 +270,21 @@ class VllmEngine(ServedEngine):
             b = str(self.cpu_block_size)
             argv += ["--dtype", "float32", "--enforce-eager",
                      "--block-size", b, "--max-num-batched-tokens", b]
-        else:
-            pool = s0_pool(config)
-            if pool is not None:
-                argv += ["--num-gpu-blocks-override", str(pool.pages)]
+        blocks = self.block_count(config)
+        if blocks is not None:
+            argv += ["--num-gpu-blocks-override", str(blocks)]
+        if config.headroom > 0:
+            argv += ["--watermark", str(config.headroom)]
+        if self.plan(config) is not None:
+            argv += ["--scheduler-cls", PLUGIN_SCHEDULER]
+        if not self.cpu:
             # The block count is sized with --ssm-dtype's SSM state; make vLLM keep it so.
             if self._ssm_cache_dtype is None:
                 self._ssm_cache_dtype = source_has(self.python, "config/cache.py",
                                                    "mamba_ssm_cache_dtype")
             if self._ssm_cache_dtype:
                 argv += ["--mamba-ssm-cache-dtype", VLLM_DTYPES[config.ssm_state_dtype]]
-        return argv
+        return argv + list(self.extra_args)
 
     def requested_info(self, config) -> dict:
         """Adds hbench's S0 pool for the budget (``s0_pool``: page bytes and
@@ -192,10 +295,19 @@ class VllmEngine(ServedEngine):
         info["ssm_state_dtype"] = config.ssm_state_dtype
         info["s0_pool"] = None if pool is None else {"page_bytes": pool.page_bytes,
                                                      "pages": pool.pages}
+        plan = self.plan(config)
+        info["plugin"] = None if plan is None else plan.env()
+        info["num_blocks"] = self.block_count(config)
         return info
 
     def launch_env(self, config) -> dict:
-        return {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB)}
+        """CPU KV space, and the plugin's plan (an empty HBENCH_ORG keeps it inert for S0)."""
+        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB),
+               "HBENCH_ORG": ""}
+        plan = self.plan(config)
+        if plan is not None:
+            env.update(plan.env())
+        return env
 
     def resolved_info(self, info_labels: dict, log_text: str) -> dict:
         """Block size, block counts and Mamba page padding as vLLM resolved them."""
@@ -210,6 +322,9 @@ class VllmEngine(ServedEngine):
             out["kv_cache_tokens_logged"] = int(m.group(1).replace(",", ""))
         out["version"] = self.version()
         out["cpu"] = self.cpu
+        report = plugin_report(log_text)
+        out["plugin"] = report["resolved"]
+        out["plugin_counters"] = report["counters"]
         return out
 
 

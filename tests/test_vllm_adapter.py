@@ -114,8 +114,8 @@ def test_model_directory_without_config_gets_no_block_override():
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"org": "d0"}, "organization d0 is not expressible on vllm; engines that can run it: "),
-    ({"headroom": 0.19}, "--headroom 0.19 is not expressible on vllm"),
+    ({"org": "d0"}, "--org d0 on vllm needs --launch"),
+    ({"headroom": 0.19}, "--headroom 0.19 is not expressible on this vLLM (no --watermark)"),
     ({"retention": True}, "--retention is not expressible on vllm"),
     ({"cap": 200, "launch": True}, "--cap 200 exceeds the CPU step size 128"),
 ])
@@ -126,9 +126,10 @@ def test_what_vllm_cannot_express_is_refused(kw, msg):
     assert str(exc.value).startswith(msg)
 
 
-def test_d0_refusal_points_at_sglang():
-    with pytest.raises(HbenchError, match=r"engines that can run it: .*sglang"):
-        engine().run(None, setup_for(RunConfig(org="d0", engine="vllm", endpoint="x:1")))
+def test_plugin_orgs_need_the_vllm_release_the_plugin_was_written_for():
+    config = RunConfig(org="d0", engine="vllm", launch=True)
+    with pytest.raises(HbenchError, match=r"^--org d0 on vllm needs vLLM 0.32.0 .* has none"):
+        engine().run(None, setup_for(config))
 
 
 def test_vllm_metrics_and_resolved_cache_config():
@@ -221,7 +222,7 @@ def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
     import harness.commands.verify as verify_cmd
     from harness.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n: [f"prompt {i}" for i in range(n)])
+    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: [f"prompt {i}" for i in range(n)])
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "2",
                                        "--output-len", "4"])
@@ -239,7 +240,7 @@ def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
     import harness.commands.verify as verify_cmd
     from harness.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n: ["p"] * n)
+    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: ["p"] * n)
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0, diverge_salted_at=1)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "1",
                                        "--output-len", "4"])

