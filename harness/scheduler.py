@@ -179,6 +179,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def check_drained(self) -> None:
+        """After the last request: every request finished, failed or was
+        cancelled, the organization's invariants hold and no page is still
+        referenced (AssertionError with the offenders otherwise). Nothing lost
+        is a property of every engine that drives this scheduler."""
+        open_reqs = [r.rid for r in self.requests.values() if r.state != DONE]
+        if open_reqs:
+            raise AssertionError(f"requests neither finished, failed nor cancelled: {open_reqs[:10]}")
+        self.org.check_invariants()
+        if not self.org.holds_no_references():
+            raise AssertionError(f"{self.org.name}: references left after every request ended")
+
     # ---- planning -------------------------------------------------------------------
     def _chunk_end(self, start: int, until: int, room: int) -> int:
         """End of a prefill chunk from ``start``: the whole rest if it fits, else the

@@ -15,3 +15,16 @@ def _hbench_cache_dir(tmp_path_factory):
         os.environ.pop("HBENCH_CACHE_DIR", None)
     else:
         os.environ["HBENCH_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a test module: small ops on a busy shared
+    CPU run ~50x slower with more. Use with
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -11,14 +11,7 @@ torch = pytest.importorskip("torch")
 from adapters.torch.attention import paged_attention, paged_decode_attention  # noqa: E402
 from adapters.torch.paging import block_table_tensor  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: small ops on a busy shared CPU run ~50x slower with more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def exact_attention(q, k, v, q_pos, scale):

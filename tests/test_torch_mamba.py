@@ -16,14 +16,7 @@ from adapters.torch.mamba import (  # noqa: E402
     ssm_step,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: small ops on a busy shared CPU run ~50x slower with more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def scan_inputs(b=2, T=37, H=4, P=3, G=2, N=5, seed=0):

@@ -19,14 +19,7 @@ from adapters.torch.paging import (  # noqa: E402
     write_kv,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: small ops on a busy shared CPU run ~50x slower with more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SHAPES = StateShapes(n_layers=2, kv_heads=2, head_dim=4, ssm_heads=3, ssm_head_dim=4,

@@ -33,14 +33,7 @@ from adapters.torch.paging import (  # noqa: E402
     scatter_state,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: small ops on a busy shared CPU run ~50x slower with more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 VOCAB = 128

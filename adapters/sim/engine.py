@@ -26,7 +26,7 @@ from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
-from harness.scheduler import DONE, Scheduler, SchedulerPolicy, generated_token
+from harness.scheduler import Scheduler, SchedulerPolicy, generated_token
 from workloads.multiturn.session import SessionLoop
 
 STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
@@ -197,7 +197,7 @@ class SimEngine:
                             continue
                 heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
                 seq += 1
-        self._check_nothing_lost(sched, org)
+        sched.check_drained()
         records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
         last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
         window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
@@ -214,15 +214,6 @@ class SimEngine:
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
                          counters=recorder.counters(sched.preemptions,
                                                     budget.rounding_loss_bytes))
-
-    @staticmethod
-    def _check_nothing_lost(sched: Scheduler, org) -> None:
-        open_reqs = [r.rid for r in sched.requests.values() if r.state != DONE]
-        if open_reqs:
-            raise AssertionError(f"requests neither finished, failed nor cancelled: {open_reqs[:10]}")
-        org.check_invariants()
-        if not org.holds_no_references():
-            raise AssertionError(f"{org.name}: references left after every request ended")
 
 
 def check_fits(org, workload, config, label: str) -> None:

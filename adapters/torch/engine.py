@@ -46,7 +46,7 @@ from harness import __version__
 from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
-from harness.scheduler import DONE, Scheduler, SchedulerPolicy
+from harness.scheduler import Scheduler, SchedulerPolicy
 
 #: Longest single sleep while waiting for the next arrival (s).
 IDLE_SLEEP_S = 0.05
@@ -210,7 +210,7 @@ class TorchEngine:
                 progress(done)
             if config.debug_invariants:
                 org.check_invariants()
-        _check_nothing_lost(sched, org)
+        sched.check_drained()
         scale = pools.byte_scale
         rows = [_scaled(row, scale) for row in recorder.rows]
         records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
@@ -264,12 +264,3 @@ def _scaled(row: dict, scale: float) -> dict:
         if key.endswith("_bytes"):
             out[key] = int(value * scale)
     return out
-
-
-def _check_nothing_lost(sched: Scheduler, org) -> None:
-    open_reqs = [r.rid for r in sched.requests.values() if r.state != DONE]
-    if open_reqs:
-        raise AssertionError(f"requests neither finished, failed nor cancelled: {open_reqs[:10]}")
-    org.check_invariants()
-    if not org.holds_no_references():
-        raise AssertionError(f"{org.name}: references left after every request ended")
