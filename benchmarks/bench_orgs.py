@@ -25,9 +25,7 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -99,37 +97,13 @@ def by_op(trace: Trace, orgs: list[str]) -> dict[str, dict]:
 def against(args, orgs: list[str], trace_file: Path) -> int:
     """Best replay time per organization, this checkout over ``args.against``'s,
     both replaying ``trace_file``; the two alternate, which goes first rotating."""
-    here = Path(__file__).resolve().parents[1]
-    trees = {"this": here, "other": Path(args.against).resolve()}
-    best: dict[str, dict[str, float]] = {t: {} for t in trees}
-    per_round: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for rnd in range(args.rounds):
-            order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
-            got = {}
-            for name in order:
-                out = Path(tmp) / f"{name}-{rnd}.json"
-                subprocess.run([sys.executable, "-m", "benchmarks.bench_orgs", "--trace",
-                                str(trace_file), "--repeats", str(args.repeats), "--cpu",
-                                str(args.cpu), "--orgs", ",".join(orgs), "--json", str(out)],
-                               cwd=trees[name], check=True, stdout=subprocess.DEVNULL)
-                got[name] = {o: v["best_s"] for o, v in json.loads(out.read_text())["orgs"].items()}
-                for o, t in got[name].items():
-                    best[name][o] = min(t, best[name].get(o, t))
-            per_round.append({o: got["this"][o] / got["other"][o] for o in orgs})
-    print(f"this checkout {here} over {trees['other']}: best of {args.rounds} alternating "
-          f"runs x {args.repeats} rounds each")
-    print(f"{'org':4} {'other s':>8} {'this s':>8} {'this/other':>10} {'per-run ratios':>16}")
-    result = {}
-    for o in orgs:
-        ratio = best["this"][o] / best["other"][o]
-        runs = " ".join(f"{r[o]:.2f}" for r in per_round)
-        print(f"{o:4} {best['other'][o]:8.3f} {best['this'][o]:8.3f} {ratio:10.2f}   {runs}")
-        result[o] = {"other_best_s": best["other"][o], "this_best_s": best["this"][o],
-                     "ratio": ratio, "per_run_ratios": [r[o] for r in per_round]}
-    if args.json:
-        Path(args.json).write_text(json.dumps({"against": str(trees["other"]), "orgs": result},
-                                              indent=2))
+    from benchmarks.side_by_side import alternate
+
+    alternate(args.against, "benchmarks.bench_orgs",
+              ["--trace", str(trace_file), "--repeats", str(args.repeats), "--cpu",
+               str(args.cpu), "--orgs", ",".join(orgs)],
+              orgs, "best_s", args.rounds,
+              f"organization trace replay ({args.repeats} rounds each)", args.json)
     return 0
 
 

@@ -32,7 +32,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -99,40 +98,14 @@ def profile(org: str, args) -> dict:
 
 def against(args, orgs: list[str]) -> int:
     """Best run time per organization here and in ``args.against``, alternating."""
-    here = ROOT
-    trees = {"this": here, "other": Path(args.against).resolve()}
-    best: dict[str, dict[str, float]] = {t: {} for t in trees}
-    per_round: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for rnd in range(args.rounds):
-            order = list(trees) if rnd % 2 == 0 else list(trees)[::-1]
-            got = {}
-            for name in order:
-                out = Path(tmp) / f"{name}-{rnd}.json"
-                subprocess.run([sys.executable, "-m", "benchmarks.bench_run", "--orgs",
-                                ",".join(orgs), "--requests", str(args.requests), "--rate",
-                                str(args.rate), "--budget", args.budget, "--seed",
-                                str(args.seed), "--repeats", str(args.repeats), "--cpu",
-                                str(args.cpu), "--json", str(out)],
-                               cwd=trees[name], check=True, stdout=subprocess.DEVNULL)
-                got[name] = {o: v["best_run_s"]
-                             for o, v in json.loads(out.read_text())["orgs"].items()}
-                for o, t in got[name].items():
-                    best[name][o] = min(t, best[name].get(o, t))
-            per_round.append({o: got["this"][o] / got["other"][o] for o in orgs})
-    print(f"SimEngine.run, this checkout {here} over {trees['other']}: best of "
-          f"{args.rounds} alternating runs x {args.repeats} repeats each")
-    print(f"{'org':4} {'other s':>8} {'this s':>8} {'this/other':>10} {'per-run ratios':>16}")
-    result = {}
-    for o in orgs:
-        ratio = best["this"][o] / best["other"][o]
-        runs = " ".join(f"{r[o]:.2f}" for r in per_round)
-        print(f"{o:4} {best['other'][o]:8.3f} {best['this'][o]:8.3f} {ratio:10.2f}   {runs}")
-        result[o] = {"other_best_s": best["other"][o], "this_best_s": best["this"][o],
-                     "ratio": ratio, "per_run_ratios": [r[o] for r in per_round]}
-    if args.json:
-        Path(args.json).write_text(json.dumps({"against": str(trees["other"]), "orgs": result},
-                                              indent=2))
+    from benchmarks.side_by_side import alternate
+
+    alternate(args.against, "benchmarks.bench_run",
+              ["--orgs", ",".join(orgs), "--requests", str(args.requests), "--rate",
+               str(args.rate), "--budget", args.budget, "--seed", str(args.seed),
+               "--repeats", str(args.repeats), "--cpu", str(args.cpu)],
+              orgs, "best_run_s", args.rounds,
+              f"SimEngine.run ({args.repeats} repeats each)", args.json)
     return 0
 
 
