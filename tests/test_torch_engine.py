@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -79,3 +80,39 @@ def test_a_config_of_another_model_is_refused(tmp_path, model_dir):
                     "--org", "s2", "--budget", "16MiB")
     assert res.exit_code != 0
     assert "does not describe the served model" in res.output
+
+
+def test_multiturn_sessions_continue_with_the_tokens_the_engine_generated(model_dir, monkeypatch):
+    """A later turn's prompt is the previous prompt + the tokens this engine
+    generated for it + the new message, and it reuses the history it shares."""
+    import adapters.torch.engine as te
+    from harness.config import RunConfig
+    from harness.run_setup import validate
+    from harness.runner import build_run_workload
+    from workloads.multiturn.session import SessionLoop
+
+    seen = []
+
+    class Recording(SessionLoop):
+        def next_turn(self, finished, generated_token_ids, finish_s, generated_text=""):
+            nxt = super().next_turn(finished, generated_token_ids, finish_s, generated_text)
+            seen.append((finished, list(generated_token_ids), nxt))
+            return nxt
+
+    monkeypatch.setattr(te, "SessionLoop", Recording)
+    config = RunConfig(engine="torch", org="s2", budget="b12", model=str(model_dir),
+                       config_path=str(model_dir / "config.json"), workload_kind="multiturn",
+                       requests=2, rate=50.0, max_turns=2, think_time_s=0.05, max_output=6,
+                       max_model_len=2048, max_history=1500, mean_input=700,
+                       seed=17)   # session 1: a 724-token first turn, then a second turn
+    engine = te.TorchEngine()
+    run = engine.run(build_run_workload(config), validate(config))
+    later = [(f, gen, nxt) for f, gen, nxt in seen if nxt is not None]
+    assert later, "no session had a second turn"
+    for finished, generated, nxt in later:
+        assert generated == engine.outputs[finished.request_id] and len(generated) > 0
+        head = np.concatenate([np.asarray(finished.prompt_token_ids), generated])
+        assert np.array_equal(np.asarray(nxt.prompt_token_ids)[:len(head)], head)
+    records = {r.request_id: r for r in run.requests}
+    assert all(r.status == "finished" for r in records.values())
+    assert any(records[nxt.request_id].reused_tokens > 0 for _, _, nxt in later)

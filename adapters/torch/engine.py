@@ -12,7 +12,10 @@ it on the wall clock::
         sched.complete(batch, t, tokens)     # commit -> publish copies, state placed
 
 Requests arrive at their workload times measured from the engine's start;
-an idle engine sleeps until the next arrival. Tokens are greedy and are what
+an idle engine sleeps until the next arrival. A multi-turn workload's next
+turn arrives a think time after this engine finished the previous one, with
+the tokens this engine generated in its prompt (`SessionLoop`, the closed
+loop every engine shares). Tokens are greedy and are what
 the model computed: the scheduler appends them to the request (so prefix
 keys and recomputation after preemption see the real ids). Times are
 seconds since the engine's start: TTFT, ITL and TPOT as a real server's
@@ -35,6 +38,7 @@ the run with an error.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import resource
 import time
@@ -47,6 +51,7 @@ from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
+from workloads.multiturn.session import SessionLoop
 
 #: Longest single sleep while waiting for the next arrival (s).
 IDLE_SLEEP_S = 0.05
@@ -167,24 +172,32 @@ class TorchEngine:
         recorder = StepRecorder(org, geom.pool_layers)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
-        arrivals = sorted(workload.requests, key=lambda r: (r.arrival_s, r.request_id))
-        warmup = config.warmup_requests
+        # Arrivals on a heap: a multi-turn session's next turn arrives a think time
+        # after the engine finished the previous one (closed loop, `SessionLoop`).
+        pending = [(wr.arrival_s, wr.request_id, wr) for wr in workload.requests]
+        heapq.heapify(pending)
+        loop = SessionLoop(workload) if workload.sessions else None
+        sent: dict[int, object] = {}
+        warm_ids = workload.warmup_ids(config.warmup_requests)
         outputs: dict[int, list[int]] = {}
-        done = nxt = 0
+        done = 0
         t0 = time.perf_counter()
 
         def clock() -> float:
             return time.perf_counter() - t0
 
-        while nxt < len(arrivals) or sched.has_work:
+        while pending or sched.has_work:
             now = clock()
-            while nxt < len(arrivals) and arrivals[nxt].arrival_s <= now:
-                wr = arrivals[nxt]
-                sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids, wr.output_len,
-                          wr.salt, wr.prefix_group, warmup=wr.request_id < warmup)
-                nxt += 1
+            while pending and pending[0][0] <= now:
+                _, _, wr = heapq.heappop(pending)
+                added = sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids,
+                                  wr.output_len, wr.salt, wr.prefix_group,
+                                  warmup=wr.request_id in warm_ids)
+                if loop:
+                    sent[wr.request_id] = wr
+                    added.record.session, added.record.turn = loop.turn_of[wr.request_id]
             if not sched.has_work:
-                time.sleep(min(IDLE_SLEEP_S, max(0.0, arrivals[nxt].arrival_s - now)))
+                time.sleep(min(IDLE_SLEEP_S, max(0.0, pending[0][0] - now)))
                 continue
             start = clock()
             executor.begin_step()
@@ -206,6 +219,11 @@ class TorchEngine:
             _fill_timing(recorder.rows[-1], start, end, executor.timing)
             recorder.step_finished(end)
             done += len(finished)
+            for r in finished if loop else ():
+                # the next turn's prompt holds the tokens this engine generated
+                turn = loop.next_turn(sent.pop(r.rid), outputs.get(r.rid, []), end)
+                if turn is not None:
+                    heapq.heappush(pending, (turn.arrival_s, turn.request_id, turn))
             if finished and progress:
                 progress(done)
             if config.debug_invariants:
@@ -236,7 +254,8 @@ class TorchEngine:
             "process_peak_bytes": int(process_peak),
             "attn_block_tokens": org.capacity().attn_block_tokens,
             "grid_tokens": org.capacity().grid_tokens,
-            "poison": bool(config.poison), "cache_state": "cold", "warmup_requests": warmup,
+            "poison": bool(config.poison), "cache_state": "cold",
+            "warmup_requests": config.warmup_requests,
             **self.stats,
         }
         counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
