@@ -216,7 +216,11 @@ def test_ray_interrupt_leaves_complete_cells_and_resume_finishes(tmp_path, ray_i
     visible = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert visible and all(is_complete(p) for p in visible)
     resumed = S.run_sweep(configs, tmp_path, executor="ray")
-    assert resumed.count("skipped") == len(visible) and resumed.count("ran") == 4 - len(visible)
+    # ray.cancel is asynchronous: a task already renaming its finished cell when
+    # the interrupt came may complete it after the listing above. Such a cell is
+    # complete, and resuming skips it rather than computing it again.
+    assert resumed.count("skipped") >= len(visible)
+    assert resumed.count("skipped") + resumed.count("ran") == 4
     assert all(is_complete(tmp_path / c.cell_id) for c in resumed.cells)
     assert ray_instance.is_initialized()  # not ours to stop
 
