@@ -28,3 +28,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """Falcon-H1-7B's state proportions at toy size (`hbench tiny-model --preset
+    proportional`), random weights, a 512-token vocabulary; written once per session."""
+    pytest.importorskip("safetensors")
+    from adapters.tiny_model import PRESETS, write_weights
+
+    d = tmp_path_factory.mktemp("proportional")
+    write_weights(d, PRESETS["proportional"], 512, seed=0)
+    return d

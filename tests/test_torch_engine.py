@@ -20,13 +20,6 @@ WORKLOAD = ["--requests", "6", "--rate", "50", "--mean-input", "700", "--max-out
             "--contexts", "2", "--max-model-len", "4096", "--seed", "2"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """Falcon-H1-7B's state proportions at toy size (`hbench tiny-model --preset proportional`)."""
-    d = tmp_path_factory.mktemp("proportional")
-    write_weights(d, PRESETS["proportional"], VOCAB, seed=0)
-    return d
-
 
 def run_torch(out, model_dir, *args):
     return CliRunner().invoke(cli, ["run", "--engine", "torch", "--model", str(model_dir),

@@ -12,7 +12,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from adapters.tiny_model import PRESETS, write_weights  # noqa: E402
 from adapters.torch.continuation import all_at_once  # noqa: E402
 from adapters.torch.engine import TorchEngine  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
@@ -20,13 +19,6 @@ from harness.errors import HbenchError  # noqa: E402
 from harness.orgs.base import Organization  # noqa: E402
 from harness.run_setup import validate  # noqa: E402
 from harness.runner import build_run_workload  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("proportional")
-    write_weights(d, PRESETS["proportional"], 512, seed=0)
-    return d
 
 
 def serve(model_dir, org="s2", poison=True):

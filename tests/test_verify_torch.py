@@ -14,16 +14,8 @@ from click.testing import CliRunner
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from adapters.tiny_model import PRESETS, write_weights  # noqa: E402
 from adapters.torch.continuation import REL_TOL, cold_run  # noqa: E402
 from harness.cli import cli  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("proportional")
-    write_weights(d, PRESETS["proportional"], 512, seed=0)
-    return d
 
 
 @pytest.mark.parametrize("org", ["s0", "s1", "s2", "d0"])
