@@ -354,6 +354,19 @@ class Run(Mapping):
 RunData = Run  # the name earlier callers import
 
 
+def _json_object(run_dir: Path, name: str, what: str) -> dict:
+    """The JSON object in ``run_dir/name``; HbenchError if missing, unreadable or not one."""
+    if not (run_dir / name).is_file():
+        raise HbenchError(f"{run_dir} is not a complete run directory (missing {name})")
+    try:
+        obj = json.loads((run_dir / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HbenchError(f"{run_dir / name} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise HbenchError(f"{run_dir / name} holds a JSON {type(obj).__name__}, not {what}")
+    return obj
+
+
 def read_run(path: Path) -> Run:
     """Open a complete run directory written under this `SCHEMA_VERSION`.
 
@@ -364,14 +377,7 @@ def read_run(path: Path) -> Run:
     path = Path(path)
     if not path.is_dir():
         raise HbenchError(f"no run directory at {path}")
-    if not (path / MANIFEST).is_file():
-        raise HbenchError(f"{path} is not a complete run directory (missing {MANIFEST})")
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HbenchError(f"{path / MANIFEST} is not valid JSON: {exc}") from None
-    if not isinstance(manifest, dict):
-        raise HbenchError(f"{path / MANIFEST} holds a JSON {type(manifest).__name__}, not an object")
+    manifest = _json_object(path, MANIFEST, "an object")
     if manifest.get("status") != "complete":
         raise HbenchError(f"{path}: manifest status {manifest.get('status')!r} is not complete")
     if manifest.get("schema_version") != SCHEMA_VERSION:
@@ -379,14 +385,7 @@ def read_run(path: Path) -> Run:
             f"{path} has results schema version {manifest.get('schema_version')!r}; "
             f"this hbench reads version {SCHEMA_VERSION}"
         )
-    if not (path / SUMMARY).is_file():
-        raise HbenchError(f"{path} is not a complete run directory (missing {SUMMARY})")
-    try:
-        summary = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HbenchError(f"{path / SUMMARY} is not valid JSON: {exc}") from None
-    if not isinstance(summary, dict):
-        raise HbenchError(f"{path / SUMMARY} holds a JSON {type(summary).__name__}, not an object of metrics")
+    summary = _json_object(path, SUMMARY, "an object of metrics")
     return Run(path, manifest, summary)
 
 
