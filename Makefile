@@ -32,6 +32,8 @@ bench: install
 	$(BIN)/python -m benchmarks.bench_orgs
 	$(BIN)/python -m benchmarks.bench_run
 	$(BIN)/python -m benchmarks.bench_client
+	$(BIN)/python -m benchmarks.bench_torch_model
+	$(BIN)/python -m benchmarks.bench_torch_engine
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
