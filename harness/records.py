@@ -71,3 +71,16 @@ class EngineRun:
     engine_info: dict = field(default_factory=dict)
     peak_memory: dict = field(default_factory=dict)   # bytes by state kind, whole model
     counters: dict = field(default_factory=dict)      # preemptions, invalidations, ...
+
+
+def first_divergence(tokens, reference) -> int | None:
+    """Index of the first token where two greedy streams differ (the shorter
+    one's length if one is a strict prefix of the other), or None if equal.
+    How `hbench verify` compares a cached continuation with a recompute, on
+    every engine."""
+    for i, (a, b) in enumerate(zip(tokens, reference, strict=False)):
+        if a != b:
+            return i
+    if len(tokens) != len(reference):
+        return min(len(tokens), len(reference))
+    return None

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.records import first_divergence
+
 #: |engine - cold| <= REL_TOL x max |cold logit| (float32; a paged, chunked,
 #: resumed run differs from one contiguous prefill by rounding only).
 REL_TOL = 1e-4
@@ -33,12 +35,7 @@ class RequestCheck:
 
     @property
     def first_divergence(self) -> int | None:
-        for i, (a, b) in enumerate(zip(self.tokens, self.cold_tokens, strict=False)):
-            if a != b:
-                return i
-        if len(self.tokens) != len(self.cold_tokens):
-            return min(len(self.tokens), len(self.cold_tokens))
-        return None
+        return first_divergence(self.tokens, self.cold_tokens)
 
     @property
     def identical(self) -> bool:

@@ -24,6 +24,7 @@ import click
 
 from harness.config import ORG_NAMES
 from harness.errors import HbenchError
+from harness.records import first_divergence
 
 
 @dataclass(frozen=True)
@@ -38,12 +39,7 @@ class PromptCheck:
 
     @property
     def first_divergence(self) -> int | None:
-        for i, (a, b) in enumerate(zip(self.hit_tokens, self.miss_tokens, strict=False)):
-            if a != b:
-                return i
-        if len(self.hit_tokens) != len(self.miss_tokens):
-            return min(len(self.hit_tokens), len(self.miss_tokens))
-        return None
+        return first_divergence(self.hit_tokens, self.miss_tokens)
 
     @property
     def identical(self) -> bool:
