@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("harness.commands.capacity", "capacity"),
     "explain": ("harness.commands.explain", "explain"),
     "report": ("harness.commands.report", "report"),
+    "calibrate": ("harness.commands.calibrate", "calibrate"),
+    "fidelity": ("harness.commands.fidelity", "fidelity"),
 }
 
 

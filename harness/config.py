@@ -174,6 +174,12 @@ class RunConfig:
         per_request = RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * self.mean_input
         return self.expected_requests * per_request
 
+    @property
+    def cost_profile_path(self) -> str | None:
+        """The measured cost profile ``--gpu`` names (`adapters.sim.profile`), or
+        None when it names a datasheet preset."""
+        return self.gpu if is_profile_path(self.gpu) else None
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -189,6 +195,12 @@ class RunConfig:
         """Stable short hash of the resolved configuration."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_profile_path(spec: str) -> bool:
+    """Whether a ``--gpu`` value names a cost profile file (``*.json`` or a
+    path) rather than a preset name."""
+    return spec.lower().endswith(".json") or "/" in spec or "\\" in spec
 
 
 def _flag(field: str) -> str:

@@ -92,7 +92,8 @@ def cell_id(config: RunConfig, workload_hash: str, engine_version: str) -> str:
     """Content address of a sweep cell: first 16 hex of sha256 over the
     canonical JSON of the config, the workload hash, the engine version and
     the sha256 of the bytes of the files the config names (``--config``,
-    ``--workload``), so editing such a file gives a new cell.
+    ``--workload``, a cost profile as ``--gpu``), so editing such a file gives
+    a new cell.
 
     Equal ids mean the same engine saw the same request stream under the same
     knobs, so a sweep can skip a cell whose id already has a complete run.
@@ -102,9 +103,10 @@ def cell_id(config: RunConfig, workload_hash: str, engine_version: str) -> str:
         "workload_hash": workload_hash,
         "engine_version": engine_version,
     }
-    files = {flag: _file_sha256(path, flag)
-             for flag, path in (("--config", config.config_path), ("--workload", config.workload_path))
-             if path}
+    named = [("--config", config.config_path), ("--workload", config.workload_path)]
+    if config.engine == "sim":
+        named.append(("--gpu", config.cost_profile_path))
+    files = {flag: _file_sha256(path, flag) for flag, path in named if path}
     if files:
         doc["input_files"] = files
     return hashlib.sha256(_canonical(doc).encode()).hexdigest()[:16]

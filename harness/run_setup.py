@@ -73,11 +73,11 @@ def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
             f"{budget.total_pages:,} pages); the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: "
             "ask for fewer requests or a smaller budget")
     if config.engine == "sim" and not allow_oversubscribe:
-        from adapters.sim.hardware import get_hardware
+        from adapters.sim.profile import hardware_for
 
-        hw = get_hardware(config.gpu)
+        hw = hardware_for(config.gpu)
         need = geom.weights_bytes + budget.whole_model_bytes
-        if need > hw.mem_bytes:
+        if hw.mem_bytes is not None and need > hw.mem_bytes:
             raise HbenchError(
                 f"weights ({geom.weights_bytes / 2**30:.1f} GiB) plus budget {config.budget} "
                 f"({budget.whole_model_bytes / 2**30:.1f} GiB of state) need "

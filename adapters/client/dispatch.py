@@ -182,7 +182,9 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
             if kind == 0:
                 _sleep_until(t0 + at, clock)
                 r = requests[i]
-                body = completion_body(model, r.prompt_text, r.output_len, r.salt, extra_body)
+                # a request without text (a calibration cell) goes as its token ids
+                prompt = r.prompt_text or [int(t) for t in r.prompt_token_ids]
+                body = completion_body(model, prompt, r.output_len, r.salt, extra_body)
                 slots[i] = ConnectionSlot(open_connection(endpoint, timeouts), COMPLETIONS_PATH,
                                           json.dumps(body).encode())
                 th = threading.Thread(target=read, args=(i, slots[i], t0), daemon=True,

@@ -62,9 +62,10 @@ class StreamOutcome:
         return FINISHED if self.success else FAILED
 
 
-def completion_body(model: str, prompt: str, output_len: int, salt: str | None,
+def completion_body(model: str, prompt: str | list[int], output_len: int, salt: str | None,
                     extra: dict | None = None) -> dict:
-    """The request body: exact output length, greedy, usage in the stream."""
+    """The request body: exact output length, greedy, usage in the stream. The
+    prompt is text, or token ids (the OpenAI completions API takes either)."""
     body = {
         "model": model,
         "prompt": prompt,

@@ -111,6 +111,23 @@ class StepShape:
             checkpoint_loads=checkpoint_loads,
         )
 
+    @classmethod
+    def of_batch(cls, batch) -> StepShape:
+        """The shape of a scheduled `harness.scheduler.StepBatch`: prefill chunks
+        as (new tokens, start), decodes at their context, a checkpoint copy per
+        grid boundary a chunk crosses below the prompt's publish limit, a load
+        per adopted checkpoint. Every engine that times steps describes them so."""
+        chunks, decodes, copies, loads = [], [], 0, 0
+        for it in batch.items:
+            if it.prefill:
+                chunks.append((it.end - it.start, it.start))
+                loads += it.adopted
+                grid = it.grid
+                copies += min(it.end, it.req.prefill_until) // grid - it.start // grid
+            else:
+                decodes.append(it.start)
+        return cls.from_requests(tuple(chunks), tuple(decodes), copies, loads)
+
 
 # --------------------------------------------------------------------------
 # Tunable constants, all in one place
@@ -269,19 +286,99 @@ def ssm_flops_per_token(g, chunk_size: int) -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------
+# Rates: what one step's work is divided by
+# --------------------------------------------------------------------------
+#: How a step's memory and compute sides combine: ``max`` is the roofline (a
+#: GPU overlaps them), ``sum`` adds them (kernels one after another: a CPU, or
+#: the sum over a step's kernels of each kernel's own time).
+COMBINES = ("max", "sum")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The effective rates a step's work is divided by, and its overheads.
+
+    These are the cost model's physically meaningful constants. A datasheet
+    preset gives them as peak x efficiency (`Rates.roofline`); a measured
+    profile (``hbench calibrate``, `adapters.sim.profile`) fits them. Work of
+    one kind divided by its rate is that kind's seconds:
+
+        memory side   weights + KV bytes / mem_bytes_s, state I/O bytes / state_bytes_s
+        compute side  linear FLOPs / gemm_flops_s, attention FLOPs / attn_flops_s,
+                      scan FLOPs / scan_flops_s
+        overhead      step_overhead_s + request_overhead_s x requests in the step
+    """
+
+    mem_bytes_s: float
+    state_bytes_s: float
+    gemm_flops_s: float
+    attn_flops_s: float
+    scan_flops_s: float
+    step_overhead_s: float
+    request_overhead_s: float = 0.0
+    combine: str = "max"
+
+    def __post_init__(self) -> None:
+        for name in ("mem_bytes_s", "state_bytes_s", "gemm_flops_s", "attn_flops_s",
+                     "scan_flops_s"):
+            v = getattr(self, name)
+            if not v > 0:
+                raise HbenchError(f"rate {name}={v} must be > 0")
+        if self.step_overhead_s < 0 or self.request_overhead_s < 0:
+            raise HbenchError("step and request overheads must be >= 0")
+        if self.combine not in COMBINES:
+            raise HbenchError(f"combine={self.combine!r}: choose from {', '.join(COMBINES)}")
+
+    @classmethod
+    def roofline(cls, hardware: Hardware, constants: CostConstants = DEFAULTS) -> Rates:
+        """A datasheet preset's rates: peaks times the assumed efficiencies."""
+        c = constants
+        mem = hardware.mem_bw_bytes_s * c.mem_efficiency
+        gemm = hardware.dense_flops_s * c.compute_efficiency
+        return cls(mem_bytes_s=mem, state_bytes_s=mem, gemm_flops_s=gemm, attn_flops_s=gemm,
+                   scan_flops_s=gemm * c.scan_efficiency, step_overhead_s=c.step_overhead_s)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """One step's work in physical units (`CostModel.work`): what `Rates` divide.
+
+    ``hbench calibrate`` fits rates to measured step times from exactly these
+    quantities, so the simulator and the fit can never count work differently.
+    """
+
+    requests: int             # requests computed in the step (chunks + decodes)
+    weights_bytes: float      # weights streamed
+    kv_bytes: float           # K/V read and written
+    state_bytes: float        # SSM + conv state read and written, checkpoint copies
+    gemm_flops: float         # linear layers and LM head
+    attn_flops: float         # attention scores and values
+    scan_flops: float         # SSM scan and convolution
+
+
+# --------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------
 class CostModel:
-    """Roofline step time of one model on one accelerator (see module docstring).
+    """Step time of one model on one accelerator (see module docstring).
 
+    ``hardware`` is a datasheet preset (`adapters.sim.hardware.Hardware`: the
+    roofline, `Rates.roofline` with ``constants``), a measured profile
+    (`adapters.sim.profile.CostProfile`: anything with a ``rates`` attribute)
+    or `Rates` themselves.
     Weight bytes and parameter counts come from the geometry
     (``weights_bytes``, ``param_breakdown``: harness.geometry owns them);
     linear-layer FLOPs from the active body parameters of `param_counts`.
     """
 
-    def __init__(self, geometry, hardware: Hardware, constants: CostConstants = DEFAULTS):
+    def __init__(self, geometry, hardware, constants: CostConstants = DEFAULTS):
         g, c = geometry, constants
         self.geometry, self.hardware, self.constants = g, hardware, c
+        if isinstance(hardware, Rates):
+            r = hardware
+        else:
+            r = getattr(hardware, "rates", None) or Rates.roofline(hardware, c)
+        self.rates = r
         counts = param_counts(g)
         dtype_b = g.dtype_bytes
 
@@ -305,39 +402,47 @@ class CostModel:
         scan_p, scan_d = ssm_flops_per_token(g, c.ssd_chunk_size) if g.n_ssm_layers else (0, 0)
         self.scan_flops_per_prefill_token = scan_p * g.n_ssm_layers
         self.scan_flops_per_decode_token = scan_d * g.n_ssm_layers
-        # rates
-        self.mem_rate = hardware.mem_bw_bytes_s * c.mem_efficiency
-        self.gemm_rate = hardware.dense_flops_s * c.compute_efficiency
-        self.scan_rate = self.gemm_rate * c.scan_efficiency
-        self._weights_s = self.weights_read_bytes / self.mem_rate
+        self._weights_s = self.weights_read_bytes / r.mem_bytes_s
+        # the roofline divides attention with the GEMMs (one rate, one division,
+        # exactly as before rates could differ)
+        self._attn_with_gemm = r.attn_flops_s == r.gemm_flops_s
+        self._add = r.combine == "sum"
+
+    def work(self, shape: StepShape) -> StepWork:
+        """The step's work in physical units: the one definition of what a step
+        moves and computes (``step`` divides it by the rates)."""
+        p, d = shape.prefill_tokens, shape.decode_requests
+        return StepWork(
+            requests=shape.state_requests,
+            weights_bytes=self.weights_read_bytes,
+            kv_bytes=(shape.decode_context_tokens + shape.prefill_context_tokens + p + d)
+            * self.kv_bytes_per_token,
+            state_bytes=(shape.state_requests + shape.checkpoint_copies + shape.checkpoint_loads)
+            * self.state_rw_bytes,
+            gemm_flops=(p + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq,
+            attn_flops=(shape.prefill_attn_pairs + shape.decode_context_tokens)
+            * self.attn_flops_per_pair,
+            scan_flops=p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token,
+        )
 
     def step(self, shape: StepShape) -> StepCost:
         """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
-        p, d = shape.prefill_tokens, shape.decode_requests
-        kv_b = (
-            shape.decode_context_tokens + shape.prefill_context_tokens + p + d
-        ) * self.kv_bytes_per_token
-        state_b = (
-            shape.state_requests + shape.checkpoint_copies + shape.checkpoint_loads
-        ) * self.state_rw_bytes
-        gemm_f = (
-            (p + d) * self.linear_flops_per_token
-            + d * self.lm_head_flops_per_seq
-            + (shape.prefill_attn_pairs + shape.decode_context_tokens) * self.attn_flops_per_pair
-        )
-        scan_f = p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
-
-        rate = self.mem_rate
+        w, r = self.work(shape), self.rates
         weights_s = self._weights_s
-        kv_s = kv_b / rate
-        state_s = state_b / rate
+        kv_s = w.kv_bytes / r.mem_bytes_s
+        state_s = w.state_bytes / r.state_bytes_s
         memory_s = weights_s + kv_s + state_s
-        compute_s = gemm_f / self.gemm_rate + scan_f / self.scan_rate
-        overhead = self.constants.step_overhead_s
-        if compute_s > memory_s:
-            bound, busy = "compute", compute_s
+        if self._attn_with_gemm:
+            compute_s = (w.gemm_flops + w.attn_flops) / r.gemm_flops_s
         else:
-            bound, busy = "memory", memory_s
+            compute_s = w.gemm_flops / r.gemm_flops_s + w.attn_flops / r.attn_flops_s
+        compute_s += w.scan_flops / r.scan_flops_s
+        overhead = r.step_overhead_s + r.request_overhead_s * w.requests
+        bound = "compute" if compute_s > memory_s else "memory"
+        if self._add:
+            busy = memory_s + compute_s
+        else:
+            busy = compute_s if compute_s > memory_s else memory_s
         return StepCost(
             weights_s=weights_s,
             kv_s=kv_s,
@@ -346,6 +451,6 @@ class CostModel:
             overhead_s=overhead,
             total_s=busy + overhead,
             bound=bound,
-            flops=gemm_f + scan_f,
-            bytes=self.weights_read_bytes + kv_b + state_b,
+            flops=w.gemm_flops + w.attn_flops + w.scan_flops,
+            bytes=w.weights_bytes + w.kv_bytes + w.state_bytes,
         )

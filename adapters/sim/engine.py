@@ -19,7 +19,7 @@ from pathlib import Path
 
 from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.fastpath import fast_forward, fast_path_enabled
-from adapters.sim.hardware import get_hardware
+from adapters.sim.profile import hardware_for
 from adapters.sim.recorder import StepRecorder
 from harness import __version__
 from harness.config import ORG_NAMES
@@ -120,7 +120,8 @@ class SimEngine:
         config, geom, budget = setup.config, setup.geometry, setup.budget
         org = self.build(setup)
         check_fits(org, workload, config, budget.label)
-        cost_model = CostModel(geom, get_hardware(config.gpu))
+        hardware = hardware_for(config.gpu)
+        cost_model = CostModel(geom, hardware)
         sched = Scheduler(org, SchedulerPolicy(
             cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
             retention=config.retention, retention_threshold=config.retention_threshold))
@@ -185,7 +186,7 @@ class SimEngine:
                 if not batch.items:
                     batch = None
                     break
-                cost = cost_model.step(_shape(batch))
+                cost = cost_model.step(StepShape.of_batch(batch))
                 recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
                 if fast:
                     end = fast_forward(sched, batch, now, cost, arrive, cost_model, recorder,
@@ -210,6 +211,8 @@ class SimEngine:
             "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
             "cache_state": "cold", "warmup_requests": warmup,
         }
+        if hasattr(hardware, "describe"):      # a measured cost profile (hbench calibrate)
+            info["cost_profile"] = hardware.describe()
         return EngineRun(requests=records, steps=recorder.rows, window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
                          counters=recorder.counters(sched.preemptions,
@@ -247,17 +250,3 @@ def generated_ids(r) -> list[int]:
     """Every token id a finished request generated: those the scheduler fed
     back into its sequence, plus the last one (emitted, never fed back)."""
     return [*r.tokens[r.prompt_len:], generated_token(r.rid, r.generated)]
-
-
-def _shape(batch) -> StepShape:
-    """Aggregate the scheduled batch into the cost model's step description."""
-    chunks, decodes, copies, loads = [], [], 0, 0
-    for it in batch.items:
-        if it.prefill:
-            chunks.append((it.end - it.start, it.start))
-            loads += it.adopted
-            grid = it.grid
-            copies += min(it.end, it.req.prefill_until) // grid - it.start // grid
-        else:
-            decodes.append(it.start)
-    return StepShape.from_requests(tuple(chunks), tuple(decodes), copies, loads)

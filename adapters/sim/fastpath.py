@@ -73,7 +73,7 @@ def generated_tokens(rid: int, first: int, stop: int) -> np.ndarray:
 
 
 def decode_shape(requests: int, context_tokens: int) -> StepShape:
-    """The `StepShape` that `adapters.sim.engine._shape` builds for a batch of
+    """The `StepShape` that `StepShape.of_batch` builds for a batch of
     ``requests`` decodes whose contexts sum to ``context_tokens``."""
     return StepShape(prefill_tokens=0, prefill_attn_pairs=0, decode_requests=requests,
                      decode_context_tokens=context_tokens, prefill_context_tokens=0,

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from adapters.sim.cost import StepShape
 from adapters.sim.recorder import StepRecorder
 from harness import __version__
 from harness.errors import HbenchError
@@ -119,9 +120,11 @@ class TorchEngine:
     name = "torch"
     supported_orgs = ("s0", "s1", "s2", "d0")
 
-    def __init__(self, keep_logits: bool = False, model=None):
+    def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False):
         self.keep_logits = keep_logits
         self.model = model        # a FalconH1 already on its device (else --model DIR is loaded)
+        # each step's `StepShape`, in step-row order (last run; hbench calibrate fits them)
+        self.step_shapes: list | None = [] if record_shapes else None
         self.outputs: dict[int, list[int]] = {}   # rid -> generated token ids (last run)
         self.logits: dict | None = None            # rid -> per-token logits (keep_logits)
         self.stats: dict = {}
@@ -181,6 +184,7 @@ class TorchEngine:
         warm_ids = workload.warmup_ids(config.warmup_requests)
         outputs: dict[int, list[int]] = {}
         done = 0
+        shapes = self.step_shapes = [] if self.step_shapes is not None else None
         t0 = time.perf_counter()
 
         def clock() -> float:
@@ -210,6 +214,8 @@ class TorchEngine:
                 continue
             recorder.step_started(start, batch, _Unmeasured(), len(sched.running),
                                   len(sched.waiting))
+            if shapes is not None:
+                shapes.append(StepShape.of_batch(batch))
             tokens = executor.run(batch)
             computed = clock()
             for rid, tok in tokens.items():

@@ -96,7 +96,8 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
 @click.option("--config", "config_path", type=click.Path(), default=None,
               help="A Hugging Face config.json instead of the preset.")
 @click.option("--gpu", default=D.gpu, show_default=True,
-              help="Simulated hardware preset (see hbench hardware).")
+              help="Simulated hardware: a preset (see hbench hardware) or a measured "
+                   "cost profile file from hbench calibrate (profile.json).")
 @click.option("--ssm-dtype", "ssm_state_dtype", default=D.ssm_state_dtype, show_default=True,
               help="SSM state dtype (bf16 or fp32).")
 @click.option("--d0-attn-fraction", type=float, default=D.d0_attn_fraction, show_default=True,

@@ -1,0 +1,136 @@
+"""``hbench calibrate``: fit the simulator's rates to a real engine.
+
+Times the engine over the calibration design (`harness.calibration.design`),
+fits per-step and per-request overhead, effective bandwidths and GEMM /
+attention / scan throughput by least squares (`harness.calibration.fit`),
+prints the residuals per shape class next to the datasheet preset's, and
+writes a profile that ``hbench run --gpu profile.json`` accepts. A fit whose
+median error on the held-out cells exceeds ``--max-error`` is refused: exit 1,
+no profile written.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import click
+
+from harness.config import ORG_NAMES, RunConfig
+from harness.errors import HbenchError
+
+
+def _pct(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
+
+
+def print_fit(fit, profile) -> None:
+    """Coefficients with their intervals, then residuals per class: profile vs datasheet."""
+    click.echo(f"profile {profile.name}: {fit.samples} samples, {fit.dropped} outliers dropped")
+    click.echo(f"  {'coefficient':<20}{'value':>12}  {'95% interval':<25} resolved  rate")
+    r = profile.rates
+    for name, c in fit.coefficients.items():
+        lo, hi = c["ci95"]
+        rate = getattr(r, name)
+        shown = (f"{rate * 1e3:.3f} ms" if name.endswith("overhead_s")
+                 else f"{rate:.3g}/s" if c["value"] > 0 else "not measurable")
+        click.echo(f"  {name:<20}{c['value']:>12.3g}  [{lo:.3g}, {hi:.3g}]".ljust(59)
+                   + f"{'yes' if c['resolved'] else 'no':<10}{shown}")
+    click.echo(f"\n  median |relative error| per shape class (profile vs datasheet "
+               f"{fit.baseline.get('name', '-')}):")
+    click.echo(f"  {'set':<10}{'class':<10}{'n':>5}{'profile':>10}{'p90':>9}{'datasheet':>11}")
+    for part in ("train", "held_out"):
+        for cls, e in fit.residuals.get(part, {}).items():
+            d = fit.baseline.get(part, {}).get(cls, {})
+            click.echo(f"  {part:<10}{cls:<10}{e['n']:>5}{_pct(e['median_abs_rel_error']):>10}"
+                       f"{_pct(e['p90_abs_rel_error']):>9}"
+                       f"{_pct(d.get('median_abs_rel_error')):>11}")
+
+
+def write_samples(samples, path: Path) -> None:
+    """The measured samples, one row each (re-fit or plot them later)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["cell", "class", "held_out", "seconds", "steps", "prefill_tokens",
+                    "decode_requests", "decode_context_tokens", "checkpoint_copies",
+                    "checkpoint_loads"])
+        for s in samples:
+            w.writerow([s.cell, s.shape_class, int(s.held_out), f"{s.seconds:.6g}", len(s.steps),
+                        sum(x.prefill_tokens for x in s.steps),
+                        sum(x.decode_requests for x in s.steps),
+                        sum(x.decode_context_tokens for x in s.steps),
+                        sum(x.checkpoint_copies for x in s.steps),
+                        sum(x.checkpoint_loads for x in s.steps)])
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
+              help="torch: the in-process engine, which times its own steps; vllm: a launched "
+                   "vLLM server timed from outside (ITL and TTFT).")
+@click.option("--model", "model_dir", required=True, type=click.Path(),
+              help="Model directory (hbench tiny-model, or a Falcon-H1 checkpoint).")
+@click.option("--org", type=click.Choice(ORG_NAMES), default="s2", show_default=True,
+              help="Organization the engine serves with while measured.")
+@click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
+@click.option("--dtype", default="auto", show_default=True,
+              help="torch engine: auto (cpu fp32, cuda bf16), fp32 or bf16.")
+@click.option("--quick", is_flag=True, help="A small design (tests, CI): fewer cells, shorter.")
+@click.option("--max-model-len", default=4096, show_default=True, type=click.IntRange(256),
+              help="Longest context the design uses.")
+@click.option("--max-error", default=0.25, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="Refuse a fit whose median |relative error| on held-out cells is larger.")
+@click.option("--against", default="a100-pcie-40gb", show_default=True,
+              help="Datasheet preset whose errors are shown beside the profile's.")
+@click.option("--samples", "samples_path", type=click.Path(), default=None,
+              help="Also write the measured samples as CSV.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--out", "out_path", required=True, type=click.Path(),
+              help="Where to write the profile (JSON).")
+def calibrate(engine, model_dir, org, device, dtype, quick, max_model_len, max_error, against,
+              samples_path, seed, out_path):
+    """Measure ENGINE's step times and fit the simulator's cost profile to them.
+
+    \b
+    hbench tiny-model --preset proportional -o /tmp/prop
+    hbench calibrate --engine torch --model /tmp/prop -o torch-cpu.json
+    hbench run --engine sim --config /tmp/prop/config.json --gpu torch-cpu.json ...
+    """
+    from adapters.sim.hardware import get_hardware
+    from adapters.sim.profile import save_profile
+    from harness.calibration.measure import calibrate as run_calibration
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise HbenchError(f"--model {model_dir}: no config.json there (make one with "
+                          "hbench tiny-model)")
+    datasheet = get_hardware(against)
+    geometry = geometry_for_run(RunConfig(engine="sim", model=str(model_dir),
+                                          config_path=str(model_dir / "config.json")))
+    grid = layout_for(org, geometry).grid_tokens
+    options = {"org": org}
+    if engine == "torch":
+        options.update(device=device, dtype=dtype)
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("measuring", total=None)
+        profile, fit, samples = run_calibration(
+            engine, model_dir, geometry, quick=quick, max_model_len=max_model_len,
+            min_chunk=grid, datasheet=datasheet, seed=seed,
+            progress=lambda cell: bar.update(task, description=cell.name), **options)
+    if samples_path:
+        write_samples(samples, Path(samples_path))
+    print_fit(fit, profile)
+    if not fit.held_out_error <= max_error:
+        raise HbenchError(f"the fit's median error on held-out cells is "
+                          f"{_pct(fit.held_out_error)}, above --max-error {_pct(max_error)}: "
+                          "profile not written (rerun on a quieter machine, or use the full "
+                          "design without --quick)")
+    save_profile(profile, out_path)
+    click.echo(f"\nheld-out error {_pct(fit.held_out_error)} (datasheet "
+               f"{_pct(fit.baseline.get('held_out', {}).get('all', {}).get('median_abs_rel_error'))})"
+               f"; wrote {out_path}")
