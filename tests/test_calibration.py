@@ -250,3 +250,55 @@ def test_fidelity_ledger_arithmetic():
     assert _agreement(count_m, 4.0, 1.0)[2] == 3.0
     assert _agreement(ratio_m, 0.0, 0.0)[0] == 1.0
     assert np.isinf(_agreement(ratio_m, 0.0, 1.0)[0])
+
+
+# ---- the vLLM driver's inference from client-side times (no server needed) -------------
+
+def test_vllm_itl_samples_take_gaps_only_once_every_request_decodes():
+    from adapters.vllm_calibrate import decode_samples
+    from harness.calibration.design import Cell
+    from harness.records import RequestRecord
+
+    cell = Cell("decode b2 c512", "decode", 2, 512, 5, 512)
+    # request 1 starts decoding at 1.0; before that request 0's gaps are mixed steps
+    a = RequestRecord(0, 0.0, 512, 5, token_times=[0.5, 0.7, 1.1, 1.2, 1.3])
+    b = RequestRecord(1, 0.0, 512, 5, token_times=[1.0, 1.11, 1.21, 1.31, 1.41])
+    samples = decode_samples(cell, [a, b], grid=512)
+    # gaps 1 and 2 of request 0 start before request 1's first token (mixed steps):
+    # only token indices 3 and 4 are pure decode steps of both
+    assert [s.steps[0].decode_requests for s in samples] == [2, 2]
+    assert samples[0].seconds == pytest.approx(0.1)
+    assert samples[0].steps[0].decode_context_tokens == 2 * (512 + 3)
+    with pytest.raises(HbenchError, match="did not finish"):
+        decode_samples(cell, [a], grid=512)
+
+
+def test_vllm_ttft_spans_the_prefill_chunks_and_a_client_term():
+    from adapters.vllm_calibrate import prefill_steps, ttft_sample
+    from harness.calibration.design import Cell
+    from harness.records import RequestRecord
+
+    steps = prefill_steps(1100, 256, grid=512)
+    assert [s.prefill_tokens for s in steps] == [256, 256, 256, 256, 76]
+    assert [s.prefill_context_tokens for s in steps] == [0, 256, 512, 768, 1024]
+    assert sum(s.checkpoint_copies for s in steps) == 2          # boundaries 512 and 1024
+    cell = Cell("prefill 1100 by 256", "prefill", 1, 1100, 2, 256)
+    r = RequestRecord(0, 0.0, 1100, 2, dispatch_s=0.25, first_token_s=0.75,
+                      token_times=[0.75, 0.8])
+    s = ttft_sample(cell, [r], 256, 512)
+    assert s.seconds == pytest.approx(0.5) and s.nuisance == {"client_s": 1.0}
+    assert len(s.steps) == 5 and s.shape_class == "ttft"
+
+
+def test_a_client_term_is_fitted_apart_from_the_rates(geom):
+    """TTFT samples carry a constant client round trip the profile must not absorb."""
+    m = CostModel(geom, TRUE)
+    samples = samples_from(m)
+    for n in (1024, 2048, 3072, 4096):
+        steps = tuple(StepShape.from_requests(prefill_chunks=((256, c),))
+                      for c in range(0, n, 256))
+        samples.append(Sample("ttft", steps, sum(m.step(s).total_s for s in steps) + 0.05,
+                              nuisance={"client_s": 1.0}))
+    fit = fit_rates(geom, samples)
+    assert fit.nuisance["client_s"] == pytest.approx(0.05, rel=1e-3)
+    assert fit.rates.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=1e-3)

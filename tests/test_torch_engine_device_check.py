@@ -30,6 +30,15 @@ def test_small_cpu_mode_writes_the_report(tmp_path, monkeypatch):
     assert saved["serving"]["s2"]["steps"] == row["steps"]
     md = (tmp_path / "device_check.md").read_text()
     assert "| s2 | b12 |" in md and "parity vs transformers" in md
+    # the calibration step leaves a profile hbench run --gpu accepts, beside the datasheet's
+    from adapters.sim.profile import load_profile
+
+    cal = rep["calibration"]
+    profile = load_profile(cal["profile"])
+    assert profile.engine == "torch" and profile.device == "cpu"
+    assert cal["rates"]["mem_bytes_s"]["datasheet"] == pytest.approx(4.8e12 * 0.8)
+    assert 0 <= cal["held_out_error"] < cal["datasheet_held_out_error"]
+    assert "| mem_bytes_s |" in md
 
 
 def test_the_script_is_valid_bash_and_runs_the_module():

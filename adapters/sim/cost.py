@@ -36,6 +36,7 @@ the provenance of every constant and the measured call rate.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from adapters.sim.hardware import Hardware
 from harness.errors import HbenchError
@@ -339,12 +340,12 @@ class Rates:
                    scan_flops_s=gemm * c.scan_efficiency, step_overhead_s=c.step_overhead_s)
 
 
-@dataclass(frozen=True)
-class StepWork:
+class StepWork(NamedTuple):
     """One step's work in physical units (`CostModel.work`): what `Rates` divide.
 
     ``hbench calibrate`` fits rates to measured step times from exactly these
     quantities, so the simulator and the fit can never count work differently.
+    (A named tuple: built once per simulated step, it must be cheap.)
     """
 
     requests: int             # requests computed in the step (chunks + decodes)

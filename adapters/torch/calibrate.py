@@ -33,13 +33,18 @@ def cell_config(model_dir: Path, cell: Cell, org: str, device: str, dtype: str,
 
 def measure(model_dir: str | Path, cells: tuple[Cell, ...], *, org: str = "s2",
             device: str = "cpu", dtype: str = "auto", max_model_len: int = 4096,
-            seed: int = 0, progress=None) -> tuple[list[Sample], dict]:
-    """Run every cell on the torch engine; the samples and what was measured on."""
+            seed: int = 0, progress=None, model=None) -> tuple[list[Sample], dict]:
+    """Run every cell on the torch engine; the samples and what was measured on.
+    ``model`` is a `FalconH1` already on ``device`` (else loaded from ``model_dir``,
+    whose config.json is the geometry either way)."""
     from adapters.torch.engine import TorchEngine, load_model, resolve_device
 
     model_dir = Path(model_dir)
     dev, torch_dtype = resolve_device(device, dtype)
-    model = load_model(str(model_dir), dev, torch_dtype)
+    if model is None:
+        model = load_model(str(model_dir), dev, torch_dtype)
+    else:
+        torch_dtype = model.dtype
     engine = TorchEngine(model=model, record_shapes=True)
     vocab = model.cfg.vocab_size
     samples: list[Sample] = []

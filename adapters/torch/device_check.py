@@ -13,6 +13,11 @@ and ``device_check.md``):
    geometry (44 layers, the `falcon-h1-7b` preset's config) with random bf16
    weights made on the device, at b83; ``small``: the tiny model on CPU in
    float32. The table has step times, TTFT/ITL and peak memory.
+4. calibration: ``hbench calibrate --engine torch`` on the same model and
+   device (`harness.calibration`), written as a cost profile
+   (``OUT/profile-<device>.json``) that ``hbench run --gpu`` accepts, with its
+   fitted rates beside the datasheet preset's (``h200`` on a GPU) and the
+   fit's held-out error next to the preset's.
 
 Budget of the full-size run at b83 (per layer 83 x 1557 KiB = 126.2 MiB; x 44
 layers = 5.42 GiB of pools in bf16) plus 7.6e9 bf16 parameters (14.2 GiB;
@@ -188,6 +193,36 @@ def serve(model, model_dir: Path, device: str, out: Path, small: bool) -> dict:
     return rows
 
 
+def calibration(model, model_dir: Path, device: str, out: Path, small: bool) -> dict:
+    """Fit a cost profile on the device (the full design; quick when ``small``) and
+    set its rates beside the datasheet preset's."""
+    from adapters.sim.cost import Rates
+    from adapters.sim.hardware import get_hardware
+    from adapters.sim.profile import save_profile
+    from harness.calibration.measure import calibrate
+    from harness.config import RunConfig
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    geom = geometry_for_run(RunConfig(model=str(model_dir),
+                                      config_path=str(model_dir / "config.json")))
+    datasheet = get_hardware("h200")
+    t = time.perf_counter()
+    profile, fit, _ = calibrate("torch", model_dir, geom, quick=small, datasheet=datasheet,
+                                min_chunk=layout_for("s2", geom).grid_tokens, device=device,
+                                model=model, org="s2")
+    path = save_profile(profile, out / f"profile-{device.replace(':', '')}.json")
+    preset = Rates.roofline(datasheet)
+    rates = {name: {"fitted": getattr(profile.rates, name), "datasheet": getattr(preset, name)}
+             for name in ("step_overhead_s", "request_overhead_s", "mem_bytes_s",
+                          "state_bytes_s", "gemm_flops_s", "attn_flops_s", "scan_flops_s")}
+    held = fit.baseline.get("held_out", {}).get("all", {})
+    return {"profile": str(path), "samples": fit.samples, "rates": rates,
+            "held_out_error": fit.held_out_error,
+            "datasheet_held_out_error": held.get("median_abs_rel_error"),
+            "residuals": fit.residuals, "wall_s": round(time.perf_counter() - t, 2)}
+
+
 def table(rows: dict) -> str:
     cols = ["budget", "wall_s", "steps", "step_p50_ms", "step_max_ms", "ttft_p50_ms",
             "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "preemptions", "finished", "pool_gib",
@@ -243,11 +278,20 @@ def main(out: str | Path, device: str = "cuda", small: bool = False) -> dict:
         model, model_dir = random_7b(out, device)
     report["serving"] = serve(model, model_dir, device, out, small)
     save()
+    report["calibration"] = calibration(model, model_dir, device, out, small)
+    save()
     md = [f"# torch engine device check ({report['gpu'] or device})", "",
           f"parity vs transformers: {report['parity']}", "", "continuation (fp32):", ""]
     md += [f"- {org}: {r}" for org, r in report["continuation"].items()]
     md += ["", "serving " + ("(tiny model, fp32)" if small else "(Falcon-H1-7B geometry, "
                              "random bf16 weights)"), "", table(report["serving"]), ""]
+    cal = report["calibration"]
+    md += [f"calibration ({cal['samples']} steps, {cal['wall_s']} s): held-out median |error| "
+           f"{100 * cal['held_out_error']:.1f}% (datasheet h200 "
+           f"{100 * (cal['datasheet_held_out_error'] or float('nan')):.1f}%); {cal['profile']}", "",
+           "| rate | fitted | datasheet h200 |", "|---|---|---|"]
+    md += [f"| {k} | {v['fitted']:.4g} | {v['datasheet']:.4g} |" for k, v in cal["rates"].items()]
+    md.append("")
     (out / "device_check.md").write_text("\n".join(md))
     return report
 

@@ -77,15 +77,15 @@ def finished_sides(runs: Path, engine: str) -> set[tuple]:
 @click.option("--profile", "profile_path", type=click.Path(), default=None,
               help="Cost profile from hbench calibrate; default: calibrate now (into OUT).")
 @click.option("--quick", is_flag=True, help="With no --profile: the quick calibration design.")
-@click.option("--requests", type=int, default=40, show_default=True)
+@click.option("--requests", type=int, default=60, show_default=True)
 @click.option("--rate", type=float, default=4.0, show_default=True)
 @click.option("--q", type=float, default=1.0, show_default=True)
 @click.option("--mean-input", type=int, default=1000, show_default=True)
 @click.option("--max-output", type=int, default=32, show_default=True)
 @click.option("--contexts", type=int, default=4, show_default=True)
-@click.option("--max-model-len", type=int, default=4096, show_default=True)
-@click.option("--cap", type=int, default=16, show_default=True)
-@click.option("--token-budget", type=int, default=2048, show_default=True)
+@click.option("--max-model-len", type=int, default=2048, show_default=True)
+@click.option("--cap", type=int, default=63, show_default=True)
+@click.option("--token-budget", type=int, default=8192, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
 @click.option("--out", "out_dir", default="results/fidelity", show_default=True, type=click.Path())
 @click.option("--analyze-only", is_flag=True, help="Only rebuild the ledger from OUT/runs.")
@@ -105,6 +105,7 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
         click.echo(f"ledger: {out / 'ledger.csv'}")
         return
 
+    from adapters.sim.engine import SimEngine, check_fits
     from adapters.sim.profile import load_profile
     from harness.grid import expand
     from harness.run_setup import validate
@@ -123,8 +124,11 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
     else:
         base["launch"] = True
     cells = expand([{"org": orgs, "budget": budgets, "seed": seeds}], base)
+    workloads = {}
     for cfg in cells:                       # refuse a bad cell before any work
-        validate(cfg)
+        setup = validate(cfg)
+        workloads[cfg] = build_run_workload(cfg)
+        check_fits(SimEngine().build(setup), workloads[cfg], cfg, setup.budget.label)
     if engine == "vllm":
         from adapters.registry import make_engine
 
@@ -155,7 +159,7 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
     with Progress(transient=True) as bar:
         task = bar.add_task("cells", total=2 * len(cells))
         for cfg in cells:
-            workload = build_run_workload(cfg)
+            workload = workloads[cfg]
             sim_cfg = dataclasses.replace(cfg, engine="sim", gpu=profile_path, launch=False,
                                           device="cpu")
             for c in (cfg, sim_cfg):
