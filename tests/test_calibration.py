@@ -174,7 +174,7 @@ def calibrated(tmp_path_factory, model_dir):
     pytest.importorskip("torch")
     out = tmp_path_factory.mktemp("calibrate")
     res = CliRunner().invoke(cli, ["calibrate", "--engine", "torch", "--model", str(model_dir),
-                                   "--quick", "-o", str(out / "profile.json"),
+                                   "--quick", "--repeats", "2", "-o", str(out / "profile.json"),
                                    "--samples", str(out / "samples.csv")])
     return res, out
 
@@ -197,7 +197,8 @@ def test_calibrate_torch_writes_a_profile_better_than_the_datasheet(calibrated):
 @torch_needed
 def test_calibrate_refuses_a_fit_worse_than_the_bound(tmp_path, model_dir):
     res = CliRunner().invoke(cli, ["calibrate", "--engine", "torch", "--model", str(model_dir),
-                                   "--quick", "--max-error", "1e-9", "-o", str(tmp_path / "p.json")])
+                                   "--quick", "--repeats", "1", "--max-error", "1e-9",
+                                   "-o", str(tmp_path / "p.json")])
     assert res.exit_code == 1 and "above --max-error" in res.output
     assert not (tmp_path / "p.json").exists()
 
@@ -302,3 +303,15 @@ def test_a_client_term_is_fitted_apart_from_the_rates(geom):
     fit = fit_rates(geom, samples)
     assert fit.nuisance["client_s"] == pytest.approx(0.05, rel=1e-3)
     assert fit.rates.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=1e-3)
+
+
+def test_repeats_keep_each_steps_fastest_time_and_never_mix_different_schedules():
+    from adapters.torch.calibrate import fastest
+
+    a = StepShape.from_requests(decode_contexts=(100,))
+    b = StepShape.from_requests(decode_contexts=(100, 200))
+    first = fastest(None, [a, b], [0.3, 0.2])
+    assert fastest(first, [a, b], [0.1, 0.5]) == ([a, b], [0.1, 0.2])
+    # a repeat whose steps differ: the faster whole repeat wins, never a mixture
+    assert fastest(first, [b, a], [0.1, 0.1]) == ([b, a], [0.1, 0.1])
+    assert fastest(first, [b], [0.9]) == first

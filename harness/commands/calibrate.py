@@ -77,6 +77,8 @@ def write_samples(samples, path: Path) -> None:
 @click.option("--dtype", default="auto", show_default=True,
               help="torch engine: auto (cpu fp32, cuda bf16), fp32 or bf16.")
 @click.option("--quick", is_flag=True, help="A small design (tests, CI): fewer cells, shorter.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 20),
+              help="torch engine: passes over the design; each step keeps its fastest time.")
 @click.option("--max-model-len", default=4096, show_default=True, type=click.IntRange(256),
               help="Longest context the design uses.")
 @click.option("--max-error", default=0.25, show_default=True, type=click.FloatRange(0, min_open=True),
@@ -88,8 +90,8 @@ def write_samples(samples, path: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(),
               help="Where to write the profile (JSON).")
-def calibrate(engine, model_dir, org, device, dtype, quick, max_model_len, max_error, against,
-              samples_path, seed, out_path):
+def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_len, max_error,
+              against, samples_path, seed, out_path):
     """Measure ENGINE's step times and fit the simulator's cost profile to them.
 
     \b
@@ -113,7 +115,7 @@ def calibrate(engine, model_dir, org, device, dtype, quick, max_model_len, max_e
     grid = layout_for(org, geometry).grid_tokens
     options = {"org": org}
     if engine == "torch":
-        options.update(device=device, dtype=dtype)
+        options.update(device=device, dtype=dtype, repeats=repeats)
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
