@@ -5,9 +5,10 @@ client sees, on one launched server with no memory pressure:
 
 * **ITL at fixed decode batch sizes** (``decode`` cells): ``batch`` requests
   sent together; once the last of them has its first token, every request
-  decodes in every step, so the gap between consecutive tokens is one decode
-  step of ``batch`` requests. For each token index the median gap over the
-  requests is one sample: a decode step at that context.
+  decodes in every step, so the mean gap between tokens over a stretch of
+  that window is one decode step of ``batch`` requests. Each of a few
+  stretches (median over the requests) is one sample: a decode step at the
+  stretch's middle context.
 * **TTFT over prompt lengths** (``prefill`` cells): one request alone; its
   TTFT is the sum of its prefill steps, chunked by the server's
   ``--max-num-batched-tokens``, plus the client's own round trip (HTTP,
@@ -25,7 +26,10 @@ skipped for the same reason.
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,25 +42,46 @@ from harness.errors import HbenchError
 
 #: State memory for the calibration server: the design must not wait or preempt.
 BUDGET = "b64"
+#: Pure-decode steps each decode cell is timed over, and the stretches they
+#: are cut into (one sample each).
+DECODE_TOKENS = 24
+SEGMENTS = 4
 
 
-def decode_samples(cell: Cell, records, grid: int) -> list[Sample]:
-    """Median inter-token gap per token index, after every request has started."""
+def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS) -> list[Sample]:
+    """Mean inter-token gap over each of ``segments`` stretches of the pure-decode
+    window (after every request's first token), median over the requests.
+
+    Not single gaps: when the API server falls behind the engine it streams
+    several tokens back to back, so one gap can be ~0 and the next two steps
+    long; a stretch's mean is the step time either way, unless a whole stretch
+    came in one burst. So a request's stretch counts only if its mean is
+    within a factor of two of the request's mean over the whole window."""
     ok = [r for r in records if r.status == "finished" and len(r.token_times) >= 2]
     if len(ok) < cell.batch:
         raise HbenchError(f"calibration cell {cell.name}: {cell.batch - len(ok)} requests "
                           "did not finish")
     start = max(float(r.token_times[0]) for r in ok)
+    first = max(int(np.searchsorted(r.token_times, start)) for r in ok)
+    last = min(len(r.token_times) for r in ok) - 1
+    if last - first < segments:
+        return []
+
+    def mean_gap(r, a: int, b: int) -> float:
+        return float(r.token_times[b] - r.token_times[a]) / (b - a)
+
+    window = {id(r): mean_gap(r, first, last) for r in ok}
+    edges = np.linspace(first, last, segments + 1).round().astype(int)
     samples = []
-    for i in range(1, cell.output):
-        gaps = [float(r.token_times[i] - r.token_times[i - 1]) for r in ok
-                if len(r.token_times) > i and r.token_times[i - 1] >= start]
-        if len(gaps) < cell.batch:
-            continue                      # someone was still in prefill: a mixed step
-        context = cell.prompt + i
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        gaps = [g for r in ok if b > a
+                and 0.5 <= (g := mean_gap(r, a, b)) / max(window[id(r)], 1e-12) <= 2.0]
+        if not gaps:
+            continue
+        context = cell.prompt + (a + b) // 2
         shape = StepShape.from_requests(decode_contexts=(context,) * cell.batch)
-        samples.append(Sample("itl", (shape,), float(np.median(gaps)),
-                              held_out=cell.held_out, cell=cell.name))
+        samples.append(Sample("itl", (shape,), float(np.median(gaps)), held_out=cell.held_out,
+                              cell=cell.name))
     return samples
 
 
@@ -85,8 +110,10 @@ def _flag(argv: list[str], name: str) -> int | None:
 
 
 def measure(model_dir: str | Path, cells: tuple[Cell, ...], *, org: str = "s0",
-            max_model_len: int = 4096, seed: int = 0, progress=None) -> tuple[list[Sample], dict]:
-    """Launch one vLLM server and time every ``decode`` and ``prefill`` cell on it."""
+            max_model_len: int = 4096, seed: int = 0, progress=None,
+            repeats: int = 3) -> tuple[list[Sample], dict]:
+    """Launch one vLLM server and time every ``decode`` and ``prefill`` cell on
+    it, ``repeats`` passes in shuffled order, every pass's samples kept."""
     from adapters.client.dispatch import run_open_loop
     from adapters.client.http import Endpoint, served_models
     from adapters.server_process import ServerProcess, free_port
@@ -107,27 +134,40 @@ def measure(model_dir: str | Path, cells: tuple[Cell, ...], *, org: str = "s0",
     port = free_port()
     argv = engine.launch_argv(config, port)
     chunk = _flag(argv, "--max-num-batched-tokens") or 8192
+    # only gaps after the last request's first token count: every request of a decode
+    # cell decodes through the others' prefill steps and then DECODE_TOKENS more
+    cells = tuple(replace(c, output=DECODE_TOKENS + -(-c.batch * c.prompt // chunk))
+                  if c.kind == "decode" else c for c in cells)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"hbench-calibrate-vllm-{port}.log"
-    samples: list[Sample] = []
     with ServerProcess(argv, Endpoint("127.0.0.1", port), log, env=engine.launch_env(config),
                        ready_timeout_s=engine.ready_timeout_s) as server:
         model = served_models(server.endpoint)[0]
         vocab = _vocab(model_dir)
-        run_open_loop(server.endpoint, model, cell_workload(cells[0], vocab, seed + 1),
-                      extra_body=engine.extra_body)                     # warm-up, discarded
-        for cell in cells:
-            result = run_open_loop(server.endpoint, model, cell_workload(cell, vocab, seed),
+        passes = itertools.count(1)
+
+        def timed(cell: Cell) -> list[Sample]:
+            # a fresh seed per pass: private prompts, never a prefix hit on an earlier pass
+            result = run_open_loop(server.endpoint, model,
+                                   cell_workload(cell, vocab, seed + next(passes)),
                                    extra_body=engine.extra_body)
             records = sorted(result.records, key=lambda r: r.request_id)
             if cell.kind == "decode":
-                samples += decode_samples(cell, records, grid)
-            else:
-                samples.append(ttft_sample(cell, records, chunk, grid))
-            if progress:
-                progress(cell)
+                return decode_samples(cell, records, grid)
+            return [ttft_sample(cell, records, chunk, grid)]
+
+        timed(cells[0])                                                 # warm-up, discarded
+        # every pass's samples are kept: a client-side gap is not only ever
+        # lengthened by load (a burst shortens it), so the fastest is not the truest
+        order, samples, rng = list(cells), [], random.Random(seed)
+        for _ in range(repeats):
+            rng.shuffle(order)
+            for cell in order:
+                samples += timed(cell)
+                if progress:
+                    progress(cell)
     info = {"engine": "vllm", "device": "cpu" if engine.cpu else "cuda", "org": org,
             "model_dir": str(model_dir), "budget": BUDGET, "engine_version": engine.version(),
-            "max_num_batched_tokens": chunk, "server_argv": argv}
+            "max_num_batched_tokens": chunk, "server_argv": argv, "repeats": repeats}
     return samples, info
 
 

@@ -255,20 +255,22 @@ def test_fidelity_ledger_arithmetic():
 
 # ---- the vLLM driver's inference from client-side times (no server needed) -------------
 
-def test_vllm_itl_samples_take_gaps_only_once_every_request_decodes():
+def test_vllm_itl_samples_average_stretches_once_every_request_decodes():
     from adapters.vllm_calibrate import decode_samples
     from harness.calibration.design import Cell
     from harness.records import RequestRecord
 
-    cell = Cell("decode b2 c512", "decode", 2, 512, 5, 512)
-    # request 1 starts decoding at 1.0; before that request 0's gaps are mixed steps
-    a = RequestRecord(0, 0.0, 512, 5, token_times=[0.5, 0.7, 1.1, 1.2, 1.3])
-    b = RequestRecord(1, 0.0, 512, 5, token_times=[1.0, 1.11, 1.21, 1.31, 1.41])
-    samples = decode_samples(cell, [a, b], grid=512)
-    # gaps 1 and 2 of request 0 start before request 1's first token (mixed steps):
-    # only token indices 3 and 4 are pure decode steps of both
+    cell = Cell("decode b2 c512", "decode", 2, 512, 9, 512)
+    # request 1's first token at 1.0; request 0 decoded alone before (mixed steps).
+    # From 1.0 on both decode every 0.1 s, but request 0's tokens come in bursts.
+    a = RequestRecord(0, 0.0, 512, 9, token_times=[0.8, 0.9, 1.0, 1.15, 1.15001, 1.3, 1.4, 1.5,
+                                                   1.6])
+    b = RequestRecord(1, 0.0, 512, 9, token_times=[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8])
+    samples = decode_samples(cell, [a, b], grid=512, segments=2)
     assert [s.steps[0].decode_requests for s in samples] == [2, 2]
-    assert samples[0].seconds == pytest.approx(0.1)
+    # the window starts at index 2 (both decoding), ends at index 8; a burst inside a
+    # stretch does not matter, its mean gap is one step
+    assert [s.seconds for s in samples] == pytest.approx([0.1, 0.1], abs=1e-4)
     assert samples[0].steps[0].decode_context_tokens == 2 * (512 + 3)
     with pytest.raises(HbenchError, match="did not finish"):
         decode_samples(cell, [a], grid=512)
@@ -305,13 +307,18 @@ def test_a_client_term_is_fitted_apart_from_the_rates(geom):
     assert fit.rates.step_overhead_s == pytest.approx(TRUE.step_overhead_s, rel=1e-3)
 
 
-def test_repeats_keep_each_steps_fastest_time_and_never_mix_different_schedules():
-    from adapters.torch.calibrate import fastest
+def test_repeats_keep_each_samples_fastest_time_and_never_mix_different_schedules():
+    from harness.calibration.design import fastest
 
     a = StepShape.from_requests(decode_contexts=(100,))
     b = StepShape.from_requests(decode_contexts=(100, 200))
-    first = fastest(None, [a, b], [0.3, 0.2])
-    assert fastest(first, [a, b], [0.1, 0.5]) == ([a, b], [0.1, 0.2])
+
+    def run(*pairs):
+        return [Sample("decode", (sh,), t) for sh, t in pairs]
+
+    first = fastest(None, run((a, 0.3), (b, 0.2)))
+    assert [s.seconds for s in fastest(first, run((a, 0.1), (b, 0.5)))] == [0.1, 0.2]
     # a repeat whose steps differ: the faster whole repeat wins, never a mixture
-    assert fastest(first, [b, a], [0.1, 0.1]) == ([b, a], [0.1, 0.1])
-    assert fastest(first, [b], [0.9]) == first
+    other = run((b, 0.1), (a, 0.1))
+    assert fastest(first, other) == other
+    assert fastest(first, run((b, 0.9))) == first

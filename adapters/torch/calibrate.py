@@ -13,10 +13,9 @@ keeps its fastest time.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
-from harness.calibration.design import Cell, cell_workload, step_samples
+from harness.calibration.design import Cell, cell_workload, repeat_fastest, step_samples
 from harness.calibration.fit import Sample
 from harness.config import RunConfig
 from harness.run_setup import validate
@@ -55,37 +54,14 @@ def measure(model_dir: str | Path, cells: tuple[Cell, ...], *, org: str = "s2",
     engine = TorchEngine(model=model, record_shapes=True)
     vocab = model.cfg.vocab_size
 
-    def timed(cell: Cell) -> tuple[list, list[float]]:
+    def timed(cell: Cell) -> list[Sample]:
         setup = validate(cell_config(model_dir, cell, org, device, dtype, max_model_len, seed))
         run = engine.run(cell_workload(cell, vocab, seed), setup)
-        return engine.step_shapes, [row["duration_s"] for row in run.steps]
+        return step_samples(cell, engine.step_shapes, [row["duration_s"] for row in run.steps])
 
     timed(cells[0])                              # warm-up, thrown away
-    best: dict[str, tuple[list, list[float]]] = {}
-    order = list(cells)
-    rng = random.Random(seed)
-    for _ in range(repeats):
-        rng.shuffle(order)                       # a slow spell hits every cell alike
-        for cell in order:
-            shapes, durations = timed(cell)
-            best[cell.name] = fastest(best.get(cell.name), shapes, durations)
-            if progress:
-                progress(cell)
-    samples: list[Sample] = []
-    for cell in cells:
-        samples += step_samples(cell, *best[cell.name])
+    samples = repeat_fastest(cells, timed, repeats, seed, progress)
     info = {"engine": "torch", "device": dev, "dtype": str(torch_dtype).removeprefix("torch."),
             "org": org, "model_dir": str(model_dir), "budget": BUDGET, "repeats": repeats,
             "engine_version": engine.version()}
     return samples, info
-
-
-def fastest(prev, shapes: list, durations: list[float]) -> tuple[list, list[float]]:
-    """Step by step, the fastest of the repeats so far: load from elsewhere only
-    ever adds time. Repeats whose steps differ in shape (a shared cell whose
-    arrivals fell differently) are not mixed: the faster whole repeat is kept."""
-    if prev is None:
-        return shapes, durations
-    if prev[0] == shapes:
-        return shapes, [min(a, b) for a, b in zip(prev[1], durations, strict=True)]
-    return prev if sum(prev[1]) <= sum(durations) else (shapes, durations)

@@ -78,7 +78,8 @@ def write_samples(samples, path: Path) -> None:
               help="torch engine: auto (cpu fp32, cuda bf16), fp32 or bf16.")
 @click.option("--quick", is_flag=True, help="A small design (tests, CI): fewer cells, shorter.")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 20),
-              help="torch engine: passes over the design; each step keeps its fastest time.")
+              help="Passes over the design (cells shuffled each pass); each sample keeps "
+                   "its fastest time.")
 @click.option("--max-model-len", default=4096, show_default=True, type=click.IntRange(256),
               help="Longest context the design uses.")
 @click.option("--max-error", default=0.25, show_default=True, type=click.FloatRange(0, min_open=True),
@@ -115,7 +116,8 @@ def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_l
     grid = layout_for(org, geometry).grid_tokens
     options = {"org": org}
     if engine == "torch":
-        options.update(device=device, dtype=dtype, repeats=repeats)
+        options.update(device=device, dtype=dtype)
+    options["repeats"] = repeats
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
