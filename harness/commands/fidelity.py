@@ -32,9 +32,9 @@ def _fmt(v, compare: str) -> str:
 def print_summary(summary: list[dict]) -> None:
     click.echo(f"  {'metric':<26}{'compare':<9}{'band':>7}{'median error':>14}{'within':>9}")
     for s in summary:
+        within = f"{s['within']:>5}/{s['cells']:<3}" if s["cells"] else "  not observed"
         click.echo(f"  {s['metric']:<26}{s['compare']:<9}{_fmt(s['band'], s['compare']):>7}"
-                   f"{_fmt(s['median_abs_error'], s['compare']):>14}"
-                   f"{s['within']:>5}/{s['cells']:<3}")
+                   f"{_fmt(s['median_abs_error'], s['compare']):>14}{within}")
 
 
 def write_ledger(out: Path, engine: str, extra: dict | None = None) -> dict:
