@@ -113,7 +113,8 @@ class ServedEngine:
         model = pick_model(models, config.model, endpoint)
         if config.isolate:
             workload = salted(workload, config.seed)
-        scraper = MetricsScraper(endpoint, self.metrics, self.scrape_interval_s)
+        scraper = MetricsScraper(endpoint, self.metrics, self.scrape_interval_s,
+                                 log_path=self.server.log_path if self.server else None)
         t0 = time.perf_counter()
         scraper.start(t0)
         try:

@@ -350,3 +350,29 @@ def test_hbench_run_keeps_results_but_exits_nonzero_when_requests_fail(tmp_path,
     (run_dir,) = list_runs(tmp_path / "runs")
     req = read_run(run_dir)["requests"]
     assert (req["status"] == "failed").all() and (req["error"].str.len() > 0).all()
+
+
+def test_plugin_counters_from_the_server_log_land_in_every_scrape_row(tmp_path):
+    """The plugin's counters are log lines of vLLM's engine core (its registry
+    is not the one /metrics serves); the scraper follows the log and puts the
+    latest line's numbers into each row, reading only what was appended."""
+    from adapters.metrics_scrape import MetricsScraper, PluginLogFollower
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\n")
+    follower = PluginLogFollower(log)
+    assert follower.columns() == {}
+    line = '(EngineCore pid=2) hbench-plugin-counters {"pins_taken": 1, "preemptions": 3, "org": "s1"}'
+    with log.open("a") as f:
+        f.write(line + "\n" + line.replace("3", "4")[:40])      # a line still being written
+    assert follower.columns() == {"plugin_pins_taken": 1, "plugin_preemptions": 3}
+    with log.open("a") as f:
+        f.write(line.replace("3", "4")[40:] + "\n")
+    assert follower.columns() == {"plugin_pins_taken": 1, "plugin_preemptions": 4}
+    assert follower.offset == log.stat().st_size
+
+    body = metrics(hits=0, queries=0)
+    with ScriptedServer(metrics_text=body) as srv:
+        scraper = MetricsScraper(srv.endpoint, "vllm", log_path=log)
+        row = scraper.scrape_once()
+    assert row["running"] == 3.0 and row["plugin_preemptions"] == 4
