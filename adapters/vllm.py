@@ -218,10 +218,12 @@ class VllmEngine(ServedEngine):
 
     def __init__(self, python: str | None = None, cpu: bool | None = None,
                  align: bool | None = None, ssm_cache_dtype: bool | None = None,
-                 cpu_block_size: int = CPU_BLOCK_SIZE, num_blocks: int | None = None,
+                 cpu_block_size: int | None = None, num_blocks: int | None = None,
                  grid_tokens: int = 512, extra_args: tuple[str, ...] = (), **kwargs):
         """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
         (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None.
+        ``cpu_block_size`` pins the CPU block and step size (None: the block
+        vLLM resolves for the run's geometry, `step_tokens`);
         ``num_blocks`` overrides the block count derived from the budget;
         ``grid_tokens`` is the plugin's S1/S2 page grid (512 in the study);
         ``extra_args`` are appended to the server command."""
@@ -312,7 +314,7 @@ class VllmEngine(ServedEngine):
     def step_tokens(self, config) -> int:
         """The CPU block and step size: the constructor's ``cpu_block_size``
         when given, else the block vLLM resolves for the geometry (128 without one)."""
-        if self.cpu_block_size != CPU_BLOCK_SIZE:
+        if self.cpu_block_size is not None:
             return self.cpu_block_size
         page = self.page(config)
         return CPU_BLOCK_SIZE if page is None else page["block_tokens"]

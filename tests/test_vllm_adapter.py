@@ -136,6 +136,8 @@ def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_pa
                                  "mamba_state_bytes": 801_792, "padding_bytes": 50_176,
                                  "pool_layers": 2, "pages": 24, "bytes": 24 * 851_968 * 2}
     assert round(100 * 50_176 / 801_792, 2) == 6.26
+    pinned = VllmEngine(python=sys.executable, cpu=True, align=True, cpu_block_size=128)
+    assert pinned.launch_argv(config, 8123).count("128") == 2     # --block-size, step
     assert eng.launch_env(config)["VLLM_CPU_KVCACHE_SPACE"] == "1" == str(info["cpu_kv_space_gib"])
     # a budget whose pages outgrow 1 GiB raises the explicit KV space to cover them
     big = s0(model="/m", config_path=config.config_path, budget="b700", launch=True,
