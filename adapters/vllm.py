@@ -30,7 +30,9 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
                     the dtype the block count was sized with; on CPU the
                     model runs in float32 and the flag is not passed
     headroom f   -> --watermark f where the installed vLLM has it (admission
-                    keeps floor(f x num_blocks) blocks free); else refused
+                    keeps int(f x num_blocks) blocks free, only while another
+                    request runs: KVCacheManager.allocate_slots'
+                    has_scheduled_reqs); else refused
     retention    -> refused: vLLM has no retention policy
                     (--prefix-cache-retention-interval spaces decode-time
                     checkpoints; it does not exempt a producer's checkpoints)
