@@ -120,7 +120,7 @@ class MetricsScraper:
     """
 
     def __init__(self, endpoint: Endpoint, engine: str, interval_s: float = 0.5,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, log_path=None):
         if engine not in METRIC_MAPS:
             raise ValueError(f"no metric map for engine {engine!r}")
         self.endpoint, self.engine, self.interval_s, self.clock = endpoint, engine, interval_s, clock
@@ -132,6 +132,9 @@ class MetricsScraper:
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._nvml = _nvml_handle()
+        # hbench's vLLM plugin logs its counters (its process's registry is not
+        # the one /metrics serves); each row also gets the latest of them
+        self._plugin_log = PluginLogFollower(log_path) if log_path is not None else None
 
     def scrape_once(self) -> dict | None:
         try:
@@ -148,6 +151,8 @@ class MetricsScraper:
         if not self.info:
             self.info = info_labels(samples, self.engine)
         row = {"time_s": self.clock() - self._t0, **extract(samples, self.engine)}
+        if self._plugin_log is not None:
+            row.update(self._plugin_log.columns())
         if self._nvml is not None:
             row["device_mem_bytes"] = float(self._nvml[0].nvmlDeviceGetMemoryInfo(self._nvml[1]).used)
         self.rows.append(row)
@@ -209,3 +214,46 @@ def plugin_report(log_text: str) -> dict:
                 except ValueError:
                     pass
     return out
+
+
+class PluginLogFollower:
+    """Follows a growing server log and keeps the plugin's latest counters line.
+
+    Reads only what was appended since the last call (a partial last line
+    waits for its end). `columns` gives the numeric counters as ``plugin_<name>``
+    step-row columns, empty before the first counters line.
+    """
+
+    def __init__(self, path):
+        from pathlib import Path
+
+        self.path = Path(path)
+        self.offset = 0
+        self.latest: dict | None = None
+        self._partial = b""
+
+    def poll(self) -> dict | None:
+        import json
+
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return self.latest
+        self.offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        tag = (PLUGIN_TAGS["counters"] + " {").encode()
+        for line in lines:
+            at = line.find(tag)
+            if at >= 0:
+                try:
+                    self.latest = json.loads(line[at + len(tag) - 1:])
+                except ValueError:
+                    pass
+        return self.latest
+
+    def columns(self) -> dict:
+        latest = self.poll() or {}
+        return {f"plugin_{k}": v for k, v in latest.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -71,6 +71,12 @@ class ServedEngine:
     def resolved_info(self, info_labels: dict, log_text: str) -> dict:
         return dict(info_labels)
 
+    def pool_bytes(self, info: dict) -> int | None:
+        """Bytes of the engine's state pool (peak ``kv_pool`` = peak usage x this):
+        what the server reports as its KV cache memory."""
+        pool = info["resolved"].get("kv_cache_memory_bytes")
+        return pool if isinstance(pool, int) else None
+
     def requested_info(self, config) -> dict:
         """What hbench asked of the engine (``engine_info["requested"]``)."""
         return {"org": config.org, "budget": config.budget, "cap": config.cap,
@@ -107,7 +113,8 @@ class ServedEngine:
         model = pick_model(models, config.model, endpoint)
         if config.isolate:
             workload = salted(workload, config.seed)
-        scraper = MetricsScraper(endpoint, self.metrics, self.scrape_interval_s)
+        scraper = MetricsScraper(endpoint, self.metrics, self.scrape_interval_s,
+                                 log_path=self.server.log_path if self.server else None)
         t0 = time.perf_counter()
         scraper.start(t0)
         try:
@@ -142,8 +149,8 @@ class ServedEngine:
         peak = {}
         usage = [r["kv_usage"] for r in scraper.rows if "kv_usage" in r]
         info["peak_kv_usage_frac"] = max(usage) if usage else None
-        pool = info["resolved"].get("kv_cache_memory_bytes")
-        if usage and isinstance(pool, int):
+        pool = self.pool_bytes(info)
+        if usage and pool is not None:
             peak["kv_pool"] = max(usage) * pool
         device = [r["device_mem_bytes"] for r in scraper.rows if "device_mem_bytes" in r]
         info["device_peak_bytes"] = max(device) if device else None

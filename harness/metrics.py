@@ -276,6 +276,19 @@ def _int_or_nan(x: float):
     return NAN if math.isnan(x) else int(x)
 
 
+def _preemptions(measured: list, run: EngineRun) -> int:
+    """Preemptions of the measured requests. A served engine's client cannot see
+    a preemption (its records say 0), so for a served run (``engine_info`` has
+    ``launched``) the server's own counter over the run is taken instead
+    (``counters["preemptions"]``, e.g. vLLM's ``vllm:num_preemptions``, last
+    minus first scrape, warm-up included)."""
+    per_request = int(sum(r.preemptions for r in measured))
+    counted = run.counters.get("preemptions")
+    if "launched" in run.engine_info and counted is not None and not per_request:
+        return int(counted)
+    return per_request
+
+
 def _rounding_waste(rows: list[dict], counters: dict):
     """Budget rounding loss plus the largest per-row total page waste (measured
     rows); without waste columns, the engine's counter (summed if per part)."""
@@ -359,7 +372,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
     summary.update({
         "waiting_median": _time_median(rows, "waiting"),
         "running_median": _time_median(rows, "running"),
-        "preemptions": int(sum(r.preemptions for r in measured)),
+        "preemptions": _preemptions(measured, run),
     })
     summary.update(_invalidations(rows, run))
     summary.update({

@@ -20,8 +20,12 @@ Policy, in the order it is applied each step:
 2. If nobody was preempted this step: waiting requests FCFS while fewer than
    ``cap`` run: joint prefix lookup (reuse = J_adopt) and a first chunk sized
    by the step's remaining token budget, as in vLLM V1. It is admitted only
-   if floor(f x B) pages per pool stay free afterwards; otherwise admission
-   stops for this step (the chunk is not shortened to squeeze it in).
+   if floor(f x B) pages per pool stay free afterwards (the headroom; as
+   vLLM's watermark, only while another request runs, unless
+   ``headroom_while_idle``) and, with ``admit_whole_input`` (vLLM's
+   ``scheduler_reserve_full_isl``), only if its whole remaining input would
+   fit too; otherwise admission stops for this step (the chunk is not
+   shortened to squeeze it in).
 3. Retention (policy): a running producer's published checkpoints whose
    prefix was demanded by at least ``retention_threshold`` distinct requests
    are retained until the producer finishes or is preempted.
@@ -50,18 +54,44 @@ WAITING, RUNNING, DONE = "waiting", "running", "done"
 # Why the requests left waiting after a step was planned did not start in it
 # (one reason per step: admission is FCFS, so every waiting request waits
 # behind the one that stopped it). Recorded per step for TTFT attribution.
-WAIT_MEMORY = "memory"      # no pages (or headroom) for the head's first chunk, or a preemption
+WAIT_MEMORY = "memory"      # no pages (or headroom) for the head's first chunk (or whole input), or a preemption
 WAIT_CAP = "cap"            # the running cap is full
 WAIT_BUDGET = "budget"      # the step's token budget is spent
 
 
 @dataclass(frozen=True)
 class SchedulerPolicy:
+    """The scheduler's knobs. Two admission rules follow vLLM 0.32's V1 scheduler:
+
+    ``headroom_while_idle`` (default False, as vLLM): the headroom (vLLM's
+    ``SchedulerConfig.watermark``, vllm/config/scheduler.py) is kept only when
+    another request is running. vLLM's ``KVCacheManager.allocate_slots``
+    (vllm/v1/core/kv_cache_manager.py) adds ``watermark_blocks`` only if
+    ``has_scheduled_reqs`` and the request is WAITING or PREEMPTED;
+    ``Scheduler.schedule`` (vllm/v1/core/sched/scheduler.py) passes
+    ``has_scheduled_reqs=bool(self.running)``. With nothing running a request
+    whose chunk fits without the headroom starts (it would otherwise never
+    start, and hbench would fail it); True keeps the headroom even then.
+
+    ``admit_whole_input`` (default False: the study's rule, DESIGN.md section
+    4, admission by the first chunk): admission also requires the pages of the
+    request's whole remaining input (prompt, plus generated tokens for a
+    preempted one) to be available with the headroom, as vLLM 0.32 does by
+    default (``SchedulerConfig.scheduler_reserve_full_isl``, on; applied as
+    ``allocate_slots(full_sequence_must_fit=True)`` for waiting requests only).
+    Only the first chunk is allocated either way; later chunks are not
+    reserved. It changes nothing when the first chunk is the whole prompt
+    (the study's 8,192-token steps and 3,332-token prompts) and matters when
+    steps are shorter than prompts (vLLM on CPU steps one block at a time).
+    """
+
     cap: int = 63
     token_budget: int = 8192
     headroom: float = 0.0
     retention: bool = False
     retention_threshold: int = 2
+    headroom_while_idle: bool = False
+    admit_whole_input: bool = False
 
 
 @dataclass
@@ -297,9 +327,8 @@ class Scheduler:
             if end <= start:
                 batch.wait_reason = WAIT_BUDGET
                 break
-            need = org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit)
-            if not org.can_allocate(need, self.policy.headroom):
-                if self.running or batch.items:
+            if not self._admissible(r, hit, end):
+                if self.running:
                     batch.wait_reason = WAIT_MEMORY
                     break
                 # Nothing runs, so nothing will ever free pages for it: fail it
@@ -337,10 +366,26 @@ class Scheduler:
         end = self._chunk_end(hit.j_adopt, r.prefill_until, budget)
         if end <= hit.j_adopt:
             return WAIT_BUDGET
-        need = org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit)
-        if org.can_allocate(need, self.policy.headroom) or not self.running:
+        if self._admissible(r, hit, end) or not self.running:
             return None
         return WAIT_MEMORY
+
+    def _admissible(self, r: SchedRequest, hit: PrefixHit, end: int) -> bool:
+        """Whether waiting ``r`` may start with the chunk [J_adopt, end) now
+        (asks, changes nothing): the chunk's pages are available with the
+        headroom, which is kept only while another request runs unless
+        ``headroom_while_idle``; with ``admit_whole_input`` the pages of the
+        whole remaining input must be available with it too
+        (`SchedulerPolicy` cites vLLM's rules)."""
+        org, policy = self.org, self.policy
+        headroom = policy.headroom if (self.running or policy.headroom_while_idle) else 0.0
+        if not org.can_allocate(org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit),
+                                headroom):
+            return False
+        if policy.admit_whole_input and end < r.prefill_until:
+            whole = org.pages_needed(r.rid, r.prefill_until, r.prefill_until, r.keys, hit)
+            return org.can_allocate(whole, headroom)
+        return True
 
     def admits(self, budget: int) -> bool:
         """Whether `_admit` with ``budget`` tokens left would admit (or fail) the

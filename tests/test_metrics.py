@@ -324,3 +324,16 @@ def test_per_request_table_of_empty_run_keeps_columns_and_dtypes():
     df = per_request_table(make_run([]))
     assert list(df.columns) == list(REQUEST_COLUMNS)
     assert {c: str(t) for c, t in df.dtypes.items()} == REQUEST_COLUMNS
+
+
+def test_a_served_runs_preemptions_come_from_the_servers_counter():
+    """A served engine's client cannot see preemptions (its records say 0):
+    the summary takes the server's counter; an in-process run keeps its
+    per-request count."""
+    reqs = [make_request(0, 0.0, [1.0, 2.0]), make_request(1, 0.5, [1.5, 2.5])]
+    served = make_run(reqs, counters={"preemptions": 3.0},
+                      engine_info={"launched": True})
+    assert summarize(served)["preemptions"] == 3
+    assert summarize(make_run(reqs, counters={"preemptions": 3.0}))["preemptions"] == 0
+    reqs[0].preemptions = 2
+    assert summarize(make_run(reqs, counters={"preemptions": 5}))["preemptions"] == 2

@@ -282,3 +282,55 @@ def test_a_preempted_adopter_pins_the_checkpoint_it_adopted():
     drive(sched, now=100.0)
     assert all(r.record.status == FINISHED for r in sched.requests.values())
     assert not org.pinned_checkpoints() and org.holds_no_references()
+
+
+def test_headroom_is_kept_only_while_another_request_runs():
+    # S1, 40 pages, f = 0.5 (20 pages must stay free). r0 (3,000 tokens: 6
+    # blocks + live + 5 spares = 30 pages) arrives to an idle engine: vLLM's
+    # watermark applies only when a request is already scheduled, so it starts
+    # (30 pages fit, 30 + 20 would not). r1 behind it (100 tokens, 5 pages) must
+    # keep the 20 while r0 runs: 10 left < 5 + 20, so it waits.
+    org, sched = make("s1", (40,), headroom=0.5)
+    sched.add(0, 0.0, prompt(3000), 2, None)
+    sched.add(1, 0.0, prompt(100, 50_000), 1, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 0, 3000)]
+    assert batch.failed == [] and [r.rid for r in sched.waiting] == [1]
+    assert batch.wait_reason == "memory"
+    drive(sched)
+    assert all(r.record.status == FINISHED for r in sched.requests.values())
+
+
+def test_headroom_while_idle_keeps_the_old_rule_and_fails_what_never_fits():
+    # the same arrival with the headroom kept on an idle engine: r0 can never
+    # be admitted (30 + 20 > 40) and nothing runs to free pages, so it fails
+    org, sched = make("s1", (40,), headroom=0.5, headroom_while_idle=True)
+    sched.add(0, 0.0, prompt(3000), 2, None)
+    batch = sched.schedule()
+    assert batch.failed == [0] and batch.items == []
+
+
+@pytest.mark.parametrize("whole, admitted", [(False, [0, 1]), (True, [0])])
+def test_admission_by_the_whole_input_or_by_the_first_chunk(whole, admitted):
+    # S0, 21 pages (one 512-token block or one checkpoint each), 1,100-token
+    # steps. r0 (100 tokens, 200 to generate: 1 block + live = 2 pages) runs.
+    # r1 (5,000 tokens) gets a first chunk of [0, 1024) (1,099 tokens of budget,
+    # cut to the grid), whose pages fit in the 19 left; its whole input needs
+    # 20 pages (10 blocks, the live state and the checkpoints it publishes on
+    # the way). By the first chunk (the study) it starts; by the whole input
+    # (vLLM's scheduler_reserve_full_isl) it waits.
+    org, sched = make("s0", (21,), token_budget=1100, admit_whole_input=whole)
+    sched.add(0, 0.0, prompt(100), 200, None)
+    sched.complete(sched.schedule(), 0.01)
+    sched.add(1, 0.01, prompt(5000, 70_000), 1, None)
+    r1 = sched.requests[1]
+    hit = org.lookup(r1.keys, len(r1.tokens) - 1)
+    whole_need = org.pages_needed(1, 5000, 5000, r1.keys, hit)
+    assert org.can_allocate(org.pages_needed(1, 1024, 5000, r1.keys, hit))
+    assert whole_need.pages == (20,) and not org.can_allocate(whole_need)
+    batch = sched.schedule()
+    assert sorted({i.req.rid for i in batch.items}) == admitted
+    if whole:
+        assert batch.wait_reason == "memory" and sched.refusal(1099) == "memory"
+    else:
+        assert (batch.items[-1].start, batch.items[-1].end) == (0, 1024)

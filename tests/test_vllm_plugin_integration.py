@@ -91,14 +91,16 @@ def serve(model, org, blocks=None, alias_ids=False, d0_attn_fraction=0.5):
         yield server
 
 
-def greedy(server, batch: list[list[int]]) -> list[list[int]]:
-    """Concurrent greedy completions; the token ids each request generated."""
+def greedy(server, batch: list[list[int]], ignore_eos: bool = False) -> list[list[int]]:
+    """Concurrent greedy completions; the token ids each request generated
+    (all OUTPUT_LEN of them with ``ignore_eos``)."""
     out: dict[int, list[int]] = {}
     model_id = server_model(server)
 
     def one(i):
         body = json.dumps({"model": model_id, "prompt": batch[i], "max_tokens": OUTPUT_LEN,
-                           "temperature": 0, "return_token_ids": True}).encode()
+                           "temperature": 0, "return_token_ids": True,
+                           **({"ignore_eos": True} if ignore_eos else {})}).encode()
         req = urllib.request.Request(f"{server.endpoint.url}/v1/completions", body,
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=900) as resp:
@@ -196,3 +198,45 @@ def test_d0_without_a_separate_region_is_detected(model, stock):
         resolved, _ = counters_of(server)
         assert resolved["alias_ids"] is True and resolved["checkpoint_block_ids"][0] == 1
         assert outputs != stock, "aliased D0 pools left outputs intact: the check cannot fail"
+
+
+def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model):
+    """A pin actually taken and used. One prompt of 1,700 tokens caches the
+    joint hit at 1,664 (an attention block and the Mamba state at its end).
+    Then a short request A (100 tokens) starts, and a moment later B: the
+    shared 1,664 tokens plus 1,500 of its own. B adopts the hit, prefills its
+    rest in one chunk and decodes across the 3,328-token block edge, where it
+    needs another attention block and a 4-page S1 state. 16 blocks (15
+    usable) hold A and B with nothing to spare, so B, the most recently
+    admitted, is preempted; its deepest joint hit is pinned (at least the
+    shared 1,664 tokens: while it ran, B's own attention blocks held them),
+    it resumes once A is done and starts from that hit. The scraper's log
+    follower sees the same last counters as the log parser. (With B's victims
+    preempted by *other* requests' growth, vLLM first evicts every
+    unreferenced cached block, so a victim's published checkpoints are gone
+    before the preemption; its own live state at a block edge is not.)"""
+    import time
+
+    from adapters.metrics_scrape import PluginLogFollower
+
+    rng = random.Random(9)
+    base = [rng.randrange(10, 2000) for _ in range(1700)]
+    a = [rng.randrange(10, 2000) for _ in range(100)]
+    b = base[:BLOCK_TOKENS] + [rng.randrange(10, 2000) for _ in range(1500)]
+    with serve(model, "s1", 16) as server:
+        greedy(server, [base], ignore_eos=True)
+        out = {}
+        first = threading.Thread(target=lambda: out.update(a=greedy(server, [a], True)))
+        first.start()
+        time.sleep(0.2)    # A is admitted first; both run when B crosses its edge
+        out["b"] = greedy(server, [b], ignore_eos=True)
+        first.join()
+        _, c = counters_of(server)
+        followed = PluginLogFollower(server.log_path).poll()
+    assert [len(out["a"][0]), len(out["b"][0])] == [OUTPUT_LEN] * 2
+    assert c["preemptions"] > 0 and c.get("pins_taken", 0) > 0, c
+    assert c["pinned_tokens_total"] >= BLOCK_TOKENS * c["pins_taken"], c
+    assert c.get("pinned_resumes_with_hit", 0) > 0, c
+    assert c["pinned_resume_hit_tokens_total"] >= BLOCK_TOKENS, c
+    assert c["pins_released"] == c["pins_taken"] and c["pins_held"] == 0, c
+    assert followed == c

@@ -17,8 +17,13 @@ victim and released once the victim runs again (its own hit holds the blocks
 by then) or has finished. It never releases a reference it did not take, so
 it cannot undo a running request's hold.
 
+Resumptions are counted from the scheduler's output (``resumed_req_ids``
+with the tokens each resumes from, i.e. its prefix-cache hit), separately for
+requests that held a pin, so a run shows whether a pin paid off.
+
 The scheduler also writes the plugin's counters to the log (see
-`hooks.emit`), throttled, and once more when the engine goes idle.
+`hooks.emit`), throttled, and once more when the engine goes idle; hbench's
+metrics scraper follows the log and puts them in every step row.
 """
 
 from __future__ import annotations
@@ -84,8 +89,23 @@ class PinningScheduler(Scheduler):
                 pool.free_blocks(list(reversed(blocks)))
             self.pin_counters["pins_released"] += 1
 
+    def _count_resumes(self, out) -> None:
+        """Per resumed request, the tokens it starts from (its prefix-cache hit:
+        a preempted request restarts at 0, so what is computed when it is
+        scheduled again came from the cache); pinned ones are counted apart."""
+        cached = out.scheduled_cached_reqs
+        for rid in cached.resumed_req_ids:
+            hit = cached.num_computed_tokens[cached.req_ids.index(rid)]
+            self.pin_counters["resumes"] += 1
+            self.pin_counters["resumed_hit_tokens_total"] += hit
+            if rid in self._pins:
+                self.pin_counters["pinned_resumes"] += 1
+                self.pin_counters["pinned_resumes_with_hit"] += int(hit > 0)
+                self.pin_counters["pinned_resume_hit_tokens_total"] += hit
+
     def schedule(self, *args, **kwargs):
         out = super().schedule(*args, **kwargs)
+        self._count_resumes(out)
         self._release_pins()
         self._emit(force=False)
         return out
