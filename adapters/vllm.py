@@ -33,6 +33,9 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
                     keeps int(f x num_blocks) blocks free, only while another
                     request runs: KVCacheManager.allocate_slots'
                     has_scheduled_reqs); else refused
+    admission    -> first-chunk: --no-scheduler-reserve-full-isl (vLLM 0.32
+                    reserves the whole input by default); whole-input:
+                    vLLM's default; refused on a vLLM without the option
     retention    -> refused: vLLM has no retention policy
                     (--prefix-cache-retention-interval spaces decode-time
                     checkpoints; it does not exempt a producer's checkpoints)
@@ -221,9 +224,11 @@ class VllmEngine(ServedEngine):
     def __init__(self, python: str | None = None, cpu: bool | None = None,
                  align: bool | None = None, ssm_cache_dtype: bool | None = None,
                  cpu_block_size: int | None = None, num_blocks: int | None = None,
-                 grid_tokens: int = 512, extra_args: tuple[str, ...] = (), **kwargs):
-        """``cpu``, ``align`` (has --mamba-cache-mode) and ``ssm_cache_dtype``
-        (has --mamba-ssm-cache-dtype) are probed from the installed vLLM when None.
+                 grid_tokens: int = 512, extra_args: tuple[str, ...] = (),
+                 reserve_full_isl: bool | None = None, **kwargs):
+        """``cpu``, ``align`` (has --mamba-cache-mode), ``ssm_cache_dtype``
+        (has --mamba-ssm-cache-dtype) and ``reserve_full_isl`` (has
+        scheduler_reserve_full_isl) are probed from the installed vLLM when None.
         ``cpu_block_size`` pins the CPU block and step size (None: the block
         vLLM resolves for the run's geometry, `step_tokens`);
         ``num_blocks`` overrides the block count derived from the budget;
@@ -240,6 +245,7 @@ class VllmEngine(ServedEngine):
         self.grid_tokens = grid_tokens
         self.extra_args = tuple(extra_args)
         self._watermark = None
+        self._full_isl = reserve_full_isl
 
     def distribution(self) -> tuple[str, str] | None:
         if self._dist is None:
@@ -262,6 +268,13 @@ class VllmEngine(ServedEngine):
             self._watermark = source_has(self.python, "config/scheduler.py", "watermark")
         return self._watermark
 
+    def has_full_isl(self) -> bool:
+        """Whether this vLLM has ``scheduler_reserve_full_isl`` (whole-input admission)."""
+        if self._full_isl is None:
+            self._full_isl = source_has(self.python, "config/scheduler.py",
+                                        "scheduler_reserve_full_isl")
+        return self._full_isl
+
     def check_config(self, config) -> None:
         """Refuse, before any server starts, what this vLLM cannot express."""
         check_expressible(self.name, self.supported_orgs, config.org)
@@ -272,6 +285,10 @@ class VllmEngine(ServedEngine):
         if config.headroom > 0 and not self.has_watermark():
             raise HbenchError(f"--headroom {config.headroom} is not expressible on this vLLM "
                               "(no --watermark); use --headroom 0 or --engine sim")
+        if (config.launch and config.admission == "whole-input" and self.distribution()
+                and not self.has_full_isl()):
+            raise HbenchError("--admission whole-input is not expressible on this vLLM (no "
+                              "scheduler_reserve_full_isl); use --admission first-chunk")
         if config.org in PLUGIN_ORGS:
             self.check_plugin(config)
         if config.launch and self.cpu and config.cap > (step := self.step_tokens(config)):
@@ -348,6 +365,8 @@ class VllmEngine(ServedEngine):
             argv += ["--num-gpu-blocks-override", str(blocks)]
         if config.headroom > 0:
             argv += ["--watermark", str(config.headroom)]
+        if config.admission == "first-chunk" and self.has_full_isl():
+            argv += ["--no-scheduler-reserve-full-isl"]     # vLLM's default is whole-input
         if self.plan(config) is not None:
             argv += ["--scheduler-cls", PLUGIN_SCHEDULER]
         if not self.cpu:

@@ -27,6 +27,9 @@ from harness.orgs import ORGANIZATIONS
 
 ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
 ARRIVALS = ("poisson", "constant", "gamma")
+#: What must fit for a waiting request to start: its first chunk (the study,
+#: DESIGN.md section 4) or its whole input (vLLM 0.32's scheduler_reserve_full_isl).
+ADMISSIONS = ("first-chunk", "whole-input")
 WORKLOAD_KINDS = ("sharegpt", "multiturn")
 THINK_TIMES = ("exponential", "constant", "gamma")
 
@@ -67,6 +70,7 @@ class RunConfig:
     headroom: float = 0.0                  # admission headroom fraction f
     retention: bool = False
     retention_threshold: int = 2           # distinct requests demanding a prefix
+    admission: str = "first-chunk"         # first-chunk (the study) or whole-input (vLLM's default)
     isolate: bool = False
     # workload recipe
     rate: float = 3.0
@@ -117,6 +121,8 @@ class RunConfig:
             (0.0 <= self.headroom < 1.0, f"--headroom must be in [0, 1), got {self.headroom}"),
             (self.retention_threshold >= 1, "--retention-threshold must be >= 1"),
             (self.rate > 0, f"--rate must be > 0, got {self.rate}"),
+            (self.admission in ADMISSIONS,
+             f"unknown --admission {self.admission!r}; choose from {', '.join(ADMISSIONS)}"),
             (self.burstiness > 0, f"--burstiness must be > 0, got {self.burstiness}"),
             (0.0 <= self.q <= 1.0, f"--q must be in [0, 1], got {self.q}"),
             (self.requests >= 1, f"--requests must be >= 1, got {self.requests}"),

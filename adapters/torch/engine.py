@@ -169,9 +169,7 @@ class TorchEngine:
         executor = Executor(model, pools, org, keep_logits=self.keep_logits)
         poisoner = Poisoner(org, pools) if config.poison else None
         tracked = TrackedOrg(org, executor.on_admit, executor.on_commit, poisoner)
-        sched = Scheduler(tracked, SchedulerPolicy(
-            cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
-            retention=config.retention, retention_threshold=config.retention_threshold))
+        sched = Scheduler(tracked, SchedulerPolicy.from_config(config))
         recorder = StepRecorder(org, geom.pool_layers)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)

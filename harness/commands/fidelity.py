@@ -52,6 +52,25 @@ def write_ledger(out: Path, engine: str, extra: dict | None = None) -> dict:
     return doc
 
 
+def vllm_cells(cells: list) -> list:
+    """The cells as a launched vLLM serves them: on CPU vLLM steps one block per
+    step whatever ``--token-budget`` says, so the simulator gets the same step
+    (at least the organization's grid). Refused here if vLLM cannot express one."""
+    from adapters.registry import make_engine
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    vllm = make_engine("vllm")
+    out = []
+    for cfg in cells:
+        vllm.check_config(cfg)
+        if vllm.cpu:
+            grid = layout_for(cfg.org, geometry_for_run(cfg)).grid_tokens
+            cfg = dataclasses.replace(cfg, token_budget=max(vllm.step_tokens(cfg), grid))
+        out.append(cfg)
+    return out
+
+
 def finished_sides(runs: Path, engine: str) -> set[tuple]:
     """(org, budget, seed, "real" | "sim") of every complete run already in
     ``runs``: a repeated call resumes instead of running a cell twice."""
@@ -124,16 +143,13 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
     else:
         base["launch"] = True
     cells = expand([{"org": orgs, "budget": budgets, "seed": seeds}], base)
+    if engine == "vllm":
+        cells = vllm_cells(cells)
     workloads = {}
     for cfg in cells:                       # refuse a bad cell before any work
         setup = validate(cfg)
         workloads[cfg] = build_run_workload(cfg)
         check_fits(SimEngine().build(setup), workloads[cfg], cfg, setup.budget.label)
-    if engine == "vllm":
-        from adapters.registry import make_engine
-
-        for cfg in cells:
-            make_engine("vllm").check_config(cfg)
     if profile_path is None:
         profile_path = str(out / "profile.json")
         click.echo(f"no --profile: calibrating {engine} first (hbench calibrate) into "

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from adapters.registry import ENGINES
 from harness.commands.workload import multiturn_options
-from harness.config import ARRIVALS, ORG_NAMES, RunConfig
+from harness.config import ADMISSIONS, ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
@@ -123,7 +123,12 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
 @click.option("--token-budget", type=int, default=D.token_budget, show_default=True,
               help="Tokens per engine step (prefill chunks plus decodes).")
 @click.option("--headroom", type=float, default=D.headroom, show_default=True,
-              help="Admission headroom f: floor(f x pages) must stay free after admitting.")
+              help="Admission headroom f: floor(f x pages) must stay free after admitting "
+                   "(while another request runs, as vLLM's watermark).")
+@click.option("--admission", type=click.Choice(ADMISSIONS), default=D.admission,
+              show_default=True,
+              help="What must fit for a waiting request to start: its first chunk (the study) "
+                   "or its whole input (vLLM's scheduler_reserve_full_isl).")
 @click.option("--retention/--no-retention", default=D.retention, show_default=True,
               help="Retain a running producer's demanded checkpoints.")
 @click.option("--retention-threshold", type=int, default=D.retention_threshold, show_default=True,
