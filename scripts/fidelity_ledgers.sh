@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The fidelity ledgers docs/fidelity.md quotes: the torch engine (all four
+# organizations, tiny working point) and vLLM's CPU build (S0 stock, S1/S2/D0
+# through hbench's plugin, at a budget that binds), each calibrated first on
+# the same machine. Writes OUT/{torch-cpu,vllm-cpu}/{profile.json,
+# calibrate.txt, ledger.csv, fidelity.json, fidelity.png, runs/}.
+#
+#   OUT=results/fidelity bash scripts/fidelity_ledgers.sh            # both
+#   ENGINES=torch OUT=/tmp/fid bash scripts/fidelity_ledgers.sh      # one
+#
+# vLLM needs HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh). Run it on a quiet
+# machine: the profile and the real runs share the CPU with nothing else.
+# About 10 minutes for torch and 12 for vLLM on two cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-results/fidelity}"
+ENGINES="${ENGINES:-torch vllm}"
+HB=("${PYTHON:-python}" -m harness.cli)
+MODEL="$OUT/model-proportional"
+mkdir -p "$OUT"
+[ -f "$MODEL/config.json" ] || "${HB[@]}" tiny-model --preset proportional -o "$MODEL" --seed 0 >/dev/null
+
+for engine in $ENGINES; do
+  dir="$OUT/$engine-cpu"
+  mkdir -p "$dir"
+  if [ "$engine" = torch ]; then
+    cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0-1 --requests 60 --rate 4)
+  else
+    # one 1664-token vLLM block per step; decode across a block edge with no
+    # free block preempts (measured: 6 preemptions at b8)
+    cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0 --requests 16 --rate 50
+           --mean-input 1400 --max-output 400 --contexts 2 --max-model-len 4096 --cap 16)
+  fi
+  "${HB[@]}" calibrate --engine "$engine" --model "$MODEL" --samples "$dir/samples.csv" \
+      -o "$dir/profile.json" | tee "$dir/calibrate.txt"
+  "${HB[@]}" fidelity --engine "$engine" --model "$MODEL" "${cells[@]}" \
+      --profile "$dir/profile.json" --out "$dir" | tee "$dir/fidelity.txt"
+done
