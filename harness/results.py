@@ -44,6 +44,7 @@ from harness import metrics, provenance
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.records import EngineRun
+from harness.step_table import steps_frame
 
 SCHEMA_VERSION = 1
 
@@ -209,7 +210,7 @@ def write_run(
     try:
         _write_json(tmp / SUMMARY, summary)
         metrics.per_request_table(run).to_parquet(tmp / REQUESTS, index=False)
-        pd.DataFrame(run.steps).to_parquet(tmp / STEPS, index=False)
+        steps_frame(run.steps).to_parquet(tmp / STEPS, index=False)
         _write_json(tmp / MANIFEST, manifest)
         for name in RUN_FILES:
             _fsync(tmp / name)

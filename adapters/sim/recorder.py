@@ -21,11 +21,16 @@ cap or budget; "" when nobody waits) and the ids admitted, preempted and
 skipped for lack of token budget in that step (``admitted_ids``,
 ``preempted_ids``, ``skipped_ids``, comma-separated). `harness.metrics` takes the
 measured period's peaks, waste and invalidations from these rows.
+
+The rows are kept as a `harness.step_table.StepTable` (one tuple per row;
+a long run makes tens of thousands of rows). The row in progress is a list,
+so that its end time can still be set; it is frozen when the next one starts.
 """
 
 from __future__ import annotations
 
 from harness.orgs.pool import KINDS
+from harness.step_table import StepTable
 
 
 def _ids(rids) -> str:
@@ -39,7 +44,10 @@ class StepRecorder:
     def __init__(self, org, pool_layers: int):
         self.org = org
         self.layers = pool_layers
-        self.rows: list[dict] = []
+        self.table = StepTable()
+        self._last: list | None = None          # the row in progress, as a list
+        self._at: dict[str, int] = {}           # column name -> position in a row
+        self._memory: tuple[int, ...] = ()      # positions of the memory columns
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
 
@@ -62,7 +70,25 @@ class StepRecorder:
             "skipped_ids": _ids(batch.skipped),
         }
         self._add_memory(row)
-        self.rows.append(row)
+        if not self.table.columns:
+            self.table.set_columns(row)
+            self._at = {c: i for i, c in enumerate(row)}
+            # `_add_memory` writes the columns after ``skipped_ids``, always in one order
+            self._memory = tuple(range(self._at["skipped_ids"] + 1, len(row)))
+        self._push(list(row.values()))
+
+    def _push(self, row: list) -> None:
+        if self._last is not None:
+            self.table.rows.append(tuple(self._last))
+        self._last = row
+
+    @property
+    def rows(self) -> StepTable:
+        """Every row so far, the one in progress included (frozen now)."""
+        if self._last is not None:
+            self.table.rows.append(tuple(self._last))
+            self._last = None
+        return self.table
 
     def step_repeated(self, now: float, cost, waiting: int, fresh: bool,
                       wait_reason: str | None = None) -> None:
@@ -70,23 +96,27 @@ class StepRecorder:
         decode step, `adapters.sim.fastpath`): the last row with the new timing,
         cost and waiting queue; memory is read again only if ``fresh`` (pages
         changed since)."""
-        row = self.rows[-1].copy()
-        row["time_s"] = row["start_s"] = now
-        row["waiting"] = waiting
-        row["duration_s"] = cost.total_s
-        row["weights_s"], row["kv_s"] = cost.weights_s, cost.kv_s
-        row["state_io_s"], row["compute_s"] = cost.state_io_s, cost.compute_s
-        row["overhead_s"], row["bound"] = cost.overhead_s, cost.bound
+        at = self._at
+        row = self._last.copy()
+        row[at["time_s"]] = row[at["start_s"]] = now
+        row[at["waiting"]] = waiting
+        row[at["duration_s"]] = cost.total_s
+        row[at["weights_s"]], row[at["kv_s"]] = cost.weights_s, cost.kv_s
+        row[at["state_io_s"]], row[at["compute_s"]] = cost.state_io_s, cost.compute_s
+        row[at["overhead_s"]], row[at["bound"]] = cost.overhead_s, cost.bound
         # nobody is admitted, preempted or skipped in a repeated decode step; why
         # the waiting requests wait is ``wait_reason`` when the fast path asked
         # the scheduler again (after an arrival or an eviction), else the last
         # step's: nothing that decides it changed
-        row["admitted_ids"] = row["preempted_ids"] = row["skipped_ids"] = _ids(())
+        row[at["admitted_ids"]] = row[at["preempted_ids"]] = row[at["skipped_ids"]] = _ids(())
         if wait_reason is not None:
-            row["wait_reason"] = wait_reason
+            row[at["wait_reason"]] = wait_reason
         if fresh:
-            self._add_memory(row)
-        self.rows.append(row)
+            memory = {}
+            self._add_memory(memory)
+            for i, v in zip(self._memory, memory.values(), strict=True):
+                row[i] = v
+        self._push(row)
 
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""
@@ -111,7 +141,7 @@ class StepRecorder:
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
-        self.rows[-1]["time_s"] = now
+        self._last[self._at["time_s"]] = now
 
     def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
         """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is
