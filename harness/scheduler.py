@@ -138,7 +138,10 @@ class Scheduler:
 
     # ---- arrivals and cancellation --------------------------------------------
     def add(self, rid: int, arrival_s: float, token_ids, output_len: int, salt: str | None,
-            prefix_group: int = -1, warmup: bool = False) -> SchedRequest:
+            prefix_group: int = -1, warmup: bool = False,
+            keys: list[int] | None = None) -> SchedRequest:
+        """Queue a request; ``keys``, if given, are `chain_keys` of ``token_ids``
+        computed by the caller (an engine that reuses a shared prefix's keys)."""
         tokens = array("q")
         if isinstance(token_ids, np.ndarray):
             tokens.frombytes(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
@@ -147,7 +150,9 @@ class Scheduler:
         rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
                             target_output_tokens=output_len, prefix_group=prefix_group,
                             warmup=warmup)
-        r = SchedRequest(rid, arrival_s, tokens, chain_keys(tokens, salt), salt, len(tokens),
+        if keys is None:
+            keys = chain_keys(tokens, salt)
+        r = SchedRequest(rid, arrival_s, tokens, keys, salt, len(tokens),
                          output_len, rec, prefill_until=len(tokens))
         self.requests[rid] = r
         self.waiting.append(r)

@@ -18,6 +18,8 @@ import math
 from array import array
 from pathlib import Path
 
+import numpy as np
+
 from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.fastpath import fast_forward, fast_path_enabled
 from adapters.sim.hardware import get_hardware
@@ -26,6 +28,7 @@ from harness import __version__
 from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.orgs import build_organization
+from harness.orgs.keys import SharedPrefixKeys
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy, generated_token
 from workloads.multiturn.session import SessionLoop
@@ -142,9 +145,13 @@ class SimEngine:
         check = org.check_invariants if config.debug_invariants else None
         done = 0
 
+        shared_keys = SharedPrefixKeys()
+
         def add(wr) -> None:
-            added = sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids, wr.output_len,
-                              wr.salt, wr.prefix_group, warmup=wr.request_id in warm_ids)
+            ids = np.ascontiguousarray(wr.prompt_token_ids, dtype=np.int64)
+            keys = shared_keys.chain(ids, wr.salt, wr.prefix_group, wr.prefix_tokens)
+            added = sched.add(wr.request_id, wr.arrival_s, ids, wr.output_len, wr.salt,
+                              wr.prefix_group, warmup=wr.request_id in warm_ids, keys=keys)
             if loop:
                 sent[wr.request_id] = wr
                 added.record.session, added.record.turn = loop.turn_of[wr.request_id]
