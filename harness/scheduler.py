@@ -377,6 +377,13 @@ class Scheduler:
         self.waiting.appendleft(r)
 
     # ---- completion -------------------------------------------------------------------
+    def finish_request(self, r: SchedRequest, now: float) -> None:
+        """``r`` emitted its last token at ``now`` (committed and counted): release it."""
+        self.org.finish(r.rid)
+        self.running.remove(r)
+        r.record.finish_s = now
+        self._close(r, FINISHED)
+
     def complete(self, batch: StepBatch, now: float,
                  next_tokens: dict[int, int] | None = None) -> list[SchedRequest]:
         """The batch's tokens are computed at ``now``: commit, publish, emit, finish.
@@ -405,10 +412,7 @@ class Scheduler:
             if r.record.first_token_s is None:
                 r.record.first_token_s = now
             if r.generated >= r.output_len:
-                org.finish(r.rid)
-                self.running.remove(r)
-                r.record.finish_s = now
-                self._close(r, FINISHED)
+                self.finish_request(r, now)
                 finished.append(r)
             else:
                 r.tokens.append(generated_token(r.rid, r.generated) if next_tokens is None

@@ -167,6 +167,23 @@ class SimEngine:
                 n += 1
             return n
 
+        def on_finish(finished, now: float) -> None:
+            """Requests that finished in the step completed at ``now``."""
+            nonlocal done, seq
+            done += len(finished)
+            for r in finished:
+                if loop:
+                    nxt = loop.next_turn(sent.pop(r.rid), generated_ids(r), now)
+                    if nxt is not None:
+                        heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
+                        seq += 1
+                # nothing reads a finished request's token ids and prefix keys
+                # again (its record keeps what the results need): a long run
+                # holds only the unfinished requests' (8 + ~2.5 bytes a token)
+                r.tokens, r.keys = array("q"), []
+            if finished and progress:
+                progress(done)
+
         while events:
             now, kind, _, payload = heapq.heappop(events)
             if kind == ARRIVAL:
@@ -175,19 +192,7 @@ class SimEngine:
                 finished = sched.complete(batch, now)
                 recorder.step_finished(now)
                 batch = None
-                done += len(finished)
-                for r in finished:
-                    if loop:
-                        nxt = loop.next_turn(sent.pop(r.rid), generated_ids(r), now)
-                        if nxt is not None:
-                            heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
-                            seq += 1
-                    # nothing reads a finished request's token ids and prefix keys
-                    # again (its record keeps what the results need): a long run
-                    # holds only the unfinished requests' (8 + ~2.5 bytes a token)
-                    r.tokens, r.keys = array("q"), []
-                if finished and progress:
-                    progress(done)
+                on_finish(finished, now)
                 if check is not None:
                     check()
             while batch is None and sched.has_work:
@@ -202,12 +207,10 @@ class SimEngine:
                 recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
                 if fast:
                     end = fast_forward(sched, batch, now, cost, arrive, cost_model, recorder,
-                                       check)
-                    if end is not None:
-                        now, cost = end.now, end.cost
-                        if not end.in_flight:   # completed through `now`: plan anew
-                            batch = None
-                            continue
+                                       on_finish, check)
+                    if end is not None:     # completed through `end.now`: plan anew
+                        now, batch = end.now, None
+                        continue
                 heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
                 seq += 1
         sched.check_drained()

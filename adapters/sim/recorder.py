@@ -91,13 +91,16 @@ class StepRecorder:
         return self.table
 
     def step_repeated(self, now: float, cost, waiting: int, fresh: bool,
-                      wait_reason: str | None = None) -> None:
+                      wait_reason: str | None = None, running: int | None = None) -> None:
         """The same batch as the last step runs again from ``now`` (a fast-forwarded
         decode step, `adapters.sim.fastpath`): the last row with the new timing,
         cost and waiting queue; memory is read again only if ``fresh`` (pages
-        changed since)."""
+        changed since). ``running``: the batch lost its finished requests and
+        decodes for these ``running`` requests (all that run)."""
         at = self._at
         row = self._last.copy()
+        if running is not None:
+            row[at["running"]] = row[at["batch_tokens"]] = row[at["decode_requests"]] = running
         row[at["time_s"]] = row[at["start_s"]] = now
         row[at["waiting"]] = waiting
         row[at["duration_s"]] = cost.total_s
