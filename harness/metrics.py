@@ -330,14 +330,17 @@ def _invalidations(rows: list[dict], run: EngineRun) -> dict:
     return out
 
 
-def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
+def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
+              tables: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict:
     """The flat summary of one run, with exactly the keys in `SUMMARY_KEYS`.
 
     ``weights_bytes`` is added to the peak state memory to give
     ``peak_mem_total_bytes`` (engines report state memory only). ``config``
     (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
     (`harness.validity`, the one nested object) checks the delivered load
-    against; without it the rate checks are "n/a".
+    against; without it the rate checks are "n/a". ``tables``: the run's
+    (`per_request_table`, step frame) when the caller has made them already
+    (`harness.results.write_run` writes them too); read, never changed.
     """
     measured = [r for r in run.requests if not r.warmup]
     finished = [r for r in measured if r.status == FINISHED]
@@ -395,7 +398,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
         "dispatch_lag_p99_s": percentile(lags, 99),
     })
     summary.update(_validity(run, measured, rows, lags, summary, config))
-    summary.update(_attribution(run))
+    summary.update(_attribution(run, tables))
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
@@ -475,13 +478,13 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _attribution(run: EngineRun) -> dict:
+def _attribution(run: EngineRun, tables=None) -> dict:
     """TTFT p50 / p99 broken down by cause (`harness.attribution`); NaN for
     engines whose step table records no scheduler reasons."""
     from harness.attribution import attribute, breakdown
 
-    steps = steps_frame(run.steps)
-    return breakdown(attribute(per_request_table(run), steps))
+    requests, steps = tables or (per_request_table(run), steps_frame(run.steps))
+    return breakdown(attribute(requests, steps))
 
 
 def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> dict:
