@@ -18,8 +18,6 @@ import math
 from array import array
 from pathlib import Path
 
-import numpy as np
-
 from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.fastpath import fast_forward, fast_path_enabled
 from adapters.sim.hardware import get_hardware
@@ -148,7 +146,7 @@ class SimEngine:
         shared_keys = SharedPrefixKeys()
 
         def add(wr) -> None:
-            ids = np.ascontiguousarray(wr.prompt_token_ids, dtype=np.int64)
+            ids = wr.prompt_token_ids
             keys = shared_keys.chain(ids, wr.salt, wr.prefix_group, wr.prefix_tokens)
             added = sched.add(wr.request_id, wr.arrival_s, ids, wr.output_len, wr.salt,
                               wr.prefix_group, warmup=wr.request_id in warm_ids, keys=keys)
@@ -177,10 +175,10 @@ class SimEngine:
                     if nxt is not None:
                         heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
                         seq += 1
-                # nothing reads a finished request's token ids and prefix keys
-                # again (its record keeps what the results need): a long run
-                # holds only the unfinished requests' (8 + ~2.5 bytes a token)
-                r.tokens, r.keys = array("q"), []
+                # nothing reads a finished request's token ids, prefix keys and
+                # token times again (its record keeps what the results need): a
+                # long run holds only the unfinished requests'
+                r.tokens, r.keys, r.token_times = array("i"), [], array("d")
             if finished and progress:
                 progress(done)
 
@@ -226,7 +224,7 @@ class SimEngine:
             "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
             "cache_state": "cold", "warmup_requests": warmup,
         }
-        return EngineRun(requests=records, steps=recorder.rows, window_start_s=0.0,
+        return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
                          counters=recorder.counters(sched.preemptions,
                                                     budget.rounding_loss_bytes))

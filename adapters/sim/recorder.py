@@ -23,14 +23,35 @@ skipped for lack of token budget in that step (``admitted_ids``,
 measured period's peaks, waste and invalidations from these rows.
 
 The rows are kept as a `harness.step_table.StepTable` (one tuple per row;
-a long run makes tens of thousands of rows). The row in progress is a list,
+a long run makes tens of thousands of rows). The row in progress is a dict,
 so that its end time can still be set; it is frozen when the next one starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from harness.orgs.pool import KINDS
 from harness.step_table import StepTable
+
+
+class _OpenRows(Sequence):
+    """The frozen rows of a table, then the row in progress (a dict, itself)."""
+
+    def __init__(self, table: StepTable, last: dict | None):
+        self.table, self.last = table, last
+
+    def __len__(self) -> int:
+        return len(self.table) + (self.last is not None)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = i + n if i < 0 else i
+        if not 0 <= k < n:
+            raise IndexError(i)
+        return self.last if k == len(self.table) else self.table[k]
 
 
 def _ids(rids) -> str:
@@ -44,10 +65,8 @@ class StepRecorder:
     def __init__(self, org, pool_layers: int):
         self.org = org
         self.layers = pool_layers
-        self.table = StepTable()
-        self._last: list | None = None          # the row in progress, as a list
-        self._at: dict[str, int] = {}           # column name -> position in a row
-        self._memory: tuple[int, ...] = ()      # positions of the memory columns
+        self._table = StepTable()               # the finished rows
+        self._last: dict | None = None          # the row in progress
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
 
@@ -70,25 +89,26 @@ class StepRecorder:
             "skipped_ids": _ids(batch.skipped),
         }
         self._add_memory(row)
-        if not self.table.columns:
-            self.table.set_columns(row)
-            self._at = {c: i for i, c in enumerate(row)}
-            # `_add_memory` writes the columns after ``skipped_ids``, always in one order
-            self._memory = tuple(range(self._at["skipped_ids"] + 1, len(row)))
-        self._push(list(row.values()))
+        self._push(row)
 
-    def _push(self, row: list) -> None:
+    def _push(self, row: dict) -> None:
+        """``row`` is the row in progress; the one before it is frozen."""
         if self._last is not None:
-            self.table.rows.append(tuple(self._last))
+            if not self._table.columns:
+                self._table.set_columns(self._last)
+            self._table.rows.append(tuple(self._last.values()))
         self._last = row
 
     @property
-    def rows(self) -> StepTable:
-        """Every row so far, the one in progress included (frozen now)."""
-        if self._last is not None:
-            self.table.rows.append(tuple(self._last))
-            self._last = None
-        return self.table
+    def rows(self) -> Sequence[dict]:
+        """Every row so far as dicts, the row in progress last: that one is the
+        recorder's own, so an engine may still fill in its timing."""
+        return _OpenRows(self._table, self._last)
+
+    def table(self) -> StepTable:
+        """Every row, the last one frozen too: the run's step table."""
+        self._push(None)
+        return self._table
 
     def step_repeated(self, now: float, cost, waiting: int, fresh: bool,
                       wait_reason: str | None = None, running: int | None = None) -> None:
@@ -97,28 +117,24 @@ class StepRecorder:
         cost and waiting queue; memory is read again only if ``fresh`` (pages
         changed since). ``running``: the batch lost its finished requests and
         decodes for these ``running`` requests (all that run)."""
-        at = self._at
         row = self._last.copy()
         if running is not None:
-            row[at["running"]] = row[at["batch_tokens"]] = row[at["decode_requests"]] = running
-        row[at["time_s"]] = row[at["start_s"]] = now
-        row[at["waiting"]] = waiting
-        row[at["duration_s"]] = cost.total_s
-        row[at["weights_s"]], row[at["kv_s"]] = cost.weights_s, cost.kv_s
-        row[at["state_io_s"]], row[at["compute_s"]] = cost.state_io_s, cost.compute_s
-        row[at["overhead_s"]], row[at["bound"]] = cost.overhead_s, cost.bound
+            row["running"] = row["batch_tokens"] = row["decode_requests"] = running
+        row["time_s"] = row["start_s"] = now
+        row["waiting"] = waiting
+        row["duration_s"] = cost.total_s
+        row["weights_s"], row["kv_s"] = cost.weights_s, cost.kv_s
+        row["state_io_s"], row["compute_s"] = cost.state_io_s, cost.compute_s
+        row["overhead_s"], row["bound"] = cost.overhead_s, cost.bound
         # nobody is admitted, preempted or skipped in a repeated decode step; why
         # the waiting requests wait is ``wait_reason`` when the fast path asked
         # the scheduler again (after an arrival or an eviction), else the last
         # step's: nothing that decides it changed
-        row[at["admitted_ids"]] = row[at["preempted_ids"]] = row[at["skipped_ids"]] = _ids(())
+        row["admitted_ids"] = row["preempted_ids"] = row["skipped_ids"] = _ids(())
         if wait_reason is not None:
-            row[at["wait_reason"]] = wait_reason
+            row["wait_reason"] = wait_reason
         if fresh:
-            memory = {}
-            self._add_memory(memory)
-            for i, v in zip(self._memory, memory.values(), strict=True):
-                row[i] = v
+            self._add_memory(row)
         self._push(row)
 
     def _add_memory(self, row: dict) -> None:
@@ -144,7 +160,7 @@ class StepRecorder:
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
-        self._last[self._at["time_s"]] = now
+        self._last["time_s"] = now
 
     def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
         """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is
