@@ -2,7 +2,7 @@
 
 Most simulated steps are pure decode with an unchanged batch: every running
 request computes one token, and the only things that change are token
-counters, the clock and the growing context. A `DecodeStretch` advances such
+counters, the clock and the growing context. A stretch (`_Stretch`) advances such
 steps without a `Scheduler.schedule()` / `Scheduler.complete()` round trip
 per step, and does per-request work only where something happens:
 
@@ -30,7 +30,10 @@ Step durations come from the cost model step by step (the context grows by
 one token per request per step) and are added to the clock in the same order
 as the event loop adds them, so times are bit-identical; the step rows are
 the same rows (memory read again from ``usage()`` only after a step that
-allocated). ``HBENCH_SIM_FAST=0`` switches the shortcut off for debugging;
+allocated or finished a request). A stretch ends when the scheduler would
+admit someone, when a new block does not fit, or when its last request
+finished; the next step is then planned by `Scheduler.schedule`.
+``HBENCH_SIM_FAST=0`` switches the shortcut off for debugging;
 `tests/test_sim_fastpath.py` checks that both paths give identical results.
 """
 

@@ -29,6 +29,7 @@ so that its end time can still be set; it is frozen when the next one starts.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from harness.orgs.pool import KINDS
@@ -52,6 +53,16 @@ class _OpenRows(Sequence):
         if not 0 <= k < n:
             raise IndexError(i)
         return self.last if k == len(self.table) else self.table[k]
+
+
+#: Per state kind: the kind and its memory columns' names, in row order.
+_KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
+                       f"cached_{k}_bytes", f"waste_{k}_bytes") for k in KINDS)
+
+
+@functools.cache
+def _page_column(pool: str, state: str) -> str:
+    return f"pages_{pool}_{state}"
 
 
 def _ids(rids) -> str:
@@ -147,16 +158,19 @@ class StepRecorder:
         row["slab_occupancy"] = u.slab_occupancy
         for pool, counts in u.pages.items():
             for state, n in counts.items():
-                row[f"pages_{pool}_{state}"] = n
-        for k in KINDS:
-            row[f"blocks_{k}_referenced"] = u.pages_by_kind[k]["referenced"]
-            row[f"blocks_{k}_cached"] = u.pages_by_kind[k]["cached"]
+                row[_page_column(pool, state)] = n
+        waste = 0
+        for k, referenced, cached, mem, cached_bytes, waste_bytes in _KIND_COLUMNS:
+            row[referenced] = u.pages_by_kind[k]["referenced"]
+            row[cached] = u.pages_by_kind[k]["cached"]
             b = u.bytes_by_kind[k]["referenced"] * layers
-            row[f"mem_{k}_bytes"] = b
-            row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
-            row[f"waste_{k}_bytes"] = u.waste_by_kind[k] * layers
-            self.peak[k] = max(self.peak[k], b)
-        self.waste_peak = max(self.waste_peak, sum(row[f"waste_{k}_bytes"] for k in KINDS))
+            row[mem] = b
+            row[cached_bytes] = u.bytes_by_kind[k]["cached"] * layers
+            row[waste_bytes] = w = u.waste_by_kind[k] * layers
+            waste += w
+            if b > self.peak[k]:
+                self.peak[k] = b
+        self.waste_peak = max(self.waste_peak, waste)
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
