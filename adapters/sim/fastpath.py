@@ -8,9 +8,9 @@ per step, and does per-request work only where something happens:
 
 * a step is fast-forwarded while the scheduler would admit no one; arrivals
   are handed to the scheduler as the event loop would, and the waiting head
-  is asked again after each arrival, eviction or finish
-  (`Scheduler.refusal`); if it would be admitted, the normal scheduler plans
-  that step;
+  is asked again after each arrival, finish or eviction of an entry its
+  prefix could use (`Scheduler.refusal`); if it would be admitted, the
+  normal scheduler plans that step;
 * a request that emits its last token is caught up, committed and finished
   (`Scheduler.finish_request`) in batch order among that step's other
   commits, as `Scheduler.complete` would, and the engine is told
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from adapters.sim.cost import StepCost, StepShape
+from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.keys import KEY_TOKENS, extend_keys
 from harness.orgs.values import Demand
 from harness.scheduler import StepBatch, generated_token
@@ -112,6 +113,7 @@ class _Stretch:
         self.by_phase: dict[int, list[int]] = {}
         for i, c in enumerate(self.starts):
             self.by_phase.setdefault(-(c + 1) % bt, []).append(i)
+        self._head, self._head_keys = None, set()    # the waiting head and its prefix keys
         # completion j emits request i's last token iff j == output_len - generated - 1
         self.finish_at: dict[int, list[int]] = {}
         for i, it in enumerate(items):
@@ -150,17 +152,21 @@ class _Stretch:
                 if not d:
                     return self._finish(StretchEnd(now, j, "idle"))
             # the crossing requests need a new block. The waiting head, refused
-            # when the stretch began, is asked again only after an arrival, an
-            # eviction or a finish: otherwise pages were only taken from the
-            # empty set (fewer available, the cached ones unchanged) and the
-            # blocks registered end in tokens the running requests generated,
-            # which no waiting request's prefix holds: it stays refused
+            # when the stretch began, is asked again only after an arrival, a
+            # finish or an eviction its prefix could feel (`_head_may_differ`):
+            # otherwise pages were only taken (fewer available, its hit
+            # unchanged) and the blocks registered end in tokens the running
+            # requests generated, which no waiting request's prefix holds: it
+            # stays refused
             evicted = False
             if crossing:
-                invalidations = org.invalidations
-                if not self._allocate(crossing, j):
+                lost: list = []
+                org.watch_invalidations(lost)
+                fits = self._allocate(crossing, j)
+                org.watch_invalidations(None)
+                if not fits:
                     return self._finish(StretchEnd(now, j, "no room"))
-                evicted = org.invalidations != invalidations
+                evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
             if arrived or evicted or ending:
                 reason = sched.refusal(token_budget - d)
@@ -190,6 +196,22 @@ class _Stretch:
             self.by_phase[-(self.starts[i] + 1) % self.bt].remove(i)
         on_finish(finished, end)
         return [i for i in crossing if live[i]]
+
+    def _head_may_differ(self, lost: list) -> bool:
+        """Whether the waiting head's admission may read differently after
+        allocations that invalidated the entries ``lost``. An attention block
+        whose prefix key the head does not hold is not part of its hit (nor its
+        adoption cost): reclaiming its page only took a page, as taking an empty
+        one would, so a refused head stays refused for the same reason. Anything
+        else (a checkpoint, a block of its prefix) asks again."""
+        waiting = self.sched.waiting
+        if not waiting:
+            return True         # nobody to ask: `refusal` answers "" at once
+        head = waiting[0]
+        if self._head is not head:
+            self._head, self._head_keys = head, set(head.keys)
+        keys = self._head_keys
+        return any(e.kind != ATTN_ENTRY or e.key in keys for e in lost)
 
     def _allocate(self, crossing: list[int], j: int) -> bool:
         """Allocate the next block of each crossing request (running order) if all fit."""
