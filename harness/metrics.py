@@ -61,6 +61,7 @@ import pandas as pd
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.records import CANCELLED, FAILED, FINISHED, EngineRun, RequestRecord
+from harness.step_table import StepTable, has_step_key, step_values, steps_frame
 
 SUMMARY_KEYS = (
     "throughput_ledger_tok_s", "throughput_span_tok_s", "output_tokens",
@@ -206,8 +207,11 @@ def weighted_median(values, weights) -> float:
     return float(v[k])
 
 
-def _row_time(row: dict) -> float:
-    return float(row["start_s"] if row.get("start_s") is not None else row.get("time_s", 0.0))
+def _row_times(rows) -> list[float]:
+    """Each row's time: its ``start_s``, else its ``time_s`` (a sample), else 0."""
+    starts, times = step_values(rows, "start_s"), step_values(rows, "time_s")
+    return [float(s if s is not None else (0.0 if t is None else t))
+            for s, t in zip(starts, times, strict=True)]
 
 
 def measured_start(run: EngineRun) -> float:
@@ -216,22 +220,33 @@ def measured_start(run: EngineRun) -> float:
     return min(arrivals) if arrivals else NAN
 
 
-def measured_steps(run: EngineRun, start: float) -> list[dict]:
-    """Step rows that start at or after ``start`` (all rows if ``start`` is NaN)."""
+def measured_steps(run: EngineRun, start: float):
+    """Step rows that start at or after ``start`` (all rows if ``start`` is NaN),
+    as a list of row dicts or, for a `StepTable`, a `StepTable`."""
+    if isinstance(run.steps, StepTable):
+        if math.isnan(start):
+            return run.steps
+        return run.steps.select([t >= start for t in _row_times(run.steps)])
     if math.isnan(start):
         return list(run.steps)
-    return [row for row in run.steps if _row_time(row) >= start]
+    return [row for row, t in zip(run.steps, _row_times(run.steps), strict=True) if t >= start]
 
 
-def _column(rows: list[dict], name: str) -> list[float]:
-    return [float(row[name]) for row in rows if row.get(name) is not None]
+def _column(rows, name: str) -> list[float]:
+    return [float(v) for v in step_values(rows, name) if v is not None]
 
 
-def _has_column(rows: list[dict], name: str) -> bool:
-    return bool(rows) and all(row.get(name) is not None for row in rows)
+def _has_column(rows, name: str) -> bool:
+    return len(rows) > 0 and all(v is not None for v in step_values(rows, name))
 
 
-def _time_median(rows: list[dict], name: str) -> float:
+def _row_sums(rows, names: list[str]) -> list[float]:
+    """Per row, the sum of columns ``names`` as floats, added in that order."""
+    return [sum(float(v) for v in row)
+            for row in zip(*(step_values(rows, n) for n in names), strict=True)]
+
+
+def _time_median(rows, name: str) -> float:
     """Time-weighted median of a queue column over the measured rows.
 
     Each row weighs its ``duration_s``; an idle gap between one row's end and
@@ -239,16 +254,19 @@ def _time_median(rows: list[dict], name: str) -> float:
     ran) counts as a zero for its length, as a gauge sampled then would read.
     Rows without durations (a scraped gauge) weigh the same.
     """
-    rows = [row for row in rows if row.get(name) is not None]
-    if not rows:
+    column = step_values(rows, name)
+    keep = [v is not None for v in column]
+    if not any(keep):
         return NAN
-    values = [float(row[name]) for row in rows]
-    if not _has_column(rows, "duration_s"):
+    values = [float(v) for v in column if v is not None]
+    durations = [d for d, k in zip(step_values(rows, "duration_s"), keep, strict=True) if k]
+    if not all(d is not None for d in durations):
         return _median(values)
-    weights = [float(row["duration_s"]) for row in rows]
-    if _has_column(rows, "start_s"):
-        for prev, nxt in zip(rows[:-1], rows[1:], strict=True):
-            gap = float(nxt["start_s"]) - float(prev["start_s"]) - float(prev["duration_s"])
+    weights = [float(d) for d in durations]
+    starts = [s for s, k in zip(step_values(rows, "start_s"), keep, strict=True) if k]
+    if all(s is not None for s in starts):
+        for i in range(len(starts) - 1):
+            gap = float(starts[i + 1]) - float(starts[i]) - float(durations[i])
             if gap > 1e-12:
                 values.append(0.0)
                 weights.append(gap)
@@ -263,7 +281,7 @@ def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
     kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"mem_{k}_bytes")]
     if kinds:
         per_kind = {k: max(_column(rows, f"mem_{k}_bytes")) for k in kinds}
-        total = max(sum(float(row[f"mem_{k}_bytes"]) for k in kinds) for row in rows)
+        total = max(_row_sums(rows, [f"mem_{k}_bytes" for k in kinds]))
     else:
         per_kind = dict(run.peak_memory)
         total = sum(per_kind.values()) if len(per_kind) == 1 else NAN
@@ -296,8 +314,7 @@ def _rounding_waste(rows: list[dict], counters: dict):
     kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"waste_{k}_bytes")]
     if kinds:
         budget = counter.get("budget", 0) if isinstance(counter, dict) else 0
-        return int(budget + max(sum(float(row[f"waste_{k}_bytes"]) for k in kinds)
-                                for row in rows))
+        return int(budget + max(_row_sums(rows, [f"waste_{k}_bytes" for k in kinds])))
     if counter is None:
         return NAN
     return int(sum(counter.values()) if isinstance(counter, dict) else counter)
@@ -315,8 +332,8 @@ def _invalidations(rows: list[dict], run: EngineRun) -> dict:
         if final is None:
             out[name] = NAN
             continue
-        before = rows[0].get(name, 0) if rows else 0
-        if not rows and run.steps:      # no step in the measured period: nothing counted there
+        before = rows[0].get(name, 0) if len(rows) else 0
+        if not len(rows) and len(run.steps):      # no step in the measured period: nothing counted there
             before = final
         out[name] = int(final - before)
     block = run.engine_info.get("attn_block_tokens")
@@ -326,14 +343,17 @@ def _invalidations(rows: list[dict], run: EngineRun) -> dict:
     return out
 
 
-def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
+def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
+              tables: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict:
     """The flat summary of one run, with exactly the keys in `SUMMARY_KEYS`.
 
     ``weights_bytes`` is added to the peak state memory to give
     ``peak_mem_total_bytes`` (engines report state memory only). ``config``
     (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
     (`harness.validity`, the one nested object) checks the delivered load
-    against; without it the rate checks are "n/a".
+    against; without it the rate checks are "n/a". ``tables``: the run's
+    (`per_request_table`, step frame) when the caller has made them already
+    (`harness.results.write_run` writes them too); read, never changed.
     """
     measured = [r for r in run.requests if not r.warmup]
     finished = [r for r in measured if r.status == FINISHED]
@@ -355,7 +375,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
 
     counters = run.counters
     occupancy = [x for x in _column(rows, "slab_occupancy") if not math.isnan(x)]
-    if occupancy or any("slab_occupancy" in row for row in run.steps):
+    if occupancy or has_step_key(run.steps, "slab_occupancy"):
         slab = _mean(occupancy)
     else:
         slab = float(counters.get("slab_occupancy_mean", NAN))
@@ -391,7 +411,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None) -> dict:
         "dispatch_lag_p99_s": percentile(lags, 99),
     })
     summary.update(_validity(run, measured, rows, lags, summary, config))
-    summary.update(_attribution(run))
+    summary.update(_attribution(run, tables))
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
@@ -471,13 +491,13 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _attribution(run: EngineRun) -> dict:
+def _attribution(run: EngineRun, tables=None) -> dict:
     """TTFT p50 / p99 broken down by cause (`harness.attribution`); NaN for
     engines whose step table records no scheduler reasons."""
     from harness.attribution import attribute, breakdown
 
-    steps = pd.DataFrame(run.steps)
-    return breakdown(attribute(per_request_table(run), steps))
+    requests, steps = tables or (per_request_table(run), steps_frame(run.steps))
+    return breakdown(attribute(requests, steps))
 
 
 def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> dict:
@@ -492,7 +512,7 @@ def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> di
             process=getattr(config, "arrival", None), failed=summary["failed"],
             cancelled=summary["cancelled"], dispatch_lags=lags,
             cache_state=info.get("cache_state"), warmup=info.get("warmup_requests"),
-            step_times=[_row_time(row) for row in rows], step_waiting=_column(rows, "waiting")),
+            step_times=_row_times(rows), step_waiting=_column(rows, "waiting")),
     }
 
 

@@ -59,7 +59,8 @@ class EngineRun:
 
     ``window_start_s``/``window_end_s`` bound the ledger timebase: the whole
     benchmark window including completion polling, excluding engine start and
-    stop. ``steps`` are per-step rows (dicts of scalars) whose columns depend
+    stop. ``steps`` are per-step rows (dicts of scalars, or the simulator's
+    `harness.step_table.StepTable` that reads as them) whose columns depend
     on the engine; ``engine_info`` is what the engine resolved (block counts,
     block size, versions) and goes into the manifest.
     """

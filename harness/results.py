@@ -44,6 +44,7 @@ from harness import metrics, provenance
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.records import EngineRun
+from harness.step_table import steps_frame
 
 SCHEMA_VERSION = 1
 
@@ -201,7 +202,9 @@ def write_run(
     manifest.update(extra_manifest or {})
     # Serialize before touching the disk so a bad value fails without debris.
     manifest = to_jsonable(manifest)
-    summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config))
+    tables = (metrics.per_request_table(run), steps_frame(run.steps))
+    summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config,
+                                            tables=tables))
 
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = out_root / f"{TMP_PREFIX}{run_id}-{os.getpid()}"
@@ -210,8 +213,8 @@ def write_run(
     tmp.mkdir()
     try:
         _write_json(tmp / SUMMARY, summary)
-        metrics.per_request_table(run).to_parquet(tmp / REQUESTS, index=False)
-        pd.DataFrame(run.steps).to_parquet(tmp / STEPS, index=False)
+        tables[0].to_parquet(tmp / REQUESTS, index=False)
+        tables[1].to_parquet(tmp / STEPS, index=False)
         _write_json(tmp / MANIFEST, manifest)
         for name in RUN_FILES:
             _fsync(tmp / name)

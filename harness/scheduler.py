@@ -107,7 +107,7 @@ class SchedRequest:
 
     rid: int
     arrival_s: float
-    tokens: array               # prompt, then generated token ids ('q': 8 bytes each)
+    tokens: array               # prompt, then generated token ids (`token_array`)
     keys: list[int]             # chained 16-token prefix keys of `tokens`
     salt: str | None
     prompt_len: int
@@ -157,6 +157,19 @@ class StepBatch:
         return sum(i.end - i.start for i in self.items)
 
 
+def token_array(token_ids) -> array:
+    """Token ids as an ``array('i')`` (4 bytes each) when they fit in 32 bits, as
+    every vocabulary's and `generated_token`'s do, else ``array('q')``. A token
+    appended later that does not fit raises OverflowError, never wraps."""
+    ids = np.asarray(token_ids)
+    if ids.dtype.kind not in "iu":
+        ids = ids.astype(np.int64)
+    fits = ids.size == 0 or (int(ids.min()) >= -2**31 and int(ids.max()) < 2**31)
+    tokens = array("i" if fits else "q")
+    tokens.frombytes(np.ascontiguousarray(ids, dtype=np.dtype(tokens.typecode)).tobytes())
+    return tokens
+
+
 def generated_token(rid: int, index: int) -> int:
     """A deterministic stand-in for the token a request generates (unique per request)."""
     return 1_000_000 + ((rid * 7919 + index * 104729) % 1_000_000_007)
@@ -175,16 +188,17 @@ class Scheduler:
 
     # ---- arrivals and cancellation --------------------------------------------
     def add(self, rid: int, arrival_s: float, token_ids, output_len: int, salt: str | None,
-            prefix_group: int = -1, warmup: bool = False) -> SchedRequest:
-        tokens = array("q")
-        if isinstance(token_ids, np.ndarray):
-            tokens.frombytes(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes())
-        else:
-            tokens.extend(token_ids)
+            prefix_group: int = -1, warmup: bool = False,
+            keys: list[int] | None = None) -> SchedRequest:
+        """Queue a request; ``keys``, if given, are `chain_keys` of ``token_ids``
+        computed by the caller (an engine that reuses a shared prefix's keys)."""
+        tokens = token_array(token_ids)
         rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
                             target_output_tokens=output_len, prefix_group=prefix_group,
                             warmup=warmup)
-        r = SchedRequest(rid, arrival_s, tokens, chain_keys(tokens, salt), salt, len(tokens),
+        if keys is None:
+            keys = chain_keys(tokens, salt)
+        r = SchedRequest(rid, arrival_s, tokens, keys, salt, len(tokens),
                          output_len, rec, prefill_until=len(tokens))
         self.requests[rid] = r
         self.waiting.append(r)
@@ -424,6 +438,13 @@ class Scheduler:
         self.waiting.appendleft(r)
 
     # ---- completion -------------------------------------------------------------------
+    def finish_request(self, r: SchedRequest, now: float) -> None:
+        """``r`` emitted its last token at ``now`` (committed and counted): release it."""
+        self.org.finish(r.rid)
+        self.running.remove(r)
+        r.record.finish_s = now
+        self._close(r, FINISHED)
+
     def complete(self, batch: StepBatch, now: float,
                  next_tokens: dict[int, int] | None = None) -> list[SchedRequest]:
         """The batch's tokens are computed at ``now``: commit, publish, emit, finish.
@@ -452,10 +473,7 @@ class Scheduler:
             if r.record.first_token_s is None:
                 r.record.first_token_s = now
             if r.generated >= r.output_len:
-                org.finish(r.rid)
-                self.running.remove(r)
-                r.record.finish_s = now
-                self._close(r, FINISHED)
+                self.finish_request(r, now)
                 finished.append(r)
             else:
                 r.tokens.append(generated_token(r.rid, r.generated) if next_tokens is None

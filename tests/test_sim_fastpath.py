@@ -147,3 +147,35 @@ def test_generated_tokens_match_the_scheduler():
     for rid in (0, 7, 4_000, 10**6):
         got = generated_tokens(rid, 1, 3000).tolist()
         assert got == [generated_token(rid, i) for i in range(1, 3000)]
+
+
+@pytest.mark.parametrize("org", ["s2", "d0"])
+def test_fast_path_identical_for_sessions(org):
+    """Multi-turn sessions: a turn that finishes inside a stretch makes the next
+    turn arrive a think time later, as after a planned step."""
+    config = RunConfig(org=org, workload_kind="multiturn", requests=12, max_turns=3,
+                       think_time_s=0.5, rate=4.0, max_output=120, seed=5)
+    slow, fast = run_both(config)
+    assert any(r.turn >= 1 for r in slow.requests)
+    assert_identical(slow, fast)
+
+
+def test_finishes_inside_stretches(monkeypatch):
+    """A finish no longer ends a stretch: the scheduler plans two steps per
+    admission (the prefill and the first decode, which starts a stretch), not
+    one more after every finish."""
+    from harness.scheduler import Scheduler
+
+    planned = {"n": 0}
+    original = Scheduler.schedule
+
+    def counting(self):
+        planned["n"] += 1
+        return original(self)
+
+    monkeypatch.setattr(Scheduler, "schedule", counting)
+    config = RunConfig(org="s1", requests=16, rate=4.0, max_output=300, seed=3)
+    run = SimEngine(fast=True).run(build_run_workload(config), RunSetup.resolve(config))
+    assert all(r.finish_s is not None for r in run.requests)
+    assert run.counters["preemptions"] == 0
+    assert planned["n"] <= 2 * len(run.requests)

@@ -4,6 +4,7 @@ one-line errors for broken input, and the atomic on-disk cache."""
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from harness.errors import HbenchError
@@ -119,6 +120,22 @@ def test_cache_is_written_once_and_read_back_identically(tmp_path, monkeypatch):
     assert (again.records_read, again.truncated, again.key) == (7, False, first.key)
     np.testing.assert_array_equal(again.conv, first.conv)
     assert again.human.equals(first.human) and again.gpt.equals(first.gpt)
+
+
+def test_cached_texts_read_the_same_after_their_pages_are_released(tmp_path, monkeypatch):
+    """The cache's texts are read in place from the memory map (no copy) and
+    read back unchanged after `release_pages` drops them from memory."""
+    path = _write_array(tmp_path)
+    first = load_pairs(path)
+    monkeypatch.setattr(loader, "_LOADED", {})
+    mapped = load_pairs(path)                   # from the cache file
+    assert mapped.human.equals(first.human) and mapped.gpt.equals(first.gpt)
+    assert isinstance(mapped.human, pa.Array) and isinstance(mapped.gpt, pa.Array)
+    before = [mapped.turn(i) for i in range(len(mapped))]
+    loader.release_pages()
+    assert [mapped.turn(i) for i in range(len(mapped))] == before
+    assert [mapped.reply(i) for i in range(len(mapped))] == [first.reply(i)
+                                                             for i in range(len(first))]
 
 
 def test_changed_file_gets_a_new_cache_key(tmp_path):

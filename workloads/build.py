@@ -16,6 +16,7 @@ from pathlib import Path
 from workloads.corpus import load_corpus
 from workloads.multiturn.derive import derive_multiturn
 from workloads.sharegpt.derive import derive_workload
+from workloads.sharegpt.loader import release_pages
 from workloads.sharegpt.tokenizer import Tokenizer, get_tokenizer
 from workloads.spec import WorkloadSpec
 from workloads.workload import Workload
@@ -47,6 +48,7 @@ def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
     pairs = load_corpus(spec.dataset, chat_column=spec.chat_column, revision=revision)
     derive = derive_multiturn if spec.workload_kind == "multiturn" else derive_workload
     w = derive(pairs, _tokenizer(tokenizer), spec)
+    release_pages()   # the texts it read are copied into the workload
     extra = {"dataset_identity": pairs.identity, "workload_kind": spec.workload_kind}
     if spec.dataset is not None:
         extra.update(dataset_arg=spec.dataset, chat_column=spec.chat_column)

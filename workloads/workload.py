@@ -21,6 +21,16 @@ from harness.errors import HbenchError
 WORKLOAD_SCHEMA_VERSION = 1
 
 
+def token_ids(ids: np.ndarray) -> np.ndarray:
+    """Token ids stored compactly: int32 when every id fits (any real vocabulary),
+    else int64. Half the memory of a derived workload is its prompt ids; every
+    reader converts to int64 where it needs to (`Workload.content_hash` hashes
+    int64, so the hash does not depend on this)."""
+    if ids.size and (int(ids.max()) > np.iinfo(np.int32).max or int(ids.min()) < 0):
+        return ids.astype(np.int64)
+    return ids.astype(np.int32)
+
+
 @dataclass(frozen=True)
 class WorkloadRequest:
     """One request as offered to an engine.
@@ -35,7 +45,7 @@ class WorkloadRequest:
     request_id: int
     arrival_s: float
     prompt_text: str
-    prompt_token_ids: np.ndarray  # int64, length == prompt_len
+    prompt_token_ids: np.ndarray  # int32 or int64 (`token_ids`), length == prompt_len
     output_len: int
     prefix_group: int = -1
     prefix_tokens: int = 0

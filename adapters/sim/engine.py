@@ -15,6 +15,7 @@ import functools
 import hashlib
 import heapq
 import math
+from array import array
 from pathlib import Path
 
 from adapters.sim.cost import CostModel, StepShape
@@ -25,6 +26,7 @@ from harness import __version__
 from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.orgs import build_organization
+from harness.orgs.keys import SharedPrefixKeys
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy, generated_token
 from workloads.multiturn.session import SessionLoop
@@ -140,9 +142,13 @@ class SimEngine:
         check = org.check_invariants if config.debug_invariants else None
         done = 0
 
+        shared_keys = SharedPrefixKeys()
+
         def add(wr) -> None:
-            added = sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids, wr.output_len,
-                              wr.salt, wr.prefix_group, warmup=wr.request_id in warm_ids)
+            ids = wr.prompt_token_ids
+            keys = shared_keys.chain(ids, wr.salt, wr.prefix_group, wr.prefix_tokens)
+            added = sched.add(wr.request_id, wr.arrival_s, ids, wr.output_len, wr.salt,
+                              wr.prefix_group, warmup=wr.request_id in warm_ids, keys=keys)
             if loop:
                 sent[wr.request_id] = wr
                 added.record.session, added.record.turn = loop.turn_of[wr.request_id]
@@ -158,6 +164,23 @@ class SimEngine:
                 n += 1
             return n
 
+        def on_finish(finished, now: float) -> None:
+            """Requests that finished in the step completed at ``now``."""
+            nonlocal done, seq
+            done += len(finished)
+            for r in finished:
+                if loop:
+                    nxt = loop.next_turn(sent.pop(r.rid), generated_ids(r), now)
+                    if nxt is not None:
+                        heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
+                        seq += 1
+                # nothing reads a finished request's token ids, prefix keys and
+                # token times again (its record keeps what the results need): a
+                # long run holds only the unfinished requests'
+                r.tokens, r.keys, r.token_times = array("i"), [], array("d")
+            if finished and progress:
+                progress(done)
+
         while events:
             now, kind, _, payload = heapq.heappop(events)
             if kind == ARRIVAL:
@@ -166,14 +189,7 @@ class SimEngine:
                 finished = sched.complete(batch, now)
                 recorder.step_finished(now)
                 batch = None
-                done += len(finished)
-                for r in finished if loop else ():
-                    nxt = loop.next_turn(sent.pop(r.rid), generated_ids(r), now)
-                    if nxt is not None:
-                        heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
-                        seq += 1
-                if finished and progress:
-                    progress(done)
+                on_finish(finished, now)
                 if check is not None:
                     check()
             while batch is None and sched.has_work:
@@ -188,12 +204,10 @@ class SimEngine:
                 recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
                 if fast:
                     end = fast_forward(sched, batch, now, cost, arrive, cost_model, recorder,
-                                       check)
-                    if end is not None:
-                        now, cost = end.now, end.cost
-                        if not end.in_flight:   # completed through `now`: plan anew
-                            batch = None
-                            continue
+                                       on_finish, check)
+                    if end is not None:     # completed through `end.now`: plan anew
+                        now, batch = end.now, None
+                        continue
                 heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
                 seq += 1
         sched.check_drained()
@@ -211,7 +225,7 @@ class SimEngine:
         }
         if hasattr(hardware, "describe"):      # a measured cost profile (hbench calibrate)
             info["cost_profile"] = hardware.describe()
-        return EngineRun(requests=records, steps=recorder.rows, window_start_s=0.0,
+        return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
                          counters=recorder.counters(sched.preemptions,
                                                     budget.rounding_loss_bytes))

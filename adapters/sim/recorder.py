@@ -21,11 +21,48 @@ cap or budget; "" when nobody waits) and the ids admitted, preempted and
 skipped for lack of token budget in that step (``admitted_ids``,
 ``preempted_ids``, ``skipped_ids``, comma-separated). `harness.metrics` takes the
 measured period's peaks, waste and invalidations from these rows.
+
+The rows are kept as a `harness.step_table.StepTable` (one tuple per row;
+a long run makes tens of thousands of rows). The row in progress is a dict,
+so that its end time can still be set; it is frozen when the next one starts.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
+
 from harness.orgs.pool import KINDS
+from harness.step_table import StepTable
+
+
+class _OpenRows(Sequence):
+    """The frozen rows of a table, then the row in progress (a dict, itself)."""
+
+    def __init__(self, table: StepTable, last: dict | None):
+        self.table, self.last = table, last
+
+    def __len__(self) -> int:
+        return len(self.table) + (self.last is not None)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        k = i + n if i < 0 else i
+        if not 0 <= k < n:
+            raise IndexError(i)
+        return self.last if k == len(self.table) else self.table[k]
+
+
+#: Per state kind: the kind and its memory columns' names, in row order.
+_KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
+                       f"cached_{k}_bytes", f"waste_{k}_bytes") for k in KINDS)
+
+
+@functools.cache
+def _page_column(pool: str, state: str) -> str:
+    return f"pages_{pool}_{state}"
 
 
 def _ids(rids) -> str:
@@ -39,7 +76,8 @@ class StepRecorder:
     def __init__(self, org, pool_layers: int):
         self.org = org
         self.layers = pool_layers
-        self.rows: list[dict] = []
+        self._table = StepTable()               # the finished rows
+        self._last: dict | None = None          # the row in progress
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
 
@@ -62,15 +100,37 @@ class StepRecorder:
             "skipped_ids": _ids(batch.skipped),
         }
         self._add_memory(row)
-        self.rows.append(row)
+        self._push(row)
+
+    def _push(self, row: dict) -> None:
+        """``row`` is the row in progress; the one before it is frozen."""
+        if self._last is not None:
+            if not self._table.columns:
+                self._table.set_columns(self._last)
+            self._table.rows.append(tuple(self._last.values()))
+        self._last = row
+
+    @property
+    def rows(self) -> Sequence[dict]:
+        """Every row so far as dicts, the row in progress last: that one is the
+        recorder's own, so an engine may still fill in its timing."""
+        return _OpenRows(self._table, self._last)
+
+    def table(self) -> StepTable:
+        """Every row, the last one frozen too: the run's step table."""
+        self._push(None)
+        return self._table
 
     def step_repeated(self, now: float, cost, waiting: int, fresh: bool,
-                      wait_reason: str | None = None) -> None:
+                      wait_reason: str | None = None, running: int | None = None) -> None:
         """The same batch as the last step runs again from ``now`` (a fast-forwarded
         decode step, `adapters.sim.fastpath`): the last row with the new timing,
         cost and waiting queue; memory is read again only if ``fresh`` (pages
-        changed since)."""
-        row = self.rows[-1].copy()
+        changed since). ``running``: the batch lost its finished requests and
+        decodes for these ``running`` requests (all that run)."""
+        row = self._last.copy()
+        if running is not None:
+            row["running"] = row["batch_tokens"] = row["decode_requests"] = running
         row["time_s"] = row["start_s"] = now
         row["waiting"] = waiting
         row["duration_s"] = cost.total_s
@@ -86,7 +146,7 @@ class StepRecorder:
             row["wait_reason"] = wait_reason
         if fresh:
             self._add_memory(row)
-        self.rows.append(row)
+        self._push(row)
 
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""
@@ -98,20 +158,23 @@ class StepRecorder:
         row["slab_occupancy"] = u.slab_occupancy
         for pool, counts in u.pages.items():
             for state, n in counts.items():
-                row[f"pages_{pool}_{state}"] = n
-        for k in KINDS:
-            row[f"blocks_{k}_referenced"] = u.pages_by_kind[k]["referenced"]
-            row[f"blocks_{k}_cached"] = u.pages_by_kind[k]["cached"]
+                row[_page_column(pool, state)] = n
+        waste = 0
+        for k, referenced, cached, mem, cached_bytes, waste_bytes in _KIND_COLUMNS:
+            row[referenced] = u.pages_by_kind[k]["referenced"]
+            row[cached] = u.pages_by_kind[k]["cached"]
             b = u.bytes_by_kind[k]["referenced"] * layers
-            row[f"mem_{k}_bytes"] = b
-            row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
-            row[f"waste_{k}_bytes"] = u.waste_by_kind[k] * layers
-            self.peak[k] = max(self.peak[k], b)
-        self.waste_peak = max(self.waste_peak, sum(row[f"waste_{k}_bytes"] for k in KINDS))
+            row[mem] = b
+            row[cached_bytes] = u.bytes_by_kind[k]["cached"] * layers
+            row[waste_bytes] = w = u.waste_by_kind[k] * layers
+            waste += w
+            if b > self.peak[k]:
+                self.peak[k] = b
+        self.waste_peak = max(self.waste_peak, waste)
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
-        self.rows[-1]["time_s"] = now
+        self._last["time_s"] = now
 
     def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
         """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from harness.orgs.entries import ATTN_ENTRY, Entry, EntryTable
 from harness.orgs.keys import KEY_TOKENS, key_at
-from harness.orgs.pool import ATTN
+from harness.orgs.pool import ATTN, EMPTY
 from harness.orgs.values import PageRef
 
 
@@ -64,15 +64,23 @@ class AttentionIndex:
 
     def new_blocks(self, n: int) -> list[Entry]:
         """``n`` new private blocks, each referenced once by its owner. A page fresh
-        from `EntryTable.take_page` is in no free queue, so the reference is just
-        the count."""
+        from the empty set or from `EntryTable.take_page` is in no free queue and
+        of no kind yet, so the reference is just the count and the kind is set
+        directly (`PagePool.take_empty` and `PagePool.set_kind`, inlined)."""
         table, pool = self.table, self.pool
         ref, gen, deps, entries, ids = pool.ref, pool.generation, pool.dependents, \
             table.entries, table.ids
+        empty, kind, kind_pages = pool.empty, pool.kind, pool.kind_pages
         out = []
         for _ in range(n):
-            page = table.take_page(0)
-            pool.set_kind(page, ATTN)
+            if empty:
+                pool.version += 1
+                page = empty.popitem()[0]
+                gen[page] += 1
+            else:
+                page = table.take_page(0)
+            kind[page] = ATTN
+            kind_pages[ATTN] += 1
             e = Entry(next(ids), ATTN_ENTRY, [(0, page)])
             entries[e.id] = e
             deps[page].add(e.id)
@@ -99,11 +107,35 @@ class AttentionIndex:
 
     def release(self, blocks: list[Entry]) -> None:
         """Drop a finished request's blocks, tail first so LRU evicts a prefix's
-        tail first; registered ones stay cached, private ones are freed."""
-        pool, drop = self.pool, self.table.drop_owned
+        tail first; registered ones stay cached, private ones are freed.
+
+        Each block is one page of pool 0 with no slot, so `PagePool.decref` and
+        `EntryTable.drop_owned` are inlined: a registered block whose page
+        loses its last reference enters the LRU queue; a private one leaves the
+        reverse index and its page, then described by no entry, becomes empty."""
+        pool, table = self.pool, self.table
+        ref, hold, deps, kind = pool.ref, pool.hold, pool.dependents, pool.kind
+        lru, empty, entries = pool.lru, pool.empty, table.entries
+        kind_pages, cached_pages = pool.kind_pages, pool.cached_pages
         for e in reversed(blocks):
+            page = e.members[0][1]
             if e.key is not None:
                 e.refs -= 1
-                pool.decref(e.members[0][1])
             else:
-                drop(e)
+                assert e.refs == 1 and not e.held, f"{table.name}: dropping shared {e}"
+                e.valid = False
+                deps[page].discard(e.id)
+                del entries[e.id]
+                e.refs = 0
+            pool.version += 1
+            if ref[page] <= 0:
+                raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
+            ref[page] -= 1
+            if ref[page] == 0 and hold[page] == 0:
+                if deps[page]:
+                    lru[page] = None
+                    cached_pages[kind[page]] += 1
+                else:
+                    kind_pages[kind[page]] -= 1
+                    kind[page] = EMPTY
+                    empty[page] = None

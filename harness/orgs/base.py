@@ -143,8 +143,10 @@ class Organization(ReadOnlyViews):
         """
         self._copies = ()
         st = self.reqs.get(rid)
-        if st is not None and self._new_objects(st, 0, end, prefill_until) == (0, 0):
-            return True        # room already reserved (most decode steps)
+        # room already reserved (most decode steps): `_new_objects` would be (0, 0)
+        if (st is not None and end <= len(st.attn) * self.attn_block_tokens
+                and min(end, prefill_until) // self.grid <= st.reserved_until // self.grid):
+            return True
         if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit)):
             return False
         if st is None:

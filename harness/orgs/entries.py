@@ -79,6 +79,7 @@ class EntryTable:
         self.ids = itertools.count()
         self.invalidations = 0
         self.invalidations_by_kind = {ATTN_ENTRY: 0, CKPT_ENTRY: 0}
+        self.watch: list[Entry] | None = None   # when a list, invalidated entries go here
 
     def take_page(self, pool_idx: int) -> int:
         """An empty page, else the least recently released cached one (reclaimed)."""
@@ -146,6 +147,8 @@ class EntryTable:
             self.pools[pool].forget_content(page)
         self.invalidations += 1
         self.invalidations_by_kind[e.kind] += 1
+        if self.watch is not None:
+            self.watch.append(e)
 
     def drop_owned(self, e: Entry) -> None:
         """Free an object only its owner references (live state, spare, private block)."""

@@ -67,6 +67,11 @@ class ReadOnlyViews:
     def invalidations(self) -> int:
         return self.table.invalidations
 
+    def watch_invalidations(self, log: list | None) -> None:
+        """From now on append every entry invalidated to reclaim a page to ``log``
+        (its ``kind`` and prefix ``key`` say what was lost); None stops."""
+        self.table.watch = log
+
     def available_pages(self) -> tuple[int, ...]:
         """Pages per pool an allocation could take now: empty plus evictable cached."""
         return tuple(p.available for p in self.pools)

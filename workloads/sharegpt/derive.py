@@ -31,7 +31,7 @@ from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
 from workloads.sharegpt.tokenizer import Tokenizer
 from workloads.spec import MIN_TURN_TOKENS, WorkloadSpec
-from workloads.workload import Workload, WorkloadRequest
+from workloads.workload import Workload, WorkloadRequest, token_ids
 
 # Stream ids are part of the workload definition: never renumber them.
 STREAMS = {
@@ -45,6 +45,7 @@ STREAMS = {
 CALIBRATION_SAMPLE = 2048
 PAIR_BLOCK = 256
 CONTEXT_KEY_CHARS = 200  # conversations whose opening text repeats are not context sources
+POOL_BLOCK = 4096  # conversations whose opening text is read at once
 
 
 def stream(seed: int, name: str) -> np.random.Generator:
@@ -115,14 +116,18 @@ class TokenMemo:
         `CONTEXT_KEY_CHARS` characters are unique, so no two contexts that
         start at different conversations can share a leading prefix."""
         if self._pool is None:
-            first_turns = self.pairs.human.take(self._conv_rows[:-1])
-            keys = pc.utf8_slice_codeunits(first_turns, 0, CONTEXT_KEY_CHARS).to_pylist()
             seen: set[str] = set()
             pool = []
-            for c, k in enumerate(keys):
-                if k not in seen:
-                    seen.add(k)
-                    pool.append(c)
+            rows = self._conv_rows[:-1]
+            # a block of conversations at a time: taking every first turn at once
+            # copies tens of MB of text only to keep 200 characters of each
+            for a in range(0, len(rows), POOL_BLOCK):
+                first_turns = self.pairs.human.take(rows[a:a + POOL_BLOCK])
+                keys = pc.utf8_slice_codeunits(first_turns, 0, CONTEXT_KEY_CHARS).to_pylist()
+                for c, k in enumerate(keys, start=a):
+                    if k not in seen:
+                        seen.add(k)
+                        pool.append(c)
             self._pool = np.asarray(pool, dtype=np.int64)
         return self._pool
 
@@ -239,7 +244,7 @@ def derive_workload(pairs: ShareGPTPairs, tok: Tokenizer, spec: WorkloadSpec) ->
             request_id=rid,
             arrival_s=float(arrivals[rid]),
             prompt_text=ctx_text + "\n\n" + pairs.turn(pair),
-            prompt_token_ids=np.concatenate([ctx_ids, turn_ids]).astype(np.int64),
+            prompt_token_ids=token_ids(np.concatenate([ctx_ids, turn_ids])),
             output_len=int(output_len),
             prefix_group=int(group[rid]) if shared[rid] else -1,
             prefix_tokens=length if shared[rid] else 0,
