@@ -323,3 +323,20 @@ def test_repeats_keep_each_samples_fastest_time_and_never_mix_different_schedule
     other = run((b, 0.1), (a, 0.1))
     assert fastest(first, other) == other
     assert fastest(first, run((b, 0.9))) == first
+
+
+@pytest.mark.parametrize("args, message", [
+    (["calibrate", "--model", "{tmp}/none", "-o", "{tmp}/p.json"], "no config.json there"),
+    (["fidelity", "--model", "{model}", "--profile", "{tmp}/none.json", "--org", "s0",
+      "--seeds", "0", "--requests", "4", "--out", "{tmp}/out"], "cost profile"),
+    (["fidelity", "--model", "{model}", "--org", "s9", "--out", "{tmp}/out"],
+     "unknown organization 's9'"),
+    (["fidelity", "--model", "{model}", "--out", "{tmp}/out", "--analyze-only"],
+     "no results directory"),
+])
+def test_calibrate_and_fidelity_refuse_bad_input_before_any_work(tmp_path, model_dir, args,
+                                                                  message):
+    argv = [a.format(tmp=tmp_path, model=model_dir) for a in args]
+    res = CliRunner().invoke(cli, argv)
+    assert res.exit_code == 1 and res.output.startswith("Error: ") and message in res.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "p.json").exists()
