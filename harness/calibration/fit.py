@@ -47,6 +47,7 @@ COEFFICIENTS = (
     ("attn_flops_s", "s per attention FLOP"),
     ("scan_flops_s", "s per scan FLOP"),
 )
+NCOEF = len(COEFFICIENTS)
 #: A rate whose coefficient is 0 (its work took no measurable time) is
 #: written as this, so that the profile stays a valid set of positive rates.
 UNRESOLVED_RATE = 1e18
@@ -76,13 +77,13 @@ class Sample:
 
 def features(model: CostModel, sample: Sample, nuisance: Sequence[str]) -> np.ndarray:
     """The sample's row: summed work of its steps per coefficient, then nuisance terms."""
-    row = np.zeros(len(COEFFICIENTS) + len(nuisance))
+    row = np.zeros(NCOEF + len(nuisance))
     for shape in sample.steps:
         w = model.work(shape)
-        row[:7] += (1.0, w.requests, w.weights_bytes + w.kv_bytes, w.state_bytes,
+        row[:NCOEF] += (1.0, w.requests, w.weights_bytes + w.kv_bytes, w.state_bytes,
                     w.gemm_flops, w.attn_flops, w.scan_flops)
     for i, name in enumerate(nuisance):
-        row[7 + i] = sample.nuisance.get(name, 0.0)
+        row[NCOEF + i] = sample.nuisance.get(name, 0.0)
     return row
 
 
@@ -152,17 +153,17 @@ def fit_rates(geometry, samples: Sequence[Sample], *, datasheet=None, seed: int 
     """Fit `Rates` to ``samples`` (see the module docstring).
 
     ``datasheet`` (a `adapters.sim.hardware.Hardware`) is scored on the same
-    samples for comparison; a fit needs at least as many training samples as
-    coefficients."""
+    samples for comparison; a fit needs at least twice as many training
+    samples as coefficients."""
     train = [s for s in samples if not s.held_out]
     held = [s for s in samples if s.held_out]
     nuisance = sorted({k for s in samples for k in s.nuisance})
-    ncoef = len(COEFFICIENTS) + len(nuisance)
+    ncoef = NCOEF + len(nuisance)
     if len(train) < 2 * ncoef:
         raise HbenchError(f"calibration needs at least {2 * ncoef} training samples, got "
                           f"{len(train)}: the design measured too little")
     probe = CostModel(geometry, datasheet) if datasheet is not None else None
-    unit = CostModel(geometry, _rates(np.ones(7)))     # any rates: only `work` is read
+    unit = CostModel(geometry, _rates(np.ones(NCOEF)))     # any rates: only `work` is read
     a = np.array([features(unit, s, nuisance) for s in train])
     y = np.array([s.seconds for s in train])
     coef = _solve(a, y)
@@ -190,13 +191,9 @@ def fit_rates(geometry, samples: Sequence[Sample], *, datasheet=None, seed: int 
         }
     rates = _rates(coef)
 
-    def errors(group: Sequence[Sample], coefs: np.ndarray) -> np.ndarray:
-        if not group:
-            return np.array([])
-        return _errors(np.array([features(unit, s, nuisance) for s in group]) @ coefs,
-                       np.array([s.seconds for s in group]))
-
-    train_err, held_err = errors(train, coef), errors(held, coef)
+    train_err = _errors(a @ coef, y)
+    held_err = (_errors(np.array([features(unit, s, nuisance) for s in held]) @ coef,
+                        np.array([s.seconds for s in held])) if held else np.array([]))
     residuals = {"train": _by_class(train, train_err)}
     if held:
         residuals["held_out"] = _by_class(held, held_err)
@@ -212,7 +209,7 @@ def fit_rates(geometry, samples: Sequence[Sample], *, datasheet=None, seed: int 
         baseline["name"] = datasheet.name
     held_error = float(np.median(np.abs(held_err))) if held else math.nan
     return Fit(rates=rates, coefficients=coefficients,
-               nuisance={n: float(coef[7 + i]) for i, n in enumerate(nuisance)},
+               nuisance={n: float(coef[NCOEF + i]) for i, n in enumerate(nuisance)},
                residuals=residuals, held_out_error=held_error,
                train_error=float(np.median(np.abs(train_err[keep]))), baseline=baseline,
                dropped=dropped, samples=len(samples))
