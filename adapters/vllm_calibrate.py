@@ -74,8 +74,10 @@ def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS) -> 
     edges = np.linspace(first, last, segments + 1).round().astype(int)
     samples = []
     for a, b in zip(edges[:-1], edges[1:], strict=True):
-        gaps = [g for r in ok if b > a
-                and 0.5 <= (g := mean_gap(r, a, b)) / max(window[id(r)], 1e-12) <= 2.0]
+        if b <= a:
+            continue
+        gaps = [g for r in ok
+                if 0.5 <= (g := mean_gap(r, a, b)) / max(window[id(r)], 1e-12) <= 2.0]
         if not gaps:
             continue
         context = cell.prompt + (a + b) // 2

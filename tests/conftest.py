@@ -9,6 +9,18 @@ import pytest
 VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
 
 
+def vllm_tiny_model(out: Path, *args: str) -> Path:
+    """``hbench tiny-model ARGS -o OUT --seed 0`` run by the vLLM venv's python,
+    so the model's files come from the packages the server reads them with."""
+    import subprocess
+
+    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
+                    *args, "-o", str(out), "--seed", "0"],
+                   cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True,
+                   timeout=300)
+    return out
+
+
 def requires_vllm(what: str):
     """Skip marker for tests that start a real vLLM server."""
     return pytest.mark.skipif(

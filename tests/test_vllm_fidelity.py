@@ -16,7 +16,7 @@ import json
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from conftest import requires_vllm
+from conftest import requires_vllm, vllm_tiny_model
 
 from harness.cli import cli
 from harness.results import list_runs, read_run
@@ -26,10 +26,7 @@ pytestmark = requires_vllm("the vLLM fidelity test")
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("prop")
-    res = CliRunner().invoke(cli, ["tiny-model", "--preset", "proportional", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
+    return vllm_tiny_model(tmp_path_factory.mktemp("prop"), "--preset", "proportional")
 
 
 def test_vllm_calibration_and_fidelity_under_a_binding_budget(tmp_path, model):

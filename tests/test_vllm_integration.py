@@ -12,20 +12,18 @@ The tiny-model spec tests at the top need no vLLM and always run.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import VLLM_PYTHON, requires_vllm
+from conftest import VLLM_PYTHON, requires_vllm, vllm_tiny_model
 
 from adapters.tiny_model import TinyFalconH1, random_weights
 from harness.config import RunConfig
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
-REPO = Path(__file__).resolve().parents[1]
 OUTPUT_LEN = 8
 
 
@@ -122,9 +120,7 @@ def test_stock_s0_under_a_budget_that_binds_preempts_on_the_real_server(tmp_path
     from adapters.vllm import VllmEngine
 
     model = tmp_path / "prop"
-    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
-                    "--preset", "proportional", "-o", str(model), "--seed", "0"],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    vllm_tiny_model(model, "--preset", "proportional")
     config = RunConfig(org="s0", engine="vllm", model=str(model),
                        config_path=str(model / "config.json"), budget="b12", cap=4,
                        max_model_len=4096, max_output=PRESSURE_OUTPUT, launch=True)
@@ -175,9 +171,7 @@ def served(tmp_path_factory):
     from adapters.vllm import VllmEngine
 
     model = tmp_path_factory.mktemp("tiny")
-    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
-                    "--arch", "falcon_h1", "-o", str(model), "--seed", "0"],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    vllm_tiny_model(model, "--arch", "falcon_h1")
     config = RunConfig(org="s0", engine="vllm", model=str(model), cap=8, max_model_len=2048,
                        max_output=16, launch=True)
     engine = VllmEngine(python=VLLM_PYTHON, log_dir=model)

@@ -21,19 +21,16 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
 import threading
 import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-from conftest import VLLM_PYTHON, requires_vllm
+from conftest import VLLM_PYTHON, requires_vllm, vllm_tiny_model
 
 from adapters.metrics_scrape import plugin_report
 from harness.config import RunConfig
 
-REPO = Path(__file__).resolve().parents[1]
 BLOCKS = 20          # vLLM blocks (1664 tokens each): two requests fit, three outgrow them
 BLOCK_TOKENS = 1664  # vLLM's block for the proportional model (attention page >= Mamba state)
 # admitted within one block, then decode crosses the 1664-token block edge together
@@ -45,9 +42,7 @@ pytestmark = requires_vllm("the vLLM plugin integration test")
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     out = tmp_path_factory.mktemp("proportional")
-    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
-                    "--preset", "proportional", "-o", str(out), "--seed", "0"],
-                   cwd=REPO, check=True, capture_output=True, timeout=300)
+    vllm_tiny_model(out, "--preset", "proportional")
     return out
 
 
