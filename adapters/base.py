@@ -24,6 +24,8 @@ class Engine(Protocol):
     name: str
     #: organizations this engine can express (subset of ORGANIZATIONS keys).
     supported_orgs: tuple[str, ...]
+    #: page layouts it can serve (`harness.layout.PAGINGS`); ("study",) if absent.
+    supported_pagings: tuple[str, ...]
 
     def run(self, workload, setup, progress: ProgressFn | None = None) -> EngineRun: ...
 

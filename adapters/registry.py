@@ -43,3 +43,14 @@ def check_expressible(engine: str, supported: tuple[str, ...], org: str) -> None
         others = engines_supporting(org)
         raise HbenchError(f"organization {org} is not expressible on {engine}; engines that can "
                           f"run it: {', '.join(others) if others else 'none'}")
+
+
+def check_paging(engine, paging: str) -> None:
+    """One-line error when ``engine`` cannot lay pages out as ``paging``
+    (`harness.layout.PAGINGS`); an engine lists what it can in
+    ``supported_pagings`` (the study's pages when it says nothing)."""
+    supported = getattr(engine, "supported_pagings", ("study",))
+    if paging not in supported:
+        raise HbenchError(f"--paging {paging} is not expressible on {engine.name}, which lays "
+                          f"pages out as {' or '.join(supported)}; use --paging "
+                          f"{supported[0]} or --engine sim")

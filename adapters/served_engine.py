@@ -20,7 +20,7 @@ from pathlib import Path
 from adapters.client.dispatch import run_open_loop
 from adapters.client.http import DEFAULT_TIMEOUTS, Endpoint, Timeouts, served_models, server_version
 from adapters.metrics_scrape import MetricsScraper
-from adapters.registry import check_expressible
+from adapters.registry import check_expressible, check_paging
 from adapters.server_process import ServerProcess, free_port
 from harness.errors import HbenchError
 from harness.records import EngineRun
@@ -56,6 +56,7 @@ class ServedEngine:
         """Refuse what the engine cannot express: other organizations, admission
         headroom and producer retention (policies only the simulator implements)."""
         check_expressible(self.name, self.supported_orgs, config.org)
+        check_paging(self, config.resolved_paging)
         if config.headroom > 0:
             raise HbenchError(f"--headroom {config.headroom} is not expressible on {self.name}"
                               f"{self.headroom_note}; use --headroom 0 or --engine sim")

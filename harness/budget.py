@@ -24,6 +24,15 @@ Conversion per organization (page sizes from the layout, never re-derived):
 Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
 floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`).
 
+Under vLLM's paging (``paging="vllm"``, harness/layout.py) a budget is a
+block count, the one hbench hands vLLM as --num-gpu-blocks-override
+(`vllm_blocks`): the S0 page count for s0 and d0, the S1/S2 page count for
+s1/s2. Every block is one vLLM page, block 0 is vLLM's null block, and D0's
+plugin splits the rest by the attention fraction (`vllm_d0_split`):
+
+    s0, s1, s2   pages = blocks - 1
+    d0           attention = floor(f x (blocks - 1)), checkpoint = the rest
+
 Why D0's default attention fraction f is 0.5. The two D0 pools are sized once,
 so f should match the bytes a typical running request keeps of each kind. At
 the study's working point (mean input 3,332 tokens, grid 1792, 16-token
@@ -97,6 +106,7 @@ class OrgBudget:
     pools: tuple[PoolCapacity, ...]  # one for s0/s1/s2; two for d0, attention first
     d0_attn_fraction: float | None
     pool_layers: int
+    paging: str = "study"   # the study's pages or vLLM's blocks (harness/layout.py)
 
     def pool(self, name: str) -> PoolCapacity:
         for p in self.pools:
@@ -164,13 +174,36 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
     return per_layer, label
 
 
+def vllm_blocks(text: str, org: str, geom: ModelGeometry) -> int:
+    """The block count hbench gives vLLM for a budget (module docstring): the
+    S0 page count for s0 and d0 (vLLM's blocks are S0-sized pages), the S1/S2
+    shared pool's page count for s1 and s2."""
+    return resolve_budget(text, "s0" if org == "d0" else org, geom).pools[0].pages
+
+
+def vllm_d0_split(blocks: int, attn_fraction: float) -> tuple[int, int]:
+    """(attention blocks, checkpoint blocks) of D0 in ``blocks`` vLLM blocks:
+    block 0 is vLLM's null block and belongs to neither pool; the rest is
+    split by ``attn_fraction`` (floored for attention), each pool at least 1."""
+    usable = blocks - 1
+    if usable < 2:
+        raise HbenchError(f"d0 needs at least 3 vLLM blocks (the null block and one per pool); "
+                          f"the budget gives {blocks}: raise the budget")
+    attn = min(max(1, math.floor(attn_fraction * usable)), usable - 1)
+    return attn, usable - attn
+
+
 def resolve_budget(text: str, org: str, geom: ModelGeometry,
-                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> OrgBudget:
-    """Turn a budget text into ``org``'s pools and integer page counts.
+                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION,
+                   paging: str = "study") -> OrgBudget:
+    """Turn a budget text into ``org``'s pools and integer page counts, in the
+    study's pages or (``paging="vllm"``) in vLLM's blocks.
 
     Raises HbenchError if the pools cannot hold one request's state: one
     checkpoint (as ``org`` lays it out) plus one attention block.
     """
+    if paging == "vllm":
+        return _resolve_in_vllm_blocks(text, org, geom, d0_attn_fraction)
     target, label = parse_budget_bytes(text, geom, org)
     layout = layout_for(org, geom)
     if layout.dual_pool:
@@ -190,18 +223,49 @@ def resolve_budget(text: str, org: str, geom: ModelGeometry,
         return OrgBudget(org, label, target, (attn, ckpt), d0_attn_fraction, geom.pool_layers)
     page = layout.attn_page_bytes
     shared = PoolCapacity("shared", page, target // page, target)
-    need = 1 + layout.ckpt_pages + (1 if layout.conv_slots else 0)  # attention + checkpoint (+slab)
-    if shared.pages < need:
-        raise HbenchError(f"budget {label} gives {org} {shared.pages} pages; one request needs "
-                          f"{need} (an attention block and a checkpoint): raise the budget")
+    _check_one_request(org, label, layout, shared.pages)
     return OrgBudget(org, label, target, (shared,), None, geom.pool_layers)
 
 
+def _check_one_request(org: str, label: str, layout, pages: int) -> None:
+    need = 1 + layout.ckpt_pages + (1 if layout.conv_slots else 0)  # attention + checkpoint (+slab)
+    if pages < need:
+        raise HbenchError(f"budget {label} gives {org} {pages} pages; one request needs "
+                          f"{need} (an attention block and a checkpoint): raise the budget")
+
+
+def _resolve_in_vllm_blocks(text: str, org: str, geom: ModelGeometry,
+                            d0_attn_fraction: float) -> OrgBudget:
+    """`resolve_budget` under vLLM's paging: the pools are the blocks vLLM is
+    given (`vllm_blocks`) less its null block, each one vLLM page; the budget's
+    bytes are what vLLM allocates for them (for s1/s2 more than the label's
+    bytes: their page counts are the study's, each page a whole vLLM block)."""
+    label = parse_budget_bytes(text, geom, org)[1]
+    layout = layout_for(org, geom, "vllm")
+    page = layout.attn_page_bytes
+    blocks = vllm_blocks(text, org, geom)
+    if layout.dual_pool:
+        if not 0.0 < d0_attn_fraction < 1.0:
+            raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
+        attn, ckpt = vllm_d0_split(blocks, d0_attn_fraction)
+        # the null block is counted as the attention pool's rounding loss
+        pools = (PoolCapacity("attention", page, attn, (attn + 1) * page),
+                 PoolCapacity("checkpoint", page, ckpt, ckpt * page))
+        return OrgBudget(org, label, blocks * page, pools, d0_attn_fraction, geom.pool_layers,
+                         "vllm")
+    _check_one_request(org, label, layout, blocks - 1)
+    return OrgBudget(org, label, blocks * page,
+                     (PoolCapacity("shared", page, blocks - 1, blocks * page),), None,
+                     geom.pool_layers, "vllm")
+
+
 def resolve_all(text: str, geom: ModelGeometry,
-                d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> dict[str, OrgBudget]:
+                d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION,
+                paging: str = "study") -> dict[str, OrgBudget]:
     """`resolve_budget` for every organization that applies to ``geom`` (no d0
     for a pure-attention model)."""
-    return {org: resolve_budget(text, org, geom, d0_attn_fraction) for org in applicable_orgs(geom)}
+    return {org: resolve_budget(text, org, geom, d0_attn_fraction, paging)
+            for org in applicable_orgs(geom)}
 
 
 def working_point_attn_share(geom: ModelGeometry, mean_input_tokens: int = 3332,

@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from harness.errors import HbenchError
+from harness.layout import PAGINGS
 from harness.orgs import ORGANIZATIONS
 
 ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
@@ -64,6 +65,7 @@ class RunConfig:
     gpu: str = "a100-pcie-40gb"
     ssm_state_dtype: str = "bf16"
     d0_attn_fraction: float = 0.5          # D0: share of the budget for the attention pool
+    paging: str | None = None              # study or vllm pages (harness/layout.py); None: the engine's own
     # scheduler policy
     cap: int = 63                          # max running requests
     token_budget: int = 8192               # tokens per step (prefill chunks + decodes)
@@ -121,6 +123,8 @@ class RunConfig:
             (0.0 <= self.headroom < 1.0, f"--headroom must be in [0, 1), got {self.headroom}"),
             (self.retention_threshold >= 1, "--retention-threshold must be >= 1"),
             (self.rate > 0, f"--rate must be > 0, got {self.rate}"),
+            (self.paging is None or self.paging in PAGINGS,
+             f"unknown --paging {self.paging!r}; choose from {', '.join(PAGINGS)}"),
             (self.admission in ADMISSIONS,
              f"unknown --admission {self.admission!r}; choose from {', '.join(ADMISSIONS)}"),
             (self.burstiness > 0, f"--burstiness must be > 0, got {self.burstiness}"),
@@ -179,6 +183,14 @@ class RunConfig:
         `validate` adds the simulator's pages."""
         per_request = RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * self.mean_input
         return self.expected_requests * per_request
+
+    @property
+    def resolved_paging(self) -> str:
+        """How this run's pages are laid out: ``--paging``, else the engine's
+        own (vLLM's blocks on vLLM, the study's pages elsewhere)."""
+        if self.paging is not None:
+            return self.paging
+        return "vllm" if self.engine == "vllm" else "study"
 
     @property
     def cost_profile_path(self) -> str | None:

@@ -17,17 +17,56 @@ Sizes are bytes per pool layer (see harness/geometry.py). For Falcon-H1-7B
     S1   1 page of A              ceil(SSM/A) + ceil(conv/A)     512
     S2   1 page of A              ceil(SSM/A) pages + 1 slot     512
     D0   16-token block (A/32)    1 unit of C (own pool)         1792
+
+Those are the study's pages (``paging="study"``). vLLM 0.32 cannot shrink a
+page: every block of its pool is one page whose attention part holds
+``vllm_block_tokens`` tokens and is at least one Mamba state, and block 0 is
+its null block. hbench's vLLM plugin (`adapters.vllm_plugin`) therefore
+charges each object the organization's *number* of pages in those blocks;
+``paging="vllm"`` (`OrgLayout.in_vllm_blocks`) is that layout, so the
+simulator can serve the same memory as a plugin run at the same budget:
+
+    org  attention unit      checkpoint                            grid
+    S0   1 vLLM block        1 block                               block
+    S1   1 vLLM block        ceil(SSM/A) + ceil(conv/A) blocks     block
+    S2   1 vLLM block        ceil(SSM/A) blocks + 1 slab slot      block
+    D0   1 vLLM block        1 block of a private pool             block
+
+(A: the study's 512-token attention page, which sets the counts.)
+Checkpoints follow vLLM's align mode too (``publish_in_place``): the state at
+a block edge is published where it is, prompt and decode edges alike, and the
+request takes a new state object only when it computes past the edge; the
+study instead reserves a spare for each grid boundary of the prompt before
+the chunk that reaches it. Within one chunk that spans several blocks vLLM
+keeps at most the last edge of the final chunk; here only edges a chunk ends
+on are published (on CPU vLLM's chunk is one block, so the two agree).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: Attention block (and checkpoint grid) of the shared-pool organizations.
 BLOCK_TOKENS = 512
 #: D0's attention block and checkpoint interval (the study's values).
 D0_BLOCK_TOKENS = 16
 D0_GRID_TOKENS = 1792
+#: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks.
+PAGINGS = ("study", "vllm")
+#: vLLM's hybrid block grows in multiples of this many tokens (its kernel
+#: alignment when --block-size is given; hbench passes it on CPU).
+VLLM_BLOCK_ALIGN = 128
+
+
+def vllm_block_tokens(attn_bytes_per_token: int, state_bytes: int,
+                      align: int = VLLM_BLOCK_ALIGN) -> int:
+    """vLLM 0.32's attention block for a hybrid model: the smallest multiple of
+    ``align`` tokens whose attention page holds one whole Mamba state
+    (``Platform._align_hybrid_block_size``, vllm/platforms/interface.py); the
+    Mamba page is then padded up to the attention page."""
+    if attn_bytes_per_token <= 0:
+        raise ValueError("a vLLM block needs attention bytes per token")
+    return align * max(1, -(-state_bytes // (align * attn_bytes_per_token)))
 
 
 def slots_per_slab(page_bytes: int, conv_bytes: int) -> int:
@@ -62,6 +101,11 @@ class OrgLayout:
     slot_bytes: int = 0
     slab_slots: int = 0
     dual_pool: bool = False
+    #: vLLM's align mode: the running state at a block edge *is* the checkpoint
+    #: of that edge (published in place, decode edges too); a new state object
+    #: is taken only when the request computes past the edge. Otherwise (the
+    #: study) a spare is reserved for every grid boundary of the prompt.
+    publish_in_place: bool = False
     # logical sizes (what the bytes are for), to compute waste
     attn_block_bytes: int
     ssm_bytes: int
@@ -81,3 +125,17 @@ class OrgLayout:
         """A checkpoint is one page or unit holding SSM and conv state together
         (S0, D0), not member pages plus a conv page or slot (S1, S2)."""
         return self.ssm_pages == 1 and self.conv_pages == 0 and not self.conv_slots
+
+    def in_vllm_blocks(self, block_tokens: int, attn_bytes_per_token: int) -> OrgLayout:
+        """This organization as hbench's vLLM plugin lays it out in vLLM's
+        blocks of ``block_tokens`` tokens (module docstring): every attention
+        block and every member page is one block of ``block_tokens x
+        attn_bytes_per_token`` bytes, checkpoints fall on block edges, and the
+        page counts (members per checkpoint, slots per slab) stay this
+        layout's. Logical sizes are unchanged, so waste is counted against
+        the real blocks."""
+        page = block_tokens * attn_bytes_per_token
+        return replace(self, attn_block_tokens=block_tokens, grid_tokens=block_tokens,
+                       attn_page_bytes=page, ckpt_page_bytes=page, publish_in_place=True,
+                       slot_bytes=page // self.slab_slots if self.conv_slots else 0,
+                       attn_block_bytes=page)

@@ -36,13 +36,14 @@ class RunSetup:
         """Resolve ``config``'s model and budget (HbenchError if either is unknown)."""
         geom = geometry_for_run(config)
         return cls(config, geom,
-                   resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction))
+                   resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction,
+                                  config.resolved_paging))
 
     def with_config(self, config: RunConfig) -> RunSetup:
         """The same resolution under a config that differs only in what the
         geometry and budget do not depend on (e.g. a saved workload's recipe)."""
         for name in ("model", "config_path", "ssm_state_dtype", "budget", "org",
-                     "d0_attn_fraction"):
+                     "d0_attn_fraction", "resolved_paging"):
             assert getattr(config, name) == getattr(self.config, name), name
         return dataclasses.replace(self, config=config)
 
@@ -60,7 +61,7 @@ def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
 
     setup = RunSetup.resolve(config)
     geom, budget = setup.geometry, setup.budget
-    grid = layout_for(config.org, geom).grid_tokens
+    grid = layout_for(config.org, geom, config.resolved_paging).grid_tokens
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
                           f"grid of {grid} tokens; the minimum for {config.org} is {grid}")

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.registry import check_expressible, make_engine
+from adapters.registry import check_expressible, check_paging, make_engine
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.results import new_run_id, write_run
@@ -25,7 +25,7 @@ def budget_manifest(b) -> dict:
     return {
         "label": b.label, "org": b.org, "target_bytes_per_pool_layer": b.target_bytes,
         "whole_model_bytes": b.whole_model_bytes, "pool_layers": b.pool_layers,
-        "d0_attn_fraction": b.d0_attn_fraction,
+        "d0_attn_fraction": b.d0_attn_fraction, "paging": b.paging,
         "rounding_loss_bytes_per_pool_layer": b.rounding_loss_bytes,
         "pools": [asdict(p) for p in b.pools],
     }
@@ -69,6 +69,7 @@ def execute(config: RunConfig, out_root: str | Path = "results", *, workload=Non
     setup = validate(config, allow_oversubscribe=allow_oversubscribe)   # geometry, budget: once
     engine = make_engine(config.engine)
     check_expressible(engine.name, engine.supported_orgs, config.org)
+    check_paging(engine, config.resolved_paging)
     if workload is None:
         workload = build_run_workload(config)
     config = recorded_config(config, workload)

@@ -25,6 +25,7 @@ from adapters.sim.recorder import StepRecorder
 from harness import __version__
 from harness.config import ORG_NAMES
 from harness.errors import HbenchError
+from harness.layout import PAGINGS
 from harness.orgs import build_organization
 from harness.orgs.keys import SharedPrefixKeys
 from harness.records import EngineRun
@@ -105,6 +106,7 @@ class SimEngine:
 
     name = "sim"
     supported_orgs = ORG_NAMES   # the simulator expresses every registered organization
+    supported_pagings = PAGINGS  # the study's pages, or vLLM's blocks to mirror a vLLM run
 
     def __init__(self, fast: bool | None = None):
         self.fast = fast
@@ -116,7 +118,8 @@ class SimEngine:
     def build(self, setup):
         """The organization a resolved run serves with (its pools from the budget)."""
         return build_organization(setup.config.org, setup.geometry,
-                                  tuple(p.pages for p in setup.budget.pools))
+                                  tuple(p.pages for p in setup.budget.pools),
+                                  setup.config.resolved_paging)
 
     def run(self, workload, setup, progress=None) -> EngineRun:
         config, geom, budget = setup.config, setup.geometry, setup.budget

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, FORMS, OrgBudget, resolve_all
 from harness.commands.geometry import model_options
+from harness.layout import PAGINGS
 from harness.ledger import kib
 from harness.model_configs import geometry_from_options
 
@@ -21,6 +22,7 @@ def budget_report(budgets: dict[str, OrgBudget]) -> dict:
         out[org] = {
             "label": b.label, "target_bytes": b.target_bytes, "pool_layers": b.pool_layers,
             "whole_model_bytes": b.whole_model_bytes, "d0_attn_fraction": b.d0_attn_fraction,
+            "paging": b.paging,
             "total_pages": b.total_pages, "rounding_loss_bytes": b.rounding_loss_bytes,
             "pools": [{"name": p.name, "page_bytes": p.page_bytes, "pages": p.pages,
                        "target_bytes": p.target_bytes,
@@ -35,8 +37,11 @@ def budget_report(budgets: dict[str, OrgBudget]) -> dict:
 @click.option("--d0-attn-fraction", "d0_attn_fraction", type=str,
               default=str(DEFAULT_D0_ATTN_FRACTION), show_default=True, metavar="F",
               help="Share of D0's bytes given to its attention pool; the rest holds checkpoints.")
+@click.option("--paging", type=click.Choice(PAGINGS), default="study", show_default=True,
+              help="The study's page sizes, or vLLM's blocks (the blocks hbench gives vLLM, "
+                   "less its null block, each a whole vLLM page).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pools as JSON.")
-def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, as_json):
+def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, paging, as_json):
     """Turn BUDGET into each organization's pools and integer page counts.
 
     \b
@@ -50,7 +55,9 @@ def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, as_js
     Columns (KiB per pool layer): page = one page of the pool; pages = whole
     pages the target buys; target = bytes the pool was given; rounding loss =
     target bytes no whole page fits in. D0 splits the bytes into an attention pool
-    (16-token blocks) and a checkpoint pool by --d0-attn-fraction.
+    (16-token blocks) and a checkpoint pool by --d0-attn-fraction. With --paging
+    vllm every page is one vLLM block (1,664 tokens for Falcon-H1-7B): the pools
+    a vLLM run at BUDGET serves, block 0 (vLLM's null block) as rounding loss.
 
     \b
     Example:  hbench budget b83 --model falcon-h1-7b
@@ -58,15 +65,16 @@ def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, as_js
     from harness.commands.ledger import parse_fraction
 
     geom = geometry_from_options(model, config_path, dtype, ssm_dtype)
-    budgets = resolve_all(budget, geom, parse_fraction(d0_attn_fraction))
+    budgets = resolve_all(budget, geom, parse_fraction(d0_attn_fraction), paging)
     rep = budget_report(budgets)
     if as_json:
-        click.echo(json.dumps({"model": geom.name, "budget": budget, "orgs": rep}, indent=2))
+        click.echo(json.dumps({"model": geom.name, "budget": budget, "paging": paging,
+                               "orgs": rep}, indent=2))
         return
     console = Console(width=max(Console().width, 100))
     first = next(iter(budgets.values()))
-    console.print(f"[bold]{geom.name}[/], budget {first.label}: {geom.pool_layers} pool layers; "
-                  f"accepted forms: {FORMS}")
+    console.print(f"[bold]{geom.name}[/], budget {first.label}: {geom.pool_layers} pool layers, "
+                  f"{paging} paging; accepted forms: {FORMS}")
     t = Table(title="Pools per organization (KiB per pool layer)")
     for col in ("org", "pool", "page KiB", "pages", "target KiB", "rounding loss KiB",
                 "whole model GiB"):

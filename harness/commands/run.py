@@ -20,6 +20,7 @@ from adapters.registry import ENGINES
 from harness.commands.workload import multiturn_options
 from harness.config import ADMISSIONS, ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
+from harness.layout import PAGINGS
 from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
 from harness.run_setup import validate
@@ -102,6 +103,10 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
               help="SSM state dtype (bf16 or fp32).")
 @click.option("--d0-attn-fraction", type=float, default=D.d0_attn_fraction, show_default=True,
               help="D0: share of the budget given to the attention pool (fixed at start).")
+@click.option("--paging", type=click.Choice(PAGINGS), default=None,
+              help="How pages are laid out: the study's page sizes (sim, torch) or vLLM's "
+                   "blocks (vllm; on sim: the blocks a vLLM run at this budget serves, to "
+                   "compare with it). Default: the engine's own.")
 @click.option("--rate", type=float, default=D.rate, show_default=True, help="Arrivals per second.")
 @click.option("--arrival", type=click.Choice(ARRIVALS), default=D.arrival, show_default=True)
 @click.option("--burstiness", type=float, default=D.burstiness, show_default=True,

@@ -29,6 +29,7 @@ AXES = [
     ("--cap", "cap", "maximum running requests"),
     ("--engine", "engine", "engines (sim, vllm, sglang)"),
     ("--d0-attn-fraction", "d0_attn_fraction", "D0 attention-pool shares"),
+    ("--paging", "paging", "page layouts (study, vllm)"),
     ("--model", "model", "model presets"),
     ("--gpu", "gpu", "simulated hardware presets or cost profiles (profile.json)"),
     ("--arrival", "arrival", "arrival processes"),

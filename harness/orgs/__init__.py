@@ -9,7 +9,7 @@ model geometry and pool sizes into a ready organization.
 
 from __future__ import annotations
 
-from harness.layout import OrgLayout
+from harness.layout import PAGINGS, OrgLayout, vllm_block_tokens
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.s0 import S0
@@ -36,16 +36,26 @@ def _organization(org: str) -> type[Organization]:
     return cls
 
 
-def layout_for(org: str, geom) -> OrgLayout:
-    """The layout of ``org`` (a key of `ORGANIZATIONS`) for model geometry ``geom``."""
-    return _organization(org).layout_for(geom)
+def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
+    """The layout of ``org`` (a key of `ORGANIZATIONS`) for model geometry
+    ``geom``: the study's pages, or with ``paging="vllm"`` the same
+    organization in vLLM's blocks (`OrgLayout.in_vllm_blocks`)."""
+    layout = _organization(org).layout_for(geom)
+    if paging == "study":
+        return layout
+    if paging == "vllm":
+        per_token = geom.slot_attn_bytes_per_token
+        block = vllm_block_tokens(per_token, geom.slot_checkpoint_bytes)
+        return layout.in_vllm_blocks(block, per_token)
+    raise ValueError(f"unknown paging {paging!r}; choose from {', '.join(PAGINGS)}")
 
 
-def build_organization(org: str, geom, pool_pages: tuple[int, ...]) -> Organization:
-    """An organization of ``org``'s layout with the given pages per pool
-    (one count for s0/s1/s2; attention then checkpoint pool for d0)."""
+def build_organization(org: str, geom, pool_pages: tuple[int, ...],
+                       paging: str = "study") -> Organization:
+    """An organization of ``org``'s layout (under ``paging``) with the given
+    pages per pool (one count for s0/s1/s2; attention then checkpoint pool for d0)."""
     cls = _organization(org)
-    layout = cls.layout_for(geom)
+    layout = layout_for(org, geom, paging)
     want = 2 if layout.dual_pool else 1
     if len(pool_pages) != want:
         raise ValueError(f"{org} takes {want} pool size(s), got {pool_pages}")

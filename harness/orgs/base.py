@@ -38,6 +38,7 @@ class Organization(ReadOnlyViews):
         self.layout = layout
         self.attn_block_tokens = layout.attn_block_tokens
         self.grid = layout.grid_tokens
+        self.in_place = layout.publish_in_place
         assert self.grid % self.attn_block_tokens == 0, (self.attn_block_tokens, self.grid)
         if layout.dual_pool:
             self.pools = [PagePool("attention", pool_pages[0], layout.attn_page_bytes),
@@ -92,6 +93,10 @@ class Organization(ReadOnlyViews):
         else:
             have_blocks, reserved, live = len(st.attn), st.reserved_until, 0
         blocks = -(-end // self.attn_block_tokens) - have_blocks
+        if self.in_place:      # no spares: a new live state once past a published edge
+            if st is not None and st.live_published and end > st.computed:
+                live = 1
+            return (blocks if blocks > 0 else 0), live
         last = end if end < prefill_until else prefill_until
         ckpts = last // self.grid - reserved // self.grid
         return (blocks if blocks > 0 else 0), (ckpts if ckpts > 0 else 0) + live
@@ -145,7 +150,8 @@ class Organization(ReadOnlyViews):
         st = self.reqs.get(rid)
         # room already reserved (most decode steps): `_new_objects` would be (0, 0)
         if (st is not None and end <= len(st.attn) * self.attn_block_tokens
-                and min(end, prefill_until) // self.grid <= st.reserved_until // self.grid):
+                and (not st.live_published if self.in_place
+                     else min(end, prefill_until) // self.grid <= st.reserved_until // self.grid)):
             return True
         if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit)):
             return False
@@ -167,6 +173,13 @@ class Organization(ReadOnlyViews):
         n_blocks = -(-end // self.attn_block_tokens) - len(st.attn)
         if n_blocks > 0:
             st.attn.extend(self.attn.new_blocks(n_blocks))
+        if self.in_place:
+            if st.live_published and end > st.computed:   # continue past the edge
+                edge = st.live
+                st.live, st.live_published = self.ckpts.new(), False
+                self.table.unref(edge)                      # now only cached
+                self._copies = (("publish", st.computed, edge, st.live),)
+            return True
         last = min(end, prefill_until)
         grid = self.grid
         while (st.reserved_until // grid + 1) * grid <= last:
@@ -183,9 +196,13 @@ class Organization(ReadOnlyViews):
         assert computed <= len(st.attn) * bt, (computed, len(st.attn), bt)
         if computed // bt > st.computed // bt:
             self.attn.register(st.attn, keys, st.computed // bt, computed // bt)
-        j = (st.computed // self.grid + 1) * self.grid
-        published = self._publish(st, keys, j, min(computed, prefill_until)) \
-            if j <= prefill_until and j <= computed else []
+        if self.in_place:
+            published = self._publish_in_place(st, keys, computed) \
+                if computed % self.grid == 0 and computed > st.computed else []
+        else:
+            j = (st.computed // self.grid + 1) * self.grid
+            published = self._publish(st, keys, j, min(computed, prefill_until)) \
+                if j <= prefill_until and j <= computed else []
         if st.adopted is not None and computed > st.computed:
             self.table.unref(st.adopted)   # consumed into the live state
             st.adopted = None
@@ -214,6 +231,21 @@ class Organization(ReadOnlyViews):
         self._copies = tuple(copies)
         return published
 
+    def _publish_in_place(self, st: RequestState, keys, j: int) -> list[int]:
+        """The live state at edge ``j`` becomes its checkpoint and stays the
+        request's state (still referenced) until it computes past ``j``; if the
+        prefix is published already, the request goes on in its live state."""
+        k = key_at(keys, j)
+        if k in self.ckpts.map:
+            st.on_path.append(self.ckpts.map[k])
+            return []
+        live = st.live
+        self.ckpts.publish(live, k, j)
+        self.table.ref(live)
+        st.published.append(live)
+        st.live_published = True
+        return [j]
+
     def retain(self, rid, position: int, keys) -> bool:
         """Policy hold on the request's published checkpoint at ``position``."""
         st = self.reqs[rid]
@@ -232,6 +264,9 @@ class Organization(ReadOnlyViews):
         if st.adopted is not None:
             self.table.unref(st.adopted)
         self.attn.release(st.attn)
+        if st.live_published:
+            self.table.unref(st.live)       # a published edge stays cached
+            st.live = None
         for e in [st.live, *st.spares]:
             if e is not None:
                 self.table.drop_owned(e)

@@ -64,6 +64,7 @@ class RequestState:
     on_path: list[Entry] = field(default_factory=list)   # adopted, or published by another
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
+    live_published: bool = False   # in-place publication: ``live`` is the checkpoint at ``computed``
     computed: int = 0
 
 
