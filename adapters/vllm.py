@@ -24,7 +24,8 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
                     holds one checkpoint (`vllm_page` says what a vLLM page
                     is). With the plugin: the organization's page count
                     (S1/S2 shared pages; D0 the S0 count, split by
-                    --d0-attn-fraction). On CPU, VLLM_CPU_KVCACHE_SPACE is
+                    --d0-attn-fraction): `harness.budget.vllm_blocks`, the
+                    blocks a simulated run with --paging vllm serves too. On CPU, VLLM_CPU_KVCACHE_SPACE is
                     raised to cover the override (`cpu_kv_space_gib`)
     --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
                     the dtype the block count was sized with; on CPU the
@@ -59,11 +60,12 @@ import sys
 from pathlib import Path
 
 from adapters.metrics_scrape import plugin_report
-from adapters.registry import check_expressible
+from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
 from adapters.server_process import split_command
 from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
 from harness.errors import HbenchError
+from harness.layout import vllm_block_tokens
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
 CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned so chunks fit
@@ -175,7 +177,7 @@ def vllm_page(geom, cpu: bool, block_size: int = CPU_BLOCK_SIZE) -> dict:
     g = replace(geom, dtype="fp32", ssm_state_dtype="fp32") if cpu else geom
     per_token = g.attn_bytes_per_token
     mamba = g.checkpoint_bytes
-    block = block_size * max(1, -(-mamba // (block_size * per_token)))
+    block = vllm_block_tokens(per_token, mamba, block_size)
     page = block * per_token
     return {"block_tokens": block, "page_bytes": page, "mamba_state_bytes": mamba,
             "padding_bytes": page - mamba, "pool_layers": geom.pool_layers}
@@ -200,24 +202,20 @@ def cpu_kv_space_gib(pages: int | None, page: dict | None, env_value: str | None
     return max(floor, -(-need // GIB))
 
 
-def plugin_pages(config) -> int | None:
-    """The block count a plugin run gives vLLM for the budget: the S1/S2 shared
-    pool's pages, or for D0 the S0 page count (vLLM's pages are S0-sized; the
-    plugin splits them by --d0-attn-fraction). None without a known geometry."""
-    from harness.budget import resolve_budget
-    from harness.model_configs import geometry_for_run
+def block_count_for(config) -> int | None:
+    """The block count a launched vLLM gets for the run's budget
+    (`harness.budget.vllm_blocks`: S0 pages for s0 and d0, the S1/S2 page
+    count for s1/s2), or None without a known geometry."""
+    from harness.budget import vllm_blocks
 
-    try:
-        geom = geometry_for_run(config)
-    except HbenchError:
-        return None
-    org = "s0" if config.org == "d0" else config.org
-    return resolve_budget(config.budget, org, geom).pools[0].pages
+    geom = run_geometry(config)
+    return None if geom is None else vllm_blocks(config.budget, config.org, geom)
 
 
 class VllmEngine(ServedEngine):
     name = "vllm"
     supported_orgs = ("s0", *PLUGIN_ORGS)
+    supported_pagings = ("vllm",)      # its own blocks (harness/layout.py)
     metrics = "vllm"
     extra_body = {"return_token_ids": True}
 
@@ -278,6 +276,7 @@ class VllmEngine(ServedEngine):
     def check_config(self, config) -> None:
         """Refuse, before any server starts, what this vLLM cannot express."""
         check_expressible(self.name, self.supported_orgs, config.org)
+        check_paging(self, config.resolved_paging)
         if config.retention:
             raise HbenchError("--retention is not expressible on vllm (it has no retention "
                               "policy; --prefix-cache-retention-interval only spaces decode-time "
@@ -318,12 +317,7 @@ class VllmEngine(ServedEngine):
         return Plan(config.org, self.grid_tokens)
 
     def block_count(self, config) -> int | None:
-        if self.num_blocks is not None:
-            return self.num_blocks
-        if config.org in PLUGIN_ORGS:
-            return plugin_pages(config)
-        pool = s0_pool(config)
-        return None if pool is None else pool.pages
+        return self.num_blocks if self.num_blocks is not None else block_count_for(config)
 
     def page(self, config) -> dict | None:
         """`vllm_page` for the run's geometry (None without one)."""

@@ -17,7 +17,6 @@ from adapters.vllm_plugin import check_version, register
 from adapters.vllm_plugin.d0 import block_id_range, carve_private_pool
 from adapters.vllm_plugin.pages import MemberPagesMixin
 from adapters.vllm_plugin.plan import (
-    SLAB_SLOTS,
     PageLayout,
     Plan,
     PlanError,
@@ -143,9 +142,13 @@ def test_page_counts_follow_the_design_arithmetic():
     assert (16 + 4 * s2.pages_per_checkpoint + 1) * 512 == 14_848
 
 
-def test_s2_refuses_a_conv_state_larger_than_a_slot():
+def test_s2_slabs_take_as_many_slots_as_fit_and_refuse_a_conv_state_larger_than_a_page():
+    # 40,000 B does not fit 1/16 of a 512 KiB page (32 KiB) but fits 1/8 (64 KiB)
+    wide = PageLayout("s2", SSM, 40_000, KV_PER_TOKEN, 512)
+    wide.check()
+    assert (wide.slab_slots, wide.slot_bytes) == (8, 64 * 1024)
     with pytest.raises(PlanError, match="does not fit a slot"):
-        PageLayout("s2", SSM, 40_000, KV_PER_TOKEN, 512).check()
+        PageLayout("s2", SSM, 600_000, KV_PER_TOKEN, 512).check()
 
 
 def test_plan_round_trips_through_the_environment_and_is_inert_without_it():
@@ -257,9 +260,11 @@ def test_s1_uncached_state_returns_its_members_at_once():
 def test_s2_sixteen_checkpoints_share_one_slab_and_the_seventeenth_opens_another():
     pool = make_pool("s2", n=80)
     assert pool.pages_needed(1) == 3 + 1
-    first = carriers(pool, SLAB_SLOTS)
+    slots = pool.layout.slab_slots
+    assert slots == 16
+    first = carriers(pool, slots)
     assert len(pool.slabs) == 1
-    assert sorted(pool.slot_of(c.block_id)[1] for c in first) == list(range(SLAB_SLOTS))
+    assert sorted(pool.slot_of(c.block_id)[1] for c in first) == list(range(slots))
     assert pool.pages_needed(1) == 3 + 1
     (extra,) = carriers(pool, 1)
     assert len(pool.slabs) == 2 and pool.slot_of(extra.block_id)[1] == 0

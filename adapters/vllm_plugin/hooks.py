@@ -28,7 +28,7 @@ from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
 from adapters.vllm_plugin.d0 import block_id_range, carve_private_pool
 from adapters.vllm_plugin.pages import MemberPagesMixin
-from adapters.vllm_plugin.plan import SLAB_SLOTS, PageLayout, Plan, d0_split
+from adapters.vllm_plugin.plan import PageLayout, Plan, d0_split
 
 RESOLVED_TAG = "hbench-plugin-resolved"
 COUNTERS_TAG = "hbench-plugin-counters"
@@ -93,8 +93,7 @@ class OrgMambaManager(MambaManager):
             block_pool.org_setup(layout)
             resolved.update(pages_per_checkpoint=layout.pages_per_checkpoint,
                             grid_page_bytes=layout.grid_page_bytes,
-                            slab_slots=SLAB_SLOTS if layout.uses_slabs else 0,
-                            slot_bytes=layout.slot_bytes if layout.uses_slabs else 0)
+                            slab_slots=layout.slab_slots, slot_bytes=layout.slot_bytes)
         emit(RESOLVED_TAG, resolved)
 
     def get_num_blocks_to_allocate(self, *args, **kwargs) -> int:

@@ -34,7 +34,7 @@ import math
 from collections import Counter
 from contextlib import contextmanager
 
-from adapters.vllm_plugin.plan import SLAB_SLOTS, PageLayout
+from adapters.vllm_plugin.plan import PageLayout
 
 
 class MemberPagesMixin:
@@ -61,7 +61,8 @@ class MemberPagesMixin:
         return self.layout.pages_per_checkpoint - 1
 
     def free_slots(self) -> int:
-        return sum(SLAB_SLOTS - len(used) for _, used in self.slabs.values())
+        slots = self.layout.slab_slots
+        return sum(slots - len(used) for _, used in self.slabs.values())
 
     def pages_needed(self, carriers: int) -> int:
         """Pages ``carriers`` new carriers take, members and new slabs included.
@@ -71,7 +72,7 @@ class MemberPagesMixin:
             return carriers
         pages = carriers * self.layout.pages_per_checkpoint
         if self.layout.uses_slabs:
-            pages += math.ceil(max(0, carriers - self.free_slots()) / SLAB_SLOTS)
+            pages += math.ceil(max(0, carriers - self.free_slots()) / self.layout.slab_slots)
         return pages
 
     def slot_of(self, carrier_id: int) -> tuple[int, int] | None:
@@ -169,7 +170,7 @@ class MemberPagesMixin:
     def _assign_slot(self, carrier_id: int) -> None:
         for slab_id in sorted(self.slabs):
             used = self.slabs[slab_id][1]
-            if len(used) < SLAB_SLOTS:
+            if len(used) < self.layout.slab_slots:
                 break
         else:
             slab = self._take(1)[0]
@@ -177,7 +178,7 @@ class MemberPagesMixin:
             self.slabs[slab_id] = (slab, set())
             self.counters["slab_pages_allocated"] += 1
         used = self.slabs[slab_id][1]
-        slot = min(set(range(SLAB_SLOTS)) - used)
+        slot = min(set(range(self.layout.slab_slots)) - used)
         used.add(slot)
         self.slots[carrier_id] = (slab_id, slot)
 

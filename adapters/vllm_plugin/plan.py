@@ -13,13 +13,19 @@ raises the attention block size until it is), and the worker reads one full
 Mamba state per block id. So the plugin cannot shrink a page; it charges each
 object the organization's *number* of pages from the same pool:
 
-    S1: carrier + (k - 1) member pages, k = ceil(checkpoint / grid page)
+    S1: carrier + (k - 1) member pages, k = ceil(SSM / grid page)
+        + ceil(conv / grid page)
     S2: carrier + (k - 1) member pages, k = ceil(SSM state / grid page),
-        plus one slot of a 16-slot slab page for the conv state
+        plus one slot of a slab page for the conv state (as many slots as
+        `harness.layout.slots_per_slab` fits: 16 for Falcon-H1)
     D0: one block of a private checkpoint pool; attention keeps the rest
+        (`harness.budget.vllm_d0_split`)
 
 where the grid page is the attention bytes of ``grid_tokens`` tokens (512 in
-the study). The carrier's block id is the one the kernel reads.
+the study). The carrier's block id is the one the kernel reads. These are the
+study's page counts (harness/orgs/s1.py, s2.py); the simulator lays the same
+counts out in vLLM's blocks with ``--paging vllm`` (harness/layout.py), which
+is how a plugin run and a simulated run serve the same memory.
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from harness.budget import vllm_d0_split
+from harness.errors import HbenchError
+from harness.layout import slots_per_slab
+
 #: the vLLM release whose allocator internals the plugin was written against
 VLLM_VERSION = "0.32.0"
 #: organizations the plugin expresses (S0 is stock vLLM: no plugin needed)
 PLUGIN_ORGS = ("s1", "s2", "d0")
-SLAB_SLOTS = 16
 DEFAULT_GRID_TOKENS = 512
 DEFAULT_D0_ATTN_FRACTION = 0.5
 
@@ -114,15 +123,21 @@ class PageLayout:
     def pages_per_checkpoint(self) -> int:
         """Pages a checkpoint takes from the shared pool, carrier included
         (slab pages for S2 conv slots are counted separately)."""
+        page = self.grid_page_bytes
         if self.org == "s1":
-            return math.ceil(self.checkpoint_bytes / self.grid_page_bytes)
+            return math.ceil(self.ssm_bytes / page) + math.ceil(self.conv_bytes / page)
         if self.org == "s2":
-            return math.ceil(self.ssm_bytes / self.grid_page_bytes)
+            return math.ceil(self.ssm_bytes / page)
         return 1
 
     @property
+    def slab_slots(self) -> int:
+        """Slots per S2 slab page (0 without slabs)."""
+        return slots_per_slab(self.grid_page_bytes, self.conv_bytes) if self.uses_slabs else 0
+
+    @property
     def slot_bytes(self) -> int:
-        return self.grid_page_bytes // SLAB_SLOTS
+        return self.grid_page_bytes // self.slab_slots if self.uses_slabs else 0
 
     @property
     def uses_slabs(self) -> bool:
@@ -131,19 +146,16 @@ class PageLayout:
     def check(self) -> None:
         if self.uses_slabs and self.conv_bytes > self.slot_bytes:
             raise PlanError(f"s2: a conv state of {self.conv_bytes} B does not fit a slot of "
-                            f"{self.slot_bytes} B (grid page / {SLAB_SLOTS})")
+                            f"{self.slot_bytes} B (grid page / {self.slab_slots})")
         if self.pages_per_checkpoint < 1:
             raise PlanError(f"{self.org}: a checkpoint must take at least one page")
 
 
 def d0_split(num_blocks: int, attn_fraction: float) -> tuple[int, int]:
-    """(attention blocks, checkpoint blocks) for D0 from vLLM's ``num_blocks``.
-
-    Block 0 is vLLM's null block and belongs to neither pool; the rest is
-    split by ``attn_fraction`` (floored for attention), each pool at least 1.
-    """
-    usable = num_blocks - 1
-    if usable < 2:
-        raise PlanError(f"d0 needs at least 3 blocks (null + one per pool), vLLM has {num_blocks}")
-    attn = min(max(1, math.floor(attn_fraction * usable)), usable - 1)
-    return attn, usable - attn
+    """(attention blocks, checkpoint blocks) for D0 from vLLM's ``num_blocks``:
+    `harness.budget.vllm_d0_split`, the split the simulator's ``--paging vllm``
+    uses too (block 0 is vLLM's null block)."""
+    try:
+        return vllm_d0_split(num_blocks, attn_fraction)
+    except HbenchError as exc:
+        raise PlanError(str(exc)) from None
