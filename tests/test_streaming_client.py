@@ -198,6 +198,7 @@ def test_ttft_itl_and_dispatch_lag_match_the_servers_delays():
         server_gaps = np.diff(srv.sent_at[prompt][:4])
         assert np.all(np.abs(itls - server_gaps) < TOL), (itls, server_gaps)
         assert r.prompt_tokens == 7 and r.reused_tokens == 4 and r.initial_input_tokens == 3
+        assert r.j_adopt == 4          # a hybrid server's cached tokens are its joint hit
     assert res.window_end_s >= res.records[-1].finish_s
 
 

@@ -217,7 +217,8 @@ def _sleep_until(deadline: float, clock: Clock) -> None:
 
 def request_record(r, o: StreamOutcome) -> RequestRecord:
     """The harness's record of workload request ``r`` served as outcome ``o``
-    (token counts and cached prompt tokens from the server's usage)."""
+    (token counts and cached prompt tokens from the server's usage; the
+    cached tokens are also its J_adopt)."""
     usage = o.usage or {}
     details = usage.get("prompt_tokens_details") or {}
     prompt_tokens = int(usage.get("prompt_tokens") or r.prompt_len)
@@ -236,5 +237,9 @@ def request_record(r, o: StreamOutcome) -> RequestRecord:
         output_tokens=int(usage.get("completion_tokens") or len(o.token_times)),
         reused_tokens=cached,
         initial_input_tokens=prompt_tokens - cached,
+        # a hybrid model's prefix hit needs the attention blocks and a recurrent
+        # state at the same position (the joint hit): what a server reports as
+        # cached is the J it adopted
+        j_adopt=cached,
         prefix_group=r.prefix_group,
     )
