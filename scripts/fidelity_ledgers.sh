@@ -10,7 +10,7 @@
 #
 # vLLM needs HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh). Run it on a quiet
 # machine: the profile and the real runs share the CPU with nothing else.
-# About 10 minutes for torch and 12 for vLLM on two cores.
+# About 10 minutes for torch and 14 for vLLM on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/fidelity}"
@@ -26,10 +26,12 @@ for engine in $ENGINES; do
   if [ "$engine" = torch ]; then
     cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0-1 --requests 60 --rate 4)
   else
-    # one 1664-token vLLM block per step; decode across a block edge with no
-    # free block preempts (measured: 6 preemptions at b8)
-    cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0 --requests 16 --rate 50
-           --mean-input 1400 --max-output 400 --contexts 2 --max-model-len 4096 --cap 16)
+    # one 1664-token vLLM block per step; the simulator in vLLM's blocks
+    # (--paging vllm, set by fidelity); shared contexts of ~2,900 tokens, so a
+    # hit at the 1,664 edge exists; decode across the 3,328 edge with no free
+    # block preempts
+    cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0-1 --requests 16 --rate 50
+           --mean-input 3000 --max-output 400 --contexts 2 --max-model-len 4096 --cap 16)
   fi
   "${HB[@]}" calibrate --engine "$engine" --model "$MODEL" --samples "$dir/samples.csv" \
       -o "$dir/profile.json" | tee "$dir/calibrate.txt"

@@ -66,3 +66,11 @@ def test_vllm_calibration_and_fidelity_under_a_binding_budget(tmp_path, model):
     # the simulator was given vLLM's CPU step (one 1664-token block), not 8192
     sim = next(read_run(r) for r in list_runs(out / "runs") if read_run(r).engine == "sim")
     assert sim.config["token_budget"] == real.config["token_budget"] == 1664
+    # ... laid out in vLLM's blocks, and both served one token trace: the
+    # server counted the very prompt tokens the simulator served, and reused
+    # only whole blocks (its cached tokens are J_adopt)
+    assert sim.config["paging"] == "vllm"
+    real_req, sim_req = real.table("requests"), sim.table("requests")
+    assert list(real_req["prompt_tokens"]) == list(sim_req["prompt_tokens"])
+    assert (real_req["reused_tokens"] % 1664 == 0).all()
+    assert (real_req["j_adopt"] == real_req["reused_tokens"]).all()

@@ -65,10 +65,25 @@ def vllm_cells(cells: list) -> list:
     for cfg in cells:
         vllm.check_config(cfg)
         if vllm.cpu:
-            grid = layout_for(cfg.org, geometry_for_run(cfg)).grid_tokens
+            grid = layout_for(cfg.org, geometry_for_run(cfg), cfg.resolved_paging).grid_tokens
             cfg = dataclasses.replace(cfg, token_budget=max(vllm.step_tokens(cfg), grid))
         out.append(cfg)
     return out
+
+
+def token_trace(cfg, model_dir: Path):
+    """The cell's workload for a served engine, as token ids of the model's own
+    tokenizer. vLLM tokenizes prompt text with the model's tokenizer, while a
+    workload is derived with hbench's (`workloads.sharegpt.tokenizer`): sent as
+    text, the server would see other lengths and other block edges than the
+    simulator. Derived with the model's tokenizer and sent as ids (a request
+    without text goes as its ids), both sides serve the same tokens."""
+    from workloads.build import workload_for
+    from workloads.spec import WorkloadSpec
+
+    w = workload_for(WorkloadSpec.from_config(cfg), tokenizer=model_dir)
+    return dataclasses.replace(w, requests=tuple(dataclasses.replace(r, prompt_text="")
+                                                 for r in w.requests))
 
 
 def finished_sides(runs: Path, engine: str) -> set[tuple]:
@@ -148,7 +163,7 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
     workloads = {}
     for cfg in cells:                       # refuse a bad cell before any work
         setup = validate(cfg)
-        workloads[cfg] = build_run_workload(cfg)
+        workloads[cfg] = token_trace(cfg, model_dir) if engine == "vllm" else build_run_workload(cfg)
         check_fits(SimEngine().build(setup), workloads[cfg], cfg, setup.budget.label)
     if profile_path is None:
         profile_path = str(out / "profile.json")
@@ -176,8 +191,9 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
         task = bar.add_task("cells", total=2 * len(cells))
         for cfg in cells:
             workload = workloads[cfg]
+            # the simulator lays pages out as the real engine does (vLLM: its blocks)
             sim_cfg = dataclasses.replace(cfg, engine="sim", gpu=profile_path, launch=False,
-                                          device="cpu")
+                                          device="cpu", paging=cfg.resolved_paging)
             for c in (cfg, sim_cfg):
                 side = "sim" if c.engine == "sim" else "real"
                 if (c.org, c.budget, c.seed, side) not in done:   # an earlier call's run stays
