@@ -426,6 +426,38 @@ class CostModel:
             scan_flops=p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token,
         )
 
+    def decode_step(self, requests: int, context_tokens: int) -> StepCost:
+        """`step` of a pure decode step: ``requests`` decodes whose contexts sum
+        to ``context_tokens`` (the shape `StepShape.from_requests` gives for
+        them, no prefill, no copy). The same operations on the same numbers in
+        the same order as ``step(shape)``, so the result is bit-identical; it
+        skips building and validating the shape and the work tuple (the
+        simulator's fast path prices every quiet decode step with it)."""
+        d, c, r = requests, context_tokens, self.rates
+        kv_bytes = (c + 0 + 0 + d) * self.kv_bytes_per_token
+        state_bytes = (d + 0 + 0) * self.state_rw_bytes
+        gemm_flops = (0 + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq
+        attn_flops = (0 + c) * self.attn_flops_per_pair
+        scan_flops = 0 * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
+        weights_s = self._weights_s
+        kv_s = kv_bytes / r.mem_bytes_s
+        state_s = state_bytes / r.state_bytes_s
+        memory_s = weights_s + kv_s + state_s
+        if self._attn_with_gemm:
+            compute_s = (gemm_flops + attn_flops) / r.gemm_flops_s
+        else:
+            compute_s = gemm_flops / r.gemm_flops_s + attn_flops / r.attn_flops_s
+        compute_s += scan_flops / r.scan_flops_s
+        overhead = r.step_overhead_s + r.request_overhead_s * d
+        bound = "compute" if compute_s > memory_s else "memory"
+        if self._add:
+            busy = memory_s + compute_s
+        else:
+            busy = compute_s if compute_s > memory_s else memory_s
+        return StepCost(weights_s, kv_s, state_s, compute_s, overhead, busy + overhead, bound,
+                        gemm_flops + attn_flops + scan_flops,
+                        self.weights_read_bytes + kv_bytes + state_bytes)
+
     def step(self, shape: StepShape) -> StepCost:
         """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
         w, r = self.work(shape), self.rates

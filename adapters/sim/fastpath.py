@@ -48,7 +48,6 @@ import numpy as np
 from adapters.sim.cost import StepCost, StepShape
 from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.keys import KEY_TOKENS, extend_keys
-from harness.orgs.values import Demand
 from harness.scheduler import StepBatch, generated_token
 
 
@@ -88,40 +87,86 @@ def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, arrive, co
     the quiet steps that follow it. ``arrive(t)`` hands the scheduler every arrival
     before ``t``, as the event loop would, and returns how many there were;
     ``on_finish(requests, t)`` is told of the requests that finished at ``t``, as
-    the event loop is after `Scheduler.complete`. None when the batch is not a
-    pure decode batch (nothing was done)."""
-    if batch.preempted or batch.failed or len(batch.items) != len(sched.running):
+    the event loop is after `Scheduler.complete`; ``on_step()`` after each
+    completed step.
+
+    A pure decode batch starts a stretch at once. Any other batch (a prefill
+    chunk, an admission, a preemption) is completed here as the event loop
+    would (`Scheduler.complete` at its end); a stretch follows if the next
+    step is a quiet decode step (`_plan_decode`). Either way the return says
+    where the next step must be planned by the scheduler."""
+    if not (batch.preempted or batch.failed or len(batch.items) != len(sched.running)):
+        for it in batch.items:
+            if it.prefill:
+                break
+        else:
+            return _Stretch(sched, [it.req for it in batch.items],
+                            [it.start for it in batch.items]).run(
+                now, cost, arrive, cost_model, recorder, on_finish, on_step)
+    end = now + cost.total_s
+    arrive(end)
+    finished = sched.complete(batch, end)
+    recorder.step_finished(end)
+    on_finish(finished, end)
+    if on_step is not None:
+        on_step()
+    planned = _plan_decode(sched, end, cost_model, recorder)
+    if planned is None:
+        return StretchEnd(end, 1, "planned")
+    cost, reqs, starts = planned
+    return _Stretch(sched, reqs, starts).run(end, cost, arrive, cost_model, recorder, on_finish,
+                                             on_step)
+
+
+def _plan_decode(sched, now: float, cost_model, recorder):
+    """Plan the step at ``now`` as `Scheduler.schedule` would if it is a quiet
+    decode step: every running request decodes one token (all within the token
+    budget), their new attention blocks all fit and the waiting head is not
+    admitted (`Scheduler.refusal`). Then the blocks are allocated, the step's
+    row recorded, and (cost, running requests, their computed tokens) returned;
+    otherwise None and nothing changed but blocks the scheduler will find in
+    place (when it admits the head)."""
+    running = sched.running
+    d = len(running)
+    if not d or d > sched.policy.token_budget:
         return None
-    items = batch.items
-    for it in items:
-        if it.prefill:
+    for r in running:
+        if r.computed < r.prefill_until:
             return None
-    return _Stretch(sched, items).run(now, cost, arrive, cost_model, recorder, on_finish,
-                                      on_step)
+    starts = [r.computed for r in running]
+    if not sched.org.allocate_all([(r.rid, c + 1, r.prefill_until)
+                                   for r, c in zip(running, starts, strict=True)]):
+        return None
+    reason = sched.refusal(sched.policy.token_budget - d)
+    if reason is None:
+        return None
+    cost = cost_model.decode_step(d, sum(starts))
+    recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
+    return cost, list(running), starts
 
 
 class _Stretch:
-    def __init__(self, sched, items):
-        self.sched, self.org, self.items = sched, sched.org, items
+    def __init__(self, sched, reqs, starts):
+        self.sched, self.org, self.reqs = sched, sched.org, reqs
         bt = self.org.attn_block_tokens
         self.bt = bt
-        self.starts = [it.start for it in items]
-        self.done = [0] * len(items)       # completions applied to each request
-        self.live = [True] * len(items)    # not finished yet
+        self.starts = starts
+        self.done = [0] * len(reqs)        # completions applied to each request
+        self.live = [True] * len(reqs)     # not finished yet
         self.times = array("d")            # end time of each completed step
         # completion j makes request i complete a block iff (start_i + 1 + j) % bt == 0
         self.by_phase: dict[int, list[int]] = {}
-        for i, c in enumerate(self.starts):
+        for i, c in enumerate(starts):
             self.by_phase.setdefault(-(c + 1) % bt, []).append(i)
         self._head, self._head_keys = None, set()    # the waiting head and its prefix keys
         # completion j emits request i's last token iff j == output_len - generated - 1
         self.finish_at: dict[int, list[int]] = {}
-        for i, it in enumerate(items):
-            self.finish_at.setdefault(it.req.output_len - it.req.generated - 1, []).append(i)
+        for i, r in enumerate(reqs):
+            self.finish_at.setdefault(r.output_len - r.generated - 1, []).append(i)
 
     def run(self, now, cost, arrive, cost_model, recorder, on_finish, on_step) -> StretchEnd:
         sched, org = self.sched, self.org
-        d = len(self.items)
+        d = len(self.reqs)
         context = sum(self.starts)
         token_budget = sched.policy.token_budget
         bt, by_phase, finish_at, times = self.bt, self.by_phase, self.finish_at, self.times
@@ -173,7 +218,7 @@ class _Stretch:
                 if reason is None:
                     # blocks are allocated as `schedule` would; it finds them in place
                     return self._finish(StretchEnd(now, j, "admission"))
-            cost = cost_model.step(decode_shape(d, context))
+            cost = cost_model.decode_step(d, context)
             recorder.step_repeated(now, cost, len(sched.waiting), fresh=bool(crossing or ending),
                                    wait_reason=reason, running=d if ending else None)
 
@@ -182,14 +227,14 @@ class _Stretch:
         """Completion j of the requests that complete a block and of those it
         finishes, in batch order as `Scheduler.complete` applies them; returns
         the crossing requests still running."""
-        sched, items, live = self.sched, self.items, self.live
+        sched, reqs, live = self.sched, self.reqs, self.live
         finished = []
         for i in sorted({*crossing, *ending}):
             if i in ending:
                 self._catch_up(i, j + 1, last=True)
-                sched.finish_request(items[i].req, end)
+                sched.finish_request(reqs[i], end)
                 live[i] = False
-                finished.append(items[i].req)
+                finished.append(reqs[i])
             else:
                 self._catch_up(i, j + 1)
         for i in ending:
@@ -215,18 +260,9 @@ class _Stretch:
 
     def _allocate(self, crossing: list[int], j: int) -> bool:
         """Allocate the next block of each crossing request (running order) if all fit."""
-        org, items = self.org, self.items
-        total = None
-        for i in crossing:
-            r = items[i].req
-            need = org.pages_needed(r.rid, self.starts[i] + j + 1, r.prefill_until).pages
-            total = need if total is None else tuple(a + b for a, b in zip(total, need, strict=True))
-        if not org.can_allocate(Demand(total)):
-            return False
-        for i in crossing:
-            r = items[i].req
-            assert org.allocate(r.rid, self.starts[i] + j + 1, r.prefill_until)
-        return True
+        reqs, starts = self.reqs, self.starts
+        return self.org.allocate_all([(reqs[i].rid, starts[i] + j + 1, reqs[i].prefill_until)
+                                      for i in crossing])
 
     def _catch_up(self, i: int, upto: int, last: bool = False) -> None:
         """Apply completions ``done[i]`` .. ``upto - 1`` to request i as
@@ -235,7 +271,7 @@ class _Stretch:
         n = upto - self.done[i]
         if n <= 0:
             return
-        r = self.items[i].req
+        r = self.reqs[i]
         first = self.done[i]
         self.done[i] = upto
         g = r.generated
@@ -260,7 +296,7 @@ class _Stretch:
 
     def _finish(self, end: StretchEnd) -> StretchEnd:
         """Catch every running request up to the end of the stretch."""
-        for i in range(len(self.items)):
+        for i in range(len(self.reqs)):
             if self.live[i]:
                 self._catch_up(i, end.steps)
         return end

@@ -83,21 +83,36 @@ class StepRecorder:
 
     def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
         """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
+        self._start(now, cost, running, waiting, batch.batch_tokens,
+                    sum(i.end - i.start for i in batch.items if i.prefill),
+                    sum(1 for i in batch.items if not i.prefill), len(batch.preempted),
+                    batch.wait_reason, _ids(batch.admitted), _ids(batch.preempted),
+                    _ids(batch.skipped))
+
+    def decode_step_started(self, now: float, cost, running: int, waiting: int,
+                            wait_reason: str) -> None:
+        """`step_started` for a batch of one decode per running request that
+        admits, preempts and skips no one (a step the fast path plans): the
+        same row without the batch."""
+        self._start(now, cost, running, waiting, running, 0, running, 0, wait_reason, "", "", "")
+
+    def _start(self, now, cost, running, waiting, batch_tokens, prefill_tokens, decode_requests,
+               preempted, wait_reason, admitted_ids, preempted_ids, skipped_ids) -> None:
         row = {
             "time_s": now, "start_s": now, "duration_s": cost.total_s,
             "running": running, "waiting": waiting,
-            "batch_tokens": batch.batch_tokens,
-            "prefill_tokens": sum(i.end - i.start for i in batch.items if i.prefill),
-            "decode_requests": sum(1 for i in batch.items if not i.prefill),
-            "preempted": len(batch.preempted),
+            "batch_tokens": batch_tokens,
+            "prefill_tokens": prefill_tokens,
+            "decode_requests": decode_requests,
+            "preempted": preempted,
             "weights_s": cost.weights_s, "kv_s": cost.kv_s,
             "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
             "overhead_s": cost.overhead_s, "bound": cost.bound,
             # the scheduler's reasons (TTFT attribution, `harness.attribution`)
-            "wait_reason": batch.wait_reason,
-            "admitted_ids": _ids(batch.admitted),
-            "preempted_ids": _ids(batch.preempted),
-            "skipped_ids": _ids(batch.skipped),
+            "wait_reason": wait_reason,
+            "admitted_ids": admitted_ids,
+            "preempted_ids": preempted_ids,
+            "skipped_ids": skipped_ids,
         }
         self._add_memory(row)
         self._push(row)
@@ -128,7 +143,11 @@ class StepRecorder:
         cost and waiting queue; memory is read again only if ``fresh`` (pages
         changed since). ``running``: the batch lost its finished requests and
         decodes for these ``running`` requests (all that run)."""
-        row = self._last.copy()
+        # the last row is frozen first, then its dict becomes the new row
+        row = self._last
+        if not self._table.columns:
+            self._table.set_columns(row)
+        self._table.rows.append(tuple(row.values()))
         if running is not None:
             row["running"] = row["batch_tokens"] = row["decode_requests"] = running
         row["time_s"] = row["start_s"] = now
@@ -146,7 +165,6 @@ class StepRecorder:
             row["wait_reason"] = wait_reason
         if fresh:
             self._add_memory(row)
-        self._push(row)
 
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""

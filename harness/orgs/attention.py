@@ -66,19 +66,53 @@ class AttentionIndex:
         """``n`` new private blocks, each referenced once by its owner. A page fresh
         from the empty set or from `EntryTable.take_page` is in no free queue and
         of no kind yet, so the reference is just the count and the kind is set
-        directly (`PagePool.take_empty` and `PagePool.set_kind`, inlined)."""
+        directly (`PagePool.take_empty` and `PagePool.set_kind`, inlined).
+
+        With no empty page the least recently released cached page is
+        reclaimed; when that page holds one cached attention block (always in
+        D0's attention pool), `EntryTable.take_page` is inlined too: the block
+        is invalidated (`EntryTable.invalidate`, `PagePool.forget_content`)
+        and the page claimed (`PagePool.claim`), with the same counters,
+        versions and generations. Anything else goes through the table."""
         table, pool = self.table, self.pool
         ref, gen, deps, entries, ids = pool.ref, pool.generation, pool.dependents, \
             table.entries, table.ids
-        empty, kind, kind_pages = pool.empty, pool.kind, pool.kind_pages
+        empty, kind, kind_pages, lru = pool.empty, pool.kind, pool.kind_pages, pool.lru
+        attn_map = self.map
         out = []
+        append = out.append
         for _ in range(n):
             if empty:
                 pool.version += 1
                 page = empty.popitem()[0]
                 gen[page] += 1
             else:
-                page = table.take_page(0)
+                page = next(iter(lru), None)
+                d = deps[page] if page is not None else None
+                if d is not None and len(d) == 1 and (victim := entries[next(iter(d))]).kind \
+                        == ATTN_ENTRY and ref[page] == 0 and pool.hold[page] == 0:
+                    assert victim.refs == 0 and not victim.held, (
+                        f"{table.name}: reclaiming a page of live {victim}")
+                    pool.version += 2           # the empty set was tried; content forgotten
+                    victim.valid = False
+                    k = victim.key
+                    if k is not None and attn_map.get(k) is victim:
+                        del attn_map[k]
+                    d.clear()
+                    del entries[victim.id]
+                    del lru[page]
+                    old = kind[page]
+                    pool.cached_pages[old] -= 1
+                    kind_pages[old] -= 1
+                    kind[page] = EMPTY
+                    table.invalidations += 1
+                    table.invalidations_by_kind[ATTN_ENTRY] += 1
+                    if table.watch is not None:
+                        table.watch.append(victim)
+                    pool.version += 1           # claimed
+                    gen[page] += 1
+                else:
+                    page = table.take_page(0)
             kind[page] = ATTN
             kind_pages[ATTN] += 1
             e = Entry(next(ids), ATTN_ENTRY, [(0, page)])
@@ -89,7 +123,7 @@ class AttentionIndex:
             e.refs = 1
             ref[page] += 1
             pool.version += 1
-            out.append(e)
+            append(e)
         return out
 
     def register(self, blocks: list[Entry], keys, first: int, last: int) -> None:
@@ -117,6 +151,7 @@ class AttentionIndex:
         ref, hold, deps, kind = pool.ref, pool.hold, pool.dependents, pool.kind
         lru, empty, entries = pool.lru, pool.empty, table.entries
         kind_pages, cached_pages = pool.kind_pages, pool.cached_pages
+        pool.version += len(blocks)
         for e in reversed(blocks):
             page = e.members[0][1]
             if e.key is not None:
@@ -127,7 +162,6 @@ class AttentionIndex:
                 deps[page].discard(e.id)
                 del entries[e.id]
                 e.refs = 0
-            pool.version += 1
             if ref[page] <= 0:
                 raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
             ref[page] -= 1

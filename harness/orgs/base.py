@@ -187,6 +187,48 @@ class Organization(ReadOnlyViews):
             st.reserved_until = (st.reserved_until // grid + 1) * grid
         return True
 
+    def allocate_all(self, requests) -> bool:
+        """``allocate(rid, end, prefill_until)`` for each running request of
+        ``requests`` in order, if the pages all of them need together
+        (`pages_needed` summed) are available; False (nothing changed)
+        otherwise. When none of them reserves a checkpoint (a decode step's new
+        attention blocks) the blocks are counted and taken in one go, the same
+        pages in the same order as one `allocate` after another."""
+        bt, grid, reqs = self.attn_block_tokens, self.grid, self.reqs
+        counts, total = [], 0
+        for rid, end, prefill_until in requests:
+            st = reqs[rid]
+            last = end if end < prefill_until else prefill_until
+            if last // grid > st.reserved_until // grid:
+                return self._allocate_all_one_by_one(requests)
+            b = -(-end // bt) - len(st.attn)
+            b = b if b > 0 else 0
+            counts.append(b)
+            total += b
+        pools = self.pools
+        if pools[0].available - total < 0 or any(p.available < 0 for p in pools[1:]):
+            return False
+        self._copies = ()
+        if total:
+            new = self.attn.new_blocks(total)
+            i = 0
+            for (rid, _, _), b in zip(requests, counts, strict=True):
+                if b:
+                    reqs[rid].attn.extend(new[i:i + b])
+                    i += b
+        return True
+
+    def _allocate_all_one_by_one(self, requests) -> bool:
+        total = None
+        for rid, end, prefill_until in requests:
+            need = self.pages_needed(rid, end, prefill_until).pages
+            total = need if total is None else tuple(a + b for a, b in zip(total, need, strict=True))
+        if not self.can_allocate(Demand(total)):
+            return False
+        for rid, end, prefill_until in requests:
+            assert self.allocate(rid, end, prefill_until)
+        return True
+
     def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]:
         """Tokens up to ``computed`` are done: register full attention blocks and
         publish checkpoints at grid boundaries reached during prefill. Returns the
