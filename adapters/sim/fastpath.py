@@ -48,7 +48,7 @@ import numpy as np
 from adapters.sim.cost import StepCost, StepShape
 from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.keys import KEY_TOKENS, extend_keys
-from harness.scheduler import StepBatch, generated_token
+from harness.scheduler import RUNNING, StepBatch, generated_token
 
 
 def fast_path_enabled() -> bool:
@@ -79,6 +79,23 @@ def decode_shape(requests: int, context_tokens: int) -> StepShape:
     return StepShape(prefill_tokens=0, prefill_attn_pairs=0, decode_requests=requests,
                      decode_context_tokens=context_tokens, prefill_context_tokens=0,
                      state_requests=requests, checkpoint_copies=0, checkpoint_loads=0)
+
+
+def mixed_shape(chunks, requests: int, context_tokens: int) -> StepShape:
+    """The `StepShape` that `StepShape.of_batch` builds for a batch of
+    ``requests`` decodes whose contexts sum to ``context_tokens`` followed by
+    the prefill items ``chunks`` (the same sums in the same order)."""
+    pieces = tuple((it.end - it.start, it.start) for it in chunks)
+    copies = loads = 0
+    for it in chunks:
+        loads += it.adopted
+        copies += min(it.end, it.req.prefill_until) // it.grid - it.start // it.grid
+    return StepShape(prefill_tokens=sum(n for n, _ in pieces),
+                     prefill_attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in pieces),
+                     decode_requests=requests, decode_context_tokens=context_tokens,
+                     prefill_context_tokens=sum(c for _, c in pieces),
+                     state_requests=len(pieces) + requests, checkpoint_copies=copies,
+                     checkpoint_loads=loads)
 
 
 def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, arrive, cost_model,
@@ -170,6 +187,7 @@ class _Stretch:
         context = sum(self.starts)
         token_budget = sched.policy.token_budget
         bt, by_phase, finish_at, times = self.bt, self.by_phase, self.finish_at, self.times
+        admitted = None   # the prefill items of the step in flight (admitted in the stretch)
         j = 0
         while True:
             end = now + cost.total_s
@@ -180,11 +198,20 @@ class _Stretch:
             times.append(end)
             crossing = by_phase.get(j % bt, ())
             ending = finish_at.pop(j, ())
+            finished = []
             if ending:
-                crossing = self._complete_with_finishes(crossing, ending, j, end, on_finish)
+                crossing = self._complete_with_finishes(crossing, ending, j, end, finished)
             else:
                 for i in crossing:
                     self._catch_up(i, j + 1)
+            joined = prefilling = ()
+            if admitted:
+                crossing = list(crossing)   # `_join` may extend the list it came from
+                # the admitted requests come after the running ones in the batch
+                finished += sched.complete(StepBatch(items=admitted), end)
+                joined, prefilling = self._join(admitted, j)
+            if finished:
+                on_finish(finished, end)
             now = end
             j += 1
             if on_step is not None:
@@ -194,15 +221,21 @@ class _Stretch:
             if ending:
                 d -= len(ending)
                 context -= sum(self.starts[i] + j for i in ending)
-                if not d:
-                    return self._finish(StretchEnd(now, j, "idle"))
+            if joined:
+                d += len(joined)
+                context += sum(self.starts[i] + j for i in joined)
+                crossing = [*crossing, *(i for i in joined if (self.starts[i] + j) % bt == 0)]
+            if prefilling:   # a chunked prefill goes on: the scheduler plans the step
+                return self._finish(StretchEnd(now, j, "prefill"))
+            if not d:
+                return self._finish(StretchEnd(now, j, "idle"))
             # the crossing requests need a new block. The waiting head, refused
             # when the stretch began, is asked again only after an arrival, a
-            # finish or an eviction its prefix could feel (`_head_may_differ`):
-            # otherwise pages were only taken (fewer available, its hit
-            # unchanged) and the blocks registered end in tokens the running
-            # requests generated, which no waiting request's prefix holds: it
-            # stays refused
+            # finish, an admission or an eviction its prefix could feel
+            # (`_head_may_differ`): otherwise pages were only taken (fewer
+            # available, its hit unchanged) and the blocks registered end in
+            # tokens the running requests generated, which no waiting request's
+            # prefix holds: it stays refused
             evicted = False
             if crossing:
                 lost: list = []
@@ -213,22 +246,58 @@ class _Stretch:
                     return self._finish(StretchEnd(now, j, "no room"))
                 evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
-            if arrived or evicted or ending:
+            was_mixed, admitted = admitted, None
+            if arrived or evicted or ending or was_mixed:
                 reason = sched.refusal(token_budget - d)
                 if reason is None:
-                    # blocks are allocated as `schedule` would; it finds them in place
-                    return self._finish(StretchEnd(now, j, "admission"))
+                    # admit as `Scheduler._admit` would after the decodes: the
+                    # step computes their chunks too
+                    batch = StepBatch()
+                    sched._admit(batch, token_budget - d)
+                    assert batch.items and not batch.failed, "admission with requests running"
+                    admitted = batch.items
+                    cost = cost_model.step(mixed_shape(batch.items, d, context))
+                    recorder.admission_step_started(now, cost, d, batch, len(sched.running),
+                                                    len(sched.waiting))
+                    continue
             cost = cost_model.decode_step(d, context)
-            recorder.step_repeated(now, cost, len(sched.waiting), fresh=bool(crossing or ending),
-                                   wait_reason=reason, running=d if ending else None)
+            if was_mixed:
+                recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
+            else:
+                recorder.step_repeated(now, cost, len(sched.waiting),
+                                       fresh=bool(crossing or ending),
+                                       wait_reason=reason, running=d if ending else None)
+
+    def _join(self, admitted, j: int):
+        """After completion j: the admitted requests that now decode join the
+        stretch (running order: after everyone else); returns their indices and
+        the requests whose prefill goes on."""
+        joined, prefilling = [], []
+        for it in admitted:
+            r = it.req
+            if r.state != RUNNING:
+                continue                  # finished with its first token
+            if r.computed < r.prefill_until:
+                prefilling.append(r)
+                continue
+            i = len(self.reqs)
+            self.reqs.append(r)
+            start = r.computed - 1 - j    # as if it had decoded since the stretch began
+            self.starts.append(start)
+            self.done.append(j + 1)
+            self.live.append(True)
+            self.by_phase.setdefault(-(start + 1) % self.bt, []).append(i)
+            self.finish_at.setdefault(r.output_len - r.generated + j, []).append(i)
+            joined.append(i)
+        return joined, prefilling
 
     def _complete_with_finishes(self, crossing, ending, j: int, end: float,
-                                on_finish) -> list[int]:
+                                finished: list) -> list[int]:
         """Completion j of the requests that complete a block and of those it
-        finishes, in batch order as `Scheduler.complete` applies them; returns
-        the crossing requests still running."""
+        finishes, in batch order as `Scheduler.complete` applies them (the
+        finished ones go to ``finished``); returns the crossing requests still
+        running."""
         sched, reqs, live = self.sched, self.reqs, self.live
-        finished = []
         for i in sorted({*crossing, *ending}):
             if i in ending:
                 self._catch_up(i, j + 1, last=True)
@@ -239,7 +308,6 @@ class _Stretch:
                 self._catch_up(i, j + 1)
         for i in ending:
             self.by_phase[-(self.starts[i] + 1) % self.bt].remove(i)
-        on_finish(finished, end)
         return [i for i in crossing if live[i]]
 
     def _head_may_differ(self, lost: list) -> bool:

@@ -96,6 +96,15 @@ class StepRecorder:
         same row without the batch."""
         self._start(now, cost, running, waiting, running, 0, running, 0, wait_reason, "", "", "")
 
+    def admission_step_started(self, now: float, cost, decodes: int, batch, running: int,
+                               waiting: int) -> None:
+        """`step_started` for ``decodes`` decodes (one per request that ran
+        before) followed by ``batch``'s items, the prefill chunks of the
+        requests it admitted (a step the fast path plans)."""
+        chunks = sum(i.end - i.start for i in batch.items)
+        self._start(now, cost, running, waiting, decodes + chunks, chunks, decodes, 0,
+                    batch.wait_reason, _ids(batch.admitted), "", "")
+
     def _start(self, now, cost, running, waiting, batch_tokens, prefill_tokens, decode_requests,
                preempted, wait_reason, admitted_ids, preempted_ids, skipped_ids) -> None:
         row = {
