@@ -188,9 +188,10 @@ class _Stretch:
         token_budget = sched.policy.token_budget
         bt, by_phase, finish_at, times = self.bt, self.by_phase, self.finish_at, self.times
         admitted = None   # the prefill items of the step in flight (admitted in the stretch)
+        duration = cost.total_s
         j = 0
         while True:
-            end = now + cost.total_s
+            end = now + duration
             # arrivals while step j runs; one at exactly `end` comes after its planning
             arrived = arrive(end)
             # ---- completion of step j ------------------------------------------
@@ -259,14 +260,18 @@ class _Stretch:
                     cost = cost_model.step(mixed_shape(batch.items, d, context))
                     recorder.admission_step_started(now, cost, d, batch, len(sched.running),
                                                     len(sched.waiting))
+                    duration = cost.total_s
                     continue
-            cost = cost_model.decode_step(d, context)
             if was_mixed:
+                cost = cost_model.decode_step(d, context)
+                duration = cost.total_s
                 recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
             else:
-                recorder.step_repeated(now, cost, len(sched.waiting),
-                                       fresh=bool(crossing or ending),
-                                       wait_reason=reason, running=d if ending else None)
+                values = cost_model.decode_values(d, context)
+                duration = values[5]
+                recorder.decode_repeated(now, values, len(sched.waiting),
+                                         bool(crossing or ending), reason,
+                                         d if ending else None)
 
     def _join(self, admitted, j: int):
         """After completion j: the admitted requests that now decode join the

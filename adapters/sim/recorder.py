@@ -55,6 +55,13 @@ class _OpenRows(Sequence):
         return self.last if k == len(self.table) else self.table[k]
 
 
+#: The columns every row starts with (`StepRecorder._start`), memory after them.
+_HEAD = ("time_s", "start_s", "duration_s", "running", "waiting", "batch_tokens",
+         "prefill_tokens", "decode_requests", "preempted", "weights_s", "kv_s", "state_io_s",
+         "compute_s", "overhead_s", "bound", "wait_reason", "admitted_ids", "preempted_ids",
+         "skipped_ids")
+_N_HEAD = len(_HEAD)
+
 #: Per state kind: the kind and its memory columns' names, in row order.
 _KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
                        f"cached_{k}_bytes", f"waste_{k}_bytes") for k in KINDS)
@@ -77,7 +84,11 @@ class StepRecorder:
         self.org = org
         self.layers = pool_layers
         self._table = StepTable()               # the finished rows
-        self._last: dict | None = None          # the row in progress
+        self._last: dict | None = None          # the row in progress, if a started one
+        # a repeated row in progress: its first `_HEAD` values (a list, so that
+        # its end time can still be set) and the memory values after them
+        self._head: list | None = None
+        self._tail: tuple = ()
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
 
@@ -107,38 +118,40 @@ class StepRecorder:
 
     def _start(self, now, cost, running, waiting, batch_tokens, prefill_tokens, decode_requests,
                preempted, wait_reason, admitted_ids, preempted_ids, skipped_ids) -> None:
-        row = {
-            "time_s": now, "start_s": now, "duration_s": cost.total_s,
-            "running": running, "waiting": waiting,
-            "batch_tokens": batch_tokens,
-            "prefill_tokens": prefill_tokens,
-            "decode_requests": decode_requests,
-            "preempted": preempted,
-            "weights_s": cost.weights_s, "kv_s": cost.kv_s,
-            "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
-            "overhead_s": cost.overhead_s, "bound": cost.bound,
-            # the scheduler's reasons (TTFT attribution, `harness.attribution`)
-            "wait_reason": wait_reason,
-            "admitted_ids": admitted_ids,
-            "preempted_ids": preempted_ids,
-            "skipped_ids": skipped_ids,
-        }
+        # the scheduler's reasons close the head (TTFT attribution, `harness.attribution`)
+        row = dict(zip(_HEAD, (now, now, cost.total_s, running, waiting, batch_tokens,
+                               prefill_tokens, decode_requests, preempted, cost.weights_s,
+                               cost.kv_s, cost.state_io_s, cost.compute_s, cost.overhead_s,
+                               cost.bound, wait_reason, admitted_ids, preempted_ids,
+                               skipped_ids), strict=True))
         self._add_memory(row)
         self._push(row)
 
-    def _push(self, row: dict) -> None:
+    def _push(self, row: dict | None) -> None:
         """``row`` is the row in progress; the one before it is frozen."""
-        if self._last is not None:
+        self._freeze()
+        self._last = row
+
+    def _freeze(self) -> None:
+        """The row in progress, if any, becomes a table row."""
+        if self._head is not None:
+            self._table.rows.append((*self._head, *self._tail))
+            self._head = None
+        elif self._last is not None:
             if not self._table.columns:
                 self._table.set_columns(self._last)
             self._table.rows.append(tuple(self._last.values()))
-        self._last = row
+            self._last = None
 
     @property
     def rows(self) -> Sequence[dict]:
-        """Every row so far as dicts, the row in progress last: that one is the
-        recorder's own, so an engine may still fill in its timing."""
-        return _OpenRows(self._table, self._last)
+        """Every row so far as dicts, the row in progress last: a started one is
+        the recorder's own, so an engine may still fill in its timing (a
+        repeated one comes as a copy)."""
+        last = self._last
+        if self._head is not None:
+            last = dict(zip(self._table.columns, (*self._head, *self._tail), strict=True))
+        return _OpenRows(self._table, last)
 
     def table(self) -> StepTable:
         """Every row, the last one frozen too: the run's step table."""
@@ -152,28 +165,39 @@ class StepRecorder:
         cost and waiting queue; memory is read again only if ``fresh`` (pages
         changed since). ``running``: the batch lost its finished requests and
         decodes for these ``running`` requests (all that run)."""
-        # the last row is frozen first, then its dict becomes the new row
-        row = self._last
-        if not self._table.columns:
-            self._table.set_columns(row)
-        self._table.rows.append(tuple(row.values()))
-        if running is not None:
-            row["running"] = row["batch_tokens"] = row["decode_requests"] = running
-        row["time_s"] = row["start_s"] = now
-        row["waiting"] = waiting
-        row["duration_s"] = cost.total_s
-        row["weights_s"], row["kv_s"] = cost.weights_s, cost.kv_s
-        row["state_io_s"], row["compute_s"] = cost.state_io_s, cost.compute_s
-        row["overhead_s"], row["bound"] = cost.overhead_s, cost.bound
+        self.decode_repeated(now, (cost.weights_s, cost.kv_s, cost.state_io_s, cost.compute_s,
+                                   cost.overhead_s, cost.total_s, cost.bound), waiting, fresh,
+                             wait_reason, running)
+
+    def decode_repeated(self, now: float, cost: tuple, waiting: int, fresh: bool,
+                        wait_reason: str | None = None, running: int | None = None) -> None:
+        """`step_repeated` with the cost as a tuple in `StepCost`'s field order
+        (`CostModel.decode_values`)."""
+        p = self._head
+        if p is None:       # the last row is a started one: freeze it, keep its values
+            last, self._last = self._last, None
+            if not self._table.columns:
+                self._table.set_columns(last)
+            values = tuple(last.values())
+            self._table.rows.append(values)
+            p, self._tail = values[:_N_HEAD], values[_N_HEAD:]
+        else:
+            self._table.rows.append((*p, *self._tail))
+        if running is None:
+            running, batch_tokens, decodes = p[3], p[5], p[7]
+        else:
+            batch_tokens = decodes = running
         # nobody is admitted, preempted or skipped in a repeated decode step; why
         # the waiting requests wait is ``wait_reason`` when the fast path asked
         # the scheduler again (after an arrival or an eviction), else the last
         # step's: nothing that decides it changed
-        row["admitted_ids"] = row["preempted_ids"] = row["skipped_ids"] = _ids(())
-        if wait_reason is not None:
-            row["wait_reason"] = wait_reason
+        self._head = [now, now, cost[5], running, waiting, batch_tokens, p[6], decodes, p[8],
+                      cost[0], cost[1], cost[2], cost[3], cost[4], cost[6],
+                      p[15] if wait_reason is None else wait_reason, "", "", ""]
         if fresh:
-            self._add_memory(row)
+            mem: dict = {}
+            self._add_memory(mem)
+            self._tail = tuple(mem.values())
 
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""
@@ -201,7 +225,10 @@ class StepRecorder:
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
-        self._last["time_s"] = now
+        if self._head is not None:
+            self._head[0] = now
+        else:
+            self._last["time_s"] = now
 
     def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
         """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is
