@@ -177,3 +177,46 @@ def test_finishes_inside_stretches(schedule_calls):
     assert all(r.finish_s is not None for r in run.requests)
     assert run.counters["preemptions"] == 0
     assert planned["n"] <= 2 * len(run.requests)
+
+
+@pytest.mark.parametrize("rates", ["roofline", "sum", "separate"])
+def test_decode_values_are_step_of_the_decode_shape(rates):
+    """`CostModel.decode_values` (every fast-forwarded step) and
+    `fastpath.mixed_shape` (a step that admits inside a stretch) give the
+    same numbers as pricing the scheduler's batch."""
+    from adapters.sim.cost import CostModel, Rates, StepCost, StepShape
+    from adapters.sim.fastpath import mixed_shape
+    from adapters.sim.hardware import get_hardware
+    from harness.model_configs import preset
+    from harness.scheduler import BatchItem, SchedRequest
+
+    hw = get_hardware("h200")
+    if rates == "sum":
+        hw = Rates(mem_bytes_s=2e9, state_bytes_s=5e8, gemm_flops_s=3e10, attn_flops_s=3e10,
+                   scan_flops_s=7e9, step_overhead_s=1e-3, request_overhead_s=2e-5,
+                   combine="sum")
+    elif rates == "separate":
+        hw = Rates(mem_bytes_s=2e9, state_bytes_s=5e8, gemm_flops_s=3e10, attn_flops_s=1e10,
+                   scan_flops_s=7e9, step_overhead_s=1e-3, request_overhead_s=2e-5)
+    model = CostModel(preset("falcon-h1-7b"), hw)
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        contexts = tuple(int(c) for c in rng.integers(1, 40_000, int(rng.integers(1, 64))))
+        shape = StepShape.from_requests(decode_contexts=contexts)
+        want = model.step(shape)
+        got = model.decode_values(len(contexts), sum(contexts))
+        assert StepCost(*got) == want
+        assert model.decode_step(len(contexts), sum(contexts)) == want
+        chunks = []
+        for rid in range(int(rng.integers(1, 4))):
+            start = int(rng.integers(0, 4)) * 512
+            n = int(rng.integers(1, 3000))
+            r = SchedRequest(rid, 0.0, None, [], None, start + n, 10, None,
+                             prefill_until=start + n - int(rng.integers(0, 2)) * (n // 2))
+            chunks.append(BatchItem(r, start, start + n, True, 512, adopted=bool(start)))
+        mixed = StepShape.from_requests(
+            tuple((it.end - it.start, it.start) for it in chunks), contexts,
+            sum(min(it.end, it.req.prefill_until) // 512 - it.start // 512 for it in chunks),
+            sum(it.adopted for it in chunks))
+        assert mixed_shape(chunks, len(contexts), sum(contexts)) == mixed
+        assert model.step(mixed_shape(chunks, len(contexts), sum(contexts))) == model.step(mixed)

@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from harness.orgs.pool import KINDS
+from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
+from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.step_table import StepTable
 
 
@@ -89,6 +90,7 @@ class StepRecorder:
         # its end time can still be set) and the memory values after them
         self._head: list | None = None
         self._tail: tuple = ()
+        self._mem_columns: tuple[str, ...] | None = None
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
 
@@ -195,33 +197,72 @@ class StepRecorder:
                       cost[0], cost[1], cost[2], cost[3], cost[4], cost[6],
                       p[15] if wait_reason is None else wait_reason, "", "", ""]
         if fresh:
-            mem: dict = {}
-            self._add_memory(mem)
-            self._tail = tuple(mem.values())
+            self._tail = self._memory()
 
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""
-        u = self.org.usage()
-        layers = self.layers
-        by_kind = self.org.invalidations_by_kind
-        row["invalidations_attention"] = by_kind["attention"]
-        row["invalidations_checkpoint"] = by_kind["checkpoint"]
-        row["slab_occupancy"] = u.slab_occupancy
-        for pool, counts in u.pages.items():
-            for state, n in counts.items():
-                row[_page_column(pool, state)] = n
-        waste = 0
-        for k, referenced, cached, mem, cached_bytes, waste_bytes in _KIND_COLUMNS:
-            row[referenced] = u.pages_by_kind[k]["referenced"]
-            row[cached] = u.pages_by_kind[k]["cached"]
-            b = u.bytes_by_kind[k]["referenced"] * layers
-            row[mem] = b
-            row[cached_bytes] = u.bytes_by_kind[k]["cached"] * layers
-            row[waste_bytes] = w = u.waste_by_kind[k] * layers
+        if self._mem_columns is None:
+            self._mem_columns = self._memory_columns()
+        row.update(zip(self._mem_columns, self._memory(), strict=True))
+
+    def _memory_columns(self) -> tuple[str, ...]:
+        cols = ["invalidations_attention", "invalidations_checkpoint", "slab_occupancy"]
+        for p in self.org.pools:
+            cols += [_page_column(p.name, state) for state in ("referenced", "cached", "free")]
+        for _, *names in _KIND_COLUMNS:
+            cols += names
+        return tuple(cols)
+
+    def _memory(self) -> tuple:
+        """The values of `_memory_columns` now, and the peaks updated: the
+        organization's `usage()` (`harness.orgs.audit.usage`) computed from
+        the pools' counters directly, the same numbers in the same types
+        (`tests/test_recorder_memory.py` holds the two together)."""
+        org, layers = self.org, self.layers
+        lay = org.layout
+        by_kind = org.table.invalidations_by_kind
+        slabs = org.table.slabs
+        out = [by_kind[ATTN_ENTRY], by_kind[CKPT_ENTRY],
+               slabs.occupancy() if slabs is not None else float("nan")]
+        ref = dict.fromkeys(KINDS, 0)
+        cached = dict.fromkeys(KINDS, 0)
+        for p in org.pools:
+            n_lru, n_empty = len(p.lru), len(p.empty)
+            out += (p.num_pages - n_empty - n_lru, n_lru, n_empty)
+            kind_pages, cached_pages = p.kind_pages, p.cached_pages
+            for k in KINDS:
+                cached[k] += cached_pages[k]
+                ref[k] += kind_pages[k] - cached_pages[k]
+        per_ckpt_ssm = max(lay.ssm_pages, 1)
+        n_ref, n_cached = ref[SSM] / per_ckpt_ssm, cached[SSM] / per_ckpt_ssm
+        ssm_all, conv_all = ref[SSM] + cached[SSM], ref[CONV] + cached[CONV]
+        n_ckpt_all = ssm_all / per_ckpt_ssm
+        if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
+            ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
+            conv_waste = 0
+        else:
+            ssm_logical = n_ckpt_all * lay.ssm_bytes
+            conv_waste = conv_all * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
+        per_kind = (
+            (ref[ATTN], cached[ATTN], ref[ATTN] * lay.attn_block_bytes,
+             cached[ATTN] * lay.attn_block_bytes,
+             (ref[ATTN] + cached[ATTN]) * (lay.attn_page_bytes - lay.attn_block_bytes)),
+            (ref[SSM], cached[SSM], int(n_ref * lay.ssm_bytes), int(n_cached * lay.ssm_bytes),
+             int(ssm_all * lay.ckpt_page_bytes - ssm_logical)),
+            (ref[CONV], cached[CONV], int(n_ref * lay.conv_bytes), int(n_cached * lay.conv_bytes),
+             int(conv_waste)),
+        )
+        waste, peak = 0, self.peak
+        for k, (n_referenced, n_cached_pages, b_ref, b_cached, w) in zip(KINDS, per_kind,
+                                                                        strict=True):
+            b = b_ref * layers
+            w *= layers
+            out += (n_referenced, n_cached_pages, b, b_cached * layers, w)
             waste += w
-            if b > self.peak[k]:
-                self.peak[k] = b
+            if b > peak[k]:
+                peak[k] = b
         self.waste_peak = max(self.waste_peak, waste)
+        return tuple(out)
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
