@@ -75,55 +75,64 @@ class AttentionIndex:
         and the page claimed (`PagePool.claim`), with the same counters,
         versions and generations. Anything else goes through the table."""
         table, pool = self.table, self.pool
-        ref, gen, deps, entries, ids = pool.ref, pool.generation, pool.dependents, \
-            table.entries, table.ids
+        ref, hold, gen, deps = pool.ref, pool.hold, pool.generation, pool.dependents
+        entries, ids, attn_map = table.entries, table.ids, self.map
         empty, kind, kind_pages, lru = pool.empty, pool.kind, pool.kind_pages, pool.lru
-        attn_map = self.map
         out = []
         append = out.append
+        versions = reclaimed = 0
         for _ in range(n):
             if empty:
-                pool.version += 1
+                versions += 1              # taken
                 page = empty.popitem()[0]
                 gen[page] += 1
             else:
                 page = next(iter(lru), None)
-                d = deps[page] if page is not None else None
-                if d is not None and len(d) == 1 and (victim := entries[next(iter(d))]).kind \
-                        == ATTN_ENTRY and ref[page] == 0 and pool.hold[page] == 0:
-                    assert victim.refs == 0 and not victim.held, (
-                        f"{table.name}: reclaiming a page of live {victim}")
-                    pool.version += 2           # the empty set was tried; content forgotten
+                victim = None
+                if page is not None:
+                    d = deps[page]
+                    if len(d) == 1:
+                        (eid,) = d
+                        victim = entries[eid]
+                        if victim.kind != ATTN_ENTRY:
+                            victim = None
+                if victim is None:
+                    page = table.take_page(0)
+                else:
+                    assert ref[page] == 0 and hold[page] == 0 and victim.refs == 0 \
+                        and not victim.held, f"{table.name}: reclaiming a page of live {victim}"
+                    versions += 3          # the empty set tried, the content forgotten, claimed
                     victim.valid = False
                     k = victim.key
                     if k is not None and attn_map.get(k) is victim:
                         del attn_map[k]
                     d.clear()
-                    del entries[victim.id]
+                    del entries[eid]
                     del lru[page]
                     old = kind[page]
                     pool.cached_pages[old] -= 1
                     kind_pages[old] -= 1
                     kind[page] = EMPTY
-                    table.invalidations += 1
-                    table.invalidations_by_kind[ATTN_ENTRY] += 1
+                    reclaimed += 1
                     if table.watch is not None:
                         table.watch.append(victim)
-                    pool.version += 1           # claimed
-                    gen[page] += 1
-                else:
-                    page = table.take_page(0)
+                    gen[page] += 1         # claimed
+            versions += 1                  # referenced
             kind[page] = ATTN
             kind_pages[ATTN] += 1
-            e = Entry(next(ids), ATTN_ENTRY, [(0, page)])
-            entries[e.id] = e
-            deps[page].add(e.id)
+            eid = next(ids)
+            e = Entry(eid, ATTN_ENTRY, [(0, page)])
+            entries[eid] = e
+            deps[page].add(eid)
             e.pages = ((0, page),)
             e.generations = (gen[page],)
             e.refs = 1
             ref[page] += 1
-            pool.version += 1
             append(e)
+        pool.version += versions
+        if reclaimed:
+            table.invalidations += reclaimed
+            table.invalidations_by_kind[ATTN_ENTRY] += reclaimed
         return out
 
     def register(self, blocks: list[Entry], keys, first: int, last: int) -> None:
