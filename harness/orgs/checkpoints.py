@@ -52,9 +52,9 @@ class CheckpointStore:
         policy (``also_referenced``: cached slabs an adoption references first)."""
         pages = n * self.pages_per_object
         if self.slabs is not None and n:
-            pool = self.pool
+            ref, hold = self.pool.ref, self.pool.hold   # referenced: not `PagePool.is_free`
             pages += self.slabs.pages_to_place(
-                n, lambda p: not pool.is_free(p) or p in also_referenced)
+                n, lambda p: ref[p] != 0 or hold[p] != 0 or p in also_referenced)
         return pages
 
     def placement(self, e: Entry) -> StatePlacement:
@@ -87,7 +87,8 @@ class CheckpointStore:
         eid = next(table.ids)
         slot = NO_SLOT
         if self.slabs is not None:
-            slab = self.slabs.choose(lambda p: not pool.is_free(p))
+            ref, hold = pool.ref, pool.hold
+            slab = self.slabs.choose(lambda p: ref[p] != 0 or hold[p] != 0)
             if slab is None:
                 slab = table.take_page(cp)
                 pool.set_kind(slab, CONV)

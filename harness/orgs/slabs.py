@@ -72,11 +72,14 @@ class SlabTable:
         return (1, -free, slab)
 
     def _candidates(self, is_referenced) -> list[tuple[tuple, int]]:
+        """(`_rank`, free slots) of every slab with a free slot (`_rank` inlined)."""
         out = []
+        slots = self.slots
         for slab, occ in self.occupants.items():
             free = occ.count(None)
             if free:
-                out.append((self._rank(slab, free, is_referenced), free))
+                out.append(((0, free - slots, slab) if is_referenced(slab)
+                            else (1, -free, slab), free))
         return out
 
     def choose(self, is_referenced) -> int | None:
