@@ -11,10 +11,16 @@ touch the pool's lists directly instead of going through `EntryTable.ref`.
 
 from __future__ import annotations
 
+from itertools import takewhile
+from operator import attrgetter, itemgetter
+
 from harness.orgs.entries import ATTN_ENTRY, Entry, EntryTable
 from harness.orgs.keys import KEY_TOKENS, key_at
 from harness.orgs.pool import ATTN, EMPTY
 from harness.orgs.values import PageRef
+
+# an attention block's page, ``e.members[0][1]``, in C
+_MEMBERS, _FIRST, _PAGE = attrgetter("members"), itemgetter(0), itemgetter(1)
 
 
 class AttentionIndex:
@@ -28,25 +34,19 @@ class AttentionIndex:
 
     # ---- queries ---------------------------------------------------------------
     def depth(self, keys, limit: int) -> int:
-        """Tokens of the contiguous registered prefix of ``keys``, at most ``limit``."""
-        step, attn_map = self.step, self.map
-        blocks = 0
-        for k in keys[step - 1:limit // KEY_TOKENS:step]:
-            if k not in attn_map:
-                break
-            blocks += 1
-        return blocks * self.block_tokens
+        """Tokens of the contiguous registered prefix of ``keys``, at most ``limit``
+        (the walk stops at the first key not registered; it runs in C)."""
+        step = self.step
+        walk = takewhile(self.map.__contains__, keys[step - 1:limit // KEY_TOKENS:step])
+        return len(list(walk)) * self.block_tokens
 
     def free_pages_to_adopt(self, keys, j: int) -> int:
-        """Cached pages that adopting the blocks of [0, j) takes out of the free queue."""
-        pool, attn_map = self.pool, self.map
-        ref, hold = pool.ref, pool.hold
-        n = 0
-        for k in keys[self.step - 1:j // KEY_TOKENS:self.step]:
-            page = attn_map[k].members[0][1]
-            if ref[page] == 0 and hold[page] == 0:
-                n += 1
-        return n
+        """Cached pages that adopting the blocks of [0, j) takes out of the free queue.
+        A registered block's page has a dependent, so it is free exactly when it
+        is in the LRU queue (`PagePool` keeps free pages with content there)."""
+        blocks = map(self.map.__getitem__, keys[self.step - 1:j // KEY_TOKENS:self.step])
+        pages = map(_PAGE, map(_FIRST, map(_MEMBERS, blocks)))
+        return sum(map(self.pool.lru.__contains__, pages))
 
     @staticmethod
     def block_table(blocks: list[Entry]) -> tuple[PageRef, ...]:
@@ -56,10 +56,17 @@ class AttentionIndex:
     def adopt(self, keys, j: int) -> list[Entry]:
         """Reference the registered blocks of [0, j) (one page each)."""
         pool, attn_map = self.pool, self.map
+        ref, hold, lru, cached_pages, kind = pool.ref, pool.hold, pool.lru, pool.cached_pages, \
+            pool.kind
         out = [attn_map[k] for k in keys[self.step - 1:j // KEY_TOKENS:self.step]]
-        for e in out:
+        pool.version += len(out)
+        for e in out:      # `PagePool.incref`, inlined
             e.refs += 1
-            pool.incref(e.members[0][1])
+            page = e.members[0][1]
+            if ref[page] == 0 and hold[page] == 0 and page in lru:
+                del lru[page]
+                cached_pages[kind[page]] -= 1
+            ref[page] += 1
         return out
 
     def new_blocks(self, n: int) -> list[Entry]:
@@ -163,18 +170,22 @@ class AttentionIndex:
         pool.version += len(blocks)
         for e in reversed(blocks):
             page = e.members[0][1]
-            if e.key is not None:
-                e.refs -= 1
-            else:
-                assert e.refs == 1 and not e.held, f"{table.name}: dropping shared {e}"
-                e.valid = False
-                deps[page].discard(e.id)
-                del entries[e.id]
-                e.refs = 0
-            if ref[page] <= 0:
+            left = ref[page] - 1
+            if left < 0:
                 raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
-            ref[page] -= 1
-            if ref[page] == 0 and hold[page] == 0:
+            ref[page] = left
+            if e.key is not None:      # registered: the page keeps it as a dependent
+                e.refs -= 1
+                if left == 0 and hold[page] == 0:
+                    lru[page] = None
+                    cached_pages[kind[page]] += 1
+                continue
+            assert e.refs == 1 and not e.held, f"{table.name}: dropping shared {e}"
+            e.valid = False
+            deps[page].discard(e.id)
+            del entries[e.id]
+            e.refs = 0
+            if left == 0 and hold[page] == 0:
                 if deps[page]:
                     lru[page] = None
                     cached_pages[kind[page]] += 1
