@@ -167,16 +167,28 @@ def test_fast_path_identical_for_sessions(org):
     assert_identical(slow, fast)
 
 
-def test_finishes_inside_stretches(schedule_calls):
-    """A finish no longer ends a stretch: the scheduler plans two steps per
-    admission (the prefill and the first decode, which starts a stretch), not
-    one more after every finish."""
+def test_admissions_and_finishes_inside_stretches(schedule_calls):
+    """Neither a finish nor an admission ends a stretch: without preemptions
+    or chunked prefills the scheduler plans only the steps that start from an
+    idle engine, not two per admission and one per finish."""
     planned = schedule_calls
     config = RunConfig(org="s1", requests=16, rate=4.0, max_output=300, seed=3)
     run = SimEngine(fast=True).run(build_run_workload(config), RunSetup.resolve(config))
     assert all(r.finish_s is not None for r in run.requests)
     assert run.counters["preemptions"] == 0
-    assert planned["n"] <= 2 * len(run.requests)
+    assert planned["n"] < len(run.requests) / 4
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+def test_chunked_prefills_admitted_inside_stretches(org):
+    """A prompt longer than the token budget left after the decodes is
+    admitted inside a stretch with a first chunk; the next chunk hands the step
+    back to the scheduler. Identical results, invariants after every step."""
+    config = RunConfig(org=org, budget="b63", rate=6.0, requests=24, token_budget=2048,
+                       mean_input=3332, max_output=300, seed=13, debug_invariants=True)
+    slow, fast = run_both(config)
+    assert any(int(r["prefill_tokens"]) and int(r["decode_requests"]) for r in slow.steps)
+    assert_identical(slow, fast)
 
 
 @pytest.mark.parametrize("rates", ["roofline", "sum", "separate"])
