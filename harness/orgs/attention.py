@@ -31,6 +31,7 @@ class AttentionIndex:
         self.step = block_tokens // KEY_TOKENS   # keys per block
         self.map = table.maps[ATTN_ENTRY]        # prefix key -> registered block
         self.pool = table.pools[0]
+        self.registrations = 0                   # blocks ever entered in the map
 
     # ---- queries ---------------------------------------------------------------
     def depth(self, keys, limit: int) -> int:
@@ -154,6 +155,7 @@ class AttentionIndex:
                 if k not in attn_map:
                     e.key = k
                     attn_map[k] = e
+                    self.registrations += 1
 
     def release(self, blocks: list[Entry]) -> None:
         """Drop a finished request's blocks, tail first so LRU evicts a prefix's

@@ -53,10 +53,20 @@ class Organization(ReadOnlyViews):
         self.pinned: dict[object, object] = {}   # rid -> the Entry its preemption pinned
         self._headroom: dict[float, tuple[int, ...]] = {}
         self._copies: tuple = ()                 # (reason, position, src, dst) entries
+        # `lookup`'s last answer and what it depends on: the keys (same list,
+        # same length), the limit, the pages' state (`version`) and what
+        # entered the lookup maps (registering a block changes no page)
+        self._lookup_memo: tuple | None = None
 
     # ================= queries: change nothing =================================
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
+        version = self.version()
+        memo = self._lookup_memo   # the last answer: asked again before anything changed?
+        if (memo is not None and memo[0] is keys and memo[1] == len(keys)
+                and memo[2] == max_tokens and memo[3] == version
+                and memo[4] == (self.attn.registrations, self.ckpts.published_count)):
+            return PrefixHit(*memo[5])     # a hit of its own, as every lookup returns
         limit = min(max_tokens, len(keys) * KEY_TOKENS)
         depth = self.attn.depth(keys, limit)
         ckpt_map, grid = self.ckpts.map, self.grid
@@ -69,8 +79,12 @@ class Organization(ReadOnlyViews):
                     j_adopt = j
                     break
         pages, slabs = self._adoption_cost(keys, j_adopt)
-        return PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth,
-                         version=self.version(), adopt_pages=pages, adopt_slabs=slabs)
+        hit = PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth,
+                        version=version, adopt_pages=pages, adopt_slabs=slabs)
+        self._lookup_memo = (keys, len(keys), max_tokens, version,
+                             (self.attn.registrations, self.ckpts.published_count),
+                             (j_adopt, r_max, depth, version, pages, slabs))
+        return hit
 
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""
