@@ -128,5 +128,6 @@ class SlabTable:
         """Used slots over slots of open slabs (NaN-free: 0.0 with no slabs)."""
         if not self.occupants:
             return 0.0
-        used = sum(self.used_slots(s) for s in self.occupants)
-        return used / (self.slots * len(self.occupants))
+        total = self.slots * len(self.occupants)
+        used = total - sum(occ.count(None) for occ in self.occupants.values())
+        return used / total
