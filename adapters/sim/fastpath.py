@@ -6,11 +6,15 @@ counters, the clock and the growing context. A stretch (`_Stretch`) advances suc
 steps without a `Scheduler.schedule()` / `Scheduler.complete()` round trip
 per step, and does per-request work only where something happens:
 
-* a step is fast-forwarded while the scheduler would admit no one; arrivals
-  are handed to the scheduler as the event loop would, and the waiting head
-  is asked again after each arrival, finish or eviction of an entry its
-  prefix could use (`Scheduler.refusal`); if it would be admitted, the
-  normal scheduler plans that step;
+* arrivals are handed to the scheduler as the event loop would, and the
+  waiting head is asked again after each arrival, finish, admission or
+  eviction of an entry its prefix could use (`Scheduler.refusal`); if it
+  would be admitted, the stretch admits as `Scheduler._admit` would after
+  the decodes: the step computes the decodes and the admitted chunks (priced
+  from that batch, `mixed_shape`), the chunks are completed by
+  `Scheduler.complete` after the decodes of that step, and the requests that
+  then decode join the stretch (a prefill that goes on in chunks hands the
+  next step to the scheduler);
 * a request that emits its last token is caught up, committed and finished
   (`Scheduler.finish_request`) in batch order among that step's other
   commits, as `Scheduler.complete` would, and the engine is told
@@ -27,14 +31,17 @@ per step, and does per-request work only where something happens:
   organization's computed position (one quiet ``commit``).
 
 Step durations come from the cost model step by step (the context grows by
-one token per request per step) and are added to the clock in the same order
-as the event loop adds them, so times are bit-identical; the step rows are
-the same rows (memory read again from ``usage()`` only after a step that
-allocated or finished a request). A stretch ends when the scheduler would
-admit someone, when a new block does not fit, or when its last request
-finished; the next step is then planned by `Scheduler.schedule`.
-``HBENCH_SIM_FAST=0`` switches the shortcut off for debugging;
-`tests/test_sim_fastpath.py` checks that both paths give identical results.
+one token per request per step; `CostModel.decode_values`) and are added to
+the clock in the same order as the event loop adds them, so times are
+bit-identical; the step rows are the same rows (memory read again only
+after a step that allocated, admitted or finished a request). A step the
+scheduler planned (the first, one after a preemption) is completed here as
+the event loop would, and the next one is planned here if it is a quiet
+decode step (`_plan_decode`). A stretch ends when a new block does not fit,
+when a chunked prefill goes on, or when its last request finished; the next
+step is then planned by `Scheduler.schedule`. ``HBENCH_SIM_FAST=0``
+switches the shortcut off for debugging; `tests/test_sim_fastpath.py` checks
+that both paths give identical results.
 """
 
 from __future__ import annotations
