@@ -232,3 +232,16 @@ def test_decode_values_are_step_of_the_decode_shape(rates):
             sum(it.adopted for it in chunks))
         assert mixed_shape(chunks, len(contexts), sum(contexts)) == mixed
         assert model.step(mixed_shape(chunks, len(contexts), sum(contexts))) == model.step(mixed)
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+def test_fast_path_identical_when_decodes_publish_in_place(org):
+    """In vLLM's blocks (``paging="vllm"``) a decode step that reaches a
+    checkpoint edge publishes its live state in place, and the next step
+    needs a new live state: the fast path takes the decode steps' blocks in
+    one go only when no request needs one."""
+    config = RunConfig(org=org, paging="vllm", budget="b40", rate=20.0, q=1.0, requests=19,
+                       cap=4, headroom=0.19, mean_input=600, max_output=2000,
+                       warmup_requests=1, seed=958)
+    slow, fast = run_both(config)
+    assert_identical(slow, fast)

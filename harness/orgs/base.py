@@ -205,15 +205,19 @@ class Organization(ReadOnlyViews):
         """``allocate(rid, end, prefill_until)`` for each running request of
         ``requests`` in order, if the pages all of them need together
         (`pages_needed` summed) are available; False (nothing changed)
-        otherwise. When none of them reserves a checkpoint (a decode step's new
-        attention blocks) the blocks are counted and taken in one go, the same
-        pages in the same order as one `allocate` after another."""
-        bt, grid, reqs = self.attn_block_tokens, self.grid, self.reqs
+        otherwise. When none of them needs a checkpoint-sized object (a spare
+        for a grid boundary; in place, a new live state past a published edge)
+        only attention blocks are new: they are counted and taken in one go,
+        the same pages in the same order as one `allocate` after another."""
+        bt, grid, reqs, in_place = self.attn_block_tokens, self.grid, self.reqs, self.in_place
         counts, total = [], 0
         for rid, end, prefill_until in requests:
             st = reqs[rid]
-            last = end if end < prefill_until else prefill_until
-            if last // grid > st.reserved_until // grid:
+            if in_place:
+                if st.live_published and end > st.computed:
+                    return self._allocate_all_one_by_one(requests)
+            elif (end if end < prefill_until else prefill_until) // grid \
+                    > st.reserved_until // grid:
                 return self._allocate_all_one_by_one(requests)
             b = -(-end // bt) - len(st.attn)
             b = b if b > 0 else 0
