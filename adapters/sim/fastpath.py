@@ -140,6 +140,12 @@ class _Stretch:
             else:
                 for i in crossing:
                     self._catch_up(i, j + 1)
+            # in vLLM's blocks an edge continued past in step j is released as
+            # `Scheduler.complete` releases it: pages come free, so the waiting
+            # head is asked again and memory read again
+            released = bool(org.retiring)
+            if released:
+                org.end_step()
             now = end
             j += 1
             if on_step is not None:
@@ -168,13 +174,14 @@ class _Stretch:
                     return self._finish(StretchEnd(now, j, "no room"))
                 evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
-            if arrived or evicted or ending:
+            if arrived or evicted or ending or released:
                 reason = sched.refusal(token_budget - d)
                 if reason is None:
                     # blocks are allocated as `schedule` would; it finds them in place
                     return self._finish(StretchEnd(now, j, "admission"))
             cost = cost_model.step(decode_shape(d, context))
-            recorder.step_repeated(now, cost, len(sched.waiting), fresh=bool(crossing or ending),
+            recorder.step_repeated(now, cost, len(sched.waiting),
+                                   fresh=bool(crossing or ending or released),
                                    wait_reason=reason, running=d if ending else None)
 
     def _complete_with_finishes(self, crossing, ending, j: int, end: float,
