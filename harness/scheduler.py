@@ -480,5 +480,7 @@ class Scheduler:
                                 else next_tokens[r.rid])
                 if len(r.tokens) % KEY_TOKENS == 0:
                     extend_keys(r.keys, r.tokens, r.salt)
+        if org.retiring:
+            org.end_step()
         return finished
 

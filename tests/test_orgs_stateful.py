@@ -172,6 +172,14 @@ class OrgMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.reqs)))
         self._step(rid, chunk, headroom if not self.org.is_admitted(rid) else 0.0)
 
+    @rule()
+    def end_step(self):
+        """A step ends: in place, edges continued past in it become only cached."""
+        before = {rid: self.org.live_state(rid) for rid in self._admitted()}
+        self.org.end_step()
+        assert not self.org.retiring
+        assert before == {rid: self.org.live_state(rid) for rid in self._admitted()}
+
     @precondition(lambda self: any(self.org.is_admitted(r) for r in self.reqs))
     @rule(data=st.data())
     def finish(self, data):

@@ -139,3 +139,24 @@ def test_run_cli_refuses_a_token_budget_below_the_vllm_block(tmp_path):
     assert res.exit_code != 0
     assert "grid of 1664 tokens" in res.output
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", range(16))
+def test_fast_path_is_identical_on_random_configs_under_vllm_paging(case):
+    """As tests/test_sim_fastpath.py, in vLLM's blocks: edges published in place
+    (decode edges too) and released when the step that continued past them ends."""
+    import dataclasses
+
+    import numpy as np
+
+    from tests.test_sim_fastpath import random_config
+
+    rng = np.random.default_rng(7_000 + case)
+    config = dataclasses.replace(random_config(rng), paging="vllm",
+                                 budget=str(rng.choice(["b8", "b12", "b24"])),
+                                 max_model_len=4096, contexts=2)
+    try:
+        slow, fast = run_both(config)
+    except HbenchError as exc:        # a request larger than the pool: refused alike
+        pytest.skip(str(exc))
+    assert_identical(slow, fast)

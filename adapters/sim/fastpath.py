@@ -215,9 +215,16 @@ class _Stretch:
             joined = prefilling = ()
             if admitted:
                 crossing = list(crossing)   # `_join` may extend the list it came from
-                # the admitted requests come after the running ones in the batch
+                # the admitted requests come after the running ones in the batch;
+                # `Scheduler.complete` also ends the step (`Organization.end_step`)
                 finished += sched.complete(StepBatch(items=admitted), end)
                 joined, prefilling = self._join(admitted, j)
+            # in vLLM's blocks an edge continued past in step j is released as
+            # `Scheduler.complete` releases it: pages come free, so the waiting
+            # head is asked again and memory read again
+            released = bool(org.retiring)
+            if released:
+                org.end_step()
             if finished:
                 on_finish(finished, end)
             now = end
@@ -255,7 +262,7 @@ class _Stretch:
                 evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
             was_mixed, admitted = admitted, None
-            if arrived or evicted or ending or was_mixed:
+            if arrived or evicted or ending or released or was_mixed:
                 reason = sched.refusal(token_budget - d)
                 if reason is None:
                     # admit as `Scheduler._admit` would after the decodes: the
@@ -277,7 +284,7 @@ class _Stretch:
                 values = cost_model.decode_values(d, context)
                 duration = values[5]
                 recorder.decode_repeated(now, values, len(sched.waiting),
-                                         bool(crossing or ending), reason,
+                                         bool(crossing or ending or released), reason,
                                          d if ending else None)
 
     def _join(self, admitted, j: int):

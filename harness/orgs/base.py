@@ -57,6 +57,7 @@ class Organization(ReadOnlyViews):
         # same length), the limit, the pages' state (`version`) and what
         # entered the lookup maps (registering a block changes no page)
         self._lookup_memo: tuple | None = None
+        self.retiring: list = []                 # rids whose edge is released at end_step
 
     # ================= queries: change nothing =================================
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
@@ -191,7 +192,8 @@ class Organization(ReadOnlyViews):
             if st.live_published and end > st.computed:   # continue past the edge
                 edge = st.live
                 st.live, st.live_published = self.ckpts.new(), False
-                self.table.unref(edge)                      # now only cached
+                st.retiring = edge          # read by this step's copy; cached after it
+                self.retiring.append(rid)
                 self._copies = (("publish", st.computed, edge, st.live),)
             return True
         last = min(end, prefill_until)
@@ -291,6 +293,18 @@ class Organization(ReadOnlyViews):
         self._copies = tuple(copies)
         return published
 
+    def end_step(self) -> None:
+        """The step is done: edges published in place that a request continued
+        past in it are now only cached. vLLM's align mode frees such a block at
+        the next step's scheduling (`MambaManager.remove_skipped_blocks`), after
+        the step's copy read it; until then it counts as held."""
+        for rid in self.retiring:
+            st = self.reqs.get(rid)
+            if st is not None and st.retiring is not None:
+                self.table.unref(st.retiring)
+                st.retiring = None
+        self.retiring.clear()
+
     def _publish_in_place(self, st: RequestState, keys, j: int) -> list[int]:
         """The live state at edge ``j`` becomes its checkpoint and stays the
         request's state (still referenced) until it computes past ``j``; if the
@@ -324,6 +338,9 @@ class Organization(ReadOnlyViews):
         if st.adopted is not None:
             self.table.unref(st.adopted)
         self.attn.release(st.attn)
+        if st.retiring is not None:
+            self.table.unref(st.retiring)
+            st.retiring = None
         if st.live_published:
             self.table.unref(st.live)       # a published edge stays cached
             st.live = None

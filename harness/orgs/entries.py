@@ -66,6 +66,7 @@ class RequestState:
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
     live_published: bool = False   # in-place publication: ``live`` is the checkpoint at ``computed``
+    retiring: Entry | None = None  # in place: the edge continued past this step, held until it ends
     computed: int = 0
 
 
