@@ -167,13 +167,81 @@ def test_fast_path_identical_for_sessions(org):
     assert_identical(slow, fast)
 
 
-def test_finishes_inside_stretches(schedule_calls):
-    """A finish no longer ends a stretch: the scheduler plans two steps per
-    admission (the prefill and the first decode, which starts a stretch), not
-    one more after every finish."""
+def test_admissions_and_finishes_inside_stretches(schedule_calls):
+    """Neither a finish nor an admission ends a stretch: without preemptions
+    or chunked prefills the scheduler plans only the steps that start from an
+    idle engine, not two per admission and one per finish."""
     planned = schedule_calls
     config = RunConfig(org="s1", requests=16, rate=4.0, max_output=300, seed=3)
     run = SimEngine(fast=True).run(build_run_workload(config), RunSetup.resolve(config))
     assert all(r.finish_s is not None for r in run.requests)
     assert run.counters["preemptions"] == 0
-    assert planned["n"] <= 2 * len(run.requests)
+    assert planned["n"] < len(run.requests) / 4
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+def test_chunked_prefills_admitted_inside_stretches(org):
+    """A prompt longer than the token budget left after the decodes is
+    admitted inside a stretch with a first chunk; the next chunk hands the step
+    back to the scheduler. Identical results, invariants after every step."""
+    config = RunConfig(org=org, budget="b63", rate=6.0, requests=24, token_budget=2048,
+                       mean_input=3332, max_output=300, seed=13, debug_invariants=True)
+    slow, fast = run_both(config)
+    assert any(int(r["prefill_tokens"]) and int(r["decode_requests"]) for r in slow.steps)
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("rates", ["roofline", "sum", "separate"])
+def test_decode_values_are_step_of_the_decode_shape(rates):
+    """`CostModel.decode_values` (every fast-forwarded step) and
+    `fastpath.mixed_shape` (a step that admits inside a stretch) give the
+    same numbers as pricing the scheduler's batch."""
+    from adapters.sim.cost import CostModel, Rates, StepCost, StepShape
+    from adapters.sim.fastpath import mixed_shape
+    from adapters.sim.hardware import get_hardware
+    from harness.model_configs import preset
+    from harness.scheduler import BatchItem, SchedRequest
+
+    hw = get_hardware("h200")
+    if rates == "sum":
+        hw = Rates(mem_bytes_s=2e9, state_bytes_s=5e8, gemm_flops_s=3e10, attn_flops_s=3e10,
+                   scan_flops_s=7e9, step_overhead_s=1e-3, request_overhead_s=2e-5,
+                   combine="sum")
+    elif rates == "separate":
+        hw = Rates(mem_bytes_s=2e9, state_bytes_s=5e8, gemm_flops_s=3e10, attn_flops_s=1e10,
+                   scan_flops_s=7e9, step_overhead_s=1e-3, request_overhead_s=2e-5)
+    model = CostModel(preset("falcon-h1-7b"), hw)
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        contexts = tuple(int(c) for c in rng.integers(1, 40_000, int(rng.integers(1, 64))))
+        shape = StepShape.from_requests(decode_contexts=contexts)
+        want = model.step(shape)
+        got = model.decode_values(len(contexts), sum(contexts))
+        assert StepCost(*got) == want
+        assert model.decode_step(len(contexts), sum(contexts)) == want
+        chunks = []
+        for rid in range(int(rng.integers(1, 4))):
+            start = int(rng.integers(0, 4)) * 512
+            n = int(rng.integers(1, 3000))
+            r = SchedRequest(rid, 0.0, None, [], None, start + n, 10, None,
+                             prefill_until=start + n - int(rng.integers(0, 2)) * (n // 2))
+            chunks.append(BatchItem(r, start, start + n, True, 512, adopted=bool(start)))
+        mixed = StepShape.from_requests(
+            tuple((it.end - it.start, it.start) for it in chunks), contexts,
+            sum(min(it.end, it.req.prefill_until) // 512 - it.start // 512 for it in chunks),
+            sum(it.adopted for it in chunks))
+        assert mixed_shape(chunks, len(contexts), sum(contexts)) == mixed
+        assert model.step(mixed_shape(chunks, len(contexts), sum(contexts))) == model.step(mixed)
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+def test_fast_path_identical_when_decodes_publish_in_place(org):
+    """In vLLM's blocks (``paging="vllm"``) a decode step that reaches a
+    checkpoint edge publishes its live state in place, and the next step
+    needs a new live state: the fast path takes the decode steps' blocks in
+    one go only when no request needs one."""
+    config = RunConfig(org=org, paging="vllm", budget="b40", rate=20.0, q=1.0, requests=19,
+                       cap=4, headroom=0.19, mean_input=600, max_output=2000,
+                       warmup_requests=1, seed=958)
+    slow, fast = run_both(config)
+    assert_identical(slow, fast)

@@ -408,6 +408,7 @@ class CostModel:
         # exactly as before rates could differ)
         self._attn_with_gemm = r.attn_flops_s == r.gemm_flops_s
         self._add = r.combine == "sum"
+        self._per_decodes: dict[int, tuple] = {}   # `decode_values` per batch size
 
     def work(self, shape: StepShape) -> StepWork:
         """The step's work in physical units: the one definition of what a step
@@ -425,6 +426,49 @@ class CostModel:
             * self.attn_flops_per_pair,
             scan_flops=p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token,
         )
+
+    def decode_step(self, requests: int, context_tokens: int) -> StepCost:
+        """`step` of a pure decode step: ``requests`` decodes whose contexts sum
+        to ``context_tokens`` (the shape `StepShape.from_requests` gives for
+        them, no prefill, no copy). Bit-identical to ``step(shape)``
+        (`decode_values`)."""
+        return StepCost(*self.decode_values(requests, context_tokens))
+
+    def decode_values(self, requests: int, context_tokens: int) -> tuple:
+        """`decode_step`'s fields as a plain tuple, in `StepCost`'s field order
+        (the simulator's fast path prices every quiet decode step with it).
+        The same operations on the same numbers in the same order as
+        ``step(shape)``; what depends on the batch size only is computed once
+        per size."""
+        d, c, r = requests, context_tokens, self.rates
+        per = self._per_decodes.get(d)
+        if per is None:
+            state_bytes = (d + 0 + 0) * self.state_rw_bytes
+            gemm_flops = (0 + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq
+            scan_flops = 0 * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
+            per = self._per_decodes[d] = (
+                state_bytes, state_bytes / r.state_bytes_s, gemm_flops, scan_flops,
+                scan_flops / r.scan_flops_s, r.step_overhead_s + r.request_overhead_s * d)
+        state_bytes, state_s, gemm_flops, scan_flops, scan_s, overhead = per
+        kv_bytes = (c + 0 + 0 + d) * self.kv_bytes_per_token
+        attn_flops = (0 + c) * self.attn_flops_per_pair
+        weights_s = self._weights_s
+        kv_s = kv_bytes / r.mem_bytes_s
+        memory_s = weights_s + kv_s + state_s
+        if self._attn_with_gemm:
+            compute_s = (gemm_flops + attn_flops) / r.gemm_flops_s
+        else:
+            compute_s = gemm_flops / r.gemm_flops_s + attn_flops / r.attn_flops_s
+        compute_s += scan_s
+        if compute_s > memory_s:
+            bound = "compute"
+            busy = memory_s + compute_s if self._add else compute_s
+        else:
+            bound = "memory"
+            busy = memory_s + compute_s if self._add else memory_s
+        return (weights_s, kv_s, state_s, compute_s, overhead, busy + overhead, bound,
+                gemm_flops + attn_flops + scan_flops,
+                self.weights_read_bytes + kv_bytes + state_bytes)
 
     def step(self, shape: StepShape) -> StepCost:
         """Time of one step. O(1): a few multiply-adds on the aggregate counts."""

@@ -6,11 +6,15 @@ counters, the clock and the growing context. A stretch (`_Stretch`) advances suc
 steps without a `Scheduler.schedule()` / `Scheduler.complete()` round trip
 per step, and does per-request work only where something happens:
 
-* a step is fast-forwarded while the scheduler would admit no one; arrivals
-  are handed to the scheduler as the event loop would, and the waiting head
-  is asked again after each arrival, finish or eviction of an entry its
-  prefix could use (`Scheduler.refusal`); if it would be admitted, the
-  normal scheduler plans that step;
+* arrivals are handed to the scheduler as the event loop would, and the
+  waiting head is asked again after each arrival, finish, admission or
+  eviction of an entry its prefix could use (`Scheduler.refusal`); if it
+  would be admitted, the stretch admits as `Scheduler._admit` would after
+  the decodes: the step computes the decodes and the admitted chunks (priced
+  from that batch, `mixed_shape`), the chunks are completed by
+  `Scheduler.complete` after the decodes of that step, and the requests that
+  then decode join the stretch (a prefill that goes on in chunks hands the
+  next step to the scheduler);
 * a request that emits its last token is caught up, committed and finished
   (`Scheduler.finish_request`) in batch order among that step's other
   commits, as `Scheduler.complete` would, and the engine is told
@@ -27,14 +31,17 @@ per step, and does per-request work only where something happens:
   organization's computed position (one quiet ``commit``).
 
 Step durations come from the cost model step by step (the context grows by
-one token per request per step) and are added to the clock in the same order
-as the event loop adds them, so times are bit-identical; the step rows are
-the same rows (memory read again from ``usage()`` only after a step that
-allocated or finished a request). A stretch ends when the scheduler would
-admit someone, when a new block does not fit, or when its last request
-finished; the next step is then planned by `Scheduler.schedule`.
-``HBENCH_SIM_FAST=0`` switches the shortcut off for debugging;
-`tests/test_sim_fastpath.py` checks that both paths give identical results.
+one token per request per step; `CostModel.decode_values`) and are added to
+the clock in the same order as the event loop adds them, so times are
+bit-identical; the step rows are the same rows (memory read again only
+after a step that allocated, admitted or finished a request). A step the
+scheduler planned (the first, one after a preemption) is completed here as
+the event loop would, and the next one is planned here if it is a quiet
+decode step (`_plan_decode`). A stretch ends when a new block does not fit,
+when a chunked prefill goes on, or when its last request finished; the next
+step is then planned by `Scheduler.schedule`. ``HBENCH_SIM_FAST=0``
+switches the shortcut off for debugging; `tests/test_sim_fastpath.py` checks
+that both paths give identical results.
 """
 
 from __future__ import annotations
@@ -48,8 +55,7 @@ import numpy as np
 from adapters.sim.cost import StepCost, StepShape
 from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.keys import KEY_TOKENS, extend_keys
-from harness.orgs.values import Demand
-from harness.scheduler import StepBatch, generated_token
+from harness.scheduler import RUNNING, StepBatch, generated_token
 
 
 def fast_path_enabled() -> bool:
@@ -82,52 +88,117 @@ def decode_shape(requests: int, context_tokens: int) -> StepShape:
                      state_requests=requests, checkpoint_copies=0, checkpoint_loads=0)
 
 
+def mixed_shape(chunks, requests: int, context_tokens: int) -> StepShape:
+    """The `StepShape` that `StepShape.of_batch` builds for a batch of
+    ``requests`` decodes whose contexts sum to ``context_tokens`` followed by
+    the prefill items ``chunks`` (the same sums in the same order)."""
+    pieces = tuple((it.end - it.start, it.start) for it in chunks)
+    copies = loads = 0
+    for it in chunks:
+        loads += it.adopted
+        copies += min(it.end, it.req.prefill_until) // it.grid - it.start // it.grid
+    return StepShape(prefill_tokens=sum(n for n, _ in pieces),
+                     prefill_attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in pieces),
+                     decode_requests=requests, decode_context_tokens=context_tokens,
+                     prefill_context_tokens=sum(c for _, c in pieces),
+                     state_requests=len(pieces) + requests, checkpoint_copies=copies,
+                     checkpoint_loads=loads)
+
+
 def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, arrive, cost_model,
                  recorder, on_finish, on_step=None) -> StretchEnd | None:
     """Advance ``batch`` (just scheduled at ``now`` with ``cost`` and recorded) through
     the quiet steps that follow it. ``arrive(t)`` hands the scheduler every arrival
     before ``t``, as the event loop would, and returns how many there were;
     ``on_finish(requests, t)`` is told of the requests that finished at ``t``, as
-    the event loop is after `Scheduler.complete`. None when the batch is not a
-    pure decode batch (nothing was done)."""
-    if batch.preempted or batch.failed or len(batch.items) != len(sched.running):
+    the event loop is after `Scheduler.complete`; ``on_step()`` after each
+    completed step.
+
+    A pure decode batch starts a stretch at once. Any other batch (a prefill
+    chunk, an admission, a preemption) is completed here as the event loop
+    would (`Scheduler.complete` at its end); a stretch follows if the next
+    step is a quiet decode step (`_plan_decode`). Either way the return says
+    where the next step must be planned by the scheduler."""
+    if not (batch.preempted or batch.failed or len(batch.items) != len(sched.running)):
+        for it in batch.items:
+            if it.prefill:
+                break
+        else:
+            return _Stretch(sched, [it.req for it in batch.items],
+                            [it.start for it in batch.items]).run(
+                now, cost, arrive, cost_model, recorder, on_finish, on_step)
+    end = now + cost.total_s
+    arrive(end)
+    finished = sched.complete(batch, end)
+    recorder.step_finished(end)
+    on_finish(finished, end)
+    if on_step is not None:
+        on_step()
+    planned = _plan_decode(sched, end, cost_model, recorder)
+    if planned is None:
+        return StretchEnd(end, 1, "planned")
+    cost, reqs, starts = planned
+    return _Stretch(sched, reqs, starts).run(end, cost, arrive, cost_model, recorder, on_finish,
+                                             on_step)
+
+
+def _plan_decode(sched, now: float, cost_model, recorder):
+    """Plan the step at ``now`` as `Scheduler.schedule` would if it is a quiet
+    decode step: every running request decodes one token (all within the token
+    budget), their new attention blocks all fit and the waiting head is not
+    admitted (`Scheduler.refusal`). Then the blocks are allocated, the step's
+    row recorded, and (cost, running requests, their computed tokens) returned;
+    otherwise None and nothing changed but blocks the scheduler will find in
+    place (when it admits the head)."""
+    running = sched.running
+    d = len(running)
+    if not d or d > sched.policy.token_budget:
         return None
-    items = batch.items
-    for it in items:
-        if it.prefill:
+    for r in running:
+        if r.computed < r.prefill_until:
             return None
-    return _Stretch(sched, items).run(now, cost, arrive, cost_model, recorder, on_finish,
-                                      on_step)
+    starts = [r.computed for r in running]
+    if not sched.org.allocate_all([(r.rid, c + 1, r.prefill_until)
+                                   for r, c in zip(running, starts, strict=True)]):
+        return None
+    reason = sched.refusal(sched.policy.token_budget - d)
+    if reason is None:
+        return None
+    cost = cost_model.decode_step(d, sum(starts))
+    recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
+    return cost, list(running), starts
 
 
 class _Stretch:
-    def __init__(self, sched, items):
-        self.sched, self.org, self.items = sched, sched.org, items
+    def __init__(self, sched, reqs, starts):
+        self.sched, self.org, self.reqs = sched, sched.org, reqs
         bt = self.org.attn_block_tokens
         self.bt = bt
-        self.starts = [it.start for it in items]
-        self.done = [0] * len(items)       # completions applied to each request
-        self.live = [True] * len(items)    # not finished yet
+        self.starts = starts
+        self.done = [0] * len(reqs)        # completions applied to each request
+        self.live = [True] * len(reqs)     # not finished yet
         self.times = array("d")            # end time of each completed step
         # completion j makes request i complete a block iff (start_i + 1 + j) % bt == 0
         self.by_phase: dict[int, list[int]] = {}
-        for i, c in enumerate(self.starts):
+        for i, c in enumerate(starts):
             self.by_phase.setdefault(-(c + 1) % bt, []).append(i)
         self._head, self._head_keys = None, set()    # the waiting head and its prefix keys
         # completion j emits request i's last token iff j == output_len - generated - 1
         self.finish_at: dict[int, list[int]] = {}
-        for i, it in enumerate(items):
-            self.finish_at.setdefault(it.req.output_len - it.req.generated - 1, []).append(i)
+        for i, r in enumerate(reqs):
+            self.finish_at.setdefault(r.output_len - r.generated - 1, []).append(i)
 
     def run(self, now, cost, arrive, cost_model, recorder, on_finish, on_step) -> StretchEnd:
         sched, org = self.sched, self.org
-        d = len(self.items)
+        d = len(self.reqs)
         context = sum(self.starts)
         token_budget = sched.policy.token_budget
         bt, by_phase, finish_at, times = self.bt, self.by_phase, self.finish_at, self.times
+        admitted = None   # the prefill items of the step in flight (admitted in the stretch)
+        duration = cost.total_s
         j = 0
         while True:
-            end = now + cost.total_s
+            end = now + duration
             # arrivals while step j runs; one at exactly `end` comes after its planning
             arrived = arrive(end)
             # ---- completion of step j ------------------------------------------
@@ -135,17 +206,27 @@ class _Stretch:
             times.append(end)
             crossing = by_phase.get(j % bt, ())
             ending = finish_at.pop(j, ())
+            finished = []
             if ending:
-                crossing = self._complete_with_finishes(crossing, ending, j, end, on_finish)
+                crossing = self._complete_with_finishes(crossing, ending, j, end, finished)
             else:
                 for i in crossing:
                     self._catch_up(i, j + 1)
+            joined = prefilling = ()
+            if admitted:
+                crossing = list(crossing)   # `_join` may extend the list it came from
+                # the admitted requests come after the running ones in the batch;
+                # `Scheduler.complete` also ends the step (`Organization.end_step`)
+                finished += sched.complete(StepBatch(items=admitted), end)
+                joined, prefilling = self._join(admitted, j)
             # in vLLM's blocks an edge continued past in step j is released as
             # `Scheduler.complete` releases it: pages come free, so the waiting
             # head is asked again and memory read again
             released = bool(org.retiring)
             if released:
                 org.end_step()
+            if finished:
+                on_finish(finished, end)
             now = end
             j += 1
             if on_step is not None:
@@ -155,15 +236,21 @@ class _Stretch:
             if ending:
                 d -= len(ending)
                 context -= sum(self.starts[i] + j for i in ending)
-                if not d:
-                    return self._finish(StretchEnd(now, j, "idle"))
+            if joined:
+                d += len(joined)
+                context += sum(self.starts[i] + j for i in joined)
+                crossing = [*crossing, *(i for i in joined if (self.starts[i] + j) % bt == 0)]
+            if prefilling:   # a chunked prefill goes on: the scheduler plans the step
+                return self._finish(StretchEnd(now, j, "prefill"))
+            if not d:
+                return self._finish(StretchEnd(now, j, "idle"))
             # the crossing requests need a new block. The waiting head, refused
             # when the stretch began, is asked again only after an arrival, a
-            # finish or an eviction its prefix could feel (`_head_may_differ`):
-            # otherwise pages were only taken (fewer available, its hit
-            # unchanged) and the blocks registered end in tokens the running
-            # requests generated, which no waiting request's prefix holds: it
-            # stays refused
+            # finish, an admission or an eviction its prefix could feel
+            # (`_head_may_differ`): otherwise pages were only taken (fewer
+            # available, its hit unchanged) and the blocks registered end in
+            # tokens the running requests generated, which no waiting request's
+            # prefix holds: it stays refused
             evicted = False
             if crossing:
                 lost: list = []
@@ -174,34 +261,72 @@ class _Stretch:
                     return self._finish(StretchEnd(now, j, "no room"))
                 evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
-            if arrived or evicted or ending or released:
+            was_mixed, admitted = admitted, None
+            if arrived or evicted or ending or released or was_mixed:
                 reason = sched.refusal(token_budget - d)
                 if reason is None:
-                    # blocks are allocated as `schedule` would; it finds them in place
-                    return self._finish(StretchEnd(now, j, "admission"))
-            cost = cost_model.step(decode_shape(d, context))
-            recorder.step_repeated(now, cost, len(sched.waiting),
-                                   fresh=bool(crossing or ending or released),
-                                   wait_reason=reason, running=d if ending else None)
+                    # admit as `Scheduler._admit` would after the decodes: the
+                    # step computes their chunks too
+                    batch = StepBatch()
+                    sched._admit(batch, token_budget - d)
+                    assert batch.items and not batch.failed, "admission with requests running"
+                    admitted = batch.items
+                    cost = cost_model.step(mixed_shape(batch.items, d, context))
+                    recorder.admission_step_started(now, cost, d, batch, len(sched.running),
+                                                    len(sched.waiting))
+                    duration = cost.total_s
+                    continue
+            if was_mixed:
+                cost = cost_model.decode_step(d, context)
+                duration = cost.total_s
+                recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
+            else:
+                values = cost_model.decode_values(d, context)
+                duration = values[5]
+                recorder.decode_repeated(now, values, len(sched.waiting),
+                                         bool(crossing or ending or released), reason,
+                                         d if ending else None)
+
+    def _join(self, admitted, j: int):
+        """After completion j: the admitted requests that now decode join the
+        stretch (running order: after everyone else); returns their indices and
+        the requests whose prefill goes on."""
+        joined, prefilling = [], []
+        for it in admitted:
+            r = it.req
+            if r.state != RUNNING:
+                continue                  # finished with its first token
+            if r.computed < r.prefill_until:
+                prefilling.append(r)
+                continue
+            i = len(self.reqs)
+            self.reqs.append(r)
+            start = r.computed - 1 - j    # as if it had decoded since the stretch began
+            self.starts.append(start)
+            self.done.append(j + 1)
+            self.live.append(True)
+            self.by_phase.setdefault(-(start + 1) % self.bt, []).append(i)
+            self.finish_at.setdefault(r.output_len - r.generated + j, []).append(i)
+            joined.append(i)
+        return joined, prefilling
 
     def _complete_with_finishes(self, crossing, ending, j: int, end: float,
-                                on_finish) -> list[int]:
+                                finished: list) -> list[int]:
         """Completion j of the requests that complete a block and of those it
-        finishes, in batch order as `Scheduler.complete` applies them; returns
-        the crossing requests still running."""
-        sched, items, live = self.sched, self.items, self.live
-        finished = []
+        finishes, in batch order as `Scheduler.complete` applies them (the
+        finished ones go to ``finished``); returns the crossing requests still
+        running."""
+        sched, reqs, live = self.sched, self.reqs, self.live
         for i in sorted({*crossing, *ending}):
             if i in ending:
                 self._catch_up(i, j + 1, last=True)
-                sched.finish_request(items[i].req, end)
+                sched.finish_request(reqs[i], end)
                 live[i] = False
-                finished.append(items[i].req)
+                finished.append(reqs[i])
             else:
                 self._catch_up(i, j + 1)
         for i in ending:
             self.by_phase[-(self.starts[i] + 1) % self.bt].remove(i)
-        on_finish(finished, end)
         return [i for i in crossing if live[i]]
 
     def _head_may_differ(self, lost: list) -> bool:
@@ -222,18 +347,9 @@ class _Stretch:
 
     def _allocate(self, crossing: list[int], j: int) -> bool:
         """Allocate the next block of each crossing request (running order) if all fit."""
-        org, items = self.org, self.items
-        total = None
-        for i in crossing:
-            r = items[i].req
-            need = org.pages_needed(r.rid, self.starts[i] + j + 1, r.prefill_until).pages
-            total = need if total is None else tuple(a + b for a, b in zip(total, need, strict=True))
-        if not org.can_allocate(Demand(total)):
-            return False
-        for i in crossing:
-            r = items[i].req
-            assert org.allocate(r.rid, self.starts[i] + j + 1, r.prefill_until)
-        return True
+        reqs, starts = self.reqs, self.starts
+        return self.org.allocate_all([(reqs[i].rid, starts[i] + j + 1, reqs[i].prefill_until)
+                                      for i in crossing])
 
     def _catch_up(self, i: int, upto: int, last: bool = False) -> None:
         """Apply completions ``done[i]`` .. ``upto - 1`` to request i as
@@ -242,7 +358,7 @@ class _Stretch:
         n = upto - self.done[i]
         if n <= 0:
             return
-        r = self.items[i].req
+        r = self.reqs[i]
         first = self.done[i]
         self.done[i] = upto
         g = r.generated
@@ -251,8 +367,10 @@ class _Stretch:
         if n > 32:  # tokens generated by the earlier completions, before this commit
             tokens.frombytes(generated_tokens(r.rid, g + 1, g + n)
                              .astype(np.dtype(tokens.typecode)).tobytes())
-        elif n > 1:
-            tokens.extend([generated_token(r.rid, k) for k in range(g + 1, g + n)])
+        elif n > 1:   # `generated_token` for each, its formula inlined
+            base = r.rid * 7919
+            tokens.extend([1_000_000 + (base + k * 104729) % 1_000_000_007
+                           for k in range(g + 1, g + n)])
         if n > 1:
             extend_keys(r.keys, tokens, r.salt)
         self.org.commit(r.rid, r.keys, computed, r.prefill_until)
@@ -267,7 +385,7 @@ class _Stretch:
 
     def _finish(self, end: StretchEnd) -> StretchEnd:
         """Catch every running request up to the end of the stretch."""
-        for i in range(len(self.items)):
+        for i in range(len(self.reqs)):
             if self.live[i]:
                 self._catch_up(i, end.steps)
         return end

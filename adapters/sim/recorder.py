@@ -32,7 +32,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from harness.orgs.pool import KINDS
+from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
+from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.step_table import StepTable
 
 
@@ -54,6 +55,13 @@ class _OpenRows(Sequence):
             raise IndexError(i)
         return self.last if k == len(self.table) else self.table[k]
 
+
+#: The columns every row starts with (`StepRecorder._start`), memory after them.
+_HEAD = ("time_s", "start_s", "duration_s", "running", "waiting", "batch_tokens",
+         "prefill_tokens", "decode_requests", "preempted", "weights_s", "kv_s", "state_io_s",
+         "compute_s", "overhead_s", "bound", "wait_reason", "admitted_ids", "preempted_ids",
+         "skipped_ids")
+_N_HEAD = len(_HEAD)
 
 #: Per state kind: the kind and its memory columns' names, in row order.
 _KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
@@ -77,44 +85,75 @@ class StepRecorder:
         self.org = org
         self.layers = pool_layers
         self._table = StepTable()               # the finished rows
-        self._last: dict | None = None          # the row in progress
+        self._last: dict | None = None          # the row in progress, if a started one
+        # a repeated row in progress: its first `_HEAD` values (a list, so that
+        # its end time can still be set) and the memory values after them
+        self._head: list | None = None
+        self._tail: tuple = ()
+        self._mem_columns: tuple[str, ...] | None = None
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
 
     def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
         """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
-        row = {
-            "time_s": now, "start_s": now, "duration_s": cost.total_s,
-            "running": running, "waiting": waiting,
-            "batch_tokens": batch.batch_tokens,
-            "prefill_tokens": sum(i.end - i.start for i in batch.items if i.prefill),
-            "decode_requests": sum(1 for i in batch.items if not i.prefill),
-            "preempted": len(batch.preempted),
-            "weights_s": cost.weights_s, "kv_s": cost.kv_s,
-            "state_io_s": cost.state_io_s, "compute_s": cost.compute_s,
-            "overhead_s": cost.overhead_s, "bound": cost.bound,
-            # the scheduler's reasons (TTFT attribution, `harness.attribution`)
-            "wait_reason": batch.wait_reason,
-            "admitted_ids": _ids(batch.admitted),
-            "preempted_ids": _ids(batch.preempted),
-            "skipped_ids": _ids(batch.skipped),
-        }
+        self._start(now, cost, running, waiting, batch.batch_tokens,
+                    sum(i.end - i.start for i in batch.items if i.prefill),
+                    sum(1 for i in batch.items if not i.prefill), len(batch.preempted),
+                    batch.wait_reason, _ids(batch.admitted), _ids(batch.preempted),
+                    _ids(batch.skipped))
+
+    def decode_step_started(self, now: float, cost, running: int, waiting: int,
+                            wait_reason: str) -> None:
+        """`step_started` for a batch of one decode per running request that
+        admits, preempts and skips no one (a step the fast path plans): the
+        same row without the batch."""
+        self._start(now, cost, running, waiting, running, 0, running, 0, wait_reason, "", "", "")
+
+    def admission_step_started(self, now: float, cost, decodes: int, batch, running: int,
+                               waiting: int) -> None:
+        """`step_started` for ``decodes`` decodes (one per request that ran
+        before) followed by ``batch``'s items, the prefill chunks of the
+        requests it admitted (a step the fast path plans)."""
+        chunks = sum(i.end - i.start for i in batch.items)
+        self._start(now, cost, running, waiting, decodes + chunks, chunks, decodes, 0,
+                    batch.wait_reason, _ids(batch.admitted), "", "")
+
+    def _start(self, now, cost, running, waiting, batch_tokens, prefill_tokens, decode_requests,
+               preempted, wait_reason, admitted_ids, preempted_ids, skipped_ids) -> None:
+        # the scheduler's reasons close the head (TTFT attribution, `harness.attribution`)
+        row = dict(zip(_HEAD, (now, now, cost.total_s, running, waiting, batch_tokens,
+                               prefill_tokens, decode_requests, preempted, cost.weights_s,
+                               cost.kv_s, cost.state_io_s, cost.compute_s, cost.overhead_s,
+                               cost.bound, wait_reason, admitted_ids, preempted_ids,
+                               skipped_ids), strict=True))
         self._add_memory(row)
         self._push(row)
 
-    def _push(self, row: dict) -> None:
+    def _push(self, row: dict | None) -> None:
         """``row`` is the row in progress; the one before it is frozen."""
-        if self._last is not None:
+        self._freeze()
+        self._last = row
+
+    def _freeze(self) -> None:
+        """The row in progress, if any, becomes a table row."""
+        if self._head is not None:
+            self._table.rows.append((*self._head, *self._tail))
+            self._head = None
+        elif self._last is not None:
             if not self._table.columns:
                 self._table.set_columns(self._last)
             self._table.rows.append(tuple(self._last.values()))
-        self._last = row
+            self._last = None
 
     @property
     def rows(self) -> Sequence[dict]:
-        """Every row so far as dicts, the row in progress last: that one is the
-        recorder's own, so an engine may still fill in its timing."""
-        return _OpenRows(self._table, self._last)
+        """Every row so far as dicts, the row in progress last: a started one is
+        the recorder's own, so an engine may still fill in its timing (a
+        repeated one comes as a copy)."""
+        last = self._last
+        if self._head is not None:
+            last = dict(zip(self._table.columns, (*self._head, *self._tail), strict=True))
+        return _OpenRows(self._table, last)
 
     def table(self) -> StepTable:
         """Every row, the last one frozen too: the run's step table."""
@@ -128,53 +167,109 @@ class StepRecorder:
         cost and waiting queue; memory is read again only if ``fresh`` (pages
         changed since). ``running``: the batch lost its finished requests and
         decodes for these ``running`` requests (all that run)."""
-        row = self._last.copy()
-        if running is not None:
-            row["running"] = row["batch_tokens"] = row["decode_requests"] = running
-        row["time_s"] = row["start_s"] = now
-        row["waiting"] = waiting
-        row["duration_s"] = cost.total_s
-        row["weights_s"], row["kv_s"] = cost.weights_s, cost.kv_s
-        row["state_io_s"], row["compute_s"] = cost.state_io_s, cost.compute_s
-        row["overhead_s"], row["bound"] = cost.overhead_s, cost.bound
+        self.decode_repeated(now, (cost.weights_s, cost.kv_s, cost.state_io_s, cost.compute_s,
+                                   cost.overhead_s, cost.total_s, cost.bound), waiting, fresh,
+                             wait_reason, running)
+
+    def decode_repeated(self, now: float, cost: tuple, waiting: int, fresh: bool,
+                        wait_reason: str | None = None, running: int | None = None) -> None:
+        """`step_repeated` with the cost as a tuple in `StepCost`'s field order
+        (`CostModel.decode_values`)."""
+        p = self._head
+        if p is None:       # the last row is a started one: freeze it, keep its values
+            last, self._last = self._last, None
+            if not self._table.columns:
+                self._table.set_columns(last)
+            values = tuple(last.values())
+            self._table.rows.append(values)
+            p, self._tail = values[:_N_HEAD], values[_N_HEAD:]
+        else:
+            self._table.rows.append((*p, *self._tail))
+        if running is None:
+            running, batch_tokens, decodes = p[3], p[5], p[7]
+        else:
+            batch_tokens = decodes = running
         # nobody is admitted, preempted or skipped in a repeated decode step; why
         # the waiting requests wait is ``wait_reason`` when the fast path asked
         # the scheduler again (after an arrival or an eviction), else the last
         # step's: nothing that decides it changed
-        row["admitted_ids"] = row["preempted_ids"] = row["skipped_ids"] = _ids(())
-        if wait_reason is not None:
-            row["wait_reason"] = wait_reason
+        self._head = [now, now, cost[5], running, waiting, batch_tokens, p[6], decodes, p[8],
+                      cost[0], cost[1], cost[2], cost[3], cost[4], cost[6],
+                      p[15] if wait_reason is None else wait_reason, "", "", ""]
         if fresh:
-            self._add_memory(row)
-        self._push(row)
+            self._tail = self._memory()
 
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""
-        u = self.org.usage()
-        layers = self.layers
-        by_kind = self.org.invalidations_by_kind
-        row["invalidations_attention"] = by_kind["attention"]
-        row["invalidations_checkpoint"] = by_kind["checkpoint"]
-        row["slab_occupancy"] = u.slab_occupancy
-        for pool, counts in u.pages.items():
-            for state, n in counts.items():
-                row[_page_column(pool, state)] = n
-        waste = 0
-        for k, referenced, cached, mem, cached_bytes, waste_bytes in _KIND_COLUMNS:
-            row[referenced] = u.pages_by_kind[k]["referenced"]
-            row[cached] = u.pages_by_kind[k]["cached"]
-            b = u.bytes_by_kind[k]["referenced"] * layers
-            row[mem] = b
-            row[cached_bytes] = u.bytes_by_kind[k]["cached"] * layers
-            row[waste_bytes] = w = u.waste_by_kind[k] * layers
+        if self._mem_columns is None:
+            self._mem_columns = self._memory_columns()
+        row.update(zip(self._mem_columns, self._memory(), strict=True))
+
+    def _memory_columns(self) -> tuple[str, ...]:
+        cols = ["invalidations_attention", "invalidations_checkpoint", "slab_occupancy"]
+        for p in self.org.pools:
+            cols += [_page_column(p.name, state) for state in ("referenced", "cached", "free")]
+        for _, *names in _KIND_COLUMNS:
+            cols += names
+        return tuple(cols)
+
+    def _memory(self) -> tuple:
+        """The values of `_memory_columns` now, and the peaks updated: the
+        organization's `usage()` (`harness.orgs.audit.usage`) computed from
+        the pools' counters directly, the same numbers in the same types
+        (`tests/test_recorder_memory.py` holds the two together)."""
+        org, layers = self.org, self.layers
+        lay = org.layout
+        by_kind = org.table.invalidations_by_kind
+        slabs = org.table.slabs
+        out = [by_kind[ATTN_ENTRY], by_kind[CKPT_ENTRY],
+               slabs.occupancy() if slabs is not None else float("nan")]
+        ref = dict.fromkeys(KINDS, 0)
+        cached = dict.fromkeys(KINDS, 0)
+        for p in org.pools:
+            n_lru, n_empty = len(p.lru), len(p.empty)
+            out += (p.num_pages - n_empty - n_lru, n_lru, n_empty)
+            kind_pages, cached_pages = p.kind_pages, p.cached_pages
+            for k in KINDS:
+                cached[k] += cached_pages[k]
+                ref[k] += kind_pages[k] - cached_pages[k]
+        per_ckpt_ssm = max(lay.ssm_pages, 1)
+        n_ref, n_cached = ref[SSM] / per_ckpt_ssm, cached[SSM] / per_ckpt_ssm
+        ssm_all, conv_all = ref[SSM] + cached[SSM], ref[CONV] + cached[CONV]
+        n_ckpt_all = ssm_all / per_ckpt_ssm
+        if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
+            ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
+            conv_waste = 0
+        else:
+            ssm_logical = n_ckpt_all * lay.ssm_bytes
+            conv_waste = conv_all * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
+        per_kind = (
+            (ref[ATTN], cached[ATTN], ref[ATTN] * lay.attn_block_bytes,
+             cached[ATTN] * lay.attn_block_bytes,
+             (ref[ATTN] + cached[ATTN]) * (lay.attn_page_bytes - lay.attn_block_bytes)),
+            (ref[SSM], cached[SSM], int(n_ref * lay.ssm_bytes), int(n_cached * lay.ssm_bytes),
+             int(ssm_all * lay.ckpt_page_bytes - ssm_logical)),
+            (ref[CONV], cached[CONV], int(n_ref * lay.conv_bytes), int(n_cached * lay.conv_bytes),
+             int(conv_waste)),
+        )
+        waste, peak = 0, self.peak
+        for k, (n_referenced, n_cached_pages, b_ref, b_cached, w) in zip(KINDS, per_kind,
+                                                                        strict=True):
+            b = b_ref * layers
+            w *= layers
+            out += (n_referenced, n_cached_pages, b, b_cached * layers, w)
             waste += w
-            if b > self.peak[k]:
-                self.peak[k] = b
+            if b > peak[k]:
+                peak[k] = b
         self.waste_peak = max(self.waste_peak, waste)
+        return tuple(out)
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""
-        self._last["time_s"] = now
+        if self._head is not None:
+            self._head[0] = now
+        else:
+            self._last["time_s"] = now
 
     def counters(self, preemptions: int, budget_rounding_bytes: int) -> dict:
         """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is

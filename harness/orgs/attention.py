@@ -11,10 +11,16 @@ touch the pool's lists directly instead of going through `EntryTable.ref`.
 
 from __future__ import annotations
 
+from itertools import takewhile
+from operator import attrgetter, itemgetter
+
 from harness.orgs.entries import ATTN_ENTRY, Entry, EntryTable
 from harness.orgs.keys import KEY_TOKENS, key_at
 from harness.orgs.pool import ATTN, EMPTY
 from harness.orgs.values import PageRef
+
+# an attention block's page, ``e.members[0][1]``, in C
+_MEMBERS, _FIRST, _PAGE = attrgetter("members"), itemgetter(0), itemgetter(1)
 
 
 class AttentionIndex:
@@ -25,28 +31,23 @@ class AttentionIndex:
         self.step = block_tokens // KEY_TOKENS   # keys per block
         self.map = table.maps[ATTN_ENTRY]        # prefix key -> registered block
         self.pool = table.pools[0]
+        self.registrations = 0                   # blocks ever entered in the map
 
     # ---- queries ---------------------------------------------------------------
     def depth(self, keys, limit: int) -> int:
-        """Tokens of the contiguous registered prefix of ``keys``, at most ``limit``."""
-        step, attn_map = self.step, self.map
-        blocks = 0
-        for k in keys[step - 1:limit // KEY_TOKENS:step]:
-            if k not in attn_map:
-                break
-            blocks += 1
-        return blocks * self.block_tokens
+        """Tokens of the contiguous registered prefix of ``keys``, at most ``limit``
+        (the walk stops at the first key not registered; it runs in C)."""
+        step = self.step
+        walk = takewhile(self.map.__contains__, keys[step - 1:limit // KEY_TOKENS:step])
+        return len(list(walk)) * self.block_tokens
 
     def free_pages_to_adopt(self, keys, j: int) -> int:
-        """Cached pages that adopting the blocks of [0, j) takes out of the free queue."""
-        pool, attn_map = self.pool, self.map
-        ref, hold = pool.ref, pool.hold
-        n = 0
-        for k in keys[self.step - 1:j // KEY_TOKENS:self.step]:
-            page = attn_map[k].members[0][1]
-            if ref[page] == 0 and hold[page] == 0:
-                n += 1
-        return n
+        """Cached pages that adopting the blocks of [0, j) takes out of the free queue.
+        A registered block's page has a dependent, so it is free exactly when it
+        is in the LRU queue (`PagePool` keeps free pages with content there)."""
+        blocks = map(self.map.__getitem__, keys[self.step - 1:j // KEY_TOKENS:self.step])
+        pages = map(_PAGE, map(_FIRST, map(_MEMBERS, blocks)))
+        return sum(map(self.pool.lru.__contains__, pages))
 
     @staticmethod
     def block_table(blocks: list[Entry]) -> tuple[PageRef, ...]:
@@ -56,40 +57,90 @@ class AttentionIndex:
     def adopt(self, keys, j: int) -> list[Entry]:
         """Reference the registered blocks of [0, j) (one page each)."""
         pool, attn_map = self.pool, self.map
+        ref, hold, lru, cached_pages, kind = pool.ref, pool.hold, pool.lru, pool.cached_pages, \
+            pool.kind
         out = [attn_map[k] for k in keys[self.step - 1:j // KEY_TOKENS:self.step]]
-        for e in out:
+        pool.version += len(out)
+        for e in out:      # `PagePool.incref`, inlined
             e.refs += 1
-            pool.incref(e.members[0][1])
+            page = e.members[0][1]
+            if ref[page] == 0 and hold[page] == 0 and page in lru:
+                del lru[page]
+                cached_pages[kind[page]] -= 1
+            ref[page] += 1
         return out
 
     def new_blocks(self, n: int) -> list[Entry]:
         """``n`` new private blocks, each referenced once by its owner. A page fresh
         from the empty set or from `EntryTable.take_page` is in no free queue and
         of no kind yet, so the reference is just the count and the kind is set
-        directly (`PagePool.take_empty` and `PagePool.set_kind`, inlined)."""
+        directly (`PagePool.take_empty` and `PagePool.set_kind`, inlined).
+
+        With no empty page the least recently released cached page is
+        reclaimed; when that page holds one cached attention block (always in
+        D0's attention pool), `EntryTable.take_page` is inlined too: the block
+        is invalidated (`EntryTable.invalidate`, `PagePool.forget_content`)
+        and the page claimed (`PagePool.claim`), with the same counters,
+        versions and generations. Anything else goes through the table."""
         table, pool = self.table, self.pool
-        ref, gen, deps, entries, ids = pool.ref, pool.generation, pool.dependents, \
-            table.entries, table.ids
-        empty, kind, kind_pages = pool.empty, pool.kind, pool.kind_pages
+        ref, hold, gen, deps = pool.ref, pool.hold, pool.generation, pool.dependents
+        entries, ids, attn_map = table.entries, table.ids, self.map
+        empty, kind, kind_pages, lru = pool.empty, pool.kind, pool.kind_pages, pool.lru
         out = []
+        append = out.append
+        versions = reclaimed = 0
         for _ in range(n):
             if empty:
-                pool.version += 1
+                versions += 1              # taken
                 page = empty.popitem()[0]
                 gen[page] += 1
             else:
-                page = table.take_page(0)
+                page = next(iter(lru), None)
+                victim = None
+                if page is not None:
+                    d = deps[page]
+                    if len(d) == 1:
+                        (eid,) = d
+                        victim = entries[eid]
+                        if victim.kind != ATTN_ENTRY:
+                            victim = None
+                if victim is None:
+                    page = table.take_page(0)
+                else:
+                    assert ref[page] == 0 and hold[page] == 0 and victim.refs == 0 \
+                        and not victim.held, f"{table.name}: reclaiming a page of live {victim}"
+                    versions += 3          # the empty set tried, the content forgotten, claimed
+                    victim.valid = False
+                    k = victim.key
+                    if k is not None and attn_map.get(k) is victim:
+                        del attn_map[k]
+                    d.clear()
+                    del entries[eid]
+                    del lru[page]
+                    old = kind[page]
+                    pool.cached_pages[old] -= 1
+                    kind_pages[old] -= 1
+                    kind[page] = EMPTY
+                    reclaimed += 1
+                    if table.watch is not None:
+                        table.watch.append(victim)
+                    gen[page] += 1         # claimed
+            versions += 1                  # referenced
             kind[page] = ATTN
             kind_pages[ATTN] += 1
-            e = Entry(next(ids), ATTN_ENTRY, [(0, page)])
-            entries[e.id] = e
-            deps[page].add(e.id)
+            eid = next(ids)
+            e = Entry(eid, ATTN_ENTRY, [(0, page)])
+            entries[eid] = e
+            deps[page].add(eid)
             e.pages = ((0, page),)
             e.generations = (gen[page],)
             e.refs = 1
             ref[page] += 1
-            pool.version += 1
-            out.append(e)
+            append(e)
+        pool.version += versions
+        if reclaimed:
+            table.invalidations += reclaimed
+            table.invalidations_by_kind[ATTN_ENTRY] += reclaimed
         return out
 
     def register(self, blocks: list[Entry], keys, first: int, last: int) -> None:
@@ -104,6 +155,7 @@ class AttentionIndex:
                 if k not in attn_map:
                     e.key = k
                     attn_map[k] = e
+                    self.registrations += 1
 
     def release(self, blocks: list[Entry]) -> None:
         """Drop a finished request's blocks, tail first so LRU evicts a prefix's
@@ -117,21 +169,25 @@ class AttentionIndex:
         ref, hold, deps, kind = pool.ref, pool.hold, pool.dependents, pool.kind
         lru, empty, entries = pool.lru, pool.empty, table.entries
         kind_pages, cached_pages = pool.kind_pages, pool.cached_pages
+        pool.version += len(blocks)
         for e in reversed(blocks):
             page = e.members[0][1]
-            if e.key is not None:
-                e.refs -= 1
-            else:
-                assert e.refs == 1 and not e.held, f"{table.name}: dropping shared {e}"
-                e.valid = False
-                deps[page].discard(e.id)
-                del entries[e.id]
-                e.refs = 0
-            pool.version += 1
-            if ref[page] <= 0:
+            left = ref[page] - 1
+            if left < 0:
                 raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
-            ref[page] -= 1
-            if ref[page] == 0 and hold[page] == 0:
+            ref[page] = left
+            if e.key is not None:      # registered: the page keeps it as a dependent
+                e.refs -= 1
+                if left == 0 and hold[page] == 0:
+                    lru[page] = None
+                    cached_pages[kind[page]] += 1
+                continue
+            assert e.refs == 1 and not e.held, f"{table.name}: dropping shared {e}"
+            e.valid = False
+            deps[page].discard(e.id)
+            del entries[e.id]
+            e.refs = 0
+            if left == 0 and hold[page] == 0:
                 if deps[page]:
                     lru[page] = None
                     cached_pages[kind[page]] += 1

@@ -53,11 +53,21 @@ class Organization(ReadOnlyViews):
         self.pinned: dict[object, object] = {}   # rid -> the Entry its preemption pinned
         self._headroom: dict[float, tuple[int, ...]] = {}
         self._copies: tuple = ()                 # (reason, position, src, dst) entries
+        # `lookup`'s last answer and what it depends on: the keys (same list,
+        # same length), the limit, the pages' state (`version`) and what
+        # entered the lookup maps (registering a block changes no page)
+        self._lookup_memo: tuple | None = None
         self.retiring: list = []                 # rids whose edge is released at end_step
 
     # ================= queries: change nothing =================================
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
+        version = self.version()
+        memo = self._lookup_memo   # the last answer: asked again before anything changed?
+        if (memo is not None and memo[0] is keys and memo[1] == len(keys)
+                and memo[2] == max_tokens and memo[3] == version
+                and memo[4] == (self.attn.registrations, self.ckpts.published_count)):
+            return PrefixHit(*memo[5])     # a hit of its own, as every lookup returns
         limit = min(max_tokens, len(keys) * KEY_TOKENS)
         depth = self.attn.depth(keys, limit)
         ckpt_map, grid = self.ckpts.map, self.grid
@@ -70,8 +80,12 @@ class Organization(ReadOnlyViews):
                     j_adopt = j
                     break
         pages, slabs = self._adoption_cost(keys, j_adopt)
-        return PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth,
-                         version=self.version(), adopt_pages=pages, adopt_slabs=slabs)
+        hit = PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth,
+                        version=version, adopt_pages=pages, adopt_slabs=slabs)
+        self._lookup_memo = (keys, len(keys), max_tokens, version,
+                             (self.attn.registrations, self.ckpts.published_count),
+                             (j_adopt, r_max, depth, version, pages, slabs))
+        return hit
 
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""
@@ -187,6 +201,52 @@ class Organization(ReadOnlyViews):
         while (st.reserved_until // grid + 1) * grid <= last:
             st.spares.append(self.ckpts.new())
             st.reserved_until = (st.reserved_until // grid + 1) * grid
+        return True
+
+    def allocate_all(self, requests) -> bool:
+        """``allocate(rid, end, prefill_until)`` for each running request of
+        ``requests`` in order, if the pages all of them need together
+        (`pages_needed` summed) are available; False (nothing changed)
+        otherwise. When none of them needs a checkpoint-sized object (a spare
+        for a grid boundary; in place, a new live state past a published edge)
+        only attention blocks are new: they are counted and taken in one go,
+        the same pages in the same order as one `allocate` after another."""
+        bt, grid, reqs, in_place = self.attn_block_tokens, self.grid, self.reqs, self.in_place
+        counts, total = [], 0
+        for rid, end, prefill_until in requests:
+            st = reqs[rid]
+            if in_place:
+                if st.live_published and end > st.computed:
+                    return self._allocate_all_one_by_one(requests)
+            elif (end if end < prefill_until else prefill_until) // grid \
+                    > st.reserved_until // grid:
+                return self._allocate_all_one_by_one(requests)
+            b = -(-end // bt) - len(st.attn)
+            b = b if b > 0 else 0
+            counts.append(b)
+            total += b
+        pools = self.pools
+        if pools[0].available - total < 0 or any(p.available < 0 for p in pools[1:]):
+            return False
+        self._copies = ()
+        if total:
+            new = self.attn.new_blocks(total)
+            i = 0
+            for (rid, _, _), b in zip(requests, counts, strict=True):
+                if b:
+                    reqs[rid].attn.extend(new[i:i + b])
+                    i += b
+        return True
+
+    def _allocate_all_one_by_one(self, requests) -> bool:
+        total = None
+        for rid, end, prefill_until in requests:
+            need = self.pages_needed(rid, end, prefill_until).pages
+            total = need if total is None else tuple(a + b for a, b in zip(total, need, strict=True))
+        if not self.can_allocate(Demand(total)):
+            return False
+        for rid, end, prefill_until in requests:
+            assert self.allocate(rid, end, prefill_until)
         return True
 
     def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from harness.layout import OrgLayout
 from harness.orgs.entries import CKPT_ENTRY, Entry, EntryTable
-from harness.orgs.pool import CONV, SSM
+from harness.orgs.pool import CONV, EMPTY, SSM
 from harness.orgs.slabs import NO_SLOT
 from harness.orgs.values import ConvInline, ConvPages, ConvSlot, StatePlacement
 
@@ -52,9 +52,9 @@ class CheckpointStore:
         policy (``also_referenced``: cached slabs an adoption references first)."""
         pages = n * self.pages_per_object
         if self.slabs is not None and n:
-            pool = self.pool
+            ref, hold = self.pool.ref, self.pool.hold   # referenced: not `PagePool.is_free`
             pages += self.slabs.pages_to_place(
-                n, lambda p: not pool.is_free(p) or p in also_referenced)
+                n, lambda p: ref[p] != 0 or hold[p] != 0 or p in also_referenced)
         return pages
 
     def placement(self, e: Entry) -> StatePlacement:
@@ -87,21 +87,52 @@ class CheckpointStore:
         eid = next(table.ids)
         slot = NO_SLOT
         if self.slabs is not None:
-            slab = self.slabs.choose(lambda p: not pool.is_free(p))
+            ref, hold = pool.ref, pool.hold
+            slab = self.slabs.choose(lambda p: ref[p] != 0 or hold[p] != 0)
             if slab is None:
                 slab = table.take_page(cp)
                 pool.set_kind(slab, CONV)
                 self.slabs.open(slab)
             slot = self.slabs.place(slab, eid)
             pool.dependents[slab].add(eid)
+        # member pages: `EntryTable.take_page`, `PagePool.set_kind`,
+        # `EntryTable.register` and `EntryTable.ref` with an empty page's
+        # transitions inlined (a page fresh from the empty set is in no free
+        # queue and of no kind); a reclaimed page goes through the table
+        empty, gen, kind, kind_pages = pool.empty, pool.generation, pool.kind, pool.kind_pages
+        deps, ref = pool.dependents, pool.ref
         members = []
+        ssm_pages = lay.ssm_pages
         for i in range(self.pages_per_object):
-            page = table.take_page(cp)
-            pool.set_kind(page, SSM if i < lay.ssm_pages else CONV)
+            if empty:
+                pool.version += 1
+                page = empty.popitem()[0]
+                gen[page] += 1
+            else:
+                page = table.take_page(cp)
+            k = SSM if i < ssm_pages else CONV
+            old = kind[page]
+            if old != EMPTY:
+                kind_pages[old] -= 1
+            kind_pages[k] += 1
+            kind[page] = k
             members.append((cp, page))
         e = Entry(eid, CKPT_ENTRY, members, slot)
-        table.register(e, cp)
-        table.ref(e)
+        table.entries[eid] = e
+        for _, page in members:
+            deps[page].add(eid)
+        if slot is NO_SLOT:
+            e.pages = tuple(members)
+        else:
+            e.pages = (*members, (cp, slot.slab))
+        e.generations = tuple(gen[page] for _, page in e.pages)
+        e.refs = 1
+        for _, page in e.pages:
+            pool.version += 1
+            if ref[page] == 0 and pool.hold[page] == 0 and page in pool.lru:
+                del pool.lru[page]
+                pool.cached_pages[kind[page]] -= 1
+            ref[page] += 1
         return e
 
     def publish(self, live: Entry, key: int, position: int) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from harness.orgs.pool import EMPTY
 from harness.orgs.slabs import NO_SLOT, SlabTable
 
 ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
@@ -145,8 +146,19 @@ class EntryTable:
         """Invalidate-before-free for a cached entry whose page is being reclaimed."""
         assert e.refs == 0 and not e.held, f"{self.name}: reclaiming a page of live {e}"
         self.unlink(e)
-        for pool, page in e.pages:
-            self.pools[pool].forget_content(page)
+        pools = self.pools
+        for pool_idx, page in e.pages:   # `PagePool.forget_content`, inlined
+            pool = pools[pool_idx]
+            if (pool.ref[page] == 0 and pool.hold[page] == 0 and not pool.dependents[page]
+                    and page in pool.lru):
+                pool.version += 1
+                del pool.lru[page]
+                kind = pool.kind[page]
+                pool.cached_pages[kind] -= 1
+                if kind != EMPTY:
+                    pool.kind_pages[kind] -= 1
+                pool.kind[page] = EMPTY
+                pool.empty[page] = None
         self.invalidations += 1
         self.invalidations_by_kind[e.kind] += 1
         if self.watch is not None:

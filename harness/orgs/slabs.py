@@ -72,11 +72,14 @@ class SlabTable:
         return (1, -free, slab)
 
     def _candidates(self, is_referenced) -> list[tuple[tuple, int]]:
+        """(`_rank`, free slots) of every slab with a free slot (`_rank` inlined)."""
         out = []
+        slots = self.slots
         for slab, occ in self.occupants.items():
             free = occ.count(None)
             if free:
-                out.append((self._rank(slab, free, is_referenced), free))
+                out.append(((0, free - slots, slab) if is_referenced(slab)
+                            else (1, -free, slab), free))
         return out
 
     def choose(self, is_referenced) -> int | None:
@@ -125,5 +128,6 @@ class SlabTable:
         """Used slots over slots of open slabs (NaN-free: 0.0 with no slabs)."""
         if not self.occupants:
             return 0.0
-        used = sum(self.used_slots(s) for s in self.occupants)
-        return used / (self.slots * len(self.occupants))
+        total = self.slots * len(self.occupants)
+        used = total - sum(occ.count(None) for occ in self.occupants.values())
+        return used / total

@@ -1,0 +1,69 @@
+"""The step recorder's memory columns are the organization's `usage()`.
+
+`adapters.sim.recorder.StepRecorder` computes a row's memory columns from
+the pools' counters directly (once per step that changed pages, so it must
+be cheap); this holds them to `harness.orgs.audit.usage` at every step of
+small runs of every organization, values and types alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from adapters.sim import recorder as rec
+from adapters.sim.engine import SimEngine
+from harness.config import ORG_NAMES, RunConfig
+from harness.run_setup import RunSetup
+from harness.runner import build_run_workload
+
+
+def usage_row(recorder) -> dict:
+    """The memory columns as `usage()` gives them (the recorder's former code)."""
+    org, layers = recorder.org, recorder.layers
+    u = org.usage()
+    by_kind = org.invalidations_by_kind
+    row = {"invalidations_attention": by_kind["attention"],
+           "invalidations_checkpoint": by_kind["checkpoint"],
+           "slab_occupancy": u.slab_occupancy}
+    for pool, counts in u.pages.items():
+        for state, n in counts.items():
+            row[f"pages_{pool}_{state}"] = n
+    for k, referenced, cached, mem, cached_bytes, waste_bytes in rec._KIND_COLUMNS:
+        row[referenced] = u.pages_by_kind[k]["referenced"]
+        row[cached] = u.pages_by_kind[k]["cached"]
+        row[mem] = u.bytes_by_kind[k]["referenced"] * layers
+        row[cached_bytes] = u.bytes_by_kind[k]["cached"] * layers
+        row[waste_bytes] = u.waste_by_kind[k] * layers
+    return row
+
+
+def same(a, b) -> bool:
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return a == b and type(a) is type(b)
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
+@pytest.mark.parametrize("budget", ["b40", "b83"])
+def test_memory_columns_are_usage(org, budget, monkeypatch):
+    checked = []
+    memory = rec.StepRecorder._memory
+
+    def checking(self):
+        want = usage_row(self)
+        got = memory(self)
+        cols = self._mem_columns or self._memory_columns()
+        assert list(cols) == list(want)
+        bad = [c for c, v in zip(cols, got, strict=True) if not same(v, want[c])]
+        assert not bad, [(c, want[c], got[cols.index(c)]) for c in bad]
+        checked.append(1)
+        return got
+
+    monkeypatch.setattr(rec.StepRecorder, "_memory", checking)
+    config = dataclasses.replace(RunConfig(), org=org, budget=budget, requests=30, rate=4.0,
+                                 seed=2)
+    run = SimEngine().run(build_run_workload(config), RunSetup.resolve(config))
+    assert checked and len(run.steps) > 0
