@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from harness.orgs.audit import checkpoint_waste
 from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
 from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.step_table import StepTable
@@ -235,20 +236,14 @@ class StepRecorder:
                 ref[k] += kind_pages[k] - cached_pages[k]
         per_ckpt_ssm = max(lay.ssm_pages, 1)
         n_ref, n_cached = ref[SSM] / per_ckpt_ssm, cached[SSM] / per_ckpt_ssm
-        ssm_all, conv_all = ref[SSM] + cached[SSM], ref[CONV] + cached[CONV]
-        n_ckpt_all = ssm_all / per_ckpt_ssm
-        if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
-            ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
-            conv_waste = 0
-        else:
-            ssm_logical = n_ckpt_all * lay.ssm_bytes
-            conv_waste = conv_all * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
+        ssm_waste, conv_waste = checkpoint_waste(lay, ref[SSM] + cached[SSM],
+                                                 ref[CONV] + cached[CONV])
         per_kind = (
             (ref[ATTN], cached[ATTN], ref[ATTN] * lay.attn_block_bytes,
              cached[ATTN] * lay.attn_block_bytes,
              (ref[ATTN] + cached[ATTN]) * (lay.attn_page_bytes - lay.attn_block_bytes)),
             (ref[SSM], cached[SSM], int(n_ref * lay.ssm_bytes), int(n_cached * lay.ssm_bytes),
-             int(ssm_all * lay.ckpt_page_bytes - ssm_logical)),
+             int(ssm_waste)),
             (ref[CONV], cached[CONV], int(n_ref * lay.conv_bytes), int(n_cached * lay.conv_bytes),
              int(conv_waste)),
         )

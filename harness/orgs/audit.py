@@ -61,6 +61,19 @@ def check_invariants(org) -> None:
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
 
 
+def checkpoint_waste(lay, ssm_pages: int, conv_pages: int) -> tuple[float, float]:
+    """(SSM, conv) bytes per pool layer that ``ssm_pages`` SSM member pages and
+    ``conv_pages`` conv pages allocate beyond the checkpoints they hold; S0 and
+    D0 keep the conv state inside the SSM page, so its bytes count there.
+    `usage` and the simulator's step recorder both count waste with it."""
+    n_ckpt = ssm_pages / max(lay.ssm_pages, 1)
+    ssm_alloc = ssm_pages * lay.ckpt_page_bytes
+    if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
+        return ssm_alloc - n_ckpt * (lay.ssm_bytes + lay.conv_bytes), 0
+    return (ssm_alloc - n_ckpt * lay.ssm_bytes,
+            conv_pages * lay.ckpt_page_bytes - n_ckpt * lay.conv_bytes)
+
+
 def usage(org) -> Usage:
     lay = org.layout
     pages = {p.name: {"referenced": p.num_referenced, "cached": p.num_cached,
@@ -77,18 +90,11 @@ def usage(org) -> Usage:
         bytes_by_kind[ATTN][state] = by_kind[ATTN][state] * lay.attn_block_bytes
         bytes_by_kind[SSM][state] = int(n_ckpt * lay.ssm_bytes)
         bytes_by_kind[CONV][state] = int(n_ckpt * lay.conv_bytes)
-    n_ckpt_all = sum(by_kind[SSM].values()) / per_ckpt_ssm
-    conv_pages = sum(by_kind[CONV].values())
-    ssm_alloc = sum(by_kind[SSM].values()) * lay.ckpt_page_bytes
-    if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
-        ssm_logical = n_ckpt_all * (lay.ssm_bytes + lay.conv_bytes)
-        conv_waste = 0
-    else:
-        ssm_logical = n_ckpt_all * lay.ssm_bytes
-        conv_waste = conv_pages * lay.ckpt_page_bytes - n_ckpt_all * lay.conv_bytes
+    ssm_waste, conv_waste = checkpoint_waste(lay, sum(by_kind[SSM].values()),
+                                             sum(by_kind[CONV].values()))
     waste = {
         ATTN: sum(by_kind[ATTN].values()) * (lay.attn_page_bytes - lay.attn_block_bytes),
-        SSM: int(ssm_alloc - ssm_logical),
+        SSM: int(ssm_waste),
         CONV: int(conv_waste),
     }
     slabs = org.table.slabs
