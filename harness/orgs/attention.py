@@ -5,22 +5,36 @@ Every organization keeps attention the same way, only the block size differs
 [b B, (b + 1) B) and lives in one page of pool 0. A computed full block is
 registered under the key of the prefix it ends (`harness.orgs.keys`), so a
 later request with the same prefix finds it by walking keys in steps of B.
-D0 makes one block per 16 tokens, so the loops here are the hot path and
-touch the pool's lists directly instead of going through `EntryTable.ref`.
+
+A block is one page and nothing else, so the index keeps blocks by page
+instead of as `Entry` objects: per page of pool 0 the id of the block it
+holds (-1: none), its registered key (None: private) and the page's
+generation when the block was built; a request's block list and the lookup
+map hold pages. D0 makes one block per 16 tokens (~36,000 in a study-sized
+run), so the loops here are the hot path: they touch the pool's lists
+directly, and no block costs an object. The page's reverse index
+(`PagePool.dependents`) holds the block's id like any entry's, so the pool's
+free-queue rules and `EntryTable.take_page` treat a block page as any other.
 """
 
 from __future__ import annotations
 
 from itertools import takewhile
-from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
-from harness.orgs.entries import ATTN_ENTRY, Entry, EntryTable
-from harness.orgs.keys import KEY_TOKENS, key_at
+from harness.orgs.entries import ATTN_ENTRY, EntryTable
+from harness.orgs.keys import KEY_TOKENS
 from harness.orgs.pool import ATTN, EMPTY
 from harness.orgs.values import PageRef
 
-# an attention block's page, ``e.members[0][1]``, in C
-_MEMBERS, _FIRST, _PAGE = attrgetter("members"), itemgetter(0), itemgetter(1)
+
+class EvictedBlock(NamedTuple):
+    """A cached block invalidated to reclaim its page, as an invalidation log
+    (`Organization.watch_invalidations`) reports it: the kind and the prefix
+    key of what was lost, as an invalidated `Entry` reports them."""
+
+    kind: str
+    key: int
 
 
 class AttentionIndex:
@@ -29,9 +43,14 @@ class AttentionIndex:
         self.table = table
         self.block_tokens = block_tokens
         self.step = block_tokens // KEY_TOKENS   # keys per block
-        self.map = table.maps[ATTN_ENTRY]        # prefix key -> registered block
+        self.map: dict[int, int] = {}            # prefix key -> page of the registered block
         self.pool = table.pools[0]
+        n = self.pool.num_pages
+        self.block_id = [-1] * n                 # per page: the id of its block, -1: none
+        self.key: list[int | None] = [None] * n  # per page: its block's key, None: private
+        self.built = [0] * n                     # per page: its generation when the block was built
         self.registrations = 0                   # blocks ever entered in the map
+        table.blocks = self
 
     # ---- queries ---------------------------------------------------------------
     def depth(self, keys, limit: int) -> int:
@@ -45,153 +64,156 @@ class AttentionIndex:
         """Cached pages that adopting the blocks of [0, j) takes out of the free queue.
         A registered block's page has a dependent, so it is free exactly when it
         is in the LRU queue (`PagePool` keeps free pages with content there)."""
-        blocks = map(self.map.__getitem__, keys[self.step - 1:j // KEY_TOKENS:self.step])
-        pages = map(_PAGE, map(_FIRST, map(_MEMBERS, blocks)))
+        pages = map(self.map.__getitem__, keys[self.step - 1:j // KEY_TOKENS:self.step])
         return sum(map(self.pool.lru.__contains__, pages))
 
     @staticmethod
-    def block_table(blocks: list[Entry]) -> tuple[PageRef, ...]:
-        return tuple(PageRef(0, e.members[0][1]) for e in blocks)
+    def block_table(blocks: list[int]) -> tuple[PageRef, ...]:
+        return tuple(PageRef(0, page) for page in blocks)
 
     # ---- actions ---------------------------------------------------------------
-    def adopt(self, keys, j: int) -> list[Entry]:
-        """Reference the registered blocks of [0, j) (one page each)."""
-        pool, attn_map = self.pool, self.map
+    def adopt(self, keys, j: int) -> list[int]:
+        """Reference the registered blocks of [0, j) (`PagePool.incref` of each page,
+        inlined)."""
+        pool = self.pool
         ref, hold, lru, cached_pages, kind = pool.ref, pool.hold, pool.lru, pool.cached_pages, \
             pool.kind
-        out = [attn_map[k] for k in keys[self.step - 1:j // KEY_TOKENS:self.step]]
+        out = [self.map[k] for k in keys[self.step - 1:j // KEY_TOKENS:self.step]]
         pool.version += len(out)
-        for e in out:      # `PagePool.incref`, inlined
-            e.refs += 1
-            page = e.members[0][1]
+        for page in out:
             if ref[page] == 0 and hold[page] == 0 and page in lru:
                 del lru[page]
                 cached_pages[kind[page]] -= 1
             ref[page] += 1
         return out
 
-    def new_blocks(self, n: int) -> list[Entry]:
-        """``n`` new private blocks, each referenced once by its owner. A page fresh
-        from the empty set or from `EntryTable.take_page` is in no free queue and
-        of no kind yet, so the reference is just the count and the kind is set
-        directly (`PagePool.take_empty` and `PagePool.set_kind`, inlined).
+    def new_blocks(self, n: int) -> list[int]:
+        """The pages of ``n`` new private blocks, each referenced once by its owner.
+        A page fresh from the empty set or from `EntryTable.take_page` is in no
+        free queue and of no kind yet, so the reference is just the count and
+        the kind is set directly (`PagePool.take_empty` and `PagePool.set_kind`,
+        inlined); each block takes an entry id, as every object does.
 
         With no empty page the least recently released cached page is
-        reclaimed; when that page holds one cached attention block (always in
-        D0's attention pool), `EntryTable.take_page` is inlined too: the block
-        is invalidated (`EntryTable.invalidate`, `PagePool.forget_content`)
-        and the page claimed (`PagePool.claim`), with the same counters,
-        versions and generations. Anything else goes through the table."""
+        reclaimed; when that page holds a cached block (always in D0's
+        attention pool), `EntryTable.take_page` is inlined too: the block is
+        invalidated (`invalidate`) and the page claimed (`PagePool.claim`),
+        with the same counters, versions and generations. Anything else goes
+        through the table."""
         table, pool = self.table, self.pool
-        ref, hold, gen, deps = pool.ref, pool.hold, pool.generation, pool.dependents
-        entries, ids, attn_map = table.entries, table.ids, self.map
-        empty, kind, kind_pages, lru = pool.empty, pool.kind, pool.kind_pages, pool.lru
+        ref, gen, deps, lru, empty, kind = pool.ref, pool.generation, pool.dependents, pool.lru, \
+            pool.empty, pool.kind
+        block_id, key, built, attn_map, ids = self.block_id, self.key, self.built, self.map, \
+            table.ids
         out = []
         append = out.append
         versions = reclaimed = 0
         for _ in range(n):
             if empty:
-                versions += 1              # taken
+                versions += 2              # taken, referenced
                 page = empty.popitem()[0]
                 gen[page] += 1
             else:
                 page = next(iter(lru), None)
-                victim = None
-                if page is not None:
-                    d = deps[page]
-                    if len(d) == 1:
-                        (eid,) = d
-                        victim = entries[eid]
-                        if victim.kind != ATTN_ENTRY:
-                            victim = None
-                if victim is None:
+                if page is None or block_id[page] < 0:
+                    versions += 1          # referenced
                     page = table.take_page(0)
                 else:
-                    assert ref[page] == 0 and hold[page] == 0 and victim.refs == 0 \
-                        and not victim.held, f"{table.name}: reclaiming a page of live {victim}"
-                    versions += 3          # the empty set tried, the content forgotten, claimed
-                    victim.valid = False
-                    k = victim.key
-                    if k is not None and attn_map.get(k) is victim:
+                    assert ref[page] == 0 and pool.hold[page] == 0, \
+                        f"{table.name}: reclaiming the page of live block {page}"
+                    # the empty set tried, the content forgotten, claimed, referenced
+                    versions += 4
+                    k = key[page]
+                    if attn_map.get(k) == page:
                         del attn_map[k]
-                    d.clear()
-                    del entries[eid]
+                    key[page] = None
+                    deps[page].clear()     # the block's id, its only dependent
                     del lru[page]
-                    old = kind[page]
-                    pool.cached_pages[old] -= 1
-                    kind_pages[old] -= 1
-                    kind[page] = EMPTY
                     reclaimed += 1
                     if table.watch is not None:
-                        table.watch.append(victim)
+                        table.watch.append(EvictedBlock(ATTN_ENTRY, k))
                     gen[page] += 1         # claimed
-            versions += 1                  # referenced
             kind[page] = ATTN
-            kind_pages[ATTN] += 1
             eid = next(ids)
-            e = Entry(eid, ATTN_ENTRY, [(0, page)])
-            entries[eid] = e
             deps[page].add(eid)
-            e.pages = ((0, page),)
-            e.generations = (gen[page],)
-            e.refs = 1
+            block_id[page] = eid
+            built[page] = gen[page]
             ref[page] += 1
-            append(e)
+            append(page)
         pool.version += versions
+        pool.kind_pages[ATTN] += n - reclaimed   # a reclaimed page held a block already
         if reclaimed:
+            pool.cached_pages[ATTN] -= reclaimed
             table.invalidations += reclaimed
             table.invalidations_by_kind[ATTN_ENTRY] += reclaimed
         return out
 
-    def register(self, blocks: list[Entry], keys, first: int, last: int) -> None:
+    def register(self, blocks: list[int], keys, first: int, last: int) -> None:
         """Blocks ``first`` .. ``last - 1`` are computed: key each for lookup unless
         an equal prefix is registered already (then it stays private)."""
-        attn_map, bt = self.map, self.block_tokens
-        for b in range(first, last):
-            e = blocks[b]
-            if e.key is None:
-                k = key_at(keys, (b + 1) * bt)
-                e.pos = (b + 1) * bt
-                if k not in attn_map:
-                    e.key = k
-                    attn_map[k] = e
-                    self.registrations += 1
+        attn_map, key, step = self.map, self.key, self.step
+        for page, k in zip(blocks[first:last], keys[(first + 1) * step - 1:last * step:step],
+                           strict=True):
+            if key[page] is None and k not in attn_map:
+                key[page] = k
+                attn_map[k] = page
+                self.registrations += 1
 
-    def release(self, blocks: list[Entry]) -> None:
+    def release(self, blocks: list[int]) -> None:
         """Drop a finished request's blocks, tail first so LRU evicts a prefix's
         tail first; registered ones stay cached, private ones are freed.
 
-        Each block is one page of pool 0 with no slot, so `PagePool.decref` and
-        `EntryTable.drop_owned` are inlined: a registered block whose page
-        loses its last reference enters the LRU queue; a private one leaves the
-        reverse index and its page, then described by no entry, becomes empty."""
-        pool, table = self.pool, self.table
-        ref, hold, deps, kind = pool.ref, pool.hold, pool.dependents, pool.kind
-        lru, empty, entries = pool.lru, pool.empty, table.entries
-        kind_pages, cached_pages = pool.kind_pages, pool.cached_pages
+        `PagePool.decref` and `EntryTable.drop_owned` inlined: a registered
+        block's page that loses its last reference enters the LRU queue; a
+        private block (its owner's only) leaves the reverse index and its page,
+        then described by nothing, becomes empty."""
+        pool = self.pool
+        ref, hold, deps, kind, lru, empty = pool.ref, pool.hold, pool.dependents, pool.kind, \
+            pool.lru, pool.empty
+        key, block_id = self.key, self.block_id
+        cached = freed = 0
         pool.version += len(blocks)
-        for e in reversed(blocks):
-            page = e.members[0][1]
+        for page in reversed(blocks):
             left = ref[page] - 1
             if left < 0:
                 raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
             ref[page] = left
-            if e.key is not None:      # registered: the page keeps it as a dependent
-                e.refs -= 1
+            if key[page] is not None:      # registered: the page keeps it as a dependent
                 if left == 0 and hold[page] == 0:
                     lru[page] = None
-                    cached_pages[kind[page]] += 1
+                    cached += 1
                 continue
-            assert e.refs == 1 and not e.held, f"{table.name}: dropping shared {e}"
-            e.valid = False
-            deps[page].discard(e.id)
-            del entries[e.id]
-            e.refs = 0
-            if left == 0 and hold[page] == 0:
-                if deps[page]:
-                    lru[page] = None
-                    cached_pages[kind[page]] += 1
-                else:
-                    kind_pages[kind[page]] -= 1
-                    kind[page] = EMPTY
-                    empty[page] = None
+            assert left == 0 and hold[page] == 0, \
+                f"{self.table.name}: dropping the shared block at page {page}"
+            deps[page].discard(block_id[page])
+            block_id[page] = -1
+            kind[page] = EMPTY
+            empty[page] = None
+            freed += 1
+        pool.cached_pages[ATTN] += cached
+        pool.kind_pages[ATTN] -= freed
+
+    def invalidate(self, page: int) -> None:
+        """`EntryTable.invalidate` for the cached block at ``page``: out of the
+        lookup map and the reverse index, then the page, free and described by
+        nothing, becomes empty (`PagePool.forget_content`, inlined)."""
+        pool, table = self.pool, self.table
+        assert pool.ref[page] == 0 and pool.hold[page] == 0, \
+            f"{table.name}: reclaiming the page of live block {page}"
+        k = self.key[page]
+        if k is not None and self.map.get(k) == page:
+            del self.map[k]
+        self.key[page] = None
+        pool.dependents[page].discard(self.block_id[page])
+        self.block_id[page] = -1
+        if not pool.dependents[page] and page in pool.lru:
+            pool.version += 1
+            del pool.lru[page]
+            pool.cached_pages[ATTN] -= 1
+            pool.kind_pages[ATTN] -= 1
+            pool.kind[page] = EMPTY
+            pool.empty[page] = None
+        table.invalidations += 1
+        table.invalidations_by_kind[ATTN_ENTRY] += 1
+        if table.watch is not None:
+            table.watch.append(EvictedBlock(ATTN_ENTRY, k))

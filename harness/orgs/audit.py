@@ -7,7 +7,6 @@ engine reads `usage` once per step for the per-step table.
 
 from __future__ import annotations
 
-from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.orgs.slabs import NO_SLOT
 from harness.orgs.values import Usage
@@ -24,11 +23,8 @@ def check_invariants(org) -> None:
     for eid, e in entries.items():
         assert e.valid and e.id == eid, f"{org.name}: bad entry record {e}"
         assert e.refs >= 0 and e.pins >= 0 and e.retains >= 0, f"{org.name}: negative {e}"
-        if e.kind == ATTN_ENTRY:
-            assert all(pool == 0 for pool, _ in e.members), f"{org.name}: {e} outside attention pool"
-        else:
-            assert all(pool == org.ckpts.pool_idx for pool, _ in e.members), (
-                f"{org.name}: {e} outside checkpoint pool")
+        assert all(pool == org.ckpts.pool_idx for pool, _ in e.members), (
+            f"{org.name}: {e} outside checkpoint pool")
         now = tuple(org.pools[pool].generation[page] for pool, page in e.pages)
         assert now == e.generations, (
             f"{org.name}: storage of {e} was handed out again: generations {e.generations} -> {now}")
@@ -40,6 +36,7 @@ def check_invariants(org) -> None:
             occ = slabs.occupants.get(e.slot.slab)
             assert occ is not None and occ[e.slot.slot] == eid, (
                 f"{org.name}: {e} slot {e.slot} not recorded in slab table")
+    _count_blocks(org, refs, deps)
     for i, p in enumerate(org.pools):
         assert refs[i] == p.ref, f"{org.name}: pool {p.name} page refs {p.ref} != entry refs {refs[i]}"
         assert holds[i] == p.hold, f"{org.name}: pool {p.name} holds {p.hold} != {holds[i]}"
@@ -48,6 +45,10 @@ def check_invariants(org) -> None:
         for k, e in m.items():
             assert e.valid and e.key == k and e.kind == kind and e.id in entries, (
                 f"{org.name}: lookup map holds stale {e}")
+    attn = org.attn
+    for k, page in attn.map.items():
+        assert attn.block_id[page] >= 0 and attn.key[page] == k, (
+            f"{org.name}: attention map holds stale page {page} for key {k}")
     if slabs is not None:
         for slab, occ in slabs.occupants.items():
             assert any(o is not None for o in occ), f"{org.name}: empty slab {slab} kept open"
@@ -55,10 +56,39 @@ def check_invariants(org) -> None:
                 assert o is None or (o in entries and entries[o].slot.slab == slab), (
                     f"{org.name}: slab {slab} lists unknown occupant {o}")
     for rid, st in org.reqs.items():
-        for e in [*st.attn, st.live, *st.spares, st.adopted]:
+        for e in [st.live, *st.spares, st.adopted]:
             assert e is None or (e.valid and e.refs >= 1), f"{org.name}: request {rid} holds {e}"
+        for page in st.attn:
+            assert attn.block_id[page] >= 0, f"{org.name}: request {rid} holds no block at {page}"
     for rid, e in org.pinned.items():
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
+
+
+def _count_blocks(org, refs, deps) -> None:
+    """Add the attention blocks to the references and reverse index recounted
+    from the entries: a block is referenced once by each request whose block
+    list holds its page, and its page lists its id. Checks that no block's
+    page was handed out again since the block was built, that block ids name
+    nothing else, and that a registered block is the one its key finds."""
+    attn = org.attn
+    pool = org.pools[0]
+    ids = set(org.table.entries)
+    for page, eid in enumerate(attn.block_id):
+        if eid < 0:
+            assert attn.key[page] is None, f"{org.name}: key {attn.key[page]} on blockless page {page}"
+            continue
+        assert eid not in ids, f"{org.name}: block id {eid} at page {page} also names an entry"
+        ids.add(eid)
+        assert pool.generation[page] == attn.built[page], (
+            f"{org.name}: storage of the block at page {page} was handed out again: "
+            f"generation {attn.built[page]} -> {pool.generation[page]}")
+        k = attn.key[page]
+        assert k is None or attn.map.get(k) == page, (
+            f"{org.name}: registered block at page {page} is not what its key {k} finds")
+        deps[0][page].add(eid)
+    for st in org.reqs.values():
+        for page in st.attn:
+            refs[0][page] += 1
 
 
 def checkpoint_waste(lay, ssm_pages: int, conv_pages: int) -> tuple[float, float]:

@@ -1,18 +1,20 @@
 """Logical entries over physical pages, and the plumbing between the two.
 
-An `Entry` is one logical object: an attention block (one page of the
-attention pool) or a checkpoint-sized object (member pages, plus a conv slot
-for S2). The `EntryTable` is the only code that moves pages between entries:
+An `Entry` is one logical object: a checkpoint-sized object (member pages,
+plus a conv slot for S2). Attention blocks, one page each, are kept by page
+in the attention index (`harness.orgs.attention`), which moves their pages
+itself; they share the entry ids and the reverse index. The `EntryTable` is
+the only other code that moves pages between entries:
 it numbers entries, keeps the pools' reverse index (page -> entry ids) in step
 with each entry's pages, mirrors entry references as page reference counts
 and entry holds (pins, retains) as page holds, and reclaims cached pages.
 
 Reclaiming follows invalidate-before-free: every entry stored in the page is
 frozen (it must have no reference and no hold), removed from its lookup map
-and from the reverse index, and only then is the page handed out. The
-attention index (`harness.orgs.attention`) and the checkpoint store
-(`harness.orgs.checkpoints`) own the lookup maps' contents; the table only
-removes what it invalidates.
+and from the reverse index, and only then is the page handed out (a block page's
+block by the attention index). The checkpoint store
+(`harness.orgs.checkpoints`) owns the checkpoint lookup map's contents; the
+table only removes what it invalidates.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class Entry:
 class RequestState:
     """What an organization tracks for one admitted request (private to it)."""
 
-    attn: list[Entry] = field(default_factory=list)   # block i covers [i*B, (i+1)*B)
+    attn: list[int] = field(default_factory=list)   # page of block i, [i*B, (i+1)*B)
     live: Entry | None = None
     spares: list[Entry] = field(default_factory=list)
     adopted: Entry | None = None
@@ -71,18 +73,19 @@ class RequestState:
 
 
 class EntryTable:
-    """Entries, their pages and the lookup maps they may be registered in."""
+    """Entries, their pages and the lookup map they may be registered in."""
 
     def __init__(self, name: str, pools: list, slabs: SlabTable | None):
         self.name = name
         self.pools = pools
         self.slabs = slabs
         self.entries: dict[int, Entry] = {}
-        self.maps: dict[str, dict[int, Entry]] = {ATTN_ENTRY: {}, CKPT_ENTRY: {}}
+        self.maps: dict[str, dict[int, Entry]] = {CKPT_ENTRY: {}}
+        self.blocks = None      # the attention index, which keeps pool 0's block pages
         self.ids = itertools.count()
         self.invalidations = 0
         self.invalidations_by_kind = {ATTN_ENTRY: 0, CKPT_ENTRY: 0}
-        self.watch: list[Entry] | None = None   # when a list, invalidated entries go here
+        self.watch: list | None = None   # when a list, invalidated entries (and blocks) go here
 
     def take_page(self, pool_idx: int) -> int:
         """An empty page, else the least recently released cached one (reclaimed)."""
@@ -94,8 +97,11 @@ class EntryTable:
         if page is None:
             raise AssertionError(f"{self.name}: pool {pool.name} exhausted after can_allocate")
         assert pool.is_free(page), f"{self.name}: evicting referenced or held page {page}"
-        for eid in list(pool.dependents[page]):
-            self.invalidate(self.entries[eid])
+        if pool_idx == 0 and self.blocks.block_id[page] >= 0:
+            self.blocks.invalidate(page)
+        else:
+            for eid in list(pool.dependents[page]):
+                self.invalidate(self.entries[eid])
         pool.claim(page)
         return page
 
