@@ -21,14 +21,20 @@ per step, and does per-request work only where something happens:
   (``on_finish``: progress, the next turn of a session); the stretch goes on
   with the others;
 * a request whose commit completes an attention block (every ``bt`` tokens,
-  16 for D0, 512 for S0-S2) is caught up and committed exactly as
-  `Scheduler.complete` would, and its next block is allocated as
-  `Scheduler.schedule` would: in running order, only if all of that step's
-  new blocks fit (else the stretch hands over to the normal scheduler, which
-  preempts);
-* other requests are caught up once, when the stretch ends: tokens, prefix
-  keys, token times (a slice of the stretch's step end times) and the
-  organization's computed position (one quiet ``commit``).
+  16 for D0, 512 for S0-S2) gets its next block as `Scheduler.schedule`
+  would give it: in running order, only if all of that step's new blocks fit
+  (else the stretch hands over to the normal scheduler, which preempts);
+* requests are caught up (tokens, prefix keys, token times: a slice of the
+  stretch's step end times, and the organization's computed position: one
+  ``commit``) when they finish and when the stretch ends. A decode commit
+  only registers the blocks it completed (`_Stretch.defer`), which nothing
+  can tell from later until then: the block's key chains tokens only that
+  request generated, so no other request's prefix holds it before the
+  request has finished (a session's next turn) or been preempted, both of
+  which catch it up first, and its page is referenced, so not evictable.
+  Where a decode commit may publish a checkpoint (in place, vLLM's blocks)
+  a request is caught up and committed at each block it completes, as
+  `Scheduler.complete` would.
 
 Step durations come from the cost model step by step (the context grows by
 one token per request per step; `CostModel.decode_values`) and are added to
@@ -174,6 +180,10 @@ class _Stretch:
         self.sched, self.org, self.reqs = sched, sched.org, reqs
         bt = self.org.attn_block_tokens
         self.bt = bt
+        # catch a request up only when it finishes or the stretch ends, not at
+        # each block it completes (module docstring), unless a decode commit may
+        # publish a checkpoint in place
+        self.defer = not self.org.in_place
         self.starts = starts
         self.done = [0] * len(reqs)        # completions applied to each request
         self.live = [True] * len(reqs)     # not finished yet
@@ -209,7 +219,7 @@ class _Stretch:
             finished = []
             if ending:
                 crossing = self._complete_with_finishes(crossing, ending, j, end, finished)
-            else:
+            elif not self.defer:
                 for i in crossing:
                     self._catch_up(i, j + 1)
             joined = prefilling = ()
@@ -312,12 +322,12 @@ class _Stretch:
 
     def _complete_with_finishes(self, crossing, ending, j: int, end: float,
                                 finished: list) -> list[int]:
-        """Completion j of the requests that complete a block and of those it
-        finishes, in batch order as `Scheduler.complete` applies them (the
-        finished ones go to ``finished``); returns the crossing requests still
-        running."""
+        """Completion j of the requests it finishes (and, unless `defer`, of those
+        that complete a block), in batch order as `Scheduler.complete` applies
+        them (the finished ones go to ``finished``); returns the crossing
+        requests still running."""
         sched, reqs, live = self.sched, self.reqs, self.live
-        for i in sorted({*crossing, *ending}):
+        for i in sorted(ending if self.defer else {*crossing, *ending}):
             if i in ending:
                 self._catch_up(i, j + 1, last=True)
                 sched.finish_request(reqs[i], end)
