@@ -358,6 +358,8 @@ class _Stretch:
     def _allocate(self, crossing: list[int], j: int) -> bool:
         """Allocate the next block of each crossing request (running order) if all fit."""
         reqs, starts = self.reqs, self.starts
+        if self.defer:     # no checkpoint published in place: blocks are all they need
+            return self.org.next_blocks([reqs[i].rid for i in crossing])
         return self.org.allocate_all([(reqs[i].rid, starts[i] + j + 1, reqs[i].prefill_until)
                                       for i in crossing])
 

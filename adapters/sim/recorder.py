@@ -63,6 +63,7 @@ _HEAD = ("time_s", "start_s", "duration_s", "running", "waiting", "batch_tokens"
          "compute_s", "overhead_s", "bound", "wait_reason", "admitted_ids", "preempted_ids",
          "skipped_ids")
 _N_HEAD = len(_HEAD)
+assert KINDS == (ATTN, SSM, CONV), KINDS   # `StepRecorder._memory` writes them in this order
 
 #: Per state kind: the kind and its memory columns' names, in row order.
 _KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
@@ -94,6 +95,9 @@ class StepRecorder:
         self._mem_columns: tuple[str, ...] | None = None
         self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
         self.waste_peak = 0                     # largest per-step total rounding waste
+        # `_memory`'s SSM and conv columns and waste, and the page counts they are of
+        self._ckpt_counts: tuple | None = None
+        self._ckpt_values: tuple = ()
 
     def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
         """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
@@ -218,46 +222,60 @@ class StepRecorder:
         """The values of `_memory_columns` now, and the peaks updated: the
         organization's `usage()` (`harness.orgs.audit.usage`) computed from
         the pools' counters directly, the same numbers in the same types
-        (`tests/test_recorder_memory.py` holds the two together)."""
+        (`tests/test_recorder_memory.py` holds the two together). The SSM and
+        conv columns depend on four page counts only, which a step that takes
+        attention blocks leaves alone (always, in D0's dual pools), so they
+        are kept with those counts and computed again only when one changed."""
         org, layers = self.org, self.layers
-        lay = org.layout
         by_kind = org.table.invalidations_by_kind
         slabs = org.table.slabs
         out = [by_kind[ATTN_ENTRY], by_kind[CKPT_ENTRY],
                slabs.occupancy() if slabs is not None else float("nan")]
-        ref = dict.fromkeys(KINDS, 0)
-        cached = dict.fromkeys(KINDS, 0)
+        ref_a = cached_a = ref_s = cached_s = ref_c = cached_c = 0
         for p in org.pools:
             n_lru, n_empty = len(p.lru), len(p.empty)
             out += (p.num_pages - n_empty - n_lru, n_lru, n_empty)
             kind_pages, cached_pages = p.kind_pages, p.cached_pages
-            for k in KINDS:
-                cached[k] += cached_pages[k]
-                ref[k] += kind_pages[k] - cached_pages[k]
-        per_ckpt_ssm = max(lay.ssm_pages, 1)
-        n_ref, n_cached = ref[SSM] / per_ckpt_ssm, cached[SSM] / per_ckpt_ssm
-        ssm_waste, conv_waste = checkpoint_waste(lay, ref[SSM] + cached[SSM],
-                                                 ref[CONV] + cached[CONV])
-        per_kind = (
-            (ref[ATTN], cached[ATTN], ref[ATTN] * lay.attn_block_bytes,
-             cached[ATTN] * lay.attn_block_bytes,
-             (ref[ATTN] + cached[ATTN]) * (lay.attn_page_bytes - lay.attn_block_bytes)),
-            (ref[SSM], cached[SSM], int(n_ref * lay.ssm_bytes), int(n_cached * lay.ssm_bytes),
-             int(ssm_waste)),
-            (ref[CONV], cached[CONV], int(n_ref * lay.conv_bytes), int(n_cached * lay.conv_bytes),
-             int(conv_waste)),
-        )
-        waste, peak = 0, self.peak
-        for k, (n_referenced, n_cached_pages, b_ref, b_cached, w) in zip(KINDS, per_kind,
-                                                                        strict=True):
-            b = b_ref * layers
-            w *= layers
-            out += (n_referenced, n_cached_pages, b, b_cached * layers, w)
-            waste += w
-            if b > peak[k]:
-                peak[k] = b
-        self.waste_peak = max(self.waste_peak, waste)
+            c_a, c_s, c_c = cached_pages[ATTN], cached_pages[SSM], cached_pages[CONV]
+            cached_a += c_a
+            cached_s += c_s
+            cached_c += c_c
+            ref_a += kind_pages[ATTN] - c_a
+            ref_s += kind_pages[SSM] - c_s
+            ref_c += kind_pages[CONV] - c_c
+        lay = org.layout
+        b = ref_a * lay.attn_block_bytes * layers
+        waste = (ref_a + cached_a) * (lay.attn_page_bytes - lay.attn_block_bytes) * layers
+        out += (ref_a, cached_a, b, cached_a * lay.attn_block_bytes * layers, waste)
+        if b > self.peak[ATTN]:
+            self.peak[ATTN] = b
+        counts = (ref_s, cached_s, ref_c, cached_c)
+        if counts != self._ckpt_counts:
+            self._ckpt_counts = counts
+            self._ckpt_values = self._checkpoint_memory(ref_s, cached_s, ref_c, cached_c)
+        values, ckpt_waste = self._ckpt_values
+        out += values
+        waste += ckpt_waste
+        if waste > self.waste_peak:
+            self.waste_peak = waste
         return tuple(out)
+
+    def _checkpoint_memory(self, ref_s: int, cached_s: int, ref_c: int,
+                           cached_c: int) -> tuple[tuple, int]:
+        """The SSM and conv columns of `_memory` for these page counts (peaks
+        updated), and their waste together."""
+        lay, layers, peak = self.org.layout, self.layers, self.peak
+        per_ckpt_ssm = max(lay.ssm_pages, 1)
+        n_ref, n_cached = ref_s / per_ckpt_ssm, cached_s / per_ckpt_ssm
+        ssm_waste, conv_waste = checkpoint_waste(lay, ref_s + cached_s, ref_c + cached_c)
+        b_s, b_c = int(n_ref * lay.ssm_bytes) * layers, int(n_ref * lay.conv_bytes) * layers
+        w_s, w_c = int(ssm_waste) * layers, int(conv_waste) * layers
+        if b_s > peak[SSM]:
+            peak[SSM] = b_s
+        if b_c > peak[CONV]:
+            peak[CONV] = b_c
+        return ((ref_s, cached_s, b_s, int(n_cached * lay.ssm_bytes) * layers, w_s,
+                 ref_c, cached_c, b_c, int(n_cached * lay.conv_bytes) * layers, w_c), w_s + w_c)
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""

@@ -238,6 +238,21 @@ class Organization(ReadOnlyViews):
                     i += b
         return True
 
+    def next_blocks(self, rids) -> bool:
+        """One more attention block for each of ``rids`` (running requests that
+        decode past their last full block) in order, if pool 0 has the pages;
+        False (nothing changed) otherwise. Where no checkpoint is published in
+        place a decoding request needs no checkpoint-sized object (its prefill
+        reserved every spare), so this is `allocate_all` for them without the
+        asking: the same pages in the same order."""
+        if self.pools[0].available < len(rids):
+            return False
+        self._copies = ()
+        reqs = self.reqs
+        for rid, page in zip(rids, self.attn.new_blocks(len(rids)), strict=True):
+            reqs[rid].attn.append(page)
+        return True
+
     def _allocate_all_one_by_one(self, requests) -> bool:
         total = None
         for rid, end, prefill_until in requests:
