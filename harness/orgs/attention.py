@@ -90,21 +90,24 @@ class AttentionIndex:
     def new_blocks(self, n: int) -> list[int]:
         """The pages of ``n`` new private blocks, each referenced once by its owner.
         A page fresh from the empty set or from `EntryTable.take_page` is in no
-        free queue and of no kind yet, so the reference is just the count and
-        the kind is set directly (`PagePool.take_empty` and `PagePool.set_kind`,
-        inlined); each block takes an entry id, as every object does.
+        free queue, of no kind and unreferenced, so the reference is just the
+        count and the kind is set directly (`PagePool.take_empty` and
+        `PagePool.set_kind`, inlined); each block takes an entry id, as every
+        object does.
 
         With no empty page the least recently released cached page is
         reclaimed; when that page holds a cached block (always in D0's
         attention pool), `EntryTable.take_page` is inlined too: the block is
-        invalidated (`invalidate`) and the page claimed (`PagePool.claim`),
-        with the same counters, versions and generations. Anything else goes
-        through the table."""
+        invalidated (`invalidate`: a cached block is registered, and its key
+        finds it) and the page claimed (`PagePool.claim`), with the same
+        counters, versions and generations. Anything else goes through the
+        table."""
         table, pool = self.table, self.pool
-        ref, gen, deps, lru, empty, kind = pool.ref, pool.generation, pool.dependents, pool.lru, \
-            pool.empty, pool.kind
+        ref, hold, gen, deps, lru, empty, kind = pool.ref, pool.hold, pool.generation, \
+            pool.dependents, pool.lru, pool.empty, pool.kind
         block_id, key, built, attn_map, ids = self.block_id, self.key, self.built, self.map, \
             table.ids
+        watch = table.watch
         out = []
         append = out.append
         versions = reclaimed = 0
@@ -112,33 +115,32 @@ class AttentionIndex:
             if empty:
                 versions += 2              # taken, referenced
                 page = empty.popitem()[0]
-                gen[page] += 1
+                g = gen[page] = gen[page] + 1
+            elif lru and block_id[front := next(iter(lru))] >= 0:   # a cached block's page
+                page = front
+                assert ref[page] == 0 and hold[page] == 0, \
+                    f"{table.name}: reclaiming the page of live block {page}"
+                # the empty set tried, the content forgotten, claimed, referenced
+                versions += 4
+                k = key[page]
+                del attn_map[k]
+                key[page] = None
+                deps[page].clear()         # the block's id, its only dependent
+                del lru[page]
+                reclaimed += 1
+                if watch is not None:
+                    watch.append(EvictedBlock(ATTN_ENTRY, k))
+                g = gen[page] = gen[page] + 1   # claimed
             else:
-                page = next(iter(lru), None)
-                if page is None or block_id[page] < 0:
-                    versions += 1          # referenced
-                    page = table.take_page(0)
-                else:
-                    assert ref[page] == 0 and pool.hold[page] == 0, \
-                        f"{table.name}: reclaiming the page of live block {page}"
-                    # the empty set tried, the content forgotten, claimed, referenced
-                    versions += 4
-                    k = key[page]
-                    if attn_map.get(k) == page:
-                        del attn_map[k]
-                    key[page] = None
-                    deps[page].clear()     # the block's id, its only dependent
-                    del lru[page]
-                    reclaimed += 1
-                    if table.watch is not None:
-                        table.watch.append(EvictedBlock(ATTN_ENTRY, k))
-                    gen[page] += 1         # claimed
+                versions += 1              # referenced
+                page = table.take_page(0)
+                g = gen[page]
+            built[page] = g
             kind[page] = ATTN
             eid = next(ids)
             deps[page].add(eid)
             block_id[page] = eid
-            built[page] = gen[page]
-            ref[page] += 1
+            ref[page] = 1
             append(page)
         pool.version += versions
         pool.kind_pages[ATTN] += n - reclaimed   # a reclaimed page held a block already
@@ -166,26 +168,25 @@ class AttentionIndex:
         `PagePool.decref` and `EntryTable.drop_owned` inlined: a registered
         block's page that loses its last reference enters the LRU queue; a
         private block (its owner's only) leaves the reverse index and its page,
-        then described by nothing, becomes empty."""
+        then described by nothing, becomes empty. A block's page is never held
+        (holds are checkpoints'), so only references count."""
         pool = self.pool
-        ref, hold, deps, kind, lru, empty = pool.ref, pool.hold, pool.dependents, pool.kind, \
-            pool.lru, pool.empty
+        ref, deps, kind, lru, empty = pool.ref, pool.dependents, pool.kind, pool.lru, pool.empty
         key, block_id = self.key, self.block_id
         cached = freed = 0
         pool.version += len(blocks)
         for page in reversed(blocks):
             left = ref[page] - 1
-            if left < 0:
-                raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
             ref[page] = left
             if key[page] is not None:      # registered: the page keeps it as a dependent
-                if left == 0 and hold[page] == 0:
+                if not left:
                     lru[page] = None
                     cached += 1
+                elif left < 0:
+                    raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
                 continue
-            assert left == 0 and hold[page] == 0, \
-                f"{self.table.name}: dropping the shared block at page {page}"
-            deps[page].discard(block_id[page])
+            assert left == 0, f"{self.table.name}: dropping the shared block at page {page}"
+            deps[page].clear()             # the block's id, its only dependent
             block_id[page] = -1
             kind[page] = EMPTY
             empty[page] = None
