@@ -54,8 +54,9 @@ class Organization(ReadOnlyViews):
         self._headroom: dict[float, tuple[int, ...]] = {}
         self._copies: tuple = ()                 # (reason, position, src, dst) entries
         # `lookup`'s last answer and what it depends on: the keys (same list,
-        # same length), the limit, the pages' state (`version`) and what
-        # entered the lookup maps (registering a block changes no page)
+        # same length), the limit, what entered and left the lookup maps
+        # (registering a block changes no page) and, for its adoption cost
+        # only, the pages' state (`version`)
         self._lookup_memo: tuple | None = None
         self.retiring: list = []                 # rids whose edge is released at end_step
 
@@ -63,11 +64,17 @@ class Organization(ReadOnlyViews):
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
         version = self.version()
-        memo = self._lookup_memo   # the last answer: asked again before anything changed?
+        # entries enter the maps by registration or publication and leave them
+        # only when invalidated: the depths below read nothing else
+        maps = (self.attn.registrations, self.ckpts.published_count, self.table.invalidations)
+        memo = self._lookup_memo   # the last answer: asked again before the maps changed?
         if (memo is not None and memo[0] is keys and memo[1] == len(keys)
-                and memo[2] == max_tokens and memo[3] == version
-                and memo[4] == (self.attn.registrations, self.ckpts.published_count)):
-            return PrefixHit(*memo[5])     # a hit of its own, as every lookup returns
+                and memo[2] == max_tokens and memo[3] == maps):
+            j_adopt, r_max, depth, then, pages, slabs = memo[4]
+            if then != version:    # pages changed state since: only the cost is asked again
+                pages, slabs = self._adoption_cost(keys, j_adopt)
+                self._lookup_memo = (*memo[:4], (j_adopt, r_max, depth, version, pages, slabs))
+            return PrefixHit(j_adopt, r_max, depth, version, pages, slabs)   # a hit of its own
         limit = min(max_tokens, len(keys) * KEY_TOKENS)
         depth = self.attn.depth(keys, limit)
         ckpt_map, grid = self.ckpts.map, self.grid
@@ -82,8 +89,7 @@ class Organization(ReadOnlyViews):
         pages, slabs = self._adoption_cost(keys, j_adopt)
         hit = PrefixHit(j_adopt=j_adopt, r_max=r_max, attn_depth=depth,
                         version=version, adopt_pages=pages, adopt_slabs=slabs)
-        self._lookup_memo = (keys, len(keys), max_tokens, version,
-                             (self.attn.registrations, self.ckpts.published_count),
+        self._lookup_memo = (keys, len(keys), max_tokens, maps,
                              (j_adopt, r_max, depth, version, pages, slabs))
         return hit
 
