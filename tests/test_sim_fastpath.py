@@ -245,3 +245,37 @@ def test_fast_path_identical_when_decodes_publish_in_place(org):
                        warmup_requests=1, seed=958)
     slow, fast = run_both(config)
     assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("config", [
+    # D0 at a small budget: preempts inside stretches, and hands a step whose
+    # first running request needs a block that does not fit to the scheduler
+    RunConfig(org="d0", budget="b40", rate=20.0, requests=30, max_output=1024, seed=2),
+    # a preempted request that itself needed a block in that step
+    RunConfig(org="s1", budget="b40", rate=20.0, q=1.0, requests=30, mean_input=1500,
+              max_output=1024, cap=16, seed=2, debug_invariants=True),
+], ids=["d0", "s1"])
+def test_preemptions_inside_stretches(config, monkeypatch):
+    """A block that does not fit preempts inside the stretch as
+    `Scheduler._schedule_round` would (catching the victim up first): the
+    same rows (the preempting step's and the fresh one after it), records and
+    counters as the scheduler's steps."""
+    from adapters.sim import fastpath
+
+    calls = {"preempting": 0, "handed over": 0}
+    preempt_for, finish = fastpath._Stretch._preempt_for, fastpath._Stretch._finish
+
+    def counting_preempt_for(self, crossing, j):
+        calls["preempting"] += 1
+        return preempt_for(self, crossing, j)
+
+    def counting_finish(self, end):
+        calls["handed over"] += end.reason == "no room"
+        return finish(self, end)
+
+    monkeypatch.setattr(fastpath._Stretch, "_preempt_for", counting_preempt_for)
+    monkeypatch.setattr(fastpath._Stretch, "_finish", counting_finish)
+    slow, fast = run_both(config)
+    assert calls["preempting"] > 0
+    assert calls["handed over"] > 0 or config.org != "d0"
+    assert_identical(slow, fast)

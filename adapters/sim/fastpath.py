@@ -22,8 +22,14 @@ per step, and does per-request work only where something happens:
   with the others;
 * a request whose commit completes an attention block (every ``bt`` tokens,
   16 for D0, 512 for S0-S2) gets its next block as `Scheduler.schedule`
-  would give it: in running order, only if all of that step's new blocks fit
-  (else the stretch hands over to the normal scheduler, which preempts);
+  would give it: in running order, all of that step's new blocks at once
+  when they fit; else one after another, and while one does not fit the most
+  recently admitted running request is preempted (`_Stretch._preempt_for`),
+  as `Scheduler._schedule_round` preempts; the rest decode in that step and
+  nobody is admitted in it. Where a decode commit may publish in place, or
+  where the first running request itself might be preempted (then the
+  scheduler plans again at once), the stretch hands over to the scheduler
+  instead;
 * requests are caught up (tokens, prefix keys, token times: a slice of the
   stretch's step end times, and the organization's computed position: one
   ``commit``) when they finish and when the stretch ends. A decode commit
@@ -43,9 +49,10 @@ bit-identical; the step rows are the same rows (memory read again only
 after a step that allocated, admitted or finished a request). A step the
 scheduler planned (the first, one after a preemption) is completed here as
 the event loop would, and the next one is planned here if it is a quiet
-decode step (`_plan_decode`). A stretch ends when a new block does not fit,
-when a chunked prefill goes on, or when its last request finished; the next
-step is then planned by `Scheduler.schedule`. ``HBENCH_SIM_FAST=0``
+decode step (`_plan_decode`). A stretch ends when a chunked prefill goes
+on, when its last request finished, or (rarely) when a new block does not
+fit and the stretch cannot preempt for it; the next step is then planned by
+`Scheduler.schedule`. ``HBENCH_SIM_FAST=0``
 switches the shortcut off for debugging; `tests/test_sim_fastpath.py` checks
 that both paths give identical results.
 """
@@ -61,7 +68,7 @@ import numpy as np
 from adapters.sim.cost import StepCost, StepShape
 from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.keys import KEY_TOKENS, extend_keys
-from harness.scheduler import RUNNING, StepBatch, generated_token
+from harness.scheduler import RUNNING, WAIT_MEMORY, BatchItem, StepBatch, generated_token
 
 
 def fast_path_enabled() -> bool:
@@ -195,8 +202,9 @@ class _Stretch:
         self._head, self._head_keys = None, set()    # the waiting head and its prefix keys
         # completion j emits request i's last token iff j == output_len - generated - 1
         self.finish_at: dict[int, list[int]] = {}
+        self.finish_j: list[int] = []      # that completion, per request
         for i, r in enumerate(reqs):
-            self.finish_at.setdefault(r.output_len - r.generated - 1, []).append(i)
+            self._finishes_at(i, r.output_len - r.generated - 1)
 
     def run(self, now, cost, arrive, cost_model, recorder, on_finish, on_step) -> StretchEnd:
         sched, org = self.sched, self.org
@@ -205,6 +213,7 @@ class _Stretch:
         token_budget = sched.policy.token_budget
         bt, by_phase, finish_at, times = self.bt, self.by_phase, self.finish_at, self.times
         admitted = None   # the prefill items of the step in flight (admitted in the stretch)
+        preempting = False   # the step in flight preempted (`_preempt_for`)
         duration = cost.total_s
         j = 0
         while True:
@@ -262,17 +271,34 @@ class _Stretch:
             # tokens the running requests generated, which no waiting request's
             # prefix holds: it stays refused
             evicted = False
+            was_preempting, preempting = preempting, False
             if crossing:
                 lost: list = []
                 org.watch_invalidations(lost)
                 fits = self._allocate(crossing, j)
                 org.watch_invalidations(None)
                 if not fits:
-                    return self._finish(StretchEnd(now, j, "no room"))
+                    if not self._may_preempt(crossing):
+                        return self._finish(StretchEnd(now, j, "no room"))
+                    # the step the scheduler plans after preempting: the others
+                    # decode, nobody is admitted, and the step after it is asked
+                    # about the waiting queue and recorded afresh
+                    victims = self._preempt_for(crossing, j)
+                    d -= len(victims)
+                    context -= sum(self.starts[i] + j for i in victims)
+                    batch = self._decode_batch(j, [self.reqs[i].rid for i in victims])
+                    cost = cost_model.step(StepShape.of_batch(batch))
+                    recorder.step_started(now, batch, cost, len(sched.running),
+                                          len(sched.waiting))
+                    duration = cost.total_s
+                    admitted, preempting = None, True
+                    continue
                 evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
-            was_mixed, admitted = admitted, None
-            if arrived or evicted or ending or released or was_mixed:
+            # after a step that admitted or preempted, the waiting queue is asked
+            # and the step recorded afresh, as `_plan_decode` does
+            replan, admitted = bool(admitted) or was_preempting, None
+            if arrived or evicted or ending or released or replan:
                 reason = sched.refusal(token_budget - d)
                 if reason is None:
                     # admit as `Scheduler._admit` would after the decodes: the
@@ -286,7 +312,7 @@ class _Stretch:
                                                     len(sched.waiting))
                     duration = cost.total_s
                     continue
-            if was_mixed:
+            if replan:
                 cost = cost_model.decode_step(d, context)
                 duration = cost.total_s
                 recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
@@ -316,9 +342,14 @@ class _Stretch:
             self.done.append(j + 1)
             self.live.append(True)
             self.by_phase.setdefault(-(start + 1) % self.bt, []).append(i)
-            self.finish_at.setdefault(r.output_len - r.generated + j, []).append(i)
+            self._finishes_at(i, r.output_len - r.generated + j)
             joined.append(i)
         return joined, prefilling
+
+    def _finishes_at(self, i: int, j: int) -> None:
+        """Request i emits its last token at completion j."""
+        self.finish_at.setdefault(j, []).append(i)
+        self.finish_j.append(j)
 
     def _complete_with_finishes(self, crossing, ending, j: int, end: float,
                                 finished: list) -> list[int]:
@@ -354,6 +385,49 @@ class _Stretch:
             self._head, self._head_keys = head, set(head.keys)
         keys = self._head_keys
         return any(e.kind != ATTN_ENTRY or e.key in keys for e in lost)
+
+    def _may_preempt(self, crossing: list[int]) -> bool:
+        """Whether planning the step whose crossing requests' blocks do not all
+        fit may go on here (`_preempt_for`): not where a decode commit may
+        publish in place, and not if the first running request might be
+        preempted too (nothing would run: the scheduler plans again at once,
+        admitting in the same step)."""
+        return self.defer and (self.reqs[crossing[0]] is not self.sched.running[0]
+                               or self.org.available_pages()[0] > 0)
+
+    def _preempt_for(self, crossing: list[int], j: int) -> list[int]:
+        """Planning of step j as `Scheduler._schedule_round` plans it when the
+        crossing requests' blocks do not all fit: in running order each gets
+        its block, and while one does not fit the most recently admitted
+        running request (the last one here) is caught up and preempted, until
+        the block fits or the request was itself preempted. Returns the
+        preempted requests' indices in order."""
+        sched, reqs, live = self.sched, self.reqs, self.live
+        victims = []
+        for i in crossing:
+            if not live[i]:
+                continue
+            while not self.org.next_blocks([reqs[i].rid]):
+                v = max(k for k, alive in enumerate(live) if alive)
+                assert reqs[v] is sched.running[-1], "stretch and scheduler disagree on order"
+                self._catch_up(v, j)
+                sched._preempt(reqs[v])
+                live[v] = False
+                self.by_phase[-(self.starts[v] + 1) % self.bt].remove(v)
+                self.finish_at[self.finish_j[v]].remove(v)
+                victims.append(v)
+                if v == i:
+                    break
+        return victims
+
+    def _decode_batch(self, j: int, preempted: list[int]) -> StepBatch:
+        """The batch `Scheduler.schedule` returns for step j after preempting
+        ``preempted`` (request ids): a decode per running request, in order."""
+        grid = self.org.grid
+        items = [BatchItem(r, self.starts[i] + j, self.starts[i] + j + 1, False, grid)
+                 for i, r in enumerate(self.reqs) if self.live[i]]
+        return StepBatch(items=items, preempted=preempted,
+                         wait_reason=WAIT_MEMORY if self.sched.waiting else "")
 
     def _allocate(self, crossing: list[int], j: int) -> bool:
         """Allocate the next block of each crossing request (running order) if all fit."""
