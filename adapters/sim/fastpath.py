@@ -47,7 +47,7 @@ one token per request per step; `CostModel.decode_values`) and are added to
 the clock in the same order as the event loop adds them, so times are
 bit-identical; the step rows are the same rows (memory read again only
 after a step that allocated, admitted or finished a request). A step the
-scheduler planned (the first, one after a preemption) is completed here as
+scheduler planned (the first, one after a stretch handed over) is completed here as
 the event loop would, and the next one is planned here if it is a quiet
 decode step (`_plan_decode`). A stretch ends when a chunked prefill goes
 on, when its last request finished, or (rarely) when a new block does not
