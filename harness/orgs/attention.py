@@ -24,9 +24,12 @@ _MEMBERS, _FIRST, _PAGE = attrgetter("members"), itemgetter(0), itemgetter(1)
 
 
 class AttentionIndex:
-    def __init__(self, table: EntryTable, block_tokens: int):
+    def __init__(self, table: EntryTable, block_tokens: int, cache_duplicates: bool = False):
         assert block_tokens % KEY_TOKENS == 0, block_tokens
         self.table = table
+        # vLLM paging: a block computed again for a registered prefix is cached
+        # too (`EntryTable.add_duplicate`); the study keeps it private
+        self.cache_duplicates = cache_duplicates
         self.block_tokens = block_tokens
         self.step = block_tokens // KEY_TOKENS   # keys per block
         self.map = table.maps[ATTN_ENTRY]        # prefix key -> registered block
@@ -85,6 +88,7 @@ class AttentionIndex:
         table, pool = self.table, self.pool
         ref, hold, gen, deps = pool.ref, pool.hold, pool.generation, pool.dependents
         entries, ids, attn_map = table.entries, table.ids, self.map
+        dups = table.duplicates[ATTN_ENTRY]
         empty, kind, kind_pages, lru = pool.empty, pool.kind, pool.kind_pages, pool.lru
         out = []
         append = out.append
@@ -112,8 +116,11 @@ class AttentionIndex:
                     versions += 3          # the empty set tried, the content forgotten, claimed
                     victim.valid = False
                     k = victim.key
-                    if k is not None and attn_map.get(k) is victim:
-                        del attn_map[k]
+                    if k is not None:
+                        if attn_map.get(k) is victim and not dups:
+                            del attn_map[k]
+                        else:
+                            table.unmap(victim)
                     d.clear()
                     del entries[eid]
                     del lru[page]
@@ -145,7 +152,8 @@ class AttentionIndex:
 
     def register(self, blocks: list[Entry], keys, first: int, last: int) -> None:
         """Blocks ``first`` .. ``last - 1`` are computed: key each for lookup unless
-        an equal prefix is registered already (then it stays private)."""
+        an equal prefix is registered already (then it stays private, or is
+        cached as a duplicate with ``cache_duplicates``)."""
         attn_map, bt = self.map, self.block_tokens
         for b in range(first, last):
             e = blocks[b]
@@ -156,6 +164,8 @@ class AttentionIndex:
                     e.key = k
                     attn_map[k] = e
                     self.registrations += 1
+                elif self.cache_duplicates:
+                    self.table.add_duplicate(e, k)
 
     def release(self, blocks: list[Entry]) -> None:
         """Drop a finished request's blocks, tail first so LRU evicts a prefix's

@@ -48,6 +48,14 @@ def check_invariants(org) -> None:
         for k, e in m.items():
             assert e.valid and e.key == k and e.kind == kind and e.id in entries, (
                 f"{org.name}: lookup map holds stale {e}")
+    for kind, waiting in org.table.duplicates.items():
+        for k, dups in waiting.items():
+            assert dups and k in org.table.maps[kind], (
+                f"{org.name}: duplicates of {k} without a registered entry")
+            for e in dups:
+                assert (e.valid and e.key == k and e.kind == kind and e.id in entries
+                        and org.table.maps[kind][k] is not e), (
+                    f"{org.name}: duplicate list holds stale {e}")
     if slabs is not None:
         for slab, occ in slabs.occupants.items():
             assert any(o is not None for o in occ), f"{org.name}: empty slab {slab} kept open"
@@ -59,6 +67,10 @@ def check_invariants(org) -> None:
             assert e is None or (e.valid and e.refs >= 1), f"{org.name}: request {rid} holds {e}"
     for rid, e in org.pinned.items():
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
+    for rid, blocks in org.pinned_blocks.items():
+        assert rid in org.pinned, f"{org.name}: blocks of {rid} pinned without its checkpoint"
+        for e in blocks:
+            assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
 
 
 def checkpoint_waste(lay, ssm_pages: int, conv_pages: int) -> tuple[float, float]:
