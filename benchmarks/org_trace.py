@@ -159,10 +159,12 @@ class RecordingOrg:
         self.rows.append((CAN_ALLOCATE, rid, NO_KEYS, h, 0, NO_KEYS, RECORDED_OK if ok else 0))
         return ok
 
-    def allocate(self, rid, end: int, prefill_until: int, keys=None, hit=None) -> bool:
+    def allocate(self, rid, end: int, prefill_until: int, keys=None, hit=None,
+                 prompt_len=None) -> bool:
+        # ``prompt_len`` matters only to vLLM paging, which traces do not replay
         kidx, nk = self._key_ref(keys)
         flag = self._hit_flag(kidx, hit)
-        ok = self._org.allocate(rid, end, prefill_until, keys, hit)
+        ok = self._org.allocate(rid, end, prefill_until, keys, hit, prompt_len)
         self.rows.append((ALLOCATE, rid, kidx, end, prefill_until, nk,
                           flag | (RECORDED_OK if ok else 0)))
         return ok

@@ -33,13 +33,17 @@ simulator can serve the same memory as a plugin run at the same budget:
     D0   1 vLLM block        1 block of a private pool             block
 
 (A: the study's 512-token attention page, which sets the counts.)
-Checkpoints follow vLLM's align mode too (``publish_in_place``): the state at
-a block edge is published where it is, prompt and decode edges alike, and the
-request takes a new state object only when it computes past the edge; the
-study instead reserves a spare for each grid boundary of the prompt before
-the chunk that reaches it. Within one chunk that spans several blocks vLLM
-keeps at most the last edge of the final chunk; here only edges a chunk ends
-on are published (on CPU vLLM's chunk is one block, so the two agree).
+States follow vLLM's align mode and its default retention too
+(``publish_in_place``, `harness.orgs.base`): at every block edge the running
+state is the edge's state, and the request takes a new state object when it
+computes past the edge; the edge's state is published where it is only at the
+request's replay boundary and a shared-prefix junction (`kept_edges`), else
+freed. A prefix computed again is cached twice, as vLLM caches every block
+under its hash, and a preemption pins what the engine pins
+(``preempt_pin``: the plugin its joint hit, stock vLLM nothing). The study
+instead reserves a spare for each grid boundary of the prompt before the
+chunk that reaches it and publishes them all. Here only edges a chunk ends on
+are published (on CPU vLLM's chunk is one block, so every edge is one).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ D0_BLOCK_TOKENS = 16
 D0_GRID_TOKENS = 1792
 #: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks.
 PAGINGS = ("study", "vllm")
+#: What a preemption may pin (`OrgLayout.preempt_pin`).
+PREEMPT_PINS = ("checkpoint", "joint", "none")
 #: vLLM's hybrid block grows in multiples of this many tokens (its kernel
 #: alignment when --block-size is given; hbench passes it on CPU).
 VLLM_BLOCK_ALIGN = 128
@@ -101,11 +107,17 @@ class OrgLayout:
     slot_bytes: int = 0
     slab_slots: int = 0
     dual_pool: bool = False
-    #: vLLM's align mode: the running state at a block edge *is* the checkpoint
-    #: of that edge (published in place, decode edges too); a new state object
-    #: is taken only when the request computes past the edge. Otherwise (the
-    #: study) a spare is reserved for every grid boundary of the prompt.
+    #: vLLM's align mode: the running state at a block edge *is* the state of
+    #: that edge, published where it is if vLLM keeps it
+    #: (`harness.orgs.base.kept_edges`); a new state object is taken when the
+    #: request computes past the edge. Otherwise (the study) a spare is
+    #: reserved for every grid boundary of the prompt and all are published.
     publish_in_place: bool = False
+    #: What a preemption pins until the request runs again (`PREEMPT_PINS`):
+    #: the study pins the deepest valid checkpoint on the request's path;
+    #: hbench's vLLM plugin its longest joint hit (the checkpoint and the
+    #: attention blocks before it); stock vLLM nothing.
+    preempt_pin: str = "checkpoint"
     # logical sizes (what the bytes are for), to compute waste
     attn_block_bytes: int
     ssm_bytes: int
@@ -126,16 +138,19 @@ class OrgLayout:
         (S0, D0), not member pages plus a conv page or slot (S1, S2)."""
         return self.ssm_pages == 1 and self.conv_pages == 0 and not self.conv_slots
 
-    def in_vllm_blocks(self, block_tokens: int, attn_bytes_per_token: int) -> OrgLayout:
+    def in_vllm_blocks(self, block_tokens: int, attn_bytes_per_token: int,
+                       preempt_pin: str = "joint") -> OrgLayout:
         """This organization as hbench's vLLM plugin lays it out in vLLM's
         blocks of ``block_tokens`` tokens (module docstring): every attention
         block and every member page is one block of ``block_tokens x
         attn_bytes_per_token`` bytes, checkpoints fall on block edges, and the
         page counts (members per checkpoint, slots per slab) stay this
         layout's. Logical sizes are unchanged, so waste is counted against
-        the real blocks."""
+        the real blocks. ``preempt_pin``: "joint" under the plugin, "none"
+        for an organization vLLM serves stock (S0)."""
+        assert preempt_pin in PREEMPT_PINS, preempt_pin
         page = block_tokens * attn_bytes_per_token
         return replace(self, attn_block_tokens=block_tokens, grid_tokens=block_tokens,
                        attn_page_bytes=page, ckpt_page_bytes=page, publish_in_place=True,
                        slot_bytes=page // self.slab_slots if self.conv_slots else 0,
-                       attn_block_bytes=page)
+                       attn_block_bytes=page, preempt_pin=preempt_pin)

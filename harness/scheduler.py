@@ -360,7 +360,7 @@ class Scheduler:
                             "budget or headroom too small for this request")
                 batch.failed.append(r.rid)
                 continue
-            assert org.allocate(r.rid, end, r.prefill_until, r.keys, hit)
+            assert org.allocate(r.rid, end, r.prefill_until, r.keys, hit, r.prompt_len)
             self.waiting.popleft()
             self._on_admit(r, hit)
             self.running.append(r)

@@ -114,7 +114,7 @@ class OrgMachine(RuleBasedStateMachine):
             assert [(c.reason, c.position) for c in adopted] == [("adopt", hit.j_adopt)]
             assert adopted[0].dst == org.live_state(rid)
             assert not claims(adopted[0].src) & claims(adopted[0].dst)
-        elif r.get("on_edge"):      # in place: continuing past its published edge copies it
+        elif r.get("on_edge"):      # in place: continuing past the edge it is at copies it
             assert [(c.reason, c.position) for c in adopted] == [("publish", start)]
             assert adopted[0].dst == org.live_state(rid)
             assert not claims(adopted[0].src) & claims(adopted[0].dst)
@@ -125,7 +125,7 @@ class OrgMachine(RuleBasedStateMachine):
         r["computed"] = end
         if self.in_place:
             assert copies == () and published in ([], [end])
-            r["on_edge"] = bool(published)
+            r["on_edge"] = end % org.grid == 0    # at an edge, published or not
             if published:
                 assert org.checkpoint_at(r["keys"], end) == org.live_state(rid)
             r["published"] = list(range(org.grid, end + 1, org.grid))

@@ -79,9 +79,10 @@ class TrackedOrg:
         if self._poisoner is not None:
             self._poisoner.sweep()
 
-    def allocate(self, rid, end: int, prefill_until: int, keys=None, hit=None) -> bool:
+    def allocate(self, rid, end: int, prefill_until: int, keys=None, hit=None,
+                 prompt_len=None) -> bool:
         new = not self._org.is_admitted(rid)
-        ok = self._org.allocate(rid, end, prefill_until, keys, hit)
+        ok = self._org.allocate(rid, end, prefill_until, keys, hit, prompt_len)
         self._moved()
         if ok and new:
             self._on_admit(rid, self._org.copies())

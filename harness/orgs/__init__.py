@@ -40,13 +40,14 @@ def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
     """The layout of ``org`` (a key of `ORGANIZATIONS`) for model geometry
     ``geom``: the study's pages, or with ``paging="vllm"`` the same
     organization in vLLM's blocks (`OrgLayout.in_vllm_blocks`)."""
-    layout = _organization(org).layout_for(geom)
+    cls = _organization(org)
+    layout = cls.layout_for(geom)
     if paging == "study":
         return layout
     if paging == "vllm":
         per_token = geom.slot_attn_bytes_per_token
         block = vllm_block_tokens(per_token, geom.slot_checkpoint_bytes)
-        return layout.in_vllm_blocks(block, per_token)
+        return layout.in_vllm_blocks(block, per_token, cls.vllm_preempt_pin)
     raise ValueError(f"unknown paging {paging!r}; choose from {', '.join(PAGINGS)}")
 
 

@@ -38,9 +38,15 @@ class EvictedBlock(NamedTuple):
 
 
 class AttentionIndex:
-    def __init__(self, table: EntryTable, block_tokens: int):
+    def __init__(self, table: EntryTable, block_tokens: int, cache_duplicates: bool = False):
         assert block_tokens % KEY_TOKENS == 0, block_tokens
         self.table = table
+        # vLLM paging: a block computed again for a registered prefix is cached
+        # too (vLLM keeps every block under its hash): prefix key -> the pages of
+        # such copies, oldest first, each taking over when the one before goes
+        # (`_unmap`); the study keeps such a block private
+        self.cache_duplicates = cache_duplicates
+        self.duplicates: dict[int, list[int]] = {}
         self.block_tokens = block_tokens
         self.step = block_tokens // KEY_TOKENS   # keys per block
         self.map: dict[int, int] = {}            # prefix key -> page of the registered block
@@ -107,7 +113,7 @@ class AttentionIndex:
             pool.dependents, pool.lru, pool.empty, pool.kind
         block_id, key, built, attn_map, ids = self.block_id, self.key, self.built, self.map, \
             table.ids
-        watch = table.watch
+        watch, dups = table.watch, self.duplicates
         out = []
         append = out.append
         versions = reclaimed = 0
@@ -123,7 +129,10 @@ class AttentionIndex:
                 # the empty set tried, the content forgotten, claimed, referenced
                 versions += 4
                 k = key[page]
-                del attn_map[k]
+                if dups:                   # vLLM paging: it may be a copy, or have one
+                    self._unmap(page, k)
+                else:
+                    del attn_map[k]
                 key[page] = None
                 deps[page].clear()         # the block's id, its only dependent
                 del lru[page]
@@ -152,14 +161,19 @@ class AttentionIndex:
 
     def register(self, blocks: list[int], keys, first: int, last: int) -> None:
         """Blocks ``first`` .. ``last - 1`` are computed: key each for lookup unless
-        an equal prefix is registered already (then it stays private)."""
+        an equal prefix is registered already (then it stays private, or is
+        cached as a copy with ``cache_duplicates``)."""
         attn_map, key, step = self.map, self.key, self.step
         for page, k in zip(blocks[first:last], keys[(first + 1) * step - 1:last * step:step],
                            strict=True):
-            if key[page] is None and k not in attn_map:
-                key[page] = k
-                attn_map[k] = page
-                self.registrations += 1
+            if key[page] is None:
+                if k not in attn_map:
+                    key[page] = k
+                    attn_map[k] = page
+                    self.registrations += 1
+                elif self.cache_duplicates:
+                    key[page] = k
+                    self.duplicates.setdefault(k, []).append(page)
 
     def release(self, blocks: list[int]) -> None:
         """Drop a finished request's blocks, tail first so LRU evicts a prefix's
@@ -168,10 +182,12 @@ class AttentionIndex:
         `PagePool.decref` and `EntryTable.drop_owned` inlined: a registered
         block's page that loses its last reference enters the LRU queue; a
         private block (its owner's only) leaves the reverse index and its page,
-        then described by nothing, becomes empty. A block's page is never held
-        (holds are checkpoints'), so only references count."""
+        then described by nothing, becomes empty. Only a registered block can
+        be held (a preemption's joint pin under vLLM paging): its page enters
+        the queue when the hold is dropped (`PagePool.drop_hold`)."""
         pool = self.pool
-        ref, deps, kind, lru, empty = pool.ref, pool.dependents, pool.kind, pool.lru, pool.empty
+        ref, hold, deps, kind, lru, empty = pool.ref, pool.hold, pool.dependents, pool.kind, \
+            pool.lru, pool.empty
         key, block_id = self.key, self.block_id
         cached = freed = 0
         pool.version += len(blocks)
@@ -180,8 +196,9 @@ class AttentionIndex:
             ref[page] = left
             if key[page] is not None:      # registered: the page keeps it as a dependent
                 if not left:
-                    lru[page] = None
-                    cached += 1
+                    if not hold[page]:
+                        lru[page] = None
+                        cached += 1
                 elif left < 0:
                     raise AssertionError(f"pool {pool.name}: page {page} ref would go negative")
                 continue
@@ -194,6 +211,20 @@ class AttentionIndex:
         pool.cached_pages[ATTN] += cached
         pool.kind_pages[ATTN] -= freed
 
+    def _unmap(self, page: int, k: int) -> None:
+        """Take the block at ``page`` (key ``k``) out of lookup: if it is the one
+        ``k`` finds, the oldest copy of that prefix is found from now on."""
+        waiting = self.duplicates.get(k)
+        if self.map.get(k) == page:
+            if waiting:
+                self.map[k] = waiting.pop(0)
+            else:
+                del self.map[k]
+        elif waiting:
+            waiting.remove(page)
+        if waiting is not None and not waiting:
+            del self.duplicates[k]
+
     def invalidate(self, page: int) -> None:
         """`EntryTable.invalidate` for the cached block at ``page``: out of the
         lookup map and the reverse index, then the page, free and described by
@@ -202,8 +233,8 @@ class AttentionIndex:
         assert pool.ref[page] == 0 and pool.hold[page] == 0, \
             f"{table.name}: reclaiming the page of live block {page}"
         k = self.key[page]
-        if k is not None and self.map.get(k) == page:
-            del self.map[k]
+        if k is not None:
+            self._unmap(page, k)
         self.key[page] = None
         pool.dependents[page].discard(self.block_id[page])
         self.block_id[page] = -1

@@ -36,7 +36,7 @@ def check_invariants(org) -> None:
             occ = slabs.occupants.get(e.slot.slab)
             assert occ is not None and occ[e.slot.slot] == eid, (
                 f"{org.name}: {e} slot {e.slot} not recorded in slab table")
-    _count_blocks(org, refs, deps)
+    _count_blocks(org, refs, holds, deps)
     for i, p in enumerate(org.pools):
         assert refs[i] == p.ref, f"{org.name}: pool {p.name} page refs {p.ref} != entry refs {refs[i]}"
         assert holds[i] == p.hold, f"{org.name}: pool {p.name} holds {p.hold} != {holds[i]}"
@@ -49,6 +49,19 @@ def check_invariants(org) -> None:
     for k, page in attn.map.items():
         assert attn.block_id[page] >= 0 and attn.key[page] == k, (
             f"{org.name}: attention map holds stale page {page} for key {k}")
+    for k, pages in attn.duplicates.items():
+        assert pages and k in attn.map and attn.map[k] not in pages, (
+            f"{org.name}: copies {pages} of {k} without another registered block")
+        assert all(attn.block_id[p] >= 0 and attn.key[p] == k for p in pages), (
+            f"{org.name}: copies of {k} hold stale pages {pages}")
+    for kind, waiting in org.table.duplicates.items():
+        for k, dups in waiting.items():
+            assert dups and k in org.table.maps[kind], (
+                f"{org.name}: duplicates of {k} without a registered entry")
+            for e in dups:
+                assert (e.valid and e.key == k and e.kind == kind and e.id in entries
+                        and org.table.maps[kind][k] is not e), (
+                    f"{org.name}: duplicate list holds stale {e}")
     if slabs is not None:
         for slab, occ in slabs.occupants.items():
             assert any(o is not None for o in occ), f"{org.name}: empty slab {slab} kept open"
@@ -62,14 +75,20 @@ def check_invariants(org) -> None:
             assert attn.block_id[page] >= 0, f"{org.name}: request {rid} holds no block at {page}"
     for rid, e in org.pinned.items():
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
+    for rid, pages in org.pinned_blocks.items():
+        assert rid in org.pinned, f"{org.name}: blocks of {rid} pinned without its checkpoint"
+        for page in pages:
+            assert attn.block_id[page] >= 0 and attn.key[page] is not None, (
+                f"{org.name}: pin of {rid} on page {page}, which holds no registered block")
 
 
-def _count_blocks(org, refs, deps) -> None:
-    """Add the attention blocks to the references and reverse index recounted
-    from the entries: a block is referenced once by each request whose block
-    list holds its page, and its page lists its id. Checks that no block's
-    page was handed out again since the block was built, that block ids name
-    nothing else, and that a registered block is the one its key finds."""
+def _count_blocks(org, refs, holds, deps) -> None:
+    """Add the attention blocks to the references, holds and reverse index
+    recounted from the entries: a block is referenced once by each request
+    whose block list holds its page, held once by each preemption that pinned
+    it, and its page lists its id. Checks that no block's page was handed out
+    again since the block was built, that block ids name nothing else, and
+    that a registered block is the one its key finds (or a copy waiting)."""
     attn = org.attn
     pool = org.pools[0]
     ids = set(org.table.entries)
@@ -83,12 +102,15 @@ def _count_blocks(org, refs, deps) -> None:
             f"{org.name}: storage of the block at page {page} was handed out again: "
             f"generation {attn.built[page]} -> {pool.generation[page]}")
         k = attn.key[page]
-        assert k is None or attn.map.get(k) == page, (
+        assert k is None or attn.map.get(k) == page or page in attn.duplicates.get(k, ()), (
             f"{org.name}: registered block at page {page} is not what its key {k} finds")
         deps[0][page].add(eid)
     for st in org.reqs.values():
         for page in st.attn:
             refs[0][page] += 1
+    for pages in org.pinned_blocks.values():
+        for page in pages:
+            holds[0][page] += 1
 
 
 def checkpoint_waste(lay, ssm_pages: int, conv_pages: int) -> tuple[float, float]:

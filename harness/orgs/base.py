@@ -25,10 +25,37 @@ from harness.orgs.values import Demand, PrefixHit
 from harness.orgs.views import ReadOnlyViews
 
 
+def kept_edges(prompt_len: int, hit: PrefixHit | None, block: int) -> tuple[int, ...]:
+    """The block edges whose state a request publishes in place: those vLLM 0.32
+    keeps with its default ``--prefix-cache-retention-interval 0``
+    (``replay_boundaries`` and ``reachable_block_mask`` in
+    vllm/v1/core/kv_cache_coordinator.py and single_type_kv_cache_manager.py):
+
+    - the *replay boundary*, the last edge before the prompt's last token
+      (a resend of the prompt recomputes that token), from the original
+      prompt even when a preempted request recomputes its output too;
+    - the *shared-prefix junction*: when the request's lookup found cached
+      attention deeper than the joint hit, the state at that depth, so that
+      requests sharing the prefix can resume there next time.
+
+    Every other edge, decode edges included, is passed without publishing:
+    measured on vLLM's CPU build, a request preempted past a decode edge
+    finds no Mamba state there and recomputes from its last kept edge.
+    """
+    kept = {(prompt_len - 1) // block * block}
+    if hit is not None and hit.attn_depth > hit.j_adopt:
+        kept.add(hit.attn_depth // block * block)
+    kept.discard(0)
+    return tuple(sorted(kept))
+
+
 class Organization(ReadOnlyViews):
     """One organization; subclasses only name themselves and define their layout."""
 
     name = "base"
+    #: what a preemption pins under ``paging="vllm"`` (`OrgLayout.preempt_pin`):
+    #: hbench's vLLM plugin serves the organization and pins its joint hit
+    vllm_preempt_pin = "joint"
 
     @staticmethod
     def layout_for(geom) -> OrgLayout:
@@ -47,10 +74,12 @@ class Organization(ReadOnlyViews):
             self.pools = [PagePool("shared", pool_pages[0], layout.attn_page_bytes)]
         slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
         self.table = EntryTable(self.name, self.pools, slabs)
-        self.attn = AttentionIndex(self.table, layout.attn_block_tokens)
+        self.attn = AttentionIndex(self.table, layout.attn_block_tokens,
+                                   cache_duplicates=self.in_place)
         self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)
         self.reqs: dict[object, RequestState] = {}
-        self.pinned: dict[object, object] = {}   # rid -> the Entry its preemption pinned
+        self.pinned: dict[object, object] = {}   # rid -> the checkpoint its preemption pinned
+        self.pinned_blocks: dict[object, list] = {}   # rid -> pages of the blocks pinned with it
         self._headroom: dict[float, tuple[int, ...]] = {}
         self._copies: tuple = ()                 # (reason, position, src, dst) entries
         # `lookup`'s last answer and what it depends on: the keys (same list,
@@ -114,8 +143,8 @@ class Organization(ReadOnlyViews):
         else:
             have_blocks, reserved, live = len(st.attn), st.reserved_until, 0
         blocks = -(-end // self.attn_block_tokens) - have_blocks
-        if self.in_place:      # no spares: a new live state once past a published edge
-            if st is not None and st.live_published and end > st.computed:
+        if self.in_place:      # no spares: a new live state once past an edge
+            if st is not None and st.at_edge and end > st.computed:
                 live = 1
             return (blocks if blocks > 0 else 0), live
         last = end if end < prefill_until else prefill_until
@@ -159,19 +188,22 @@ class Organization(ReadOnlyViews):
 
     # ================= actions ==================================================
     def allocate(self, rid, end: int, prefill_until: int, keys=None,
-                 hit: PrefixHit | None = None) -> bool:
+                 hit: PrefixHit | None = None, prompt_len: int | None = None) -> bool:
         """Make room for tokens up to ``end``; False (nothing changed) if it does not fit.
 
         On the first call for ``rid`` the request adopts ``hit.j_adopt`` tokens of
         cached attention and the checkpoint at J, gets its live state, and any pin
         from an earlier preemption is released. Grid boundaries up to
         ``min(end, prefill_until)`` get a spare checkpoint object for publication.
+        In place, ``prompt_len`` (the request's original prompt; default
+        ``prefill_until``) and the hit decide which edges it publishes
+        (`kept_edges`).
         """
         self._copies = ()
         st = self.reqs.get(rid)
         # room already reserved (most decode steps): `_new_objects` would be (0, 0)
         if (st is not None and end <= len(st.attn) * self.attn_block_tokens
-                and (not st.live_published if self.in_place
+                and (not st.at_edge if self.in_place
                      else min(end, prefill_until) // self.grid <= st.reserved_until // self.grid)):
             return True
         if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit)):
@@ -186,20 +218,20 @@ class Organization(ReadOnlyViews):
                 self.table.ref(st.adopted)
             st.computed = st.reserved_until = j
             st.live = self.ckpts.new()
+            if self.in_place:
+                st.keep = kept_edges(prefill_until if prompt_len is None else prompt_len,
+                                     hit, self.grid)
             if st.adopted is not None:
                 self._copies = (("adopt", j, st.adopted, st.live),)
-            old_pin = self.pinned.pop(rid, None)
-            if old_pin is not None:
-                self.ckpts.unpin(old_pin)
+            self._unpin(rid)
         n_blocks = -(-end // self.attn_block_tokens) - len(st.attn)
         if n_blocks > 0:
             st.attn.extend(self.attn.new_blocks(n_blocks))
         if self.in_place:
-            if st.live_published and end > st.computed:   # continue past the edge
+            if st.at_edge and end > st.computed:   # continue past the edge
                 edge = st.live
-                st.live, st.live_published = self.ckpts.new(), False
-                st.retiring = edge          # read by this step's copy; cached after it
-                self.retiring.append(rid)
+                st.live, st.at_edge = self.ckpts.new(), False
+                self._retire(rid, st, edge)    # read by this step's copy; released after it
                 self._copies = (("publish", st.computed, edge, st.live),)
             return True
         last = min(end, prefill_until)
@@ -222,7 +254,7 @@ class Organization(ReadOnlyViews):
         for rid, end, prefill_until in requests:
             st = reqs[rid]
             if in_place:
-                if st.live_published and end > st.computed:
+                if st.at_edge and end > st.computed:
                     return self._allocate_all_one_by_one(requests)
             elif (end if end < prefill_until else prefill_until) // grid \
                     > st.reserved_until // grid:
@@ -280,14 +312,17 @@ class Organization(ReadOnlyViews):
         if computed // bt > st.computed // bt:
             self.attn.register(st.attn, keys, st.computed // bt, computed // bt)
         if self.in_place:
-            published = self._publish_in_place(st, keys, computed) \
+            published = self._reach_edge(st, keys, computed) \
                 if computed % self.grid == 0 and computed > st.computed else []
         else:
             j = (st.computed // self.grid + 1) * self.grid
             published = self._publish(st, keys, j, min(computed, prefill_until)) \
                 if j <= prefill_until and j <= computed else []
-        if st.adopted is not None and computed > st.computed:
-            self.table.unref(st.adopted)   # consumed into the live state
+        if st.adopted is not None and computed > st.computed:   # consumed into the live state
+            if self.in_place:   # vLLM frees the hit's block as it frees an edge's
+                self._retire(rid, st, st.adopted)
+            else:
+                self.table.unref(st.adopted)
             st.adopted = None
         st.computed = max(st.computed, computed)
         return published
@@ -314,32 +349,53 @@ class Organization(ReadOnlyViews):
         self._copies = tuple(copies)
         return published
 
+    def _retire(self, rid, st: RequestState, e) -> None:
+        """In place: ``e`` (an edge the request went past, or the checkpoint it
+        adopted, once its state is copied) is released when the step ends."""
+        assert st.retiring is None, f"{self.name}: {rid} retires two states in one step"
+        st.retiring = e
+        self.retiring.append(rid)
+
     def end_step(self) -> None:
-        """The step is done: edges published in place that a request continued
-        past in it are now only cached. vLLM's align mode frees such a block at
-        the next step's scheduling (`MambaManager.remove_skipped_blocks`), after
-        the step's copy read it; until then it counts as held."""
+        """The step is done: the states requests went past in it (`_retire`) are
+        released, in the order they were retired; a published one stays cached.
+        vLLM's align mode frees such a block when the request is scheduled next
+        (`MambaManager.remove_skipped_blocks`), after the step's copy read it;
+        until then it counts as held, and blocks it frees enter the LRU queue
+        in that order."""
         for rid in self.retiring:
             st = self.reqs.get(rid)
             if st is not None and st.retiring is not None:
-                self.table.unref(st.retiring)
+                self._release_edge(st.retiring)
                 st.retiring = None
         self.retiring.clear()
 
-    def _publish_in_place(self, st: RequestState, keys, j: int) -> list[int]:
-        """The live state at edge ``j`` becomes its checkpoint and stays the
-        request's state (still referenced) until it computes past ``j``; if the
-        prefix is published already, the request goes on in its live state."""
+    def _reach_edge(self, st: RequestState, keys, j: int) -> list[int]:
+        """In place: the live state is now the state at edge ``j`` and stays the
+        request's state until it computes past ``j`` (then it takes a new one,
+        as vLLM's align mode moves to a new block at every edge). At a kept
+        edge (`kept_edges`) the state is also published as ``j``'s
+        checkpoint (a duplicate if the prefix is published already)."""
+        st.at_edge = True
         k = key_at(keys, j)
-        if k in self.ckpts.map:
-            st.on_path.append(self.ckpts.map[k])
+        cached = self.ckpts.map.get(k)
+        if cached is not None:
+            st.on_path.append(cached)
+        if j not in st.keep:
             return []
         live = st.live
-        self.ckpts.publish(live, k, j)
+        self.ckpts.publish(live, k, j)    # a duplicate if ``cached``: vLLM keeps both
         self.table.ref(live)
         st.published.append(live)
-        st.live_published = True
-        return [j]
+        return [j] if cached is None else []
+
+    def _release_edge(self, e) -> None:
+        """An edge's state the request no longer needs: a published one stays
+        cached; one that was not published is freed."""
+        if e.key is not None:
+            self.table.unref(e)
+        else:
+            self.table.drop_owned(e)
 
     def retain(self, rid, position: int, keys) -> bool:
         """Policy hold on the request's published checkpoint at ``position``."""
@@ -360,9 +416,9 @@ class Organization(ReadOnlyViews):
             self.table.unref(st.adopted)
         self.attn.release(st.attn)
         if st.retiring is not None:
-            self.table.unref(st.retiring)
+            self._release_edge(st.retiring)
             st.retiring = None
-        if st.live_published:
+        if st.at_edge and st.live.key is not None:
             self.table.unref(st.live)       # a published edge stays cached
             st.live = None
         for e in [st.live, *st.spares]:
@@ -370,24 +426,59 @@ class Organization(ReadOnlyViews):
                 self.table.drop_owned(e)
 
     def preempt(self, rid) -> None:
-        """Recompute-style preemption: release, pinning the deepest valid checkpoint
-        on the request's own path, whether it published it, adopted it, or found
-        it already published at one of its boundaries."""
+        """Recompute-style preemption: release everything, first pinning what the
+        layout's ``preempt_pin`` says until the request is admitted again:
+
+        - "checkpoint" (the study): the deepest valid checkpoint on the
+          request's own path, whether it published it, adopted it, or found it
+          already published at one of its boundaries;
+        - "joint" (hbench's vLLM plugin): the longest joint hit a lookup would
+          find now, its checkpoint and the attention blocks before it
+          (`_joint_hit`);
+        - "none" (stock vLLM): nothing."""
         st = self.reqs[rid]
-        latest = None
-        for e in [*st.published, *st.on_path]:
-            if e is not None and e.valid and (latest is None or e.pos > latest.pos):
-                latest = e
-        if latest is not None:
-            self.ckpts.pin(latest)
+        how, ckpt, blocks = self.layout.preempt_pin, None, []
+        if how == "checkpoint":
+            for e in [*st.published, *st.on_path]:
+                if e is not None and e.valid and (ckpt is None or e.pos > ckpt.pos):
+                    ckpt = e
+        elif how == "joint":
+            ckpt, blocks = self._joint_hit(st)
+        if ckpt is not None:
+            self.table.pin(ckpt)
+        for page in blocks:
+            self.pools[0].add_hold(page)
         self.finish(rid)
-        if latest is not None:
-            self.pinned[rid] = latest
+        if ckpt is not None:
+            self.pinned[rid] = ckpt
+        if blocks:
+            self.pinned_blocks[rid] = blocks
+
+    def _joint_hit(self, st: RequestState) -> tuple:
+        """(checkpoint, attention blocks before it) of the longest joint hit a
+        lookup of the request's tokens would find now, or (None, []). Its
+        registered blocks are in lookup, so the edges to try are those of its
+        leading registered blocks (block edges are the grid in place)."""
+        assert self.grid == self.attn_block_tokens, "joint pins need checkpoints on block edges"
+        key, n = self.attn.key, 0
+        while n < len(st.attn) and key[st.attn[n]] is not None:
+            n += 1
+        for b in range(n, 0, -1):
+            ckpt = self.ckpts.map.get(key[st.attn[b - 1]])    # the prefix [0, b B)'s key
+            if ckpt is not None:
+                return ckpt, [self.attn.map[key[page]] for page in st.attn[:b]]
+        return None, []
+
+    def _unpin(self, rid) -> None:
+        """Release what ``rid``'s preemption pinned, if anything."""
+        ckpt = self.pinned.pop(rid, None)
+        if ckpt is not None:
+            self.table.unpin(ckpt)
+        for page in self.pinned_blocks.pop(rid, ()):
+            self.pools[0].drop_hold(page)
 
     def abandon(self, rid) -> None:
         """Cancel: release what the request holds and any pin it left behind."""
         if rid in self.reqs:
             self.finish(rid)
-        pin = self.pinned.pop(rid, None)
-        if pin is not None:
-            self.ckpts.unpin(pin)
+        self._unpin(rid)

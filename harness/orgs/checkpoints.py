@@ -136,22 +136,16 @@ class CheckpointStore:
         return e
 
     def publish(self, live: Entry, key: int, position: int) -> None:
-        """``live`` becomes the cached checkpoint of the prefix [0, position)."""
-        live.key, live.pos = key, position
-        self.map[key] = live
+        """``live`` becomes the cached checkpoint of the prefix [0, position)
+        (a duplicate if that prefix has one already: vLLM paging only)."""
+        live.pos = position
+        if key in self.map:
+            self.table.add_duplicate(live, key)
+        else:
+            live.key = key
+            self.map[key] = live
         self.table.unref(live)
         self.published_count += 1
-
-    def pin(self, e: Entry) -> None:
-        if not e.held:
-            self.table.hold(e)
-        e.pins += 1
-
-    def unpin(self, e: Entry) -> None:
-        assert e.pins > 0, f"{self.table.name}: unpin of unpinned {e}"
-        e.pins -= 1
-        if not e.held:
-            self.table.drop_hold(e)
 
     def retain(self, e: Entry) -> None:
         if not e.held:

@@ -67,8 +67,9 @@ class RequestState:
     on_path: list[Entry] = field(default_factory=list)   # adopted, or published by another
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
-    live_published: bool = False   # in-place publication: ``live`` is the checkpoint at ``computed``
+    at_edge: bool = False      # in place: ``live`` is the state at the block edge ``computed``
     retiring: Entry | None = None  # in place: the edge continued past this step, held until it ends
+    keep: tuple[int, ...] = ()     # in place: the edges whose state is cached (vLLM's retention)
     computed: int = 0
 
 
@@ -82,6 +83,12 @@ class EntryTable:
         self.entries: dict[int, Entry] = {}
         self.maps: dict[str, dict[int, Entry]] = {CKPT_ENTRY: {}}
         self.blocks = None      # the attention index, which keeps pool 0's block pages
+        # vLLM paging: a checkpoint published again for a prefix that has one
+        # is cached too (vLLM keeps every block under its hash); lookup finds
+        # the oldest, the others wait here in the order they came and the next
+        # takes its place when it is reclaimed (`unmap`; attention blocks'
+        # copies are the attention index's)
+        self.duplicates: dict[str, dict[int, list[Entry]]] = {CKPT_ENTRY: {}}
         self.ids = itertools.count()
         self.invalidations = 0
         self.invalidations_by_kind = {ATTN_ENTRY: 0, CKPT_ENTRY: 0}
@@ -135,13 +142,42 @@ class EntryTable:
         for pool, page in e.pages:
             self.pools[pool].drop_hold(page)
 
+    def add_duplicate(self, e: Entry, key: int) -> None:
+        """Cache ``e`` under ``key``, which another entry holds in lookup already."""
+        e.key = key
+        self.duplicates[e.kind].setdefault(key, []).append(e)
+
+    def unmap(self, e: Entry) -> None:
+        """Take the registered ``e`` out of lookup; the oldest duplicate of its
+        key, if any, is found in its place from now on."""
+        m, waiting = self.maps[e.kind], self.duplicates[e.kind].get(e.key)
+        if m.get(e.key) is e:
+            if waiting:
+                m[e.key] = waiting.pop(0)
+            else:
+                del m[e.key]
+        elif waiting and e in waiting:
+            waiting.remove(e)
+        if waiting is not None and not waiting:
+            del self.duplicates[e.kind][e.key]
+
+    def pin(self, e: Entry) -> None:
+        """A preemption's hold on ``e`` (its pages cannot be reclaimed)."""
+        if not e.held:
+            self.hold(e)
+        e.pins += 1
+
+    def unpin(self, e: Entry) -> None:
+        assert e.pins > 0, f"{self.name}: unpin of unpinned {e}"
+        e.pins -= 1
+        if not e.held:
+            self.drop_hold(e)
+
     def unlink(self, e: Entry) -> None:
         """Remove ``e`` from lookup and the reverse index (it must be unreferenced)."""
         e.valid = False
         if e.key is not None:
-            m = self.maps[e.kind]
-            if m.get(e.key) is e:
-                del m[e.key]
+            self.unmap(e)
         for pool, page in e.pages:
             self.pools[pool].dependents[page].discard(e.id)
         if e.slot is not NO_SLOT:

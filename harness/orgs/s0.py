@@ -16,6 +16,7 @@ from harness.orgs.base import Organization
 
 class S0(Organization):
     name = "s0"
+    vllm_preempt_pin = "none"    # vLLM serves S0 stock: a preemption pins nothing
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:

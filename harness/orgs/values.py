@@ -142,7 +142,8 @@ class StateCopy:
     seeds the request's live state ``dst``) or ``"publish"`` (at a grid
     boundary the live object ``src`` became the published checkpoint; the
     request continues in the fresh live object ``dst``, which needs the same
-    state).
+    state; in place, at every block edge the request goes past, whether or
+    not ``src`` was published there).
     """
 
     reason: str
