@@ -56,6 +56,7 @@ class AttentionIndex:
         self.key: list[int | None] = [None] * n  # per page: its block's key, None: private
         self.built = [0] * n                     # per page: its generation when the block was built
         self.registrations = 0                   # blocks ever entered in the map
+        self.own_pool = len(table.pools) > 1     # pool 0 holds blocks only (D0's dual pools)
         table.blocks = self
 
     # ---- queries ---------------------------------------------------------------
@@ -80,17 +81,20 @@ class AttentionIndex:
     # ---- actions ---------------------------------------------------------------
     def adopt(self, keys, j: int) -> list[int]:
         """Reference the registered blocks of [0, j) (`PagePool.incref` of each page,
-        inlined)."""
+        inlined). A registered block's page is a dependent's, so it is in the
+        LRU queue exactly when unreferenced and not held (only a preemption's
+        joint pin holds a block, under vLLM paging)."""
         pool = self.pool
-        ref, hold, lru, cached_pages, kind = pool.ref, pool.hold, pool.lru, pool.cached_pages, \
-            pool.kind
+        ref, hold, lru = pool.ref, pool.hold, pool.lru
         out = [self.map[k] for k in keys[self.step - 1:j // KEY_TOKENS:self.step]]
         pool.version += len(out)
+        cached = 0
         for page in out:
-            if ref[page] == 0 and hold[page] == 0 and page in lru:
+            if not ref[page] and not hold[page]:
                 del lru[page]
-                cached_pages[kind[page]] -= 1
+                cached += 1
             ref[page] += 1
+        pool.cached_pages[ATTN] -= cached
         return out
 
     def new_blocks(self, n: int) -> list[int]:
@@ -102,8 +106,9 @@ class AttentionIndex:
         object does.
 
         With no empty page the least recently released cached page is
-        reclaimed; when that page holds a cached block (always in D0's
-        attention pool), `EntryTable.take_page` is inlined too: the block is
+        reclaimed; when that page holds a cached block (always in a pool of
+        blocks only, D0's attention pool: there the front of the LRU queue is
+        taken without a look), `EntryTable.take_page` is inlined too: the block is
         invalidated (`invalidate`: a cached block is registered, and its key
         finds it) and the page claimed (`PagePool.claim`), with the same
         counters, versions and generations. Anything else goes through the
@@ -114,6 +119,8 @@ class AttentionIndex:
         block_id, key, built, attn_map, ids = self.block_id, self.key, self.built, self.map, \
             table.ids
         watch, dups = table.watch, self.duplicates
+        own_pool = self.own_pool
+        pop_front = lru.popitem
         out = []
         append = out.append
         versions = reclaimed = 0
@@ -122,8 +129,10 @@ class AttentionIndex:
                 versions += 2              # taken, referenced
                 page = empty.popitem()[0]
                 g = gen[page] = gen[page] + 1
-            elif lru and block_id[front := next(iter(lru))] >= 0:   # a cached block's page
-                page = front
+                kind[page] = ATTN
+                deps[page].add(eid := next(ids))
+            elif lru and (own_pool or block_id[next(iter(lru))] >= 0):   # a cached block's page
+                page = pop_front(False)[0]
                 assert ref[page] == 0 and hold[page] == 0, \
                     f"{table.name}: reclaiming the page of live block {page}"
                 # the empty set tried, the content forgotten, claimed, referenced
@@ -134,20 +143,20 @@ class AttentionIndex:
                 else:
                     del attn_map[k]
                 key[page] = None
-                deps[page].clear()         # the block's id, its only dependent
-                del lru[page]
                 reclaimed += 1
                 if watch is not None:
                     watch.append(EvictedBlock(ATTN_ENTRY, k))
-                g = gen[page] = gen[page] + 1   # claimed
+                g = gen[page] = gen[page] + 1   # claimed; still a block's page (kind)
+                d = deps[page]
+                d.clear()                  # the old block's id, its only dependent
+                d.add(eid := next(ids))
             else:
                 versions += 1              # referenced
                 page = table.take_page(0)
                 g = gen[page]
+                kind[page] = ATTN
+                deps[page].add(eid := next(ids))
             built[page] = g
-            kind[page] = ATTN
-            eid = next(ids)
-            deps[page].add(eid)
             block_id[page] = eid
             ref[page] = 1
             append(page)
