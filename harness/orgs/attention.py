@@ -22,7 +22,7 @@ from __future__ import annotations
 from itertools import takewhile
 from typing import NamedTuple
 
-from harness.orgs.entries import ATTN_ENTRY, EntryTable
+from harness.orgs.entries import ATTN_ENTRY, EntryTable, unmap_copy
 from harness.orgs.keys import KEY_TOKENS
 from harness.orgs.pool import ATTN, EMPTY
 from harness.orgs.values import PageRef
@@ -44,7 +44,7 @@ class AttentionIndex:
         # vLLM paging: a block computed again for a registered prefix is cached
         # too (vLLM keeps every block under its hash): prefix key -> the pages of
         # such copies, oldest first, each taking over when the one before goes
-        # (`_unmap`); the study keeps such a block private
+        # (`unmap_copy`); the study keeps such a block private
         self.cache_duplicates = cache_duplicates
         self.duplicates: dict[int, list[int]] = {}
         self.block_tokens = block_tokens
@@ -139,7 +139,7 @@ class AttentionIndex:
                 versions += 4
                 k = key[page]
                 if dups:                   # vLLM paging: it may be a copy, or have one
-                    self._unmap(page, k)
+                    unmap_copy(attn_map, dups, k, page)
                 else:
                     del attn_map[k]
                 key[page] = None
@@ -220,20 +220,6 @@ class AttentionIndex:
         pool.cached_pages[ATTN] += cached
         pool.kind_pages[ATTN] -= freed
 
-    def _unmap(self, page: int, k: int) -> None:
-        """Take the block at ``page`` (key ``k``) out of lookup: if it is the one
-        ``k`` finds, the oldest copy of that prefix is found from now on."""
-        waiting = self.duplicates.get(k)
-        if self.map.get(k) == page:
-            if waiting:
-                self.map[k] = waiting.pop(0)
-            else:
-                del self.map[k]
-        elif waiting:
-            waiting.remove(page)
-        if waiting is not None and not waiting:
-            del self.duplicates[k]
-
     def invalidate(self, page: int) -> None:
         """`EntryTable.invalidate` for the cached block at ``page``: out of the
         lookup map and the reverse index, then the page, free and described by
@@ -243,7 +229,7 @@ class AttentionIndex:
             f"{table.name}: reclaiming the page of live block {page}"
         k = self.key[page]
         if k is not None:
-            self._unmap(page, k)
+            unmap_copy(self.map, self.duplicates, k, page)
         self.key[page] = None
         pool.dependents[page].discard(self.block_id[page])
         self.block_id[page] = -1

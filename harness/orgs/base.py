@@ -418,8 +418,8 @@ class Organization(ReadOnlyViews):
         if st.retiring is not None:
             self._release_edge(st.retiring)
             st.retiring = None
-        if st.at_edge and st.live.key is not None:
-            self.table.unref(st.live)       # a published edge stays cached
+        if st.at_edge:                      # in place: a published edge stays cached
+            self._release_edge(st.live)
             st.live = None
         for e in [st.live, *st.spares]:
             if e is not None:

@@ -28,6 +28,23 @@ from harness.orgs.slabs import NO_SLOT, SlabTable
 ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
 
 
+def unmap_copy(lookup: dict, copies: dict, key: int, item) -> None:
+    """Take ``item`` (registered under ``key``, or one of its waiting copies) out
+    of ``lookup``: if ``lookup`` finds it, the oldest copy in ``copies[key]`` is
+    found from now on. Checkpoints (entries) and attention blocks (pages) keep
+    their copies alike (vLLM paging)."""
+    waiting = copies.get(key)
+    if lookup.get(key) == item:          # an entry compares by identity, a page by number
+        if waiting:
+            lookup[key] = waiting.pop(0)
+        else:
+            del lookup[key]
+    elif waiting:
+        waiting.remove(item)
+    if waiting is not None and not waiting:
+        del copies[key]
+
+
 class Entry:
     __slots__ = ("id", "kind", "key", "pos", "members", "slot", "pages", "refs", "pins",
                  "retains", "valid", "generations")
@@ -86,7 +103,7 @@ class EntryTable:
         # vLLM paging: a checkpoint published again for a prefix that has one
         # is cached too (vLLM keeps every block under its hash); lookup finds
         # the oldest, the others wait here in the order they came and the next
-        # takes its place when it is reclaimed (`unmap`; attention blocks'
+        # takes its place when it is reclaimed (`unmap_copy`; attention blocks'
         # copies are the attention index's)
         self.duplicates: dict[str, dict[int, list[Entry]]] = {CKPT_ENTRY: {}}
         self.ids = itertools.count()
@@ -147,20 +164,6 @@ class EntryTable:
         e.key = key
         self.duplicates[e.kind].setdefault(key, []).append(e)
 
-    def unmap(self, e: Entry) -> None:
-        """Take the registered ``e`` out of lookup; the oldest duplicate of its
-        key, if any, is found in its place from now on."""
-        m, waiting = self.maps[e.kind], self.duplicates[e.kind].get(e.key)
-        if m.get(e.key) is e:
-            if waiting:
-                m[e.key] = waiting.pop(0)
-            else:
-                del m[e.key]
-        elif waiting and e in waiting:
-            waiting.remove(e)
-        if waiting is not None and not waiting:
-            del self.duplicates[e.kind][e.key]
-
     def pin(self, e: Entry) -> None:
         """A preemption's hold on ``e`` (its pages cannot be reclaimed)."""
         if not e.held:
@@ -177,7 +180,7 @@ class EntryTable:
         """Remove ``e`` from lookup and the reverse index (it must be unreferenced)."""
         e.valid = False
         if e.key is not None:
-            self.unmap(e)
+            unmap_copy(self.maps[e.kind], self.duplicates[e.kind], e.key, e)
         for pool, page in e.pages:
             self.pools[pool].dependents[page].discard(e.id)
         if e.slot is not NO_SLOT:
