@@ -73,10 +73,10 @@ def check_invariants(org) -> None:
             assert e is None or (e.valid and e.refs >= 1), f"{org.name}: request {rid} holds {e}"
         for page in st.attn:
             assert attn.block_id[page] >= 0, f"{org.name}: request {rid} holds no block at {page}"
-    for rid, e in org.pinned.items():
+    for rid, e in org.pins.checkpoints.items():
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
-    for rid, pages in org.pinned_blocks.items():
-        assert rid in org.pinned, f"{org.name}: blocks of {rid} pinned without its checkpoint"
+    for rid, pages in org.pins.blocks.items():
+        assert rid in org.pins.checkpoints, f"{org.name}: blocks of {rid} pinned without its checkpoint"
         for page in pages:
             assert attn.block_id[page] >= 0 and attn.key[page] is not None, (
                 f"{org.name}: pin of {rid} on page {page}, which holds no registered block")
@@ -108,7 +108,7 @@ def _count_blocks(org, refs, holds, deps) -> None:
     for st in org.reqs.values():
         for page in st.attn:
             refs[0][page] += 1
-    for pages in org.pinned_blocks.values():
+    for pages in org.pins.blocks.values():
         for page in pages:
             holds[0][page] += 1
 

@@ -173,3 +173,13 @@ class PagePool:
         assert counts == self.kind_pages, f"pool {self.name}: kind counts {self.kind_pages} != {counts}"
         assert cached == self.cached_pages, (
             f"pool {self.name}: cached counts {self.cached_pages} != {cached}")
+
+
+def pools_for(layout, pool_pages: tuple[int, ...]) -> list[PagePool]:
+    """The pools ``layout`` (an `OrgLayout`) lays its pages out in: one shared
+    pool, or (``dual_pool``) an attention pool and a checkpoint pool, with
+    ``pool_pages`` pages each."""
+    if layout.dual_pool:
+        return [PagePool("attention", pool_pages[0], layout.attn_page_bytes),
+                PagePool("checkpoint", pool_pages[1], layout.ckpt_page_bytes)]
+    return [PagePool("shared", pool_pages[0], layout.attn_page_bytes)]

@@ -78,7 +78,7 @@ class ReadOnlyViews:
 
     def pinned_checkpoints(self) -> dict:
         """Preempted request id -> token position of the checkpoint its preemption pinned."""
-        return {rid: e.pos for rid, e in self.pinned.items()}
+        return {rid: e.pos for rid, e in self.pins.checkpoints.items()}
 
     def retained_checkpoints(self) -> dict:
         """Prefix key -> retention holds, for each published checkpoint retention keeps."""
