@@ -60,8 +60,8 @@ class Organization(ReadOnlyViews):
         self.publication = publication_for(layout, self.table, self.ckpts)
         self.in_place = self.publication.in_place
         self.retiring = self.publication.retiring   # rids whose edge `end_step` releases
-        self.attn = AttentionIndex(self.table, layout.attn_block_tokens,   # in place, vLLM
-                                   cache_duplicates=self.in_place)  # caches blocks recomputed
+        self.attn = AttentionIndex(self.table, layout.attn_block_tokens,
+                                   cache_duplicates=self.in_place)
         self.prefix = PrefixLookup(self.table, self.attn, self.ckpts, self.grid)
         self.pins = Pins(pin_policy_for(layout.preempt_pin, self.attn, self.ckpts, self.grid),
                          self.table)
