@@ -95,7 +95,7 @@ class Publication:
 
     def consumed(self, rid, st: RequestState, adopted: Entry) -> None:
         """The adopted checkpoint's state is in the live state now: let it go."""
-        self.table.unref(adopted)
+        raise NotImplementedError
 
     def end_step(self, reqs: dict) -> None:
         """The step is over (nothing is held past a step unless in place)."""
@@ -133,6 +133,9 @@ class Spares(Publication):
         if j <= prefill_until and j <= computed:
             return self._publish(st, keys, j, min(computed, prefill_until))
         return [], ()
+
+    def consumed(self, rid, st, adopted):
+        self.table.unref(adopted)
 
     def _publish(self, st: RequestState, keys, j: int, last: int) -> tuple[list[int], tuple]:
         """Publish the live state at each grid boundary j .. last; the request

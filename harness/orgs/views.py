@@ -7,7 +7,7 @@ that `allocate` and `commit` ask of it (see `harness.orgs.protocol` for the
 picture). `usage`, `step_memory` and `check_invariants` delegate to
 `harness.orgs.audit`.
 None of these changes anything. `Organization` mixes them in; they read its
-pools, request table, attention index and checkpoint store.
+pools, request table, attention index, checkpoint store and pins.
 """
 
 from __future__ import annotations
