@@ -34,7 +34,7 @@ simulator can serve the same memory as a plugin run at the same budget:
 
 (A: the study's 512-token attention page, which sets the counts.)
 States follow vLLM's align mode and its default retention too
-(``publish_in_place``, `harness.orgs.base`): at every block edge the running
+(``publish_in_place``, `harness.orgs.publication`): at every block edge the running
 state is the edge's state, and the request takes a new state object when it
 computes past the edge; the edge's state is published where it is only at the
 request's replay boundary and a shared-prefix junction (`kept_edges`), else
@@ -57,8 +57,6 @@ D0_BLOCK_TOKENS = 16
 D0_GRID_TOKENS = 1792
 #: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks.
 PAGINGS = ("study", "vllm")
-#: What a preemption may pin (`OrgLayout.preempt_pin`).
-PREEMPT_PINS = ("checkpoint", "joint", "none")
 #: vLLM's hybrid block grows in multiples of this many tokens (its kernel
 #: alignment when --block-size is given; hbench passes it on CPU).
 VLLM_BLOCK_ALIGN = 128
@@ -109,11 +107,12 @@ class OrgLayout:
     dual_pool: bool = False
     #: vLLM's align mode: the running state at a block edge *is* the state of
     #: that edge, published where it is if vLLM keeps it
-    #: (`harness.orgs.base.kept_edges`); a new state object is taken when the
+    #: (`harness.orgs.publication.kept_edges`); a new state object is taken when the
     #: request computes past the edge. Otherwise (the study) a spare is
     #: reserved for every grid boundary of the prompt and all are published.
     publish_in_place: bool = False
-    #: What a preemption pins until the request runs again (`PREEMPT_PINS`):
+    #: What a preemption pins until the request runs again (a key of
+    #: `harness.orgs.pins.PIN_POLICIES`):
     #: the study pins the deepest valid checkpoint on the request's path;
     #: hbench's vLLM plugin its longest joint hit (the checkpoint and the
     #: attention blocks before it); stock vLLM nothing.
@@ -148,7 +147,6 @@ class OrgLayout:
         layout's. Logical sizes are unchanged, so waste is counted against
         the real blocks. ``preempt_pin``: "joint" under the plugin, "none"
         for an organization vLLM serves stock (S0)."""
-        assert preempt_pin in PREEMPT_PINS, preempt_pin
         page = block_tokens * attn_bytes_per_token
         return replace(self, attn_block_tokens=block_tokens, grid_tokens=block_tokens,
                        attn_page_bytes=page, ckpt_page_bytes=page, publish_in_place=True,

@@ -24,12 +24,12 @@ def test_lookup_memo_is_never_stale(org, monkeypatch):
                 hit.adopt_slabs)
 
     def checked(self, keys, max_tokens):
-        memo = self._lookup_memo
+        memo = self.prefix.memo
         hit = lookup(self, keys, max_tokens)
         answered["all"] += 1
-        if memo is not None and self._lookup_memo is memo:   # answered from the memo
+        if memo is not None and self.prefix.memo is memo:   # answered from the memo
             answered["memo"] += 1
-        self._lookup_memo = None
+        self.prefix.memo = None
         fresh = lookup(self, keys, max_tokens)
         assert fields(fresh) == fields(hit) and fresh is not hit
         return hit

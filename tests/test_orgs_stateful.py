@@ -203,7 +203,7 @@ class OrgMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.reqs)))
         self.org.abandon(rid)
         del self.reqs[rid]
-        assert rid not in self.org.pinned
+        assert rid not in self.org.pinned_checkpoints()
 
     @precondition(lambda self: any(self.org.is_admitted(r) and v["published"]
                                    for r, v in self.reqs.items()))

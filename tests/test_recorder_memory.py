@@ -1,9 +1,11 @@
 """The step recorder's memory columns are the organization's `usage()`.
 
-`adapters.sim.recorder.StepRecorder` computes a row's memory columns from
-the pools' counters directly (once per step that changed pages, so it must
-be cheap); this holds them to `harness.orgs.audit.usage` at every step of
-small runs of every organization, values and types alike.
+`adapters.sim.recorder.StepRecorder` reads a row's memory columns through
+the organization's `step_memory` view (`harness.orgs.audit.StepMemory`: once
+per step that changed pages, so it keeps its checkpoint figures until their
+page counts change); this holds them to `harness.orgs.audit.usage` at every
+step of small runs of every organization, values, types and column names
+alike, and the run's peaks to the largest values in its rows.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ def usage_row(recorder) -> dict:
     for pool, counts in u.pages.items():
         for state, n in counts.items():
             row[f"pages_{pool}_{state}"] = n
-    for k, referenced, cached, mem, cached_bytes, waste_bytes in rec._KIND_COLUMNS:
-        row[referenced] = u.pages_by_kind[k]["referenced"]
-        row[cached] = u.pages_by_kind[k]["cached"]
-        row[mem] = u.bytes_by_kind[k]["referenced"] * layers
-        row[cached_bytes] = u.bytes_by_kind[k]["cached"] * layers
-        row[waste_bytes] = u.waste_by_kind[k] * layers
+    for k in ("attention", "ssm", "conv"):
+        row[f"blocks_{k}_referenced"] = u.pages_by_kind[k]["referenced"]
+        row[f"blocks_{k}_cached"] = u.pages_by_kind[k]["cached"]
+        row[f"mem_{k}_bytes"] = u.bytes_by_kind[k]["referenced"] * layers
+        row[f"cached_{k}_bytes"] = u.bytes_by_kind[k]["cached"] * layers
+        row[f"waste_{k}_bytes"] = u.waste_by_kind[k] * layers
     return row
 
 
@@ -55,7 +57,7 @@ def test_memory_columns_are_usage(org, budget, monkeypatch):
     def checking(self):
         want = usage_row(self)
         got = memory(self)
-        cols = self._mem_columns or self._memory_columns()
+        cols = self._memory_columns()
         assert list(cols) == list(want)
         bad = [c for c, v in zip(cols, got, strict=True) if not same(v, want[c])]
         assert not bad, [(c, want[c], got[cols.index(c)]) for c in bad]
@@ -67,3 +69,8 @@ def test_memory_columns_are_usage(org, budget, monkeypatch):
                                  seed=2)
     run = SimEngine().run(build_run_workload(config), RunSetup.resolve(config))
     assert checked and len(run.steps) > 0
+    rows = [run.steps[i] for i in range(len(run.steps))]
+    kinds = ("attention", "ssm", "conv")
+    assert run.peak_memory == {k: max(r[f"mem_{k}_bytes"] for r in rows) for k in kinds}
+    assert run.counters["rounding_waste_bytes"]["pages"] == max(
+        sum(r[f"waste_{k}_bytes"] for k in kinds) for r in rows)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from harness.model_configs import preset
 from harness.orgs import build_organization
-from harness.orgs.base import kept_edges
 from harness.orgs.keys import chain_keys, extend_keys
+from harness.orgs.publication import kept_edges
 from harness.orgs.values import PageRef, PrefixHit
 
 GEOM = preset("falcon-h1-7b")
@@ -172,10 +172,10 @@ def test_a_plugin_preemption_pins_the_joint_hit_and_stock_s0_pins_nothing():
         org.check_invariants()
         assert org.pinned_checkpoints() == pinned, name
         if pinned:    # the attention block before it is held too
-            (page,) = org.pinned_blocks[0]
+            (page,) = org.pins.blocks[0]
             assert org.pools[0].hold[page] == 1
         assert org.lookup(keys, len(toks) - 1).j_adopt == B
         org.abandon(0)
-        assert org.pinned_checkpoints() == {} and not org.pinned_blocks
+        assert org.pinned_checkpoints() == {} and not org.pins.blocks
         assert all(h == 0 for p in org.pools for h in p.hold)
         org.check_invariants()

@@ -2,8 +2,9 @@
 
 The loop (`adapters.sim.engine.SimEngine.run`) tells a `StepRecorder` two
 things: a step started (with the batch, its cost and the scheduler's queues)
-and a step ended. The recorder samples the organization's `usage()` at each
-step start and turns it into one row of ``steps.parquet``; at the end it
+and a step ended. The recorder samples the organization's memory at each
+step start through its view (`step_memory`, `usage()`'s figures) and turns
+it into one row of ``steps.parquet``; at the end it
 assembles the run's counters. It reads; it never changes the scheduler or
 the organization.
 
@@ -29,12 +30,8 @@ so that its end time can still be set; it is frozen when the next one starts.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
-from harness.orgs.audit import checkpoint_waste
-from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
-from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.step_table import StepTable
 
 
@@ -63,16 +60,6 @@ _HEAD = ("time_s", "start_s", "duration_s", "running", "waiting", "batch_tokens"
          "compute_s", "overhead_s", "bound", "wait_reason", "admitted_ids", "preempted_ids",
          "skipped_ids")
 _N_HEAD = len(_HEAD)
-assert KINDS == (ATTN, SSM, CONV), KINDS   # `StepRecorder._memory` writes them in this order
-
-#: Per state kind: the kind and its memory columns' names, in row order.
-_KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
-                       f"cached_{k}_bytes", f"waste_{k}_bytes") for k in KINDS)
-
-
-@functools.cache
-def _page_column(pool: str, state: str) -> str:
-    return f"pages_{pool}_{state}"
 
 
 def _ids(rids) -> str:
@@ -92,12 +79,9 @@ class StepRecorder:
         # its end time can still be set) and the memory values after them
         self._head: list | None = None
         self._tail: tuple = ()
-        self._mem_columns: tuple[str, ...] | None = None
-        self.peak = dict.fromkeys(KINDS, 0)     # per-kind peaks of referenced bytes (own moments)
-        self.waste_peak = 0                     # largest per-step total rounding waste
-        # `_memory`'s SSM and conv columns and waste, and the page counts they are of
-        self._ckpt_counts: tuple | None = None
-        self._ckpt_values: tuple = ()
+        # memory is read through the organization's view, which keeps the peaks
+        self._mem = org.step_memory(pool_layers)
+        self.peak = self._mem.peak              # per-kind peaks of referenced bytes (own moments)
 
     def step_started(self, now: float, batch, cost, running: int, waiting: int) -> None:
         """A step over ``batch`` starts at ``now`` and takes ``cost.total_s``."""
@@ -204,78 +188,24 @@ class StepRecorder:
         if fresh:
             self._tail = self._memory()
 
+    @property
+    def waste_peak(self) -> int:
+        """The largest per-step total rounding waste (bytes, whole model)."""
+        return self._mem.waste_peak
+
     def _add_memory(self, row: dict) -> None:
         """Memory and invalidation columns of ``row`` from the organization now."""
-        if self._mem_columns is None:
-            self._mem_columns = self._memory_columns()
-        row.update(zip(self._mem_columns, self._memory(), strict=True))
+        row.update(zip(self._memory_columns(), self._memory(), strict=True))
 
     def _memory_columns(self) -> tuple[str, ...]:
-        cols = ["invalidations_attention", "invalidations_checkpoint", "slab_occupancy"]
-        for p in self.org.pools:
-            cols += [_page_column(p.name, state) for state in ("referenced", "cached", "free")]
-        for _, *names in _KIND_COLUMNS:
-            cols += names
-        return tuple(cols)
+        return self._mem.columns
 
     def _memory(self) -> tuple:
         """The values of `_memory_columns` now, and the peaks updated: the
-        organization's `usage()` (`harness.orgs.audit.usage`) computed from
-        the pools' counters directly, the same numbers in the same types
-        (`tests/test_recorder_memory.py` holds the two together). The SSM and
-        conv columns depend on four page counts only, which a step that takes
-        attention blocks leaves alone (always, in D0's dual pools), so they
-        are kept with those counts and computed again only when one changed."""
-        org, layers = self.org, self.layers
-        by_kind = org.table.invalidations_by_kind
-        slabs = org.table.slabs
-        out = [by_kind[ATTN_ENTRY], by_kind[CKPT_ENTRY],
-               slabs.occupancy() if slabs is not None else float("nan")]
-        ref_a = cached_a = ref_s = cached_s = ref_c = cached_c = 0
-        for p in org.pools:
-            n_lru, n_empty = len(p.lru), len(p.empty)
-            out += (p.num_pages - n_empty - n_lru, n_lru, n_empty)
-            kind_pages, cached_pages = p.kind_pages, p.cached_pages
-            c_a, c_s, c_c = cached_pages[ATTN], cached_pages[SSM], cached_pages[CONV]
-            cached_a += c_a
-            cached_s += c_s
-            cached_c += c_c
-            ref_a += kind_pages[ATTN] - c_a
-            ref_s += kind_pages[SSM] - c_s
-            ref_c += kind_pages[CONV] - c_c
-        lay = org.layout
-        b = ref_a * lay.attn_block_bytes * layers
-        waste = (ref_a + cached_a) * (lay.attn_page_bytes - lay.attn_block_bytes) * layers
-        out += (ref_a, cached_a, b, cached_a * lay.attn_block_bytes * layers, waste)
-        if b > self.peak[ATTN]:
-            self.peak[ATTN] = b
-        counts = (ref_s, cached_s, ref_c, cached_c)
-        if counts != self._ckpt_counts:
-            self._ckpt_counts = counts
-            self._ckpt_values = self._checkpoint_memory(ref_s, cached_s, ref_c, cached_c)
-        values, ckpt_waste = self._ckpt_values
-        out += values
-        waste += ckpt_waste
-        if waste > self.waste_peak:
-            self.waste_peak = waste
-        return tuple(out)
-
-    def _checkpoint_memory(self, ref_s: int, cached_s: int, ref_c: int,
-                           cached_c: int) -> tuple[tuple, int]:
-        """The SSM and conv columns of `_memory` for these page counts (peaks
-        updated), and their waste together."""
-        lay, layers, peak = self.org.layout, self.layers, self.peak
-        per_ckpt_ssm = max(lay.ssm_pages, 1)
-        n_ref, n_cached = ref_s / per_ckpt_ssm, cached_s / per_ckpt_ssm
-        ssm_waste, conv_waste = checkpoint_waste(lay, ref_s + cached_s, ref_c + cached_c)
-        b_s, b_c = int(n_ref * lay.ssm_bytes) * layers, int(n_ref * lay.conv_bytes) * layers
-        w_s, w_c = int(ssm_waste) * layers, int(conv_waste) * layers
-        if b_s > peak[SSM]:
-            peak[SSM] = b_s
-        if b_c > peak[CONV]:
-            peak[CONV] = b_c
-        return ((ref_s, cached_s, b_s, int(n_cached * lay.ssm_bytes) * layers, w_s,
-                 ref_c, cached_c, b_c, int(n_cached * lay.conv_bytes) * layers, w_c), w_s + w_c)
+        organization's `step_memory` view (`harness.orgs.audit.StepMemory`),
+        `usage()`'s figures whole model (`tests/test_recorder_memory.py` holds
+        the two together)."""
+        return self._mem.sample()
 
     def step_finished(self, now: float) -> None:
         """The step started last ends at ``now``."""

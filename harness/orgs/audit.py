@@ -1,12 +1,16 @@
 """Auditing an organization: its invariants and its usage figures.
 
-Kept apart from `harness.orgs.base` because neither changes anything: tests
-(and ``--debug-invariants``) call `check_invariants` after every step, and the
-engine reads `usage` once per step for the per-step table.
+Kept apart from `harness.orgs.base` because none of it changes anything:
+tests (and ``--debug-invariants``) call `check_invariants` after every step;
+`usage` is the organization's memory by pool, state and kind; `StepMemory`
+is the same arithmetic as the simulator's step table records it every step
+(the one way an engine reads memory figures: nothing outside
+`harness.orgs` reads a pool or an entry).
 """
 
 from __future__ import annotations
 
+from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
 from harness.orgs.pool import ATTN, CONV, KINDS, SSM
 from harness.orgs.slabs import NO_SLOT
 from harness.orgs.values import Usage
@@ -73,10 +77,10 @@ def check_invariants(org) -> None:
             assert e is None or (e.valid and e.refs >= 1), f"{org.name}: request {rid} holds {e}"
         for page in st.attn:
             assert attn.block_id[page] >= 0, f"{org.name}: request {rid} holds no block at {page}"
-    for rid, e in org.pinned.items():
+    for rid, e in org.pins.checkpoints.items():
         assert e.valid and e.pins >= 1, f"{org.name}: pin of {rid} on {e}"
-    for rid, pages in org.pinned_blocks.items():
-        assert rid in org.pinned, f"{org.name}: blocks of {rid} pinned without its checkpoint"
+    for rid, pages in org.pins.blocks.items():
+        assert rid in org.pins.checkpoints, f"{org.name}: blocks of {rid} pinned without its checkpoint"
         for page in pages:
             assert attn.block_id[page] >= 0 and attn.key[page] is not None, (
                 f"{org.name}: pin of {rid} on page {page}, which holds no registered block")
@@ -108,47 +112,155 @@ def _count_blocks(org, refs, holds, deps) -> None:
     for st in org.reqs.values():
         for page in st.attn:
             refs[0][page] += 1
-    for pages in org.pinned_blocks.values():
+    for pages in org.pins.blocks.values():
         for page in pages:
             holds[0][page] += 1
 
 
-def checkpoint_waste(lay, ssm_pages: int, conv_pages: int) -> tuple[float, float]:
-    """(SSM, conv) bytes per pool layer that ``ssm_pages`` SSM member pages and
-    ``conv_pages`` conv pages allocate beyond the checkpoints they hold; S0 and
-    D0 keep the conv state inside the SSM page, so its bytes count there.
-    `usage` and the simulator's step recorder both count waste with it."""
-    n_ckpt = ssm_pages / max(lay.ssm_pages, 1)
+def _counts(pools) -> tuple[list[int], int, int, int, int, int, int]:
+    """Per pool its referenced, cached and free pages (one list, pool after
+    pool), then over all pools the referenced and cached pages of each kind:
+    attention, SSM, conv. Read from the pools' counters, so it costs a few
+    operations per pool, never a scan of pages."""
+    per_pool: list[int] = []
+    ref_a = cached_a = ref_s = cached_s = ref_c = cached_c = 0
+    for p in pools:
+        n_lru, n_empty = len(p.lru), len(p.empty)
+        per_pool += (p.num_pages - n_empty - n_lru, n_lru, n_empty)
+        kind_pages, cached_pages = p.kind_pages, p.cached_pages
+        c_a, c_s, c_c = cached_pages[ATTN], cached_pages[SSM], cached_pages[CONV]
+        cached_a += c_a
+        cached_s += c_s
+        cached_c += c_c
+        ref_a += kind_pages[ATTN] - c_a
+        ref_s += kind_pages[SSM] - c_s
+        ref_c += kind_pages[CONV] - c_c
+    return per_pool, ref_a, cached_a, ref_s, cached_s, ref_c, cached_c
+
+
+def _attention_bytes(lay, ref: int, cached: int) -> tuple[int, int, int]:
+    """(referenced, cached, waste) bytes per pool layer of ``ref`` referenced and
+    ``cached`` cached attention blocks; waste is page minus block bytes."""
+    block = lay.attn_block_bytes
+    return ref * block, cached * block, (ref + cached) * (lay.attn_page_bytes - block)
+
+
+def _checkpoint_bytes(lay, ref_s: int, cached_s: int, ref_c: int,
+                      cached_c: int) -> tuple[int, int, int, int, int, int]:
+    """(SSM referenced, SSM cached, SSM waste, conv referenced, conv cached, conv
+    waste) bytes per pool layer of these SSM member pages and conv pages.
+    Waste is what the pages allocate beyond the checkpoints they hold; S0 and
+    D0 keep the conv state inside the SSM page, so its waste counts there."""
+    per_ckpt = max(lay.ssm_pages, 1)
+    n_ref, n_cached = ref_s / per_ckpt, cached_s / per_ckpt
+    ssm_pages = ref_s + cached_s
+    n_ckpt = ssm_pages / per_ckpt
     ssm_alloc = ssm_pages * lay.ckpt_page_bytes
     if lay.conv_pages == 0 and not lay.conv_slots:   # conv shares the SSM page (S0, D0)
-        return ssm_alloc - n_ckpt * (lay.ssm_bytes + lay.conv_bytes), 0
-    return (ssm_alloc - n_ckpt * lay.ssm_bytes,
-            conv_pages * lay.ckpt_page_bytes - n_ckpt * lay.conv_bytes)
+        ssm_waste, conv_waste = ssm_alloc - n_ckpt * (lay.ssm_bytes + lay.conv_bytes), 0
+    else:
+        ssm_waste = ssm_alloc - n_ckpt * lay.ssm_bytes
+        conv_waste = (ref_c + cached_c) * lay.ckpt_page_bytes - n_ckpt * lay.conv_bytes
+    return (int(n_ref * lay.ssm_bytes), int(n_cached * lay.ssm_bytes), int(ssm_waste),
+            int(n_ref * lay.conv_bytes), int(n_cached * lay.conv_bytes), int(conv_waste))
 
 
 def usage(org) -> Usage:
+    """Pages per pool and state, pages, bytes and waste per state kind (per pool layer)."""
     lay = org.layout
-    pages = {p.name: {"referenced": p.num_referenced, "cached": p.num_cached,
-                      "free": len(p.empty)} for p in org.pools}
-    by_kind = {k: {"referenced": 0, "cached": 0} for k in KINDS}
-    for p in org.pools:
-        for k in KINDS:
-            by_kind[k]["cached"] += p.cached_pages[k]
-            by_kind[k]["referenced"] += p.kind_pages[k] - p.cached_pages[k]
-    per_ckpt_ssm = max(lay.ssm_pages, 1)
-    bytes_by_kind = {k: {} for k in KINDS}
-    for state in ("referenced", "cached"):
-        n_ckpt = by_kind[SSM][state] / per_ckpt_ssm
-        bytes_by_kind[ATTN][state] = by_kind[ATTN][state] * lay.attn_block_bytes
-        bytes_by_kind[SSM][state] = int(n_ckpt * lay.ssm_bytes)
-        bytes_by_kind[CONV][state] = int(n_ckpt * lay.conv_bytes)
-    ssm_waste, conv_waste = checkpoint_waste(lay, sum(by_kind[SSM].values()),
-                                             sum(by_kind[CONV].values()))
-    waste = {
-        ATTN: sum(by_kind[ATTN].values()) * (lay.attn_page_bytes - lay.attn_block_bytes),
-        SSM: int(ssm_waste),
-        CONV: int(conv_waste),
-    }
+    per_pool, ref_a, cached_a, ref_s, cached_s, ref_c, cached_c = _counts(org.pools)
+    pages = {p.name: dict(zip(("referenced", "cached", "free"), per_pool[3 * i:3 * i + 3],
+                              strict=True)) for i, p in enumerate(org.pools)}
+    a_ref, a_cached, a_waste = _attention_bytes(lay, ref_a, cached_a)
+    s_ref, s_cached, s_waste, c_ref, c_cached, c_waste = _checkpoint_bytes(
+        lay, ref_s, cached_s, ref_c, cached_c)
+    by_kind = {ATTN: {"referenced": ref_a, "cached": cached_a},
+               SSM: {"referenced": ref_s, "cached": cached_s},
+               CONV: {"referenced": ref_c, "cached": cached_c}}
+    bytes_by_kind = {ATTN: {"referenced": a_ref, "cached": a_cached},
+                     SSM: {"referenced": s_ref, "cached": s_cached},
+                     CONV: {"referenced": c_ref, "cached": c_cached}}
+    waste = {ATTN: a_waste, SSM: s_waste, CONV: c_waste}
     slabs = org.table.slabs
     occ = slabs.occupancy() if slabs is not None else float("nan")
     return Usage(pages, by_kind, bytes_by_kind, waste, occ, org.invalidations)
+
+
+#: Per state kind, in row order: the kind and its step-table columns' names.
+KIND_COLUMNS = tuple((k, f"blocks_{k}_referenced", f"blocks_{k}_cached", f"mem_{k}_bytes",
+                      f"cached_{k}_bytes", f"waste_{k}_bytes") for k in KINDS)
+
+
+class StepMemory:
+    """An organization's memory as a step table records it, once per step.
+
+    ``columns`` names the values `sample` returns: cumulative invalidations
+    by kind (``invalidations_attention`` blocks, ``invalidations_checkpoint``
+    checkpoints), slab occupancy, pages per pool and state
+    (``pages_<pool>_<state>``), then per state kind (`KIND_COLUMNS`) its
+    referenced and cached pages and its referenced, cached and waste bytes,
+    whole model (per pool layer times ``layers``). The figures are `usage`'s,
+    from the same arithmetic, in the same types (tests/test_recorder_memory.py
+    holds the two together). ``peak`` (referenced bytes per kind) and
+    ``waste_peak`` (total waste) are the largest values sampled so far.
+
+    It runs every simulated step that changed pages, so it reads the pools'
+    counters only, and the SSM and conv figures, which depend on four page
+    counts that a step taking attention blocks leaves alone (always, in D0's
+    dual pools), are kept with those counts and computed again only when one
+    changed.
+    """
+
+    def __init__(self, org, layers: int):
+        self.org, self.layers = org, layers
+        cols = ["invalidations_attention", "invalidations_checkpoint", "slab_occupancy"]
+        for p in org.pools:
+            cols += [f"pages_{p.name}_{state}" for state in ("referenced", "cached", "free")]
+        for _, *names in KIND_COLUMNS:
+            cols += names
+        self.columns: tuple[str, ...] = tuple(cols)
+        self.peak = dict.fromkeys(KINDS, 0)
+        self.waste_peak = 0
+        self._ckpt_counts: tuple | None = None   # the page counts `_ckpt_values` are of
+        self._ckpt_values: tuple = ()            # their SSM and conv columns, their waste
+
+    def sample(self) -> tuple:
+        """The values of ``columns`` now; the peaks updated."""
+        org, layers = self.org, self.layers
+        table = org.table
+        by_kind, slabs = table.invalidations_by_kind, table.slabs
+        out = [by_kind[ATTN_ENTRY], by_kind[CKPT_ENTRY],
+               slabs.occupancy() if slabs is not None else float("nan")]
+        per_pool, ref_a, cached_a, ref_s, cached_s, ref_c, cached_c = _counts(org.pools)
+        out += per_pool
+        a_ref, a_cached, a_waste = _attention_bytes(org.layout, ref_a, cached_a)
+        b = a_ref * layers
+        waste = a_waste * layers
+        out += (ref_a, cached_a, b, a_cached * layers, waste)
+        if b > self.peak[ATTN]:
+            self.peak[ATTN] = b
+        counts = (ref_s, cached_s, ref_c, cached_c)
+        if counts != self._ckpt_counts:
+            self._ckpt_counts = counts
+            self._ckpt_values = self._checkpoint_columns(ref_s, cached_s, ref_c, cached_c)
+        values, ckpt_waste = self._ckpt_values
+        out += values
+        waste += ckpt_waste
+        if waste > self.waste_peak:
+            self.waste_peak = waste
+        return tuple(out)
+
+    def _checkpoint_columns(self, ref_s: int, cached_s: int, ref_c: int,
+                            cached_c: int) -> tuple[tuple, int]:
+        """The SSM and conv columns for these page counts (their peaks updated),
+        and their waste together."""
+        layers, peak = self.layers, self.peak
+        s_ref, s_cached, s_waste, c_ref, c_cached, c_waste = (
+            v * layers for v in _checkpoint_bytes(self.org.layout, ref_s, cached_s, ref_c,
+                                                   cached_c))
+        if s_ref > peak[SSM]:
+            peak[SSM] = s_ref
+        if c_ref > peak[CONV]:
+            peak[CONV] = c_ref
+        return ((ref_s, cached_s, s_ref, s_cached, s_waste,
+                 ref_c, cached_c, c_ref, c_cached, c_waste), s_waste + c_waste)

@@ -3,9 +3,10 @@
 An `Entry` is one logical object: a checkpoint-sized object (member pages,
 plus a conv slot for S2). Attention blocks, one page each, are kept by page
 in the attention index (`harness.orgs.attention`), which moves their pages
-itself; they share the entry ids and the reverse index. The `EntryTable` is
-the only other code that moves pages between entries:
-it numbers entries, keeps the pools' reverse index (page -> entry ids) in step
+itself; they share the entry ids and the reverse index. The `EntryTable`
+moves the pages of checkpoint-sized entries (`CheckpointStore.new` does its
+steps inline for pages fresh from the empty set, on the hot path, and says
+so): it numbers entries, keeps the pools' reverse index (page -> entry ids) in step
 with each entry's pages, mirrors entry references as page reference counts
 and entry holds (pins, retains) as page holds, and reclaims cached pages.
 

@@ -10,10 +10,18 @@ A page is in exactly one of three states:
     referenced  ref > 0 (execution references: a running request owns or
                 adopted it) or hold > 0 (a pinned or retained entry uses it)
 
-Only `harness.orgs.base.Organization` touches a pool; it owns the logical
-entries and keeps ``dependents`` (the reverse index page -> entry ids) in step
-with each entry's member list. Reclaiming a cached page therefore costs what
-depends on it, never a scan of the cache.
+Nothing outside `harness.orgs` touches a pool (engines read it through the
+organization's views). Inside, the entry table (`harness.orgs.entries`) keeps
+``dependents`` (the reverse index page -> entry ids) in step with each
+entry's pages, so reclaiming a cached page costs what depends on it, never a
+scan of the cache. The transitions are the methods below; the hot loops that
+make and drop objects (`AttentionIndex.new_blocks`, ``adopt``, ``release``
+and ``invalidate``, `CheckpointStore.new`, `EntryTable.invalidate`) perform
+the same transitions on the lists directly, with the same counters and
+versions, and each names the methods it inlines (calling them instead costs
+D0, which makes one attention block per 16 tokens, 20 % or more of its
+engine time). `check` and `harness.orgs.audit.check_invariants` recount
+everything those loops keep.
 """
 
 from __future__ import annotations
@@ -173,3 +181,13 @@ class PagePool:
         assert counts == self.kind_pages, f"pool {self.name}: kind counts {self.kind_pages} != {counts}"
         assert cached == self.cached_pages, (
             f"pool {self.name}: cached counts {self.cached_pages} != {cached}")
+
+
+def pools_for(layout, pool_pages: tuple[int, ...]) -> list[PagePool]:
+    """The pools ``layout`` (an `OrgLayout`) lays its pages out in: one shared
+    pool, or (``dual_pool``) an attention pool and a checkpoint pool, with
+    ``pool_pages`` pages each."""
+    if layout.dual_pool:
+        return [PagePool("attention", pool_pages[0], layout.attn_page_bytes),
+                PagePool("checkpoint", pool_pages[1], layout.ckpt_page_bytes)]
+    return [PagePool("shared", pool_pages[0], layout.attn_page_bytes)]

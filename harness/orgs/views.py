@@ -4,9 +4,10 @@ A real engine keeps every pool of `capacity()` as one preallocated tensor of
 pages; these queries let it map attention blocks, live recurrent states and
 cached checkpoints to (pool, page, byte range) and learn the state copies
 that `allocate` and `commit` ask of it (see `harness.orgs.protocol` for the
-picture). `usage` and `check_invariants` delegate to `harness.orgs.audit`.
+picture). `usage`, `step_memory` and `check_invariants` delegate to
+`harness.orgs.audit`.
 None of these changes anything. `Organization` mixes them in; they read its
-pools, request table, attention index and checkpoint store.
+pools, request table, attention index, checkpoint store and pins.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class ReadOnlyViews:
 
     def pinned_checkpoints(self) -> dict:
         """Preempted request id -> token position of the checkpoint its preemption pinned."""
-        return {rid: e.pos for rid, e in self.pinned.items()}
+        return {rid: e.pos for rid, e in self.pins.checkpoints.items()}
 
     def retained_checkpoints(self) -> dict:
         """Prefix key -> retention holds, for each published checkpoint retention keeps."""
@@ -101,6 +102,11 @@ class ReadOnlyViews:
     def usage(self) -> Usage:
         """Blocks and bytes by state kind and state, waste, slab occupancy."""
         return audit.usage(self)
+
+    def step_memory(self, layers: int) -> audit.StepMemory:
+        """A sampler of `usage`'s figures as a step table records them, whole
+        model for ``layers`` pool layers, with their peaks (`audit.StepMemory`)."""
+        return audit.StepMemory(self, layers)
 
     def holds_no_references(self) -> bool:
         """True when no request is admitted and no page has an execution reference

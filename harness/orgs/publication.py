@@ -1,0 +1,255 @@
+"""How a running request's recurrent state becomes cached checkpoints.
+
+Two engines publish differently, so an organization is composed with one of
+two modes (`publication_for` picks it from `OrgLayout.publish_in_place`):
+
+- `Spares` (the study): before the chunk that reaches a grid boundary of the
+  prompt, a spare checkpoint-sized object is reserved for it; at the
+  boundary the live object becomes the published checkpoint and the request
+  continues in the spare. Every boundary of the prompt is published.
+- `InPlace` (vLLM's align mode, ``--paging vllm``): no spares. At a block
+  edge the live state *is* the edge's state; it is published where it is
+  only at the edges vLLM keeps (`kept_edges`), and the request takes a new
+  state object when it computes past the edge. The edge's state stays held
+  until the step ends (`end_step`), as vLLM frees it after the step's copy
+  read it, and a prefix computed again is cached twice.
+
+Both answer the same questions for the coordinator (`Organization`): how
+many checkpoint-sized objects a request needs to reach ``end``, whether it
+needs one at all (the batch allocations' fast case), what admission,
+allocation, commit and the end of a step do with the live state, and which
+state copies each asks of the engine (``(reason, position, src, dst)``
+tuples, `Organization.copies`). The modes own no pages: they act through the
+entry table and the checkpoint store, so their releases follow the same
+invalidate-before-free and reference rules as everything else.
+"""
+
+from __future__ import annotations
+
+from harness.layout import OrgLayout
+from harness.orgs.checkpoints import CheckpointStore
+from harness.orgs.entries import Entry, EntryTable, RequestState
+from harness.orgs.keys import key_at
+from harness.orgs.values import PrefixHit
+
+
+def kept_edges(prompt_len: int, hit: PrefixHit | None, block: int) -> tuple[int, ...]:
+    """The block edges whose state a request publishes in place: those vLLM 0.32
+    keeps with its default ``--prefix-cache-retention-interval 0``
+    (``replay_boundaries`` and ``reachable_block_mask`` in
+    vllm/v1/core/kv_cache_coordinator.py and single_type_kv_cache_manager.py):
+
+    - the *replay boundary*, the last edge before the prompt's last token
+      (a resend of the prompt recomputes that token), from the original
+      prompt even when a preempted request recomputes its output too;
+    - the *shared-prefix junction*: when the request's lookup found cached
+      attention deeper than the joint hit, the state at that depth, so that
+      requests sharing the prefix can resume there next time.
+
+    Every other edge, decode edges included, is passed without publishing:
+    measured on vLLM's CPU build, a request preempted past a decode edge
+    finds no Mamba state there and recomputes from its last kept edge.
+    """
+    kept = {(prompt_len - 1) // block * block}
+    if hit is not None and hit.attn_depth > hit.j_adopt:
+        kept.add(hit.attn_depth // block * block)
+    kept.discard(0)
+    return tuple(sorted(kept))
+
+
+class Publication:
+    """One publication mode over an organization's entry table and checkpoint
+    store, on its checkpoint grid of ``grid`` tokens."""
+
+    #: whether checkpoints are published in place (no spares; `InPlace`)
+    in_place = False
+
+    def __init__(self, table: EntryTable, ckpts: CheckpointStore, grid: int):
+        self.table, self.ckpts, self.grid = table, ckpts, grid
+        self.retiring: list = []    # rids whose edge `end_step` releases (in place only)
+
+    def states_needed(self, st: RequestState | None, start: int, end: int,
+                      prefill_until: int) -> int:
+        """Checkpoint-sized objects a request takes to reach ``end`` (``st``: None
+        for one not admitted yet, which starts at ``start`` and needs its live
+        state too)."""
+        raise NotImplementedError
+
+    def needs_state(self, st: RequestState, end: int, prefill_until: int) -> bool:
+        """True iff the admitted request takes a checkpoint-sized object to reach ``end``."""
+        raise NotImplementedError
+
+    def admit(self, st: RequestState, hit: PrefixHit | None, prompt_len: int) -> None:
+        """The request was just admitted (its live state taken)."""
+
+    def reserve(self, rid, st: RequestState, end: int, prefill_until: int) -> tuple:
+        """Allocation's last part: the objects for reaching ``end``; returns the
+        copies it asks (() for none)."""
+        raise NotImplementedError
+
+    def commit(self, rid, st: RequestState, keys, computed: int,
+               prefill_until: int) -> tuple[list[int], tuple]:
+        """Tokens up to ``computed`` are done (``st.computed`` is still the old
+        count): (positions newly published, the copies it asks)."""
+        raise NotImplementedError
+
+    def consumed(self, rid, st: RequestState, adopted: Entry) -> None:
+        """The adopted checkpoint's state is in the live state now: let it go."""
+        raise NotImplementedError
+
+    def end_step(self, reqs: dict) -> None:
+        """The step is over (nothing is held past a step unless in place)."""
+
+    def finish(self, st: RequestState) -> None:
+        """The request is finishing: release the states this mode holds beyond
+        its live state and spares."""
+
+
+class Spares(Publication):
+    """The study: a spare for every grid boundary of the prompt, all published."""
+
+    def states_needed(self, st, start, end, prefill_until):
+        if st is None:
+            reserved, live = start, 1
+        else:
+            reserved, live = st.reserved_until, 0
+        last = end if end < prefill_until else prefill_until
+        ckpts = last // self.grid - reserved // self.grid
+        return (ckpts if ckpts > 0 else 0) + live
+
+    def needs_state(self, st, end, prefill_until):
+        return (end if end < prefill_until else prefill_until) // self.grid \
+            > st.reserved_until // self.grid
+
+    def reserve(self, rid, st, end, prefill_until):
+        last, grid = min(end, prefill_until), self.grid
+        while (st.reserved_until // grid + 1) * grid <= last:
+            st.spares.append(self.ckpts.new())
+            st.reserved_until = (st.reserved_until // grid + 1) * grid
+        return ()
+
+    def commit(self, rid, st, keys, computed, prefill_until):
+        j = (st.computed // self.grid + 1) * self.grid
+        if j <= prefill_until and j <= computed:
+            return self._publish(st, keys, j, min(computed, prefill_until))
+        return [], ()
+
+    def consumed(self, rid, st, adopted):
+        self.table.unref(adopted)
+
+    def _publish(self, st: RequestState, keys, j: int, last: int) -> tuple[list[int], tuple]:
+        """Publish the live state at each grid boundary j .. last; the request
+        continues in a spare (or, if the prefix is published already, keeps its
+        live state and frees the spare)."""
+        published, copies = [], []
+        ckpts = self.ckpts
+        while j <= last:
+            spare = st.spares.pop(0)
+            k = key_at(keys, j)
+            if k in ckpts.map:
+                self.table.drop_owned(spare)   # someone published this prefix already
+                st.on_path.append(ckpts.map[k])
+            else:
+                ck = st.live
+                ckpts.publish(ck, k, j)
+                st.published.append(ck)
+                st.live = spare
+                published.append(j)
+                copies.append(("publish", j, ck, spare))
+            j += self.grid
+        return published, tuple(copies)
+
+
+class InPlace(Publication):
+    """vLLM's align mode: the live state at a block edge is the edge's state."""
+
+    in_place = True
+
+    def states_needed(self, st, start, end, prefill_until):
+        if st is None:
+            return 1
+        return 1 if st.at_edge and end > st.computed else 0
+
+    def needs_state(self, st, end, prefill_until):
+        return st.at_edge and end > st.computed
+
+    def admit(self, st, hit, prompt_len):
+        st.keep = kept_edges(prompt_len, hit, self.grid)
+
+    def reserve(self, rid, st, end, prefill_until):
+        if st.at_edge and end > st.computed:   # continue past the edge
+            edge = st.live
+            st.live, st.at_edge = self.ckpts.new(), False
+            self._retire(rid, st, edge)    # read by this step's copy; released after it
+            return (("publish", st.computed, edge, st.live),)
+        return ()
+
+    def commit(self, rid, st, keys, computed, prefill_until):
+        if computed % self.grid == 0 and computed > st.computed:
+            return self._reach_edge(st, keys, computed), ()
+        return [], ()
+
+    def _reach_edge(self, st: RequestState, keys, j: int) -> list[int]:
+        """The live state is now the state at edge ``j`` and stays the request's
+        state until it computes past ``j`` (then it takes a new one, as vLLM's
+        align mode moves to a new block at every edge). At a kept edge
+        (`kept_edges`) the state is also published as ``j``'s checkpoint (a
+        duplicate if the prefix is published already)."""
+        st.at_edge = True
+        k = key_at(keys, j)
+        cached = self.ckpts.map.get(k)
+        if cached is not None:
+            st.on_path.append(cached)
+        if j not in st.keep:
+            return []
+        live = st.live
+        self.ckpts.publish(live, k, j)    # a duplicate if ``cached``: vLLM keeps both
+        self.table.ref(live)
+        st.published.append(live)
+        return [j] if cached is None else []
+
+    def consumed(self, rid, st, adopted):
+        self._retire(rid, st, adopted)   # vLLM frees the hit's block as it frees an edge's
+
+    def _retire(self, rid, st: RequestState, e: Entry) -> None:
+        """``e`` (an edge the request went past, or the checkpoint it adopted,
+        once its state is copied) is released when the step ends."""
+        assert st.retiring is None, f"{self.table.name}: {rid} retires two states in one step"
+        st.retiring = e
+        self.retiring.append(rid)
+
+    def end_step(self, reqs):
+        """The states requests went past in the step (`_retire`) are released in
+        the order they were retired; a published one stays cached. vLLM's align
+        mode frees such a block when the request is scheduled next
+        (`MambaManager.remove_skipped_blocks`), after the step's copy read it;
+        until then it counts as held, and blocks it frees enter the LRU queue
+        in that order."""
+        for rid in self.retiring:
+            st = reqs.get(rid)
+            if st is not None and st.retiring is not None:
+                self._release_edge(st.retiring)
+                st.retiring = None
+        self.retiring.clear()
+
+    def finish(self, st):
+        if st.retiring is not None:
+            self._release_edge(st.retiring)
+            st.retiring = None
+        if st.at_edge:                      # a published edge stays cached
+            self._release_edge(st.live)
+            st.live = None
+
+    def _release_edge(self, e: Entry) -> None:
+        """An edge's state the request no longer needs: a published one stays
+        cached; one that was not published is freed."""
+        if e.key is not None:
+            self.table.unref(e)
+        else:
+            self.table.drop_owned(e)
+
+
+def publication_for(layout: OrgLayout, table: EntryTable, ckpts: CheckpointStore) -> Publication:
+    """The publication mode ``layout`` says (`OrgLayout.publish_in_place`)."""
+    mode = InPlace if layout.publish_in_place else Spares
+    return mode(table, ckpts, layout.grid_tokens)
