@@ -141,12 +141,13 @@ def s0_pool(config):
     """
     from harness.budget import resolve_budget
     from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
 
     try:
         geom = geometry_for_run(config)
     except HbenchError:
         return None
-    return resolve_budget(config.budget, "s0", geom).pools[0]
+    return resolve_budget(config.budget, layout_for("s0", geom), geom).pools[0]
 
 
 def run_geometry(config):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from harness.model_configs import preset
-from harness.orgs import build_organization
+from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED
 from harness.scheduler import DONE, BatchItem, Scheduler, SchedulerPolicy, StepBatch
@@ -15,7 +15,7 @@ GEOM = preset("falcon-h1-7b")
 
 
 def make(org="s2", pages=(60,), **policy):
-    org = build_organization(org, GEOM, pages)
+    org = build_organization(layout_for(org, GEOM), pages)
     return org, Scheduler(org, SchedulerPolicy(**policy))
 
 

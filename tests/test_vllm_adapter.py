@@ -33,7 +33,7 @@ INFO = (
 def setup_for(config):
     """A `RunSetup` for a served engine, which reads only the config (the
     server owns its memory), so tests need not name a geometry hbench knows."""
-    return RunSetup(config, geometry=None, budget=None)
+    return RunSetup(config, geometry=None, layout=None, budget=None)
 
 def metrics(hits: float, queries: float) -> str:
     return (

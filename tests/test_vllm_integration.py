@@ -30,7 +30,7 @@ OUTPUT_LEN = 8
 def setup_for(config):
     """A `RunSetup` for a served engine, which reads only the config (the
     server owns its memory), so tests need not name a geometry hbench knows."""
-    return RunSetup(config, geometry=None, budget=None)
+    return RunSetup(config, geometry=None, layout=None, budget=None)
 
 
 def test_tiny_falcon_h1_shapes_follow_the_checkpoint_layout():

@@ -117,9 +117,7 @@ class SimEngine:
 
     def build(self, setup):
         """The organization a resolved run serves with (its pools from the budget)."""
-        return build_organization(setup.config.org, setup.geometry,
-                                  tuple(p.pages for p in setup.budget.pools),
-                                  setup.config.resolved_paging)
+        return build_organization(setup.layout, tuple(p.pages for p in setup.budget.pools))
 
     def run(self, workload, setup, progress=None) -> EngineRun:
         config, geom, budget = setup.config, setup.geometry, setup.budget

@@ -163,7 +163,7 @@ class TorchEngine:
         config, geom, budget = setup.config, setup.geometry, setup.budget
         model = self.model or load_model(config.model, device, dtype)
         check_geometry(model, geom)
-        org = build_organization(config.org, geom, tuple(p.pages for p in budget.pools))
+        org = build_organization(setup.layout, tuple(p.pages for p in budget.pools))
         check_fits(org, workload, config, budget.label)
         pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
         executor = Executor(model, pools, org, keep_logits=self.keep_logits)
