@@ -48,6 +48,7 @@ from pathlib import Path
 from adapters.sim.cost import StepShape
 from adapters.sim.recorder import StepRecorder
 from harness import __version__
+from harness.config import ORG_NAMES
 from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
@@ -118,7 +119,7 @@ def check_geometry(model, geom) -> None:
 
 class TorchEngine:
     name = "torch"
-    supported_orgs = ("s0", "s1", "s2", "d0")
+    supported_orgs = ORG_NAMES   # it builds every registered organization
 
     def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False):
         self.keep_logits = keep_logits
