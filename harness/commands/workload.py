@@ -13,9 +13,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from harness.config import THINK_TIMES, WORKLOAD_KINDS, RunConfig
+from harness.config import RunConfig
 from harness.errors import HbenchError
-from workloads.sharegpt.arrivals import ARRIVALS
+from workloads.kinds import WORKLOAD_KINDS
+from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
 from workloads.workload import Workload
 
 PERCENTILES = (50, 90, 99)
@@ -25,7 +26,7 @@ _D = RunConfig()
 def multiturn_options(f):
     """The multi-turn and corpus flags, shared by ``run`` and ``workload build``."""
     opts = [
-        click.option("--workload-kind", type=click.Choice(WORKLOAD_KINDS), default=_D.workload_kind,
+        click.option("--workload-kind", type=click.Choice(list(WORKLOAD_KINDS)), default=_D.workload_kind,
                      show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
                      "conversation replay (--requests/--rate then count sessions)."),
         click.option("--max-turns", type=int, default=_D.max_turns, show_default=True,
@@ -33,7 +34,7 @@ def multiturn_options(f):
         click.option("--max-history", type=int, default=None,
                      help="Multi-turn: prompt + output tokens of a turn at most "
                      "[default: --max-model-len]."),
-        click.option("--think", type=click.Choice(THINK_TIMES), default=_D.think,
+        click.option("--think", type=click.Choice(list(THINK_TIMES)), default=_D.think,
                      show_default=True, help="Multi-turn: think-time distribution."),
         click.option("--think-time", "think_time_s", type=float, default=_D.think_time_s,
                      show_default=True, help="Multi-turn: mean seconds between an answer and "

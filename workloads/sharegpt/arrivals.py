@@ -41,6 +41,13 @@ ARRIVALS: dict[str, Callable[[np.random.Generator, float, int, float], np.ndarra
     "constant": _constant,
     "gamma": _gamma,
 }
+#: think-time distribution name -> the gap sampler it reuses (gaps with mean
+#: 1/rate; `workloads.multiturn.derive.think_times`)
+THINK_TIMES: dict[str, Callable[[np.random.Generator, float, int, float], np.ndarray]] = {
+    "exponential": _poisson,
+    "constant": _constant,
+    "gamma": _gamma,
+}
 
 
 def arrival_times(
