@@ -2,9 +2,9 @@
 
 A budget is one byte target per pool layer (harness/geometry.py explains
 pool layers). Every organization turns the *same* target into its own page
-counts from its layout (`harness.orgs.layout_for`, a run's `RunSetup.layout`) and keeps its own rounding loss, so
-organizations are compared at equal memory, never at equal page counts
-(DESIGN.md section 4). Accepted budget texts:
+counts from its layout (`harness.orgs.layout_for`; a run's is
+`RunSetup.layout`) and keeps its own rounding loss, so organizations are
+compared at equal memory, never at equal page counts (DESIGN.md section 4). Accepted budget texts:
 
     bN       N x geom.slot_checkpoint_bytes per pool layer: N coarse S0 pages
              for Falcon-H1 (the study's labels b63, b83, b108)
