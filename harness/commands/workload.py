@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from harness.config import RunConfig
+from harness.config import ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from workloads.kinds import WORKLOAD_KINDS
 from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
@@ -190,6 +190,16 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
     )
 
 
+def org_grids(model: str = "falcon-h1-7b") -> dict[str, int]:
+    """Each organization's checkpoint grid for ``model`` (a preset name), from
+    its layout: what `workloads.describe.sharing_structure` compares with."""
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    geom = geometry_for_run(RunConfig(model=model))
+    return {org: layout_for(org, geom).grid_tokens for org in ORG_NAMES}
+
+
 @workload.command()
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
@@ -203,7 +213,6 @@ def describe(path, png, sharing_png, model, as_json):
     """Summarize a saved workload: lengths, load, and the prefix sharing a
     hybrid cache can use at each organization's checkpoint grid."""
     from harness.paths import check_writable_file
-    from workloads.describe import org_grids
     from workloads.io import load_workload
 
     if png:
