@@ -64,7 +64,7 @@ from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
 from adapters.server_process import split_command
 from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.layout import vllm_block_tokens
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"

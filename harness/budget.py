@@ -57,8 +57,8 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
+from common.errors import HbenchError
 from harness.config import ORG_NAMES
-from harness.errors import HbenchError
 from harness.geometry import ModelGeometry
 from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
 from harness.orgs import layout_for

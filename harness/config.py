@@ -25,7 +25,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.orgs import ORGANIZATIONS
 from workloads.bounds import expected_requests

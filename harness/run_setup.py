@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from common.errors import HbenchError
 from harness.budget import OrgBudget, resolve_budget
 from harness.config import (
     MAX_RUN_MEMORY_BYTES,
     RUN_BYTES_PER_PAGE,
     RunConfig,
 )
-from harness.errors import HbenchError
 from harness.geometry import ModelGeometry
 from harness.layout import OrgLayout
 from harness.model_configs import geometry_for_run

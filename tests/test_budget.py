@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import HbenchError
 from harness.budget import (
     parse_budget_bytes,
     resolve_all,
     resolve_budget,
     working_point_attn_share,
 )
-from harness.errors import HbenchError
 from harness.model_configs import from_config, load_config, preset
 from harness.orgs import layout_for
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.errors import HbenchError
 from harness.budget import resolve_budget
-from harness.errors import HbenchError
 from harness.ledger import (
     WASTE_KINDS,
     allocation,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.metrics import TURN_SUMMARY_KEYS, per_request_table, summarize, turn_table
 from harness.run_setup import validate
 from workloads.build import build_workload

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from adapters.vllm_plugin.plan import PageLayout, d0_split
+from common.errors import HbenchError
 from harness.budget import resolve_budget, vllm_blocks, vllm_d0_split
 from harness.cli import cli
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.layout import vllm_block_tokens
 from harness.model_configs import PRESETS, preset
 from harness.orgs import layout_for

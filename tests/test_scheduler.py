@@ -337,8 +337,8 @@ def test_admission_by_the_whole_input_or_by_the_first_chunk(whole, admitted):
 
 
 def test_the_run_config_chooses_the_admission_rule():
+    from common.errors import HbenchError
     from harness.config import RunConfig
-    from harness.errors import HbenchError
 
     assert not SchedulerPolicy.from_config(RunConfig()).admit_whole_input
     assert SchedulerPolicy.from_config(RunConfig(admission="whole-input")).admit_whole_input

@@ -15,8 +15,8 @@ from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, parse_prometheus
 from adapters.sglang import SglangEngine, mamba_full_memory_ratio
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 

@@ -16,8 +16,8 @@ from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 

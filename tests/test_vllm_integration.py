@@ -266,7 +266,7 @@ def test_hbench_run_against_the_server_writes_the_same_results_as_the_simulator(
 
 def test_org_that_vllm_cannot_express_is_refused_before_launch():
     from adapters.vllm import VllmEngine
-    from harness.errors import HbenchError
+    from common.errors import HbenchError
 
     with pytest.raises(HbenchError, match=r"^--org s2 on vllm needs vLLM 0.32.0"):
         VllmEngine(python=sys.executable).run(

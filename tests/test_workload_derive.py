@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.bounds import MIN_TURN_TOKENS
 from workloads.build import build_workload
 from workloads.io import load_workload, save_workload

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from workloads.spec import CONFIG_NAMES, SavedWorkload, WorkloadSpec, workload_source
 
 # A value different from the default for every RunConfig field a spec reads.

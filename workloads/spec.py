@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.bounds import (
     MAX_DURATION_S,
     MAX_REQUESTS,

@@ -22,9 +22,9 @@ from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.fastpath import fast_forward, fast_path_enabled
 from adapters.sim.profile import hardware_for
 from adapters.sim.recorder import StepRecorder
+from common.errors import HbenchError
 from harness import __version__
 from harness.config import ORG_NAMES
-from harness.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.orgs import build_organization
 from harness.orgs.keys import SharedPrefixKeys

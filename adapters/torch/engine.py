@@ -47,9 +47,9 @@ from pathlib import Path
 
 from adapters.sim.cost import StepShape
 from adapters.sim.recorder import StepRecorder
+from common.errors import HbenchError
 from harness import __version__
 from harness.config import ORG_NAMES
-from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.bounds import MIN_TURN_TOKENS
 from workloads.multiturn.session import Session, Turn
 from workloads.sharegpt.arrivals import THINK_TIMES, arrival_times

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 BLOCK = 1024
 

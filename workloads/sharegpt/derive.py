@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.compute as pc
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.bounds import MIN_TURN_TOKENS
 from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
