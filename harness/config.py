@@ -35,6 +35,9 @@ ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
 #: What must fit for a waiting request to start: its first chunk (the study,
 #: DESIGN.md section 4) or its whole input (vLLM 0.32's scheduler_reserve_full_isl).
 ADMISSIONS = ("first-chunk", "whole-input")
+#: The torch engine's compute dtypes (`adapters.torch.engine.resolve_device`):
+#: auto is float32 on a CPU, bfloat16 on a GPU.
+COMPUTE_DTYPES = ("auto", "fp32", "bf16")
 
 #: Peak memory (RSS) of one run grows linearly with its requests, and per
 #: request linearly with the prompt length. Measured (ru_maxrss, sim engine,
@@ -124,8 +127,8 @@ class RunConfig:
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.device == "cpu" or self.device.startswith("cuda"),
              f"--device must be cpu or cuda[:N], got {self.device!r}"),
-            (self.dtype in ("auto", "fp32", "bf16"),
-             f"--dtype must be auto, fp32 or bf16, got {self.dtype!r}"),
+            (self.dtype in COMPUTE_DTYPES,
+             f"unknown --dtype {self.dtype!r}; choose from {', '.join(COMPUTE_DTYPES)}"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from adapters.registry import ENGINES
 from harness.commands.workload import multiturn_options
-from harness.config import ADMISSIONS, ORG_NAMES, RunConfig
+from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.paths import check_writable_dir
@@ -151,7 +151,7 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
 @click.option("--server-cmd", default=None, help="Real engines: the command that starts the server.")
 @click.option("--device", default=D.device, show_default=True,
               help="torch engine: cpu (float32) or cuda[:N] (bfloat16).")
-@click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16"]), default=D.dtype,
+@click.option("--dtype", type=click.Choice(COMPUTE_DTYPES), default=D.dtype,
               show_default=True, help="torch engine: compute dtype (auto: cpu fp32, cuda bf16).")
 @click.option("--poison", is_flag=True,
               help="torch engine: fill every freed or invalidated page with NaN, so a read "
