@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 # name -> (module, class). Each class implements adapters.base.Engine.
 ENGINES: dict[str, tuple[str, str]] = {

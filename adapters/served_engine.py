@@ -22,7 +22,7 @@ from adapters.client.http import DEFAULT_TIMEOUTS, Endpoint, Timeouts, served_mo
 from adapters.metrics_scrape import MetricsScraper
 from adapters.registry import check_expressible, check_paging
 from adapters.server_process import ServerProcess, free_port
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.records import EngineRun
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from adapters.client.http import Endpoint, http_get
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 WEIGHTS_STREAM = 11   # numpy stream id for weight initialisation
 SPECIAL_TOKENS = ("<|pad|>", "<|begin_of_text|>", "<|end_of_text|>")  # ids 0, 1, 2

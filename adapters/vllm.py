@@ -64,7 +64,7 @@ from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
 from adapters.server_process import split_command
 from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.layout import vllm_block_tokens
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
@@ -141,12 +141,13 @@ def s0_pool(config):
     """
     from harness.budget import resolve_budget
     from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
 
     try:
         geom = geometry_for_run(config)
     except HbenchError:
         return None
-    return resolve_budget(config.budget, "s0", geom).pools[0]
+    return resolve_budget(config.budget, layout_for("s0", geom), geom).pools[0]
 
 
 def run_geometry(config):

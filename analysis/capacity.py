@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import stats
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 _SLO_TERM = re.compile(r"^\s*(ttft|tpot|itl|e2e)_(p50|p90|p99)\s*<=\s*([0-9.]+(?:e-?[0-9]+)?)\s*(ms|s)\s*$")
 # per-request column that stands for each metric family in goodput

@@ -31,7 +31,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.load import config_keys
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.results import CHECKED_METADATA, metadata_conflict
 from harness.validity import arm_parity
 

@@ -218,7 +218,7 @@ def selected_headroom_contrasts(runs, budgets: Sequence[str] = BUDGETS,
 
 
 def design(name: str) -> ExperimentDesign:
-    from harness.errors import HbenchError
+    from common.errors import HbenchError
 
     if name not in DESIGNS:
         raise HbenchError(f"unknown design {name!r}; choose from {', '.join(DESIGNS)} or all")

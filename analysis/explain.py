@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.results import read_run
 
 REASONS = {

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.results import Run, iter_runs
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from common.errors import HbenchError
 from harness.attribution import CAUSES
-from harness.errors import HbenchError
 
 STYLE = """body{font-family:sans-serif;margin:24px;max-width:1150px;color:#222}
 table{border-collapse:collapse;margin:8px 0 18px;font-size:13px}

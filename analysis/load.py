@@ -17,8 +17,8 @@ from dataclasses import fields
 
 import pandas as pd
 
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.results import Run, RunSkipped, iter_runs
 from harness.validity import describe_validity, run_is_valid
 

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from analysis import stats
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.results import Run, check_pairable, iter_runs
 from harness.validity import describe_validity, run_is_valid
 

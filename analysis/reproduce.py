@@ -240,7 +240,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import write_outputs
-    from harness.errors import HbenchError
+    from common.errors import HbenchError
 
     d = design(name)
     root = Path(root)

@@ -42,7 +42,7 @@ from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 LEVEL = 0.95
 N_RESAMPLES = 10_000

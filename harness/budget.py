@@ -2,9 +2,9 @@
 
 A budget is one byte target per pool layer (harness/geometry.py explains
 pool layers). Every organization turns the *same* target into its own page
-counts with `harness.layout.layout_for` and keeps its own rounding loss, so
-organizations are compared at equal memory, never at equal page counts
-(DESIGN.md section 4). Accepted budget texts:
+counts from its layout (`harness.orgs.layout_for`; a run's is
+`RunSetup.layout`) and keeps its own rounding loss, so organizations are
+compared at equal memory, never at equal page counts (DESIGN.md section 4). Accepted budget texts:
 
     bN       N x geom.slot_checkpoint_bytes per pool layer: N coarse S0 pages
              for Falcon-H1 (the study's labels b63, b83, b108)
@@ -24,7 +24,7 @@ Conversion per organization (page sizes from the layout, never re-derived):
 Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
 floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`).
 
-Under vLLM's paging (``paging="vllm"``, harness/layout.py) a budget is a
+Under vLLM's paging (a layout of ``paging="vllm"``, harness/layout.py) a budget is a
 block count, the one hbench hands vLLM as --num-gpu-blocks-override
 (`vllm_blocks`): the S0 page count for s0 and d0, the S1/S2 page count for
 s1/s2. Every block is one vLLM page, block 0 is vLLM's null block, and D0's
@@ -57,10 +57,10 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 
+from common.errors import HbenchError
 from harness.config import ORG_NAMES
-from harness.errors import HbenchError
 from harness.geometry import ModelGeometry
-from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS
+from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
 from harness.orgs import layout_for
 
 #: Largest whole-model budget accepted (1 PiB); anything above is a typo.
@@ -178,7 +178,7 @@ def vllm_blocks(text: str, org: str, geom: ModelGeometry) -> int:
     """The block count hbench gives vLLM for a budget (module docstring): the
     S0 page count for s0 and d0 (vLLM's blocks are S0-sized pages), the S1/S2
     shared pool's page count for s1 and s2."""
-    return resolve_budget(text, "s0" if org == "d0" else org, geom).pools[0].pages
+    return resolve_budget(text, layout_for("s0" if org == "d0" else org, geom), geom).pools[0].pages
 
 
 def vllm_d0_split(blocks: int, attn_fraction: float) -> tuple[int, int]:
@@ -193,19 +193,19 @@ def vllm_d0_split(blocks: int, attn_fraction: float) -> tuple[int, int]:
     return attn, usable - attn
 
 
-def resolve_budget(text: str, org: str, geom: ModelGeometry,
-                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION,
-                   paging: str = "study") -> OrgBudget:
-    """Turn a budget text into ``org``'s pools and integer page counts, in the
-    study's pages or (``paging="vllm"``) in vLLM's blocks.
+def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
+                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> OrgBudget:
+    """Turn a budget text into the pools and integer page counts of the
+    organization laid out by ``layout`` (for ``geom``), in the layout's paging:
+    the study's pages or vLLM's blocks.
 
     Raises HbenchError if the pools cannot hold one request's state: one
-    checkpoint (as ``org`` lays it out) plus one attention block.
+    checkpoint (as ``layout`` lays it out) plus one attention block.
     """
-    if paging == "vllm":
-        return _resolve_in_vllm_blocks(text, org, geom, d0_attn_fraction)
+    if layout.paging == "vllm":
+        return _resolve_in_vllm_blocks(text, layout, geom, d0_attn_fraction)
+    org = layout.org
     target, label = parse_budget_bytes(text, geom, org)
-    layout = layout_for(org, geom)
     if layout.dual_pool:
         if not 0.0 < d0_attn_fraction < 1.0:
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
@@ -234,14 +234,14 @@ def _check_one_request(org: str, label: str, layout, pages: int) -> None:
                           f"{need} (an attention block and a checkpoint): raise the budget")
 
 
-def _resolve_in_vllm_blocks(text: str, org: str, geom: ModelGeometry,
+def _resolve_in_vllm_blocks(text: str, layout: OrgLayout, geom: ModelGeometry,
                             d0_attn_fraction: float) -> OrgBudget:
     """`resolve_budget` under vLLM's paging: the pools are the blocks vLLM is
     given (`vllm_blocks`) less its null block, each one vLLM page; the budget's
     bytes are what vLLM allocates for them (for s1/s2 more than the label's
     bytes: their page counts are the study's, each page a whole vLLM block)."""
+    org = layout.org
     label = parse_budget_bytes(text, geom, org)[1]
-    layout = layout_for(org, geom, "vllm")
     page = layout.attn_page_bytes
     blocks = vllm_blocks(text, org, geom)
     if layout.dual_pool:
@@ -264,7 +264,7 @@ def resolve_all(text: str, geom: ModelGeometry,
                 paging: str = "study") -> dict[str, OrgBudget]:
     """`resolve_budget` for every organization that applies to ``geom`` (no d0
     for a pure-attention model)."""
-    return {org: resolve_budget(text, org, geom, d0_attn_fraction, paging)
+    return {org: resolve_budget(text, layout_for(org, geom, paging), geom, d0_attn_fraction)
             for org in applicable_orgs(geom)}
 
 

@@ -6,13 +6,16 @@ budget, scheduler policy, workload recipe, seed). It is validated in
 `dataclasses.replace`. `RunConfig.to_dict()` is what the manifest stores and
 what the content-addressed sweep cell id hashes.
 
-Validation has two layers, both here: ``__post_init__`` checks each value on
-its own (finite, in range, below the size caps), and `validate` checks what
-needs the model and the hardware (the token budget against the
-organization's grid, weights plus state against the simulated GPU's memory,
-the estimated memory of the run against `MAX_RUN_MEMORY_BYTES`). Every
-command that runs something (run, sweep, reproduce) calls `validate` on every
-config before any work, and `harness.runner.execute` calls it again.
+Validation has two layers. ``__post_init__`` checks each value on its own
+(finite, in range, below the size caps); the workload recipe's values it
+checks by building the run's `workloads.spec.WorkloadSpec`, whose limits
+(`workloads.bounds`) are the workload's own, so a config and a workload are
+refused at the same values. `harness.run_setup.validate` checks what needs
+the model and the hardware (the token budget against the organization's
+grid, weights plus state against the simulated GPU's memory, the estimated
+memory of the run against `MAX_RUN_MEMORY_BYTES`). Every command that runs
+something (run, sweep, reproduce) calls `validate` on every config before any
+work, and `harness.runner.execute` calls it again.
 """
 
 from __future__ import annotations
@@ -22,23 +25,20 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.orgs import ORGANIZATIONS
+from workloads.bounds import expected_requests
+from workloads.spec import WorkloadSpec
 
 ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
-ARRIVALS = ("poisson", "constant", "gamma")
 #: What must fit for a waiting request to start: its first chunk (the study,
 #: DESIGN.md section 4) or its whole input (vLLM 0.32's scheduler_reserve_full_isl).
 ADMISSIONS = ("first-chunk", "whole-input")
-WORKLOAD_KINDS = ("sharegpt", "multiturn")
-THINK_TIMES = ("exponential", "constant", "gamma")
+#: The torch engine's compute dtypes (`adapters.torch.engine.resolve_device`):
+#: auto is float32 on a CPU, bfloat16 on a GPU.
+COMPUTE_DTYPES = ("auto", "fp32", "bf16")
 
-#: Most requests one run may ask for, directly or as duration x rate; far above
-#: any study run (240) and far below what would exhaust memory on the way.
-MAX_REQUESTS = 1_000_000
-#: Largest simulated duration (s): a week of virtual time.
-MAX_DURATION_S = 7 * 24 * 3600.0
 #: Peak memory (RSS) of one run grows linearly with its requests, and per
 #: request linearly with the prompt length. Measured (ru_maxrss, sim engine,
 #: s2 at b83, 240 vs 1920 requests, mean input 1000 / 3332 / 6000 tokens):
@@ -111,8 +111,6 @@ class RunConfig:
     def __post_init__(self):
         if self.org not in ORG_NAMES:
             raise HbenchError(f"unknown organization {self.org!r}; choose from {', '.join(ORG_NAMES)}")
-        if self.arrival not in ARRIVALS:
-            raise HbenchError(f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -122,60 +120,28 @@ class RunConfig:
             (self.token_budget >= 16, f"--token-budget must be >= 16, got {self.token_budget}"),
             (0.0 <= self.headroom < 1.0, f"--headroom must be in [0, 1), got {self.headroom}"),
             (self.retention_threshold >= 1, "--retention-threshold must be >= 1"),
-            (self.rate > 0, f"--rate must be > 0, got {self.rate}"),
             (self.paging is None or self.paging in PAGINGS,
              f"unknown --paging {self.paging!r}; choose from {', '.join(PAGINGS)}"),
             (self.admission in ADMISSIONS,
              f"unknown --admission {self.admission!r}; choose from {', '.join(ADMISSIONS)}"),
-            (self.burstiness > 0, f"--burstiness must be > 0, got {self.burstiness}"),
-            (0.0 <= self.q <= 1.0, f"--q must be in [0, 1], got {self.q}"),
-            (self.requests >= 1, f"--requests must be >= 1, got {self.requests}"),
-            (self.requests <= MAX_REQUESTS, f"--requests must be <= {MAX_REQUESTS:,}, got {self.requests:,}"),
-            (self.duration_s is None or self.duration_s > 0, "--duration must be > 0"),
-            (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
-             f"--duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
-            (self.expected_requests <= MAX_REQUESTS,
-             f"{'--duration x --rate' if self.duration_s is not None else '--requests'}"
-             f"{' x --max-turns' if self.workload_kind == 'multiturn' else ''} asks for about "
-             f"{self.expected_requests:,.0f} requests; "
-             f"the most one run may ask for is {MAX_REQUESTS:,}"),
-            (self.contexts >= 1, "--contexts must be >= 1"),
-            (self.mean_input >= 16, f"--mean-input must be >= 16, got {self.mean_input}"),
-            (self.max_model_len >= 32, "--max-model-len must be >= 32"),
-            (1 <= self.max_output < self.max_model_len, "--max-output must be in [1, max-model-len)"),
-            (self.workload_kind in WORKLOAD_KINDS,
-             f"unknown --workload-kind {self.workload_kind!r}; choose from {', '.join(WORKLOAD_KINDS)}"),
-            (self.think in THINK_TIMES,
-             f"unknown --think {self.think!r}; choose from {', '.join(THINK_TIMES)}"),
-            (self.max_turns >= 1, f"--max-turns must be >= 1, got {self.max_turns}"),
-            (self.max_history is None or 16 <= self.max_history <= self.max_model_len,
-             f"--max-history must be in [16, max-model-len {self.max_model_len}], "
-             f"got {self.max_history}"),
-            (self.think_time_s >= 0, f"--think-time must be >= 0, got {self.think_time_s}"),
-            (self.warmup_requests >= 0, "--warmup must be >= 0"),
-            (self.warmup_requests <= MAX_REQUESTS, f"--warmup must be <= {MAX_REQUESTS:,}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
-            (self.seed >= 0, "--seed must be >= 0"),
             (self.device == "cpu" or self.device.startswith("cuda"),
              f"--device must be cpu or cuda[:N], got {self.device!r}"),
-            (self.dtype in ("auto", "fp32", "bf16"),
-             f"--dtype must be auto, fp32 or bf16, got {self.dtype!r}"),
+            (self.dtype in COMPUTE_DTYPES,
+             f"unknown --dtype {self.dtype!r}; choose from {', '.join(COMPUTE_DTYPES)}"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise HbenchError(msg)
+        WorkloadSpec.from_config(self)   # the workload recipe, against the workload's limits
 
     @property
     def expected_requests(self) -> float:
         """Requests the workload recipe asks for (warm-up included): the count,
         or the expected arrivals of a ``--duration`` run; for a multi-turn
         workload, at most ``max_turns`` per session."""
-        if self.duration_s is not None:
-            n = self.duration_s * self.rate
-        else:
-            n = self.requests + self.warmup_requests
-        # multi-turn: --requests counts sessions; bound the turns by --max-turns each
-        return n * self.max_turns if self.workload_kind == "multiturn" else n
+        return expected_requests(self.requests + self.warmup_requests, self.duration_s,
+                                 self.rate, self.workload_kind, self.max_turns)
 
     @property
     def estimated_run_bytes(self) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 KIB = 1024
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

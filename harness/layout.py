@@ -111,6 +111,9 @@ class OrgLayout:
     #: request computes past the edge. Otherwise (the study) a spare is
     #: reserved for every grid boundary of the prompt and all are published.
     publish_in_place: bool = False
+    #: Whose pages these are (`PAGINGS`): the study's, or vLLM's blocks
+    #: (`in_vllm_blocks`); budgets resolve by it (harness/budget.py).
+    paging: str = "study"
     #: What a preemption pins until the request runs again (a key of
     #: `harness.orgs.pins.PIN_POLICIES`):
     #: the study pins the deepest valid checkpoint on the request's path;
@@ -150,5 +153,6 @@ class OrgLayout:
         page = block_tokens * attn_bytes_per_token
         return replace(self, attn_block_tokens=block_tokens, grid_tokens=block_tokens,
                        attn_page_bytes=page, ckpt_page_bytes=page, publish_in_place=True,
+                       paging="vllm",
                        slot_bytes=page // self.slab_slots if self.conv_slots else 0,
                        attn_block_bytes=page, preempt_pin=preempt_pin)

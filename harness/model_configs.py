@@ -22,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.geometry import DTYPE_BYTES, ModelGeometry
 
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 def _probe(directory: Path, flag: str, path: Path) -> None:

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from common.errors import HbenchError
 from harness import metrics, provenance
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.records import EngineRun
 from harness.step_table import steps_frame
 

@@ -1,12 +1,13 @@
 """A run's configuration together with what it resolves to, built once.
 
-A `RunConfig` names a model (preset or config.json), a state dtype and a
-budget label; turning those into a `ModelGeometry` and the organization's
-`OrgBudget` is done exactly once per run, here, and the result travels as
-one frozen value: validation checks it, the runner records it in the
-manifest, and the engine builds its pools and cost model from it. No engine
-re-reads a config.json or re-resolves a budget, so what the manifest says and
-what the engine ran cannot disagree.
+A `RunConfig` names a model (preset or config.json), a state dtype, an
+organization under a paging and a budget label; turning those into a
+`ModelGeometry`, the organization's `OrgLayout` and its `OrgBudget` is done
+exactly once per run, here, and the result travels as one frozen value:
+validation checks it, the runner records it in the manifest, and the engine
+builds its organization, pools and cost model from it. No engine re-reads a
+config.json, re-derives a layout or re-resolves a budget, so what the
+manifest says and what the engine ran cannot disagree.
 """
 
 from __future__ import annotations
@@ -14,30 +15,34 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from common.errors import HbenchError
 from harness.budget import OrgBudget, resolve_budget
 from harness.config import (
     MAX_RUN_MEMORY_BYTES,
     RUN_BYTES_PER_PAGE,
     RunConfig,
 )
-from harness.errors import HbenchError
 from harness.geometry import ModelGeometry
+from harness.layout import OrgLayout
 from harness.model_configs import geometry_for_run
+from harness.orgs import layout_for
 
 
 @dataclass(frozen=True)
 class RunSetup:
     config: RunConfig
     geometry: ModelGeometry
+    layout: OrgLayout       # the organization's layout under the run's paging
     budget: OrgBudget
 
     @classmethod
     def resolve(cls, config: RunConfig) -> RunSetup:
-        """Resolve ``config``'s model and budget (HbenchError if either is unknown)."""
+        """Resolve ``config``'s model, layout and budget (HbenchError if the
+        model or the budget is unknown)."""
         geom = geometry_for_run(config)
-        return cls(config, geom,
-                   resolve_budget(config.budget, config.org, geom, config.d0_attn_fraction,
-                                  config.resolved_paging))
+        layout = layout_for(config.org, geom, config.resolved_paging)
+        return cls(config, geom, layout,
+                   resolve_budget(config.budget, layout, geom, config.d0_attn_fraction))
 
     def with_config(self, config: RunConfig) -> RunSetup:
         """The same resolution under a config that differs only in what the
@@ -55,13 +60,12 @@ def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
     `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages); and, for
     the simulator, model weights plus the budget's whole-model state bytes
     larger than the simulated GPU's memory unless ``allow_oversubscribe``.
-    Resolves the model and the budget once (an unknown model, config.json or
-    budget label fails here) and returns them as a `RunSetup` for the run to use."""
-    from harness.orgs import layout_for
-
+    Resolves the model, the layout and the budget once (an unknown model,
+    config.json or budget label fails here) and returns them as a `RunSetup`
+    for the run to use."""
     setup = RunSetup.resolve(config)
     geom, budget = setup.geometry, setup.budget
-    grid = layout_for(config.org, geom, config.resolved_paging).grid_tokens
+    grid = setup.layout.grid_tokens
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
                           f"grid of {grid} tokens; the minimum for {config.org} is {grid}")

@@ -18,7 +18,7 @@ from analysis.contrasts import (
     load_design,
 )
 from analysis.load import load_runs
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from tests.test_analysis_factory import write_design, write_run
 
 METRIC = "throughput_ledger_tok_s"

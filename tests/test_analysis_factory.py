@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from analysis.load import RunSkipped, config_keys, load_runs
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 
 WORKLOAD_KEYS = ("rate", "arrival", "burstiness", "q", "requests", "duration_s", "contexts",
                  "max_model_len", "max_output", "warmup_requests", "seed")

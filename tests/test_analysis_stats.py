@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from analysis import stats
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 RATIOS = np.array([1.10, 1.20, 0.90, 1.05, 1.15, 1.02])
 

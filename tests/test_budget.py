@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import HbenchError
 from harness.budget import (
     parse_budget_bytes,
     resolve_all,
     resolve_budget,
     working_point_attn_share,
 )
-from harness.errors import HbenchError
 from harness.model_configs import from_config, load_config, preset
+from harness.orgs import layout_for
 
 C = 1_594_368  # Falcon-H1-7B checkpoint bytes per layer (DESIGN.md section 1)
 A = 512 * 1024  # 512-token attention page
@@ -36,14 +37,14 @@ def test_bn_gives_s0_n_pages_and_s1_s2_floor_n_times_1557_over_512(n):
 
 
 def test_b83_pages_are_the_documented_252():
-    b = resolve_budget("b83", "s1", GEOM)
+    b = resolve_budget("b83", layout_for("s1", GEOM), GEOM)
     assert b.total_pages == 252 and b.label == "b83"
     assert b.whole_model_bytes == 83 * C * 44
 
 
 def test_d0_splits_bytes_by_fraction_attention_first():
     for f in (0.5, 0.3):
-        b = resolve_budget("b83", "d0", GEOM, d0_attn_fraction=f)
+        b = resolve_budget("b83", layout_for("d0", GEOM), GEOM, d0_attn_fraction=f)
         m_a = math.floor(f * 83 * C)
         attn, ckpt = b.pools
         assert (attn.name, ckpt.name) == ("attention", "checkpoint")
@@ -54,9 +55,9 @@ def test_d0_splits_bytes_by_fraction_attention_first():
 
 
 def test_np_counts_each_organizations_own_page():
-    assert resolve_budget("252p", "s0", GEOM).target_bytes == 252 * C
-    assert resolve_budget("252p", "s1", GEOM).pool("shared").pages == 252
-    d0 = resolve_budget("252p", "d0", GEOM)
+    assert resolve_budget("252p", layout_for("s0", GEOM), GEOM).target_bytes == 252 * C
+    assert resolve_budget("252p", layout_for("s1", GEOM), GEOM).pool("shared").pages == 252
+    d0 = resolve_budget("252p", layout_for("d0", GEOM), GEOM)
     assert d0.target_bytes == 252 * A  # the bytes S1/S2 get
     with pytest.raises(HbenchError, match="give an organization"):
         parse_budget_bytes("252p", GEOM)
@@ -77,7 +78,7 @@ def test_whole_model_sizes_divide_over_pool_layers(text, whole, label):
                                   "2000TiB", "b99999999999", "-5GiB"])
 def test_bad_budget_texts_list_the_accepted_forms(text):
     with pytest.raises(HbenchError) as exc:
-        resolve_budget(text, "s2", GEOM)
+        resolve_budget(text, layout_for("s2", GEOM), GEOM)
     msg = str(exc.value)
     assert "\n" not in msg
     assert "bN" in msg or "zero bytes" in msg
@@ -85,20 +86,20 @@ def test_bad_budget_texts_list_the_accepted_forms(text):
 
 def test_budgets_that_cannot_hold_one_request_are_errors():
     with pytest.raises(HbenchError, match="gives s0 1 pages"):
-        resolve_budget("b1", "s0", GEOM)
+        resolve_budget("b1", layout_for("s0", GEOM), GEOM)
     with pytest.raises(HbenchError, match="0 checkpoint units"):
-        resolve_budget("b1", "d0", GEOM)
+        resolve_budget("b1", layout_for("d0", GEOM), GEOM)
     with pytest.raises(HbenchError, match="0 attention blocks"):
-        resolve_budget("1000B", "d0", GEOM)
+        resolve_budget("1000B", layout_for("d0", GEOM), GEOM)
     with pytest.raises(HbenchError, match=r"must be in \(0, 1\)"):
-        resolve_budget("b83", "d0", GEOM, d0_attn_fraction=1.0)
+        resolve_budget("b83", layout_for("d0", GEOM), GEOM, d0_attn_fraction=1.0)
     with pytest.raises(HbenchError, match="unknown organization"):
-        resolve_budget("b83", "s9", GEOM)
+        parse_budget_bytes("b83", GEOM, "s9")
 
 
 def test_pure_attention_model_has_no_bn_and_no_d0():
     with pytest.raises(HbenchError, match="no recurrent state"):
-        resolve_budget("b83", "s1", LLAMA)
+        resolve_budget("b83", layout_for("s1", LLAMA), LLAMA)
     budgets = resolve_all("12GiB", LLAMA)
     assert sorted(budgets) == ["s0", "s1", "s2"]
     assert budgets["s1"].pool("shared").pages == (12 * 2**30 // 32) // (512 * 4096)
@@ -106,7 +107,7 @@ def test_pure_attention_model_has_no_bn_and_no_d0():
 
 def test_pool_lookup_names_the_missing_pool():
     with pytest.raises(KeyError, match="no pool 'attention'"):
-        resolve_budget("b83", "s2", GEOM).pool("attention")
+        resolve_budget("b83", layout_for("s2", GEOM), GEOM).pool("attention")
 
 
 def test_default_d0_fraction_reasoning_share_is_0_518():

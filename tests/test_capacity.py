@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from analysis import capacity as C
+from common.errors import HbenchError
 from harness.cli import cli
-from harness.errors import HbenchError
 
 
 def test_parse_slo_reads_units_and_refuses_nonsense():

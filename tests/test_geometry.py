@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from harness.model_configs import BUILDERS, PRESETS, from_config, load_config, preset
 
 FIX = Path(__file__).parent / "fixtures" / "configs"

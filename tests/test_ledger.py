@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.errors import HbenchError
 from harness.budget import resolve_budget
-from harness.errors import HbenchError
 from harness.ledger import (
     WASTE_KINDS,
     allocation,
@@ -81,7 +81,7 @@ def test_delta01_is_s0_minus_s1_and_matches_the_closed_form(x_a, x_r):
 
 
 def test_d0_feasibility_checks_each_pool_separately():
-    b = resolve_budget("b83", "d0", GEOM)  # 4038 attention blocks, 41 checkpoint units
+    b = resolve_budget("b83", layout_for("d0", GEOM), GEOM)  # 4038 attention blocks, 41 checkpoint units
     assert d0_feasibility(b, 4038, 41)["feasible"]
     over_a = d0_feasibility(b, 4039, 0)
     assert not over_a["feasible"] and not over_a["attention_fits"] and over_a["checkpoint_fits"]
@@ -90,7 +90,7 @@ def test_d0_feasibility_checks_each_pool_separately():
     assert over_r["checkpoint_need_kib"] == 1557 * 42
     assert over_r["checkpoint_capacity_kib"] == 1557 * 41
     with pytest.raises(HbenchError, match="needs a d0 budget"):
-        d0_feasibility(resolve_budget("b83", "s2", GEOM), 1, 1)
+        d0_feasibility(resolve_budget("b83", layout_for("s2", GEOM), GEOM), 1, 1)
 
 
 @pytest.mark.parametrize("x_a, x_r", [(-1, 0), (0, -2), (1.5, 0), (True, 0)])

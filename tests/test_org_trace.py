@@ -23,7 +23,7 @@ from benchmarks.org_trace import (
 )
 from harness.config import ORG_NAMES
 from harness.model_configs import preset
-from harness.orgs import build_organization
+from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys
 
 REQUESTS = 20
@@ -78,7 +78,7 @@ def test_replay_on_the_recording_org_admits_everything_it_did(trace):
 
 def test_replay_skips_commits_of_requests_it_did_not_admit():
     """A hand-made trace whose one admission does not fit: nothing is committed."""
-    org = build_organization("s0", preset("falcon-h1-7b"), (3,))
+    org = build_organization(layout_for("s0", preset("falcon-h1-7b")), (3,))
     keys = chain_keys(list(range(2048)))
     ops = np.array([
         (LOOKUP, -1, 0, 2047, 0, len(keys), 0),
@@ -95,7 +95,7 @@ def test_replay_skips_commits_of_requests_it_did_not_admit():
 
 
 def test_replay_preempts_a_request_whose_continuation_does_not_fit():
-    org = build_organization("s0", preset("falcon-h1-7b"), (3,))
+    org = build_organization(layout_for("s0", preset("falcon-h1-7b")), (3,))
     keys = chain_keys(list(range(1536)))
     n = len(keys)
     ops = np.array([
@@ -115,7 +115,7 @@ def test_replay_preempts_a_request_whose_continuation_does_not_fit():
 
 
 def test_recording_proxy_rejects_a_hit_it_did_not_return():
-    org = RecordingOrg(build_organization("s2", preset("falcon-h1-7b"), (40,)))
+    org = RecordingOrg(build_organization(layout_for("s2", preset("falcon-h1-7b")), (40,)))
     keys = chain_keys(list(range(64)))
     stale = org.lookup(keys, 63)
     org.lookup(keys, 63)

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from harness.model_configs import preset
-from harness.orgs import ORGANIZATIONS, build_organization
+from harness.orgs import ORGANIZATIONS, build_organization, layout_for
 from harness.orgs.keys import chain_keys, extend_keys
 from harness.orgs.values import ConvInline, ConvPages, ConvSlot, PageRef
 
@@ -70,7 +70,7 @@ class OrgMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         pools = (VLLM_POOLS if self.paging == "vllm" else POOLS)[self.org_name]
-        self.org = build_organization(self.org_name, GEOM, pools, self.paging)
+        self.org = build_organization(layout_for(self.org_name, GEOM, self.paging), pools)
         self.in_place = self.org.layout.publish_in_place
         self.reqs: dict[int, dict] = {}
         self.next_id = 0

@@ -13,7 +13,7 @@ import pytest
 
 from harness.layout import OrgLayout
 from harness.model_configs import preset
-from harness.orgs import build_organization
+from harness.orgs import build_organization, layout_for
 from harness.orgs.entries import RequestState
 from harness.orgs.keys import chain_keys
 from harness.orgs.pins import (
@@ -159,8 +159,8 @@ def test_paging_chooses_each_organizations_pin():
                               ("s2", DeepestOwnCheckpoint, JointHit),
                               ("d0", DeepestOwnCheckpoint, JointHit)):
         pages = (40, 8) if name == "d0" else (40,)
-        assert type(build_organization(name, geom, pages).pins.policy) is study, name
-        orgv = build_organization(name, geom, pages, paging="vllm")
+        assert type(build_organization(layout_for(name, geom), pages).pins.policy) is study, name
+        orgv = build_organization(layout_for(name, geom, "vllm"), pages)
         assert type(orgv.pins.policy) is vllm and orgv.in_place, name
 
 

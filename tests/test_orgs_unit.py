@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.model_configs import preset
-from harness.orgs import build_organization
+from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys
 from harness.orgs.slabs import NO_SLOT, SlotRef, conv_row
 from harness.orgs.values import ConvInline, ConvPages, ConvSlot, PageRef
@@ -56,7 +56,7 @@ def test_worked_example_allocates_what_the_ledger_says(org_name, pages, kib):
     S0 1557 (16 + 4); S1 512 x 16 + 2048 x 4; S2 512 x 16 + 1536 x 4 + 512 x 1.
     A request reserving 8192 tokens with prefill up to 1536 holds 16 blocks,
     its live state and spares for the boundaries 512, 1024 and 1536."""
-    org = build_organization(org_name, GEOM, pages)
+    org = build_organization(layout_for(org_name, GEOM), pages)
     keys = chain_keys(tokens(8192))
     d = org.pages_needed(0, 8192, 1536, keys, org.lookup(keys, 8191))
     assert org.allocate(0, 8192, 1536, keys, None)
@@ -67,7 +67,7 @@ def test_worked_example_allocates_what_the_ledger_says(org_name, pages, kib):
 
 
 def test_s2_packs_conv_slots_densely_and_never_uses_a_sentinel_as_address():
-    org = build_organization("s2", GEOM, (80,))
+    org = build_organization(layout_for("s2", GEOM), (80,))
     keys = chain_keys(tokens(8192 + 1))
     assert org.allocate(0, 8192, 8192, keys, None)       # 16 blocks, live + 16 spares
     published = org.commit(0, keys, 8192, 8192)
@@ -84,7 +84,7 @@ def test_s2_packs_conv_slots_densely_and_never_uses_a_sentinel_as_address():
     assert org.page_state(PageRef(0, live_slab)) == "referenced"
     assert {org.page_state(PageRef(0, s)) for s in per_slab if s != live_slab} == {"cached"}
     assert conv_row(SlotRef(3, 5), 16) == 16 * 3 + 5
-    s1 = build_organization("s1", GEOM, (20,))
+    s1 = build_organization(layout_for("s1", GEOM), (20,))
     assert s1.allocate(0, 16, 16, chain_keys(tokens(16)), None)
     assert isinstance(s1.live_state(0).conv, ConvPages)
     assert not NO_SLOT
@@ -95,7 +95,7 @@ def test_s2_packs_conv_slots_densely_and_never_uses_a_sentinel_as_address():
 @pytest.mark.parametrize("org_name, ssm, conv", [
     ("s0", 1, ConvInline), ("s1", 3, ConvPages), ("s2", 3, ConvSlot), ("d0", 1, ConvInline)])
 def test_live_state_placement_matches_the_layout(org_name, ssm, conv):
-    org = build_organization(org_name, GEOM, (40,) if org_name != "d0" else (200, 4))
+    org = build_organization(layout_for(org_name, GEOM), (40,) if org_name != "d0" else (200, 4))
     keys = chain_keys(tokens(600))
     assert org.allocate(0, 600, 600, keys, None)
     place = org.live_state(0)
@@ -113,7 +113,7 @@ def test_live_state_placement_matches_the_layout(org_name, ssm, conv):
 
 
 def test_adoption_and_publication_report_the_copies_an_engine_makes():
-    org = build_organization("s1", GEOM, (60,))
+    org = build_organization(layout_for("s1", GEOM), (60,))
     keys = chain_keys(tokens(1100))
     assert org.allocate(0, 1100, 1100, keys, None)
     assert org.copies() == ()                            # nothing adopted
@@ -140,7 +140,7 @@ def test_a_slab_is_reused_only_after_every_checkpoint_in_it_is_gone():
     private request then takes page after page; no checkpoint that a lookup
     still finds may name a page it took, and the slab page becomes ordinary
     storage only once all 16 checkpoints are invalid."""
-    org = build_organization("s2", GEOM, (80,))
+    org = build_organization(layout_for("s2", GEOM), (80,))
     keys = serve(org, 0, tokens(8200))
     where = {j: org.checkpoint_at(keys, j) for j in range(512, 8193, 512)}
     (slab,) = {p.conv.slab for p in where.values()}
@@ -162,7 +162,7 @@ def test_a_slab_is_reused_only_after_every_checkpoint_in_it_is_gone():
 
 
 def test_reassigning_one_member_page_invalidates_the_whole_checkpoint():
-    org = build_organization("s1", GEOM, (10,))          # 2 blocks + live + spare = 10 pages
+    org = build_organization(layout_for("s1", GEOM), (10,))          # 2 blocks + live + spare = 10 pages
     keys = serve(org, 0, tokens(600))
     ck = org.checkpoint_at(keys, 512)
     assert len(ck.ssm) == 3 and len(ck.conv.pages) == 1
@@ -178,7 +178,7 @@ def test_reassigning_one_member_page_invalidates_the_whole_checkpoint():
 
 
 def test_pinning_is_not_retention():
-    org = build_organization("s2", GEOM, (60,))
+    org = build_organization(layout_for("s2", GEOM), (60,))
     keys = chain_keys(tokens(1100))
     assert org.allocate(0, 1100, 1100, keys, org.lookup(keys, 1099))
     org.commit(0, keys, 1100, 1100)
@@ -198,7 +198,7 @@ def test_pinning_is_not_retention():
 
 
 def test_resume_releases_the_pin_and_abandon_releases_it_too():
-    org = build_organization("s1", GEOM, (60,))
+    org = build_organization(layout_for("s1", GEOM), (60,))
     keys = chain_keys(tokens(1100))
     assert org.allocate(0, 1100, 1100, keys, org.lookup(keys, 1099))
     org.commit(0, keys, 1100, 1100)
@@ -217,18 +217,18 @@ def test_resume_releases_the_pin_and_abandon_releases_it_too():
 
 
 def test_d0_never_lends_one_pools_space_to_the_other():
-    org = build_organization("d0", GEOM, (2000, 2))      # room for the live state + 1 spare
+    org = build_organization(layout_for("d0", GEOM), (2000, 2))      # room for the live state + 1 spare
     keys = chain_keys(tokens(1800))
     d = org.pages_needed(0, 1800, 1800, keys, org.lookup(keys, 1799))
     assert d.pages == (113, 2)                           # ceil(1800/16) blocks; live + spare
     assert org.can_allocate(d)
-    org2 = build_organization("d0", GEOM, (2000, 1))     # attention room galore, one unit
+    org2 = build_organization(layout_for("d0", GEOM), (2000, 1))     # attention room galore, one unit
     assert not org2.can_allocate(org2.pages_needed(0, 1800, 1800, keys, org2.lookup(keys, 1799)))
     assert org2.can_allocate(org2.pages_needed(0, 1000, 1800, keys, org2.lookup(keys, 999)))
 
 
 def test_headroom_is_per_pool():
-    org = build_organization("d0", GEOM, (100, 10))
+    org = build_organization(layout_for("d0", GEOM), (100, 10))
     assert org.headroom_pages(0.19) == (19, 1)
     keys = chain_keys(tokens(160))
     d = org.pages_needed(0, 160, 160, keys, org.lookup(keys, 159))
@@ -242,7 +242,7 @@ def test_lookup_reports_joint_depth_checkpoint_depth_and_attention_depth():
     first), then blocks tail first. A pin keeps the checkpoint at 2048 and a
     running request that adopted [0, 1024) keeps those blocks and checkpoint; a
     private request then reclaims checkpoint 1536 and the block [1536, 2048)."""
-    org = build_organization("s1", GEOM, (60,))
+    org = build_organization(layout_for("s1", GEOM), (60,))
     keys = chain_keys(tokens(2100))
     assert org.allocate(0, 2100, 2100, keys, None)
     org.commit(0, keys, 2100, 2100)
@@ -259,16 +259,16 @@ def test_lookup_reports_joint_depth_checkpoint_depth_and_attention_depth():
 
 
 def test_capacity_names_the_pools_and_grids():
-    cap = build_organization("d0", GEOM, (100, 10)).capacity()
+    cap = build_organization(layout_for("d0", GEOM), (100, 10)).capacity()
     assert [(p.name, p.pages, p.page_bytes) for p in cap.pools] == [
         ("attention", 100, 16 * KIB), ("checkpoint", 10, GEOM.checkpoint_bytes)]
     assert (cap.attn_block_tokens, cap.grid_tokens) == (16, 1792)
-    cap = build_organization("s2", GEOM, (40,)).capacity()
+    cap = build_organization(layout_for("s2", GEOM), (40,)).capacity()
     assert [(p.name, p.pages, p.page_bytes) for p in cap.pools] == [("shared", 40, 512 * KIB)]
 
 
 def test_usage_reports_bytes_by_kind_and_state():
-    org = build_organization("s1", GEOM, (40,))
+    org = build_organization(layout_for("s1", GEOM), (40,))
     keys = chain_keys(tokens(1100))
     assert org.allocate(0, 1100, 1100, keys, org.lookup(keys, 1099))
     org.commit(0, keys, 1100, 1100)
@@ -300,7 +300,7 @@ def test_a_fifth_organization_is_one_class_and_one_registry_entry(monkeypatch):
 
     monkeypatch.setitem(ORGANIZATIONS, "x1", Coarse)
     assert layout_for("x1", GEOM).grid_tokens == 1024
-    org = build_organization("x1", GEOM, (60,))
+    org = build_organization(layout_for("x1", GEOM), (60,))
     keys = chain_keys(tokens(2100))
     assert org.allocate(0, 2100, 2100, keys, None)
     assert org.commit(0, keys, 2100, 2100) == [1024, 2048]
@@ -309,4 +309,4 @@ def test_a_fifth_organization_is_one_class_and_one_registry_entry(monkeypatch):
     org.check_invariants()
     assert org.lookup(keys + [0], 2100).j_adopt == 2048
     with pytest.raises(ValueError, match="unknown organization"):
-        build_organization("x2", GEOM, (60,))
+        build_organization(layout_for("x2", GEOM), (60,))

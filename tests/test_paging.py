@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from adapters.vllm_plugin.plan import PageLayout, d0_split
+from common.errors import HbenchError
 from harness.budget import resolve_budget, vllm_blocks, vllm_d0_split
 from harness.cli import cli
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.layout import vllm_block_tokens
 from harness.model_configs import PRESETS, preset
 from harness.orgs import layout_for
@@ -62,12 +62,12 @@ def test_vllm_blocks_are_what_the_vllm_adapter_is_given():
 
 
 def test_vllm_budget_keeps_block_zero_out_and_splits_d0_by_blocks():
-    s0 = resolve_budget("b83", "s0", GEOM, paging="vllm")
+    s0 = resolve_budget("b83", layout_for("s0", GEOM, "vllm"), GEOM)
     assert s0.pool("shared").pages == 82 and s0.pool("shared").page_bytes == PAGE
     assert s0.target_bytes == 83 * PAGE and s0.rounding_loss_bytes == PAGE   # the null block
-    s1 = resolve_budget("b83", "s1", GEOM, paging="vllm")
+    s1 = resolve_budget("b83", layout_for("s1", GEOM, "vllm"), GEOM)
     assert s1.total_pages == 251 and s1.target_bytes == 252 * PAGE
-    d0 = resolve_budget("b83", "d0", GEOM, 0.25, paging="vllm")
+    d0 = resolve_budget("b83", layout_for("d0", GEOM, "vllm"), GEOM, 0.25)
     attn, ckpt = d0.pools
     assert (attn.pages, ckpt.pages) == (20, 62)            # floor(0.25 x 82), the rest
     assert attn.page_bytes == ckpt.page_bytes == PAGE
@@ -77,7 +77,7 @@ def test_vllm_budget_keeps_block_zero_out_and_splits_d0_by_blocks():
 def test_d0_split_refuses_a_budget_without_room_for_both_pools():
     assert vllm_d0_split(4, 0.99) == (2, 1)
     with pytest.raises(HbenchError, match="at least 3 vLLM blocks"):
-        resolve_budget("b2", "d0", GEOM, paging="vllm")
+        resolve_budget("b2", layout_for("d0", GEOM, "vllm"), GEOM)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

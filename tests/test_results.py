@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.errors import HbenchError
 from harness import provenance, results
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.metrics import per_request_table, summarize
 from harness.records import EngineRun, RequestRecord
 

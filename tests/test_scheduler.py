@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from harness.model_configs import preset
-from harness.orgs import build_organization
+from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED
 from harness.scheduler import DONE, BatchItem, Scheduler, SchedulerPolicy, StepBatch
@@ -15,7 +15,7 @@ GEOM = preset("falcon-h1-7b")
 
 
 def make(org="s2", pages=(60,), **policy):
-    org = build_organization(org, GEOM, pages)
+    org = build_organization(layout_for(org, GEOM), pages)
     return org, Scheduler(org, SchedulerPolicy(**policy))
 
 
@@ -337,8 +337,8 @@ def test_admission_by_the_whole_input_or_by_the_first_chunk(whole, admitted):
 
 
 def test_the_run_config_chooses_the_admission_rule():
+    from common.errors import HbenchError
     from harness.config import RunConfig
-    from harness.errors import HbenchError
 
     assert not SchedulerPolicy.from_config(RunConfig()).admit_whole_input
     assert SchedulerPolicy.from_config(RunConfig(admission="whole-input")).admit_whole_input

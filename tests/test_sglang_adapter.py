@@ -15,8 +15,8 @@ from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, parse_prometheus
 from adapters.sglang import SglangEngine, mamba_full_memory_ratio
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
@@ -27,7 +27,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 def setup_for(config):
     """A `RunSetup` for a served engine, which reads only the config (the
     server owns its memory), so tests need not name a geometry hbench knows."""
-    return RunSetup(config, geometry=None, budget=None)
+    return RunSetup(config, geometry=None, layout=None, budget=None)
 
 def recorded_script() -> Script:
     lines = [ln for ln in (FIXTURES / "completion_stream.sse").read_text().splitlines() if ln]

@@ -23,8 +23,8 @@ from adapters.sim.cost import (
     param_counts,
 )
 from adapters.sim.hardware import HARDWARE, Hardware, get_hardware
+from common.errors import HbenchError
 from harness.cli import cli
-from harness.errors import HbenchError
 from harness.model_configs import preset
 
 A100_RATE = 1555e9 * 0.8  # bytes/s at the default mem_efficiency

@@ -17,8 +17,8 @@ import pytest
 
 from adapters.sim.engine import SimEngine
 from adapters.sim.fastpath import fast_path_enabled
+from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
-from harness.errors import HbenchError
 from harness.metrics import summarize
 from harness.run_setup import RunSetup
 from harness.runner import build_run_workload

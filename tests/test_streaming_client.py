@@ -21,7 +21,7 @@ from adapters.client.dispatch import run_open_loop
 from adapters.client.http import Endpoint, Timeouts, served_models
 from adapters.client.stream import CompletionStream, StreamOutcome, stream_completion
 from adapters.server_process import free_port
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.workload import Workload, WorkloadRequest
 
 

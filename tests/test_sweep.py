@@ -10,11 +10,11 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from common.errors import HbenchError
 from harness import grid as G
 from harness import sweep as S
 from harness.cli import cli
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.results import cell_id, is_complete
 
 TINY = {"budget": "b83", "requests": 20}

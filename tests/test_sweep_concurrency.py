@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import HbenchError
 from harness import results as R
 from harness import sweep as S
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.grid import expand
 from harness.records import FAILED
 from harness.results import cell_id, is_complete, list_runs

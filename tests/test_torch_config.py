@@ -8,7 +8,7 @@ import math
 import pytest
 
 from adapters.tiny_model import PRESETS, write_weights
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")

@@ -14,8 +14,8 @@ pytest.importorskip("safetensors")
 
 from adapters.torch.continuation import all_at_once  # noqa: E402
 from adapters.torch.engine import TorchEngine  # noqa: E402
+from common.errors import HbenchError  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
-from harness.errors import HbenchError  # noqa: E402
 from harness.orgs.base import Organization  # noqa: E402
 from harness.run_setup import validate  # noqa: E402
 from harness.runner import build_run_workload  # noqa: E402

@@ -16,8 +16,8 @@ from test_streaming_client import Script, ScriptedServer
 
 from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
@@ -33,7 +33,7 @@ INFO = (
 def setup_for(config):
     """A `RunSetup` for a served engine, which reads only the config (the
     server owns its memory), so tests need not name a geometry hbench knows."""
-    return RunSetup(config, geometry=None, budget=None)
+    return RunSetup(config, geometry=None, layout=None, budget=None)
 
 def metrics(hits: float, queries: float) -> str:
     return (

@@ -30,7 +30,7 @@ OUTPUT_LEN = 8
 def setup_for(config):
     """A `RunSetup` for a served engine, which reads only the config (the
     server owns its memory), so tests need not name a geometry hbench knows."""
-    return RunSetup(config, geometry=None, budget=None)
+    return RunSetup(config, geometry=None, layout=None, budget=None)
 
 
 def test_tiny_falcon_h1_shapes_follow_the_checkpoint_layout():
@@ -266,7 +266,7 @@ def test_hbench_run_against_the_server_writes_the_same_results_as_the_simulator(
 
 def test_org_that_vllm_cannot_express_is_refused_before_launch():
     from adapters.vllm import VllmEngine
-    from harness.errors import HbenchError
+    from common.errors import HbenchError
 
     with pytest.raises(HbenchError, match=r"^--org s2 on vllm needs vLLM 0.32.0"):
         VllmEngine(python=sys.executable).run(

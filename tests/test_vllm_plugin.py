@@ -394,7 +394,7 @@ def env_subset(env):
 
 
 def test_headroom_becomes_vllms_watermark_and_retention_is_refused(monkeypatch):
-    from harness.errors import HbenchError
+    from common.errors import HbenchError
 
     eng = vllm_0_32(monkeypatch)
     argv = eng.launch_argv(run_config(org="s2", headroom=0.19), 8000)
@@ -404,7 +404,7 @@ def test_headroom_becomes_vllms_watermark_and_retention_is_refused(monkeypatch):
 
 
 def test_launcher_refuses_a_missing_plugin_or_another_vllm_before_starting(monkeypatch):
-    from harness.errors import HbenchError
+    from common.errors import HbenchError
 
     eng = vllm_0_32(monkeypatch, plugin=False)
     with pytest.raises(HbenchError, match="needs hbench.s plugin .*setup_vllm_cpu.sh"):

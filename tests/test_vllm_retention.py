@@ -19,7 +19,7 @@ tokens (tests/test_paging.py derives it).
 from __future__ import annotations
 
 from harness.model_configs import preset
-from harness.orgs import build_organization
+from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys, extend_keys
 from harness.orgs.publication import kept_edges
 from harness.orgs.values import PageRef, PrefixHit
@@ -84,7 +84,7 @@ def test_kept_edges_are_the_replay_boundary_and_the_junction():
 
 
 def test_only_the_replay_boundary_is_published_not_a_decode_edge():
-    org = build_organization("s1", GEOM, (40,), paging="vllm")
+    org = build_organization(layout_for("s1", GEOM, "vllm"), (40,))
     toks = tokens(2000)
     keys, published = prefill(org, 0, toks)
     assert published == [1664]
@@ -97,7 +97,7 @@ def test_only_the_replay_boundary_is_published_not_a_decode_edge():
 
 
 def test_the_edges_state_is_held_while_the_request_goes_past_it():
-    org = build_organization("s0", GEOM, (12,), paging="vllm")
+    org = build_organization(layout_for("s0", GEOM, "vllm"), (12,))
     toks = tokens(3000)
     keys, _ = prefill(org, 0, toks)
     decode_to(org, 0, toks, keys, 3328)
@@ -111,7 +111,7 @@ def test_the_edges_state_is_held_while_the_request_goes_past_it():
 
 
 def test_a_prefix_computed_twice_stays_found_until_both_copies_are_reclaimed():
-    org = build_organization("s0", GEOM, (6,), paging="vllm")
+    org = build_organization(layout_for("s0", GEOM, "vllm"), (6,))
     toks = tokens(1700)
     keys = chain_keys(toks)
     for rid in (0, 1):                               # admitted together, neither hits
@@ -134,7 +134,7 @@ def test_a_prefix_computed_twice_stays_found_until_both_copies_are_reclaimed():
 
 
 def test_a_prefix_computed_twice_is_kept_once_under_study_paging():
-    org = build_organization("s0", GEOM, (40,))
+    org = build_organization(layout_for("s0", GEOM), (40,))
     toks = tokens(600)
     keys = chain_keys(toks)
     for rid in (0, 1):
@@ -145,7 +145,7 @@ def test_a_prefix_computed_twice_is_kept_once_under_study_paging():
 
 
 def test_an_adopted_checkpoint_is_released_when_the_step_ends():
-    org = build_organization("s1", GEOM, (40,), paging="vllm")
+    org = build_organization(layout_for("s1", GEOM, "vllm"), (40,))
     prefill(org, 0, tokens(1700))
     org.finish(0)
     toks = tokens(1700) + tokens(300, 900_000)
@@ -164,7 +164,7 @@ def test_an_adopted_checkpoint_is_released_when_the_step_ends():
 def test_a_plugin_preemption_pins_the_joint_hit_and_stock_s0_pins_nothing():
     for name, pinned in (("s1", {0: B}), ("s2", {0: B}), ("d0", {0: B}), ("s0", {})):
         pools = (30, 12) if name == "d0" else (40,)
-        org = build_organization(name, GEOM, pools, paging="vllm")
+        org = build_organization(layout_for(name, GEOM, "vllm"), pools)
         toks = tokens(2000)
         keys, _ = prefill(org, 0, toks)
         decode_to(org, 0, toks, keys, 3330)

@@ -4,7 +4,7 @@ stable prefixes (a longer stream extends a shorter one)."""
 import numpy as np
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.derive import stream
 

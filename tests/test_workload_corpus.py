@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.build import build_workload
 from workloads.corpus import load_corpus
 

@@ -9,10 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
+from workloads.bounds import MIN_TURN_TOKENS
 from workloads.build import build_workload
 from workloads.io import load_workload, save_workload
-from workloads.sharegpt.derive import MIN_TURN_TOKENS, WorkloadSpec, derive_workload
+from workloads.sharegpt.derive import WorkloadSpec, derive_workload
 from workloads.sharegpt.loader import parse_file
 from workloads.sharegpt.tokenizer import get_tokenizer
 
@@ -166,11 +167,11 @@ def test_meta_records_the_recipe(pairs):
 
 
 @pytest.mark.parametrize("changes, msg", [
-    ({"q": 1.5}, "q must be in"),
-    ({"max_output": 300}, "max output"),
-    ({"mean_input_tokens": 400}, "must be < max model len"),
+    ({"q": 1.5}, "--q must be in"),
+    ({"max_output": 300}, r"--max-output must be in \[1, max-model-len 300\)"),
+    ({"mean_input_tokens": 400}, r"--mean-input must be in \(4, max-model-len 300\)"),
     ({"mean_input_tokens": 12}, "cannot be reached"),
-    ({"arrival": "burst"}, "unknown arrival process"),
+    ({"arrival": "burst"}, "unknown --arrival"),
 ])
 def test_bad_recipes_raise_one_line_errors(pairs, changes, msg):
     with pytest.raises(HbenchError, match=msg):

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from workloads.describe import history_growth, org_grids, sharing_structure
+from workloads.describe import history_growth, sharing_structure
 from workloads.multiturn.session import Session, Turn
 from workloads.workload import Workload, WorkloadRequest
 
@@ -52,6 +52,8 @@ def test_a_later_turn_can_reuse_the_whole_previous_turn():
 
 
 def test_grids_come_from_the_organizations_layouts():
+    from harness.commands.workload import org_grids
+
     assert org_grids() == {"s0": 512, "s1": 512, "s2": 512, "d0": 1792}
 
 

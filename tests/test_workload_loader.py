@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.sharegpt import loader
 from workloads.sharegpt.loader import load_pairs, parse_file
 

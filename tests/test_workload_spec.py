@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from common.errors import HbenchError
 from harness.config import RunConfig
 from workloads.spec import CONFIG_NAMES, SavedWorkload, WorkloadSpec, workload_source
 
@@ -46,3 +47,44 @@ def test_a_saved_workload_is_keyed_by_its_content(tmp_path):
     assert first == SavedWorkload.of(f)
     f.write_bytes(b"two")
     assert workload_source(RunConfig(workload_path=str(f))) != first
+
+
+# RunConfig field -> a refused value, each at or just past one limit of workloads.bounds
+REFUSED = [{"mean_input": 4}, {"mean_input": 8192}, {"max_history": 4}, {"max_history": 8193},
+           {"max_model_len": 31}, {"max_output": 0}, {"max_output": 8192}, {"q": 1.5},
+           {"rate": 0.0}, {"rate": float("nan")}, {"burstiness": 0.0}, {"requests": 0},
+           {"requests": 1_000_001}, {"duration_s": 0.0}, {"duration_s": 1e9}, {"contexts": 0},
+           {"max_turns": 0}, {"think_time_s": -1.0}, {"seed": -1}, {"arrival": "burst"},
+           {"think": "lognormal"}, {"workload_kind": "chat"},
+           {"workload_kind": "multiturn", "requests": 200_000}]
+# ... and the values at the limit, which both accept
+ACCEPTED = [{"mean_input": 5}, {"mean_input": 8191}, {"max_history": 5}, {"max_history": 8192},
+            {"max_model_len": 32, "mean_input": 16, "max_output": 31}, {"max_output": 8191},
+            {"workload_kind": "multiturn", "requests": 125_000}]
+SPEC_NAMES = {v: k for k, v in CONFIG_NAMES.items()}
+
+
+def _spec(change: dict) -> WorkloadSpec:
+    base = dataclasses.asdict(WorkloadSpec.from_config(RunConfig()))
+    return WorkloadSpec(**{**base, **{SPEC_NAMES.get(k, k): v for k, v in change.items()}})
+
+
+@pytest.mark.parametrize("change", REFUSED, ids=str)
+def test_run_config_and_spec_refuse_the_same_values_with_one_message(change):
+    with pytest.raises(HbenchError) as by_config:
+        RunConfig(**change)
+    with pytest.raises(HbenchError) as by_spec:
+        _spec(change)
+    assert str(by_config.value) == str(by_spec.value)
+
+
+@pytest.mark.parametrize("change", ACCEPTED, ids=str)
+def test_run_config_and_spec_accept_the_values_at_each_limit(change):
+    assert WorkloadSpec.from_config(RunConfig(**change)) == _spec(change)
+
+
+def test_warmup_is_checked_with_the_measured_requests():
+    with pytest.raises(HbenchError, match="--requests must be >= 1, got 0"):
+        RunConfig(requests=0, warmup_requests=5)
+    with pytest.raises(HbenchError, match=r"--warmup must be in \[0, 1,000,000\]"):
+        RunConfig(warmup_requests=-1)

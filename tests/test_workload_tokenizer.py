@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.sharegpt.tokenizer import (
     DEFAULT_TOKENIZER,
     VOCAB_SIZE,

@@ -14,8 +14,7 @@ import dataclasses
 from pathlib import Path
 
 from workloads.corpus import load_corpus
-from workloads.multiturn.derive import derive_multiturn
-from workloads.sharegpt.derive import derive_workload
+from workloads.kinds import deriver
 from workloads.sharegpt.loader import release_pages
 from workloads.sharegpt.tokenizer import Tokenizer, get_tokenizer
 from workloads.spec import WorkloadSpec
@@ -46,8 +45,7 @@ def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
         spec = dataclasses.replace(spec, dataset=None if dataset is None else str(dataset),
                                    chat_column=chat_column)
     pairs = load_corpus(spec.dataset, chat_column=spec.chat_column, revision=revision)
-    derive = derive_multiturn if spec.workload_kind == "multiturn" else derive_workload
-    w = derive(pairs, _tokenizer(tokenizer), spec)
+    w = deriver(spec.workload_kind)(pairs, _tokenizer(tokenizer), spec)
     release_pages()   # the texts it read are copied into the workload
     extra = {"dataset_identity": pairs.identity, "workload_kind": spec.workload_kind}
     if spec.dataset is not None:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.sharegpt.loader import PACKAGE_NAME, ShareGPTPairs, cache_dir, load_pairs
 
 CHAT_COLUMNS = ("conversations", "messages", "conversation")

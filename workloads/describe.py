@@ -16,7 +16,10 @@ earlier request has already sent, at best:
 
 `sharing_structure` gives, per organization, the prompt share reusable at its
 grid and the shareable tokens beyond its last grid point; `history_growth`
-the mean planned prompt length by turn index. Both are pure functions.
+the mean planned prompt length by turn index. Both are pure functions. The
+grids themselves (organization name -> grid tokens) are the caller's: they
+come from the organizations' layouts (``hbench workload describe``), which
+sit above the workloads.
 """
 
 from __future__ import annotations
@@ -88,16 +91,6 @@ def history_growth(w: Workload) -> list[dict]:
             by_turn.setdefault(k, []).append(t.prompt_len)
     return [{"turn": k, "sessions": len(v), "prompt_mean": float(np.mean(v)),
              "prompt_max": int(max(v))} for k, v in sorted(by_turn.items())]
-
-
-def org_grids(model: str = "falcon-h1-7b") -> dict[str, int]:
-    """Each organization's checkpoint grid for ``model`` (a preset name)."""
-    from harness.config import ORG_NAMES, RunConfig
-    from harness.model_configs import geometry_for_run
-    from harness.orgs import layout_for
-
-    geom = geometry_for_run(RunConfig(model=model))
-    return {org: layout_for(org, geom).grid_tokens for org in ORG_NAMES}
 
 
 def sharing_figure(summary: dict):

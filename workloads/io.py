@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 from workloads.multiturn.session import Session, Turn
 from workloads.workload import WORKLOAD_SCHEMA_VERSION, Workload, WorkloadRequest
 

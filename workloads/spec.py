@@ -2,7 +2,9 @@
 
 `WorkloadSpec` is the frozen recipe of one derived workload and the only
 input of the builder (`workloads.build.workload_for`), so two runs whose specs
-are equal are served the same request stream. `WorkloadSpec.from_config`
+are equal are served the same request stream. It refuses a recipe outside the
+limits of `workloads.bounds`, and a run configuration's recipe is checked by
+building its spec, so both are refused at the same values. `WorkloadSpec.from_config`
 reads every one of its fields out of a `harness.config.RunConfig` by name
 (warm-up requests are served first, so they extend ``requests``): adding a
 knob to the spec adds it to the builder's input and to every cache key built
@@ -18,11 +20,16 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from harness.config import MAX_DURATION_S, MAX_REQUESTS, THINK_TIMES, WORKLOAD_KINDS
-from harness.errors import HbenchError
-from workloads.sharegpt.arrivals import ARRIVALS
-
-MIN_TURN_TOKENS = 4
+from common.errors import HbenchError
+from workloads.bounds import (
+    MAX_DURATION_S,
+    MAX_REQUESTS,
+    MIN_MODEL_LEN,
+    MIN_TURN_TOKENS,
+    expected_requests,
+)
+from workloads.kinds import WORKLOAD_KINDS
+from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
 
 # WorkloadSpec field -> the RunConfig field that holds it, where the names differ.
 CONFIG_NAMES = {"mean_input_tokens": "mean_input"}
@@ -58,44 +65,47 @@ class WorkloadSpec:
     chat_column: str | None = None
 
     def __post_init__(self):
-        if self.workload_kind not in WORKLOAD_KINDS:
-            raise HbenchError(f"unknown workload kind {self.workload_kind!r}; "
-                              f"choose from {', '.join(WORKLOAD_KINDS)}")
-        if self.think not in THINK_TIMES:
-            raise HbenchError(f"unknown think-time distribution {self.think!r}; "
-                              f"choose from {', '.join(THINK_TIMES)}")
-        if self.arrival not in ARRIVALS:
-            raise HbenchError(
-                f"unknown arrival process {self.arrival!r}; choose from {', '.join(ARRIVALS)}"
-            )
+        """Refuse (HbenchError, naming the flag) a recipe outside the limits of
+        `workloads.bounds`."""
+        for name, value, choices in (("workload_kind", self.workload_kind, WORKLOAD_KINDS),
+                                     ("think", self.think, THINK_TIMES),
+                                     ("arrival", self.arrival, ARRIVALS)):
+            if value not in choices:
+                raise HbenchError(f"unknown {_flag(name)} {value!r}; choose from {', '.join(choices)}")
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise HbenchError(f"{f.name} must be a finite number, got {value}")
-        expected = self.requests if self.duration_s is None else self.duration_s * self.rate
+                raise HbenchError(f"{_flag(f.name)} must be a finite number, got {value}")
+        expected = expected_requests(self.requests, self.duration_s, self.rate,
+                                     self.workload_kind, self.max_turns)
+        length = self.max_model_len
         checks = [
-            (self.seed >= 0, f"seed must be >= 0, got {self.seed}"),
-            (0.0 <= self.q <= 1.0, f"q must be in [0, 1], got {self.q}"),
-            (self.rate > 0, f"rate must be > 0, got {self.rate}"),
-            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
-            (self.requests >= 1, f"requests must be >= 1, got {self.requests}"),
-            (self.duration_s is None or self.duration_s > 0, "duration must be > 0"),
+            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (0.0 <= self.q <= 1.0, f"--q must be in [0, 1], got {self.q}"),
+            (self.rate > 0, f"--rate must be > 0, got {self.rate}"),
+            (self.burstiness > 0, f"--burstiness must be > 0, got {self.burstiness}"),
+            (self.requests >= 1, f"--requests must be >= 1, got {self.requests}"),
+            (self.requests <= MAX_REQUESTS,
+             f"--requests must be <= {MAX_REQUESTS:,}, got {self.requests:,}"),
+            (self.duration_s is None or self.duration_s > 0, "--duration must be > 0"),
             (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
-             f"duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
+             f"--duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
             (expected <= MAX_REQUESTS,
-             f"the workload asks for about {expected:,.0f} requests; at most {MAX_REQUESTS:,}"),
-            (self.contexts >= 1, f"contexts must be >= 1, got {self.contexts}"),
-            (1 <= self.max_output < self.max_model_len,
-             f"max output ({self.max_output}) must be in [1, max model len {self.max_model_len})"),
-            (self.mean_input_tokens > MIN_TURN_TOKENS,
-             f"mean input must be > {MIN_TURN_TOKENS} tokens, got {self.mean_input_tokens}"),
-            (self.max_turns >= 1, f"max turns must be >= 1, got {self.max_turns}"),
-            (self.max_history is None or MIN_TURN_TOKENS < self.max_history <= self.max_model_len,
-             f"max history must be in ({MIN_TURN_TOKENS}, max model len {self.max_model_len}], "
+             f"{'--duration x --rate' if self.duration_s is not None else '--requests'}"
+             f"{' x --max-turns' if self.workload_kind == 'multiturn' else ''} asks for about "
+             f"{expected:,.0f} requests; the most one run may ask for is {MAX_REQUESTS:,}"),
+            (self.contexts >= 1, f"--contexts must be >= 1, got {self.contexts}"),
+            (length >= MIN_MODEL_LEN, f"--max-model-len must be >= {MIN_MODEL_LEN}, got {length}"),
+            (1 <= self.max_output < length,
+             f"--max-output must be in [1, max-model-len {length}), got {self.max_output}"),
+            (MIN_TURN_TOKENS < self.mean_input_tokens < length,
+             f"--mean-input must be in ({MIN_TURN_TOKENS}, max-model-len {length}), "
+             f"got {self.mean_input_tokens}"),
+            (self.max_turns >= 1, f"--max-turns must be >= 1, got {self.max_turns}"),
+            (self.max_history is None or MIN_TURN_TOKENS < self.max_history <= length,
+             f"--max-history must be in ({MIN_TURN_TOKENS}, max-model-len {length}], "
              f"got {self.max_history}"),
-            (self.think_time_s >= 0, f"think time must be >= 0 s, got {self.think_time_s}"),
-            (self.mean_input_tokens < self.max_model_len,
-             f"mean input ({self.mean_input_tokens}) must be < max model len ({self.max_model_len})"),
+            (self.think_time_s >= 0, f"--think-time must be >= 0, got {self.think_time_s}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -104,7 +114,14 @@ class WorkloadSpec:
     @classmethod
     def from_config(cls, config) -> WorkloadSpec:
         """The recipe a run configuration describes, warm-up requests included
-        (they are the first ``config.warmup_requests`` of the stream)."""
+        (they are the first ``config.warmup_requests`` of the stream); refuses
+        (HbenchError) a recipe outside the limits, and a warm-up that leaves
+        no measured request."""
+        if config.requests < 1:
+            raise HbenchError(f"--requests must be >= 1, got {config.requests}")
+        if not 0 <= config.warmup_requests <= MAX_REQUESTS:
+            raise HbenchError(f"--warmup must be in [0, {MAX_REQUESTS:,}], "
+                              f"got {config.warmup_requests}")
         values = {f.name: getattr(config, CONFIG_NAMES.get(f.name, f.name)) for f in fields(cls)}
         values["requests"] += config.warmup_requests
         return cls(**values)
@@ -148,3 +165,10 @@ def config_fields_from_meta(meta: dict, length: int, warmup_requests: int) -> di
     if "requests" in out:
         out["requests"] = length - warmup_requests
     return out
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of a `WorkloadSpec` field."""
+    name = {"mean_input_tokens": "mean_input", "duration_s": "duration",
+            "think_time_s": "think_time"}.get(field, field)
+    return "--" + name.replace("_", "-")

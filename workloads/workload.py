@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 WORKLOAD_SCHEMA_VERSION = 1
 

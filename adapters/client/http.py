@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 #: What a request's I/O may raise; the stream room turns these into failed outcomes.
 IO_ERRORS = (OSError, http.client.HTTPException)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 from adapters.sim.hardware import Hardware
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 # --------------------------------------------------------------------------

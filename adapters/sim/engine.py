@@ -22,9 +22,9 @@ from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.fastpath import fast_forward, fast_path_enabled
 from adapters.sim.profile import hardware_for
 from adapters.sim.recorder import StepRecorder
+from common.errors import HbenchError
 from harness import __version__
 from harness.config import ORG_NAMES
-from harness.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.orgs import build_organization
 from harness.orgs.keys import SharedPrefixKeys
@@ -117,9 +117,7 @@ class SimEngine:
 
     def build(self, setup):
         """The organization a resolved run serves with (its pools from the budget)."""
-        return build_organization(setup.config.org, setup.geometry,
-                                  tuple(p.pages for p in setup.budget.pools),
-                                  setup.config.resolved_paging)
+        return build_organization(setup.layout, tuple(p.pages for p in setup.budget.pools))
 
     def run(self, workload, setup, progress=None) -> EngineRun:
         config, geom, budget = setup.config, setup.geometry, setup.budget

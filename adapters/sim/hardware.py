@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 GIB = 1 << 30
 

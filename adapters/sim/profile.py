@@ -29,8 +29,8 @@ from pathlib import Path
 
 from adapters.sim.cost import Rates
 from adapters.sim.hardware import Hardware, get_hardware
+from common.errors import HbenchError
 from harness.config import is_profile_path
-from harness.errors import HbenchError
 
 PROFILE_KIND = "hbench-cost-profile"
 PROFILE_SCHEMA = 1

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 @dataclass(frozen=True)

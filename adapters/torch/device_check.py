@@ -31,7 +31,9 @@ import json
 import time
 from pathlib import Path
 
-ORGS = ("s0", "s1", "s2", "d0")
+from harness.config import ORG_NAMES
+
+ORGS = ORG_NAMES   # the organizations checked: every registered one
 #: Serving runs: a short workload at the study's budget (full size) or at the
 #: tiny working point (small). Same shape: 8 requests, shared prefixes.
 FULL_RUN = dict(budget="b83", requests=8, rate=4.0, mean_input=1500, max_output=16,

@@ -47,8 +47,9 @@ from pathlib import Path
 
 from adapters.sim.cost import StepShape
 from adapters.sim.recorder import StepRecorder
+from common.errors import HbenchError
 from harness import __version__
-from harness.errors import HbenchError
+from harness.config import ORG_NAMES
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
@@ -118,7 +119,7 @@ def check_geometry(model, geom) -> None:
 
 class TorchEngine:
     name = "torch"
-    supported_orgs = ("s0", "s1", "s2", "d0")
+    supported_orgs = ORG_NAMES   # it builds every registered organization
 
     def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False):
         self.keep_logits = keep_logits
@@ -163,7 +164,7 @@ class TorchEngine:
         config, geom, budget = setup.config, setup.geometry, setup.budget
         model = self.model or load_model(config.model, device, dtype)
         check_geometry(model, geom)
-        org = build_organization(config.org, geom, tuple(p.pages for p in budget.pools))
+        org = build_organization(setup.layout, tuple(p.pages for p in budget.pools))
         check_fits(org, workload, config, budget.label)
         pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
         executor = Executor(model, pools, org, keep_logits=self.keep_logits)

@@ -37,7 +37,7 @@ import torch
 
 from adapters.torch.model import FalconH1
 from adapters.torch.pools import Pools
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 @dataclass

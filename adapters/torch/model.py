@@ -36,7 +36,7 @@ from adapters.torch.config import FalconH1Config
 from adapters.torch.layers import apply_rope, rms_norm, rope_tables, swiglu_mlp
 from adapters.torch.mamba import mixer, mup_vector
 from adapters.torch.paging import StateShapes, block_table_tensor, write_kv, write_kv_tokens
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 _LAYER_PARAMS = (
     "input_layernorm.weight", "pre_ff_layernorm.weight",

@@ -35,8 +35,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from common.errors import HbenchError
 from harness.budget import vllm_d0_split
-from harness.errors import HbenchError
 from harness.layout import slots_per_slab
 
 #: the vLLM release whose allocator internals the plugin was written against

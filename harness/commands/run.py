@@ -18,7 +18,7 @@ from rich.table import Table
 
 from adapters.registry import ENGINES
 from harness.commands.workload import multiturn_options
-from harness.config import ADMISSIONS, ARRIVALS, ORG_NAMES, RunConfig
+from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.paths import check_writable_dir
@@ -26,6 +26,7 @@ from harness.results import clean_stale, read_run
 from harness.run_setup import validate
 from harness.runner import build_run_workload, execute
 from harness.validity import describe_validity, failed_details
+from workloads.sharegpt.arrivals import ARRIVALS
 
 D = RunConfig()
 
@@ -108,7 +109,7 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
                    "blocks (vllm; on sim: the blocks a vLLM run at this budget serves, to "
                    "compare with it). Default: the engine's own.")
 @click.option("--rate", type=float, default=D.rate, show_default=True, help="Arrivals per second.")
-@click.option("--arrival", type=click.Choice(ARRIVALS), default=D.arrival, show_default=True)
+@click.option("--arrival", type=click.Choice(list(ARRIVALS)), default=D.arrival, show_default=True)
 @click.option("--burstiness", type=float, default=D.burstiness, show_default=True,
               help="Gamma arrivals: squared coefficient of variation of the gaps.")
 @click.option("--q", type=float, default=D.q, show_default=True,
@@ -150,7 +151,7 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
 @click.option("--server-cmd", default=None, help="Real engines: the command that starts the server.")
 @click.option("--device", default=D.device, show_default=True,
               help="torch engine: cpu (float32) or cuda[:N] (bfloat16).")
-@click.option("--dtype", type=click.Choice(["auto", "fp32", "bf16"]), default=D.dtype,
+@click.option("--dtype", type=click.Choice(COMPUTE_DTYPES), default=D.dtype,
               show_default=True, help="torch engine: compute dtype (auto: cpu fp32, cuda bf16).")
 @click.option("--poison", is_flag=True,
               help="torch engine: fill every freed or invalidated page with NaN, so a read "

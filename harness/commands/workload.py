@@ -13,9 +13,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from harness.config import THINK_TIMES, WORKLOAD_KINDS, RunConfig
+from harness.config import ORG_NAMES, RunConfig
 from harness.errors import HbenchError
-from workloads.sharegpt.arrivals import ARRIVALS
+from workloads.kinds import WORKLOAD_KINDS
+from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
 from workloads.workload import Workload
 
 PERCENTILES = (50, 90, 99)
@@ -25,7 +26,7 @@ _D = RunConfig()
 def multiturn_options(f):
     """The multi-turn and corpus flags, shared by ``run`` and ``workload build``."""
     opts = [
-        click.option("--workload-kind", type=click.Choice(WORKLOAD_KINDS), default=_D.workload_kind,
+        click.option("--workload-kind", type=click.Choice(list(WORKLOAD_KINDS)), default=_D.workload_kind,
                      show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
                      "conversation replay (--requests/--rate then count sessions)."),
         click.option("--max-turns", type=int, default=_D.max_turns, show_default=True,
@@ -33,7 +34,7 @@ def multiturn_options(f):
         click.option("--max-history", type=int, default=None,
                      help="Multi-turn: prompt + output tokens of a turn at most "
                      "[default: --max-model-len]."),
-        click.option("--think", type=click.Choice(THINK_TIMES), default=_D.think,
+        click.option("--think", type=click.Choice(list(THINK_TIMES)), default=_D.think,
                      show_default=True, help="Multi-turn: think-time distribution."),
         click.option("--think-time", "think_time_s", type=float, default=_D.think_time_s,
                      show_default=True, help="Multi-turn: mean seconds between an answer and "
@@ -189,6 +190,16 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
     )
 
 
+def org_grids(model: str = "falcon-h1-7b") -> dict[str, int]:
+    """Each organization's checkpoint grid for ``model`` (a preset name), from
+    its layout: what `workloads.describe.sharing_structure` compares with."""
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    geom = geometry_for_run(RunConfig(model=model))
+    return {org: layout_for(org, geom).grid_tokens for org in ORG_NAMES}
+
+
 @workload.command()
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
@@ -202,7 +213,6 @@ def describe(path, png, sharing_png, model, as_json):
     """Summarize a saved workload: lengths, load, and the prefix sharing a
     hybrid cache can use at each organization's checkpoint grid."""
     from harness.paths import check_writable_file
-    from workloads.describe import org_grids
     from workloads.io import load_workload
 
     if png:

@@ -4,7 +4,7 @@
 organizations: CLI choices, sweeps, budget tables and layouts (`layout_for`) derive from it.
 Adding an organization means adding its module (a subclass of `Organization`
 with a ``layout_for(geom)``) and one entry here. `build_organization` turns a
-model geometry and pool sizes into a ready organization.
+layout and pool sizes into a ready organization.
 """
 
 from __future__ import annotations
@@ -51,15 +51,14 @@ def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
     raise ValueError(f"unknown paging {paging!r}; choose from {', '.join(PAGINGS)}")
 
 
-def build_organization(org: str, geom, pool_pages: tuple[int, ...],
-                       paging: str = "study") -> Organization:
-    """An organization of ``org``'s layout (under ``paging``) with the given
-    pages per pool (one count for s0/s1/s2; attention then checkpoint pool for d0)."""
-    cls = _organization(org)
-    layout = layout_for(org, geom, paging)
+def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...]) -> Organization:
+    """An organization of ``layout`` (`layout_for`, or a run's `RunSetup.layout`)
+    with the given pages per pool (one count for s0/s1/s2; attention then
+    checkpoint pool for d0)."""
+    cls = _organization(layout.org)
     want = 2 if layout.dual_pool else 1
     if len(pool_pages) != want:
-        raise ValueError(f"{org} takes {want} pool size(s), got {pool_pages}")
+        raise ValueError(f"{layout.org} takes {want} pool size(s), got {pool_pages}")
     return cls(layout, tuple(pool_pages))
 
 

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
+from workloads.bounds import MIN_TURN_TOKENS
 from workloads.multiturn.session import Session, Turn
-from workloads.sharegpt.arrivals import ARRIVALS, arrival_times
+from workloads.sharegpt.arrivals import THINK_TIMES, arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
 from workloads.sharegpt.tokenizer import Tokenizer
-from workloads.spec import MIN_TURN_TOKENS, WorkloadSpec
+from workloads.spec import WorkloadSpec
 from workloads.workload import Workload, WorkloadRequest
 
 STREAMS = {
@@ -38,9 +39,6 @@ STREAMS = {
     "think": 13,          # think times, drawn per session in turn order
 }
 SEPARATOR = "\n\n"
-#: think-time distribution name -> the arrival sampler it reuses (gaps with mean 1/rate)
-THINK = {"exponential": ARRIVALS["poisson"], "constant": ARRIVALS["constant"],
-         "gamma": ARRIVALS["gamma"]}
 
 
 def stream(seed: int, name: str) -> np.random.Generator:
@@ -51,7 +49,7 @@ def think_times(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndar
     """n think times (s) with mean ``spec.think_time_s`` (all zero when it is 0)."""
     if n == 0 or spec.think_time_s == 0:
         return np.zeros(n)
-    return THINK[spec.think](rng, 1.0 / spec.think_time_s, n, spec.burstiness)
+    return THINK_TIMES[spec.think](rng, 1.0 / spec.think_time_s, n, spec.burstiness)
 
 
 def conversation_rows(pairs: ShareGPTPairs) -> list[np.ndarray]:

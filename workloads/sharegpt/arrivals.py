@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 BLOCK = 1024
 
@@ -38,6 +38,13 @@ def _gamma(rng: np.random.Generator, rate: float, n: int, burstiness: float) -> 
 # name -> gap sampler (rng, rate, n, burstiness) -> n gaps in seconds
 ARRIVALS: dict[str, Callable[[np.random.Generator, float, int, float], np.ndarray]] = {
     "poisson": _poisson,
+    "constant": _constant,
+    "gamma": _gamma,
+}
+#: think-time distribution name -> the gap sampler it reuses (gaps with mean
+#: 1/rate; `workloads.multiturn.derive.think_times`)
+THINK_TIMES: dict[str, Callable[[np.random.Generator, float, int, float], np.ndarray]] = {
+    "exponential": _poisson,
     "constant": _constant,
     "gamma": _gamma,
 }

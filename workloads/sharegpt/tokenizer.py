@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 DEFAULT_TOKENIZER = "regex-bpe-approx-v1"
 VOCAB_SIZE = 1 << 17
