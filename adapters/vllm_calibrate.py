@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from adapters.calibration.design import Cell, cell_workload
+from adapters.calibration.fit import Sample
 from adapters.sim.cost import StepShape
-from harness.calibration.design import Cell, cell_workload
-from harness.calibration.fit import Sample
 from harness.config import RunConfig
 from harness.errors import HbenchError
 

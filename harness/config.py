@@ -12,7 +12,7 @@ needs the model and the hardware (the token budget against the
 organization's grid, weights plus state against the simulated GPU's memory,
 the estimated memory of the run against `MAX_RUN_MEMORY_BYTES`). Every
 command that runs something (run, sweep, reproduce) calls `validate` on every
-config before any work, and `harness.runner.execute` calls it again.
+config before any work, and `hbench.runner.execute` calls it again.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from harness import results as R
-from harness import sweep as S
 from harness.config import RunConfig
 from harness.errors import HbenchError
 from harness.grid import expand
 from harness.records import FAILED
 from harness.results import cell_id, is_complete, list_runs
 from harness.run_setup import RunSetup
+from hbench import sweep as S
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--org", "s0,s1,s2,d0", "--budget", "b83", "--rate", "4", "--seeds", "1-2", "--requests", "12"]
@@ -30,7 +30,7 @@ TINY = {"budget": "b83", "rate": 4.0, "requests": 12}
 
 
 def hbench(*args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "hbench.cli", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -247,14 +247,14 @@ def test_editing_a_source_changes_the_simulator_version(tmp_path, edited):
 
 
 def test_sweep_ray_does_not_import_sweep():
-    code = "import sys, harness.sweep_ray, harness.sweep_local; assert 'harness.sweep' not in sys.modules"
+    code = "import sys, hbench.sweep_ray, hbench.sweep_local; assert 'hbench.sweep' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_hbench_run_removes_stale_temp_dirs_of_dead_writers(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from hbench.cli import cli
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

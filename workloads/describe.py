@@ -101,7 +101,7 @@ def org_grids(model: str = "falcon-h1-7b") -> dict[str, int]:
 
 
 def sharing_figure(summary: dict):
-    """A matplotlib `Figure` of ``summary`` (`harness.commands.workload.summarize`
+    """A matplotlib `Figure` of ``summary`` (`hbench.commands.workload.summarize`
     with grids): left, the prompt share reusable at best and at each
     organization's grid; right, the mean planned prompt length per turn
     (multi-turn) or the shareable tokens lost beyond the last grid point."""

@@ -41,9 +41,9 @@ POLL_INTERVAL_S = 0.05
 #: summary metrics and the workload builder. The simulator version hashes these
 #: and every module of ours they import (found by `_source_files`), so no list
 #: of files has to be kept by hand.
-_ROOTS = ("adapters.sim.engine", "harness.metrics", "harness.runner", "workloads.build",
+_ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.build",
           "workloads.io")
-_PACKAGES = ("adapters", "harness", "workloads")
+_PACKAGES = ("adapters", "harness", "hbench", "workloads")
 
 
 def _module_file(root: Path, name: str) -> Path | None:

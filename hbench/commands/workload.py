@@ -157,7 +157,7 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
-    from harness.paths import check_writable_file
+    from hbench.paths import check_writable_file
     from workloads.build import build_workload
     from workloads.io import save_workload
 
@@ -201,7 +201,7 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
 def describe(path, png, sharing_png, model, as_json):
     """Summarize a saved workload: lengths, load, and the prefix sharing a
     hybrid cache can use at each organization's checkpoint grid."""
-    from harness.paths import check_writable_file
+    from hbench.paths import check_writable_file
     from workloads.describe import org_grids
     from workloads.io import load_workload
 

@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+from adapters.calibration.design import design
+from adapters.calibration.fit import Fit, Sample, fit_rates
 from adapters.sim.profile import CostProfile
 from harness import __version__
-from harness.calibration.design import design
-from harness.calibration.fit import Fit, Sample, fit_rates
 from harness.errors import HbenchError
 from harness.provenance import git_commit, host_info, package_versions
 
@@ -57,7 +57,7 @@ def calibrate(engine: str, model_dir: str | Path, geometry, *, quick: bool = Fal
     fitted = {"design": "quick" if quick else "full", "cells": [c.name for c in cells],
               "held_out_cells": [c.name for c in cells if c.held_out],
               "measured": {**info, "host": host_info(), "versions": package_versions(),
-                           "git_commit": git_commit(Path(__file__).resolve().parents[2])},
+                           "git_commit": git_commit(Path(__file__).resolve().parents[1])},
               "measure_s": round(time.perf_counter() - t0, 1), **fit.to_dict()}
     profile = CostProfile(
         name=f"{engine}-{device}-{geometry.name}", rates=fit.rates, engine=engine,

@@ -1,6 +1,6 @@
 """``hbench run``: one serving run of one organization at one budget.
 
-Thin: flags -> `RunConfig` (validated once) -> `harness.runner.execute` ->
+Thin: flags -> `RunConfig` (validated once) -> `hbench.runner.execute` ->
 summary table. The run directory it prints holds everything needed to trace
 and rerun the result (see README "What each number means").
 """
@@ -17,15 +17,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from harness.commands.workload import multiturn_options
 from harness.config import ADMISSIONS, ARRIVALS, ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.layout import PAGINGS
-from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
 from harness.run_setup import validate
-from harness.runner import build_run_workload, execute
 from harness.validity import describe_validity, failed_details
+from hbench.commands.workload import multiturn_options
+from hbench.paths import check_writable_dir
+from hbench.runner import build_run_workload, execute
 
 D = RunConfig()
 

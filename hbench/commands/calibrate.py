@@ -1,8 +1,8 @@
 """``hbench calibrate``: fit the simulator's rates to a real engine.
 
-Times the engine over the calibration design (`harness.calibration.design`),
+Times the engine over the calibration design (`adapters.calibration.design`),
 fits per-step and per-request overhead, effective bandwidths and GEMM /
-attention / scan throughput by least squares (`harness.calibration.fit`),
+attention / scan throughput by least squares (`adapters.calibration.fit`),
 prints the residuals per shape class next to the datasheet preset's, and
 writes a profile that ``hbench run --gpu profile.json`` accepts. A fit whose
 median error on the held-out cells exceeds ``--max-error`` is refused: exit 1,
@@ -102,9 +102,9 @@ def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_l
     """
     from adapters.sim.hardware import get_hardware
     from adapters.sim.profile import save_profile
-    from harness.calibration.measure import calibrate as run_calibration
     from harness.model_configs import geometry_for_run
     from harness.orgs import layout_for
+    from hbench.calibration import calibrate as run_calibration
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():

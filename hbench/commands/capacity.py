@@ -1,7 +1,7 @@
 """``hbench capacity``: the largest arrival rate each arm sustains within an SLO.
 
 Thin: flags -> a grid of `RunConfig`s (org x budget x rate x seed) run by
-`harness.sweep.run_sweep` (content-addressed cells: a rerun, or a sweep that
+`hbench.sweep.run_sweep` (content-addressed cells: a rerun, or a sweep that
 already ran some of these cells in the same ``--out``, reuses them) ->
 `analysis.capacity` -> tables, ``capacity.json`` and the winner map.
 """
@@ -42,7 +42,7 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     from analysis.capacity import goodput, meets_slo
     from harness.grid import expand
     from harness.results import read_run
-    from harness.sweep import run_sweep
+    from hbench.sweep import run_sweep
 
     configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
     result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell)
@@ -112,7 +112,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     from analysis.answer_figures import winner_map_figure
     from analysis.capacity import capacity_table, crossovers, parse_slo, winner_map
     from harness.grid import parse_values
-    from harness.paths import check_writable_dir
+    from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
         raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")

@@ -143,7 +143,7 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
     from adapters.sim.profile import load_profile
     from harness.grid import expand
     from harness.run_setup import validate
-    from harness.runner import build_run_workload, execute
+    from hbench.runner import build_run_workload, execute
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
@@ -169,7 +169,7 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
         profile_path = str(out / "profile.json")
         click.echo(f"no --profile: calibrating {engine} first (hbench calibrate) into "
                    f"{profile_path}")
-        from harness.commands.calibrate import calibrate as calibrate_cmd
+        from hbench.commands.calibrate import calibrate as calibrate_cmd
 
         args = ["--engine", engine, "--model", str(model_dir), "-o", profile_path,
                 "--max-model-len", str(max_model_len), "--samples", str(out / "samples.csv")]

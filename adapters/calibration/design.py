@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.calibration.fit import Sample
+from adapters.calibration.fit import Sample
 from harness.errors import HbenchError
 from workloads.workload import Workload, WorkloadRequest
 

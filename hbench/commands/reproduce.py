@@ -1,7 +1,7 @@
 """``hbench reproduce``: run one of the study's designs (or all) and compare
 hbench's numbers with the published ones.
 
-Thin: `analysis.designs` says what to run, `harness.sweep.run_sweep` runs it
+Thin: `analysis.designs` says what to run, `hbench.sweep.run_sweep` runs it
 (resumably, into OUT/<design>[-quick]/), `analysis.reproduce.evaluate_design`
 evaluates the contrast families, renders figures and writes reproduce.md and
 reproduce.csv. With ``all`` the per-design tables are also concatenated into
@@ -58,8 +58,8 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
     import pandas as pd
 
     from analysis.reproduce import evaluate_design, markdown
-    from harness.paths import check_writable_dir
-    from harness.sweep import run_sweep
+    from hbench.paths import check_writable_dir
+    from hbench.sweep import run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
