@@ -6,12 +6,12 @@ budget, scheduler policy, workload recipe, seed). It is validated in
 `dataclasses.replace`. `RunConfig.to_dict()` is what the manifest stores and
 what the content-addressed sweep cell id hashes.
 
-Validation has two layers, both here: ``__post_init__`` checks each value on
-its own (finite, in range, below the size caps), and `validate` checks what
-needs the model and the hardware (the token budget against the
-organization's grid, weights plus state against the simulated GPU's memory,
-the estimated memory of the run against `MAX_RUN_MEMORY_BYTES`). Every
-command that runs something (run, sweep, reproduce) calls `validate` on every
+Validation has two layers: ``__post_init__`` checks each value on its own
+(finite, in range, below the size caps), and `harness.run_setup.validate`
+checks what needs the model (the token budget against the organization's
+grid, the estimated memory of the run against `MAX_RUN_MEMORY_BYTES`).
+Every command that runs something (run, sweep, reproduce) calls
+`hbench.runner.validate_run` (that, and the simulated GPU's memory) on every
 config before any work, and `hbench.runner.execute` calls it again.
 """
 

@@ -14,7 +14,7 @@ and ``device_check.md``):
    weights made on the device, at b83; ``small``: the tiny model on CPU in
    float32. The table has step times, TTFT/ITL and peak memory.
 4. calibration: ``hbench calibrate --engine torch`` on the same model and
-   device (`adapters.calibration`), written as a cost profile
+   device (`hbench.calibration`), written as a cost profile
    (``OUT/profile-<device>.json``) that ``hbench run --gpu`` accepts, with its
    fitted rates beside the datasheet preset's (``h200`` on a GPU) and the
    fit's held-out error next to the preset's.
@@ -85,7 +85,7 @@ def workload_for(config):
     import hashlib
     import os
 
-    from hbench.runner import build_run_workload
+    from harness.run_workload import build_run_workload
     from workloads.io import load_workload, save_workload
     from workloads.spec import WorkloadSpec
 

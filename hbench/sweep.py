@@ -1,7 +1,7 @@
 """Sweeps: content-addressed cells, resumable, safe to share and to interrupt.
 
 A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
-grid, re-exported here). Every config is one **cell**, whose id is
+grid). Every config is one **cell**, whose id is
 `harness.results.cell_id(config, workload_hash, engine_version)`: the same
 knobs, request stream, input files and engine code always give the same id,
 and the run directory of a cell is ``<out>/<cell id>/``.
@@ -38,16 +38,17 @@ from pathlib import Path
 
 from harness.config import RunConfig
 from harness.errors import HbenchError
-from harness.grid import Axes, expand, normalize_axes
+from harness.grid import Axes, normalize_axes
 from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
-from harness.run_setup import validate
+from harness.run_workload import build_run_workload
+from hbench.runner import execute, validate_run
 
 SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
 
-__all__ = ["Cell", "CellOutcome", "SweepResult", "expand", "plan", "run_cell", "run_sweep"]
+__all__ = ["Cell", "CellOutcome", "SweepResult", "plan", "run_cell", "run_sweep"]
 
 
 # -------------------------------------------------------------------- cells
@@ -78,8 +79,6 @@ _WORKLOAD_CACHE_SIZE = 4
 
 
 def cached_workload(config: RunConfig):
-    from hbench.runner import build_run_workload
-
     key = workload_key(config)
     if key in _WORKLOADS:
         _WORKLOADS.move_to_end(key)
@@ -156,8 +155,6 @@ def run_cell(cell: Cell, out: str, force: bool = False, allow_oversubscribe: boo
     A user error (HbenchError) and a run in which no request finished become
     "failed" outcomes (the latter rerun on resume); anything else propagates.
     """
-    from hbench.runner import execute
-
     out_dir = Path(out)
     run_dir = out_dir / cell.cell_id
     if is_done(run_dir) and not force:
@@ -284,7 +281,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     if not configs:
         raise HbenchError("the grid expands to no cells")
     for cfg in configs:   # every cell, before any work
-        validate(cfg, allow_oversubscribe=allow_oversubscribe)
+        validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)

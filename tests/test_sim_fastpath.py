@@ -21,7 +21,7 @@ from harness.config import ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.metrics import summarize
 from harness.run_setup import RunSetup
-from hbench.runner import build_run_workload
+from harness.run_workload import build_run_workload
 
 
 def random_config(rng: np.random.Generator) -> RunConfig:

@@ -81,7 +81,7 @@ def test_multiturn_sessions_continue_with_the_tokens_the_engine_generated(model_
     import adapters.torch.engine as te
     from harness.config import RunConfig
     from harness.run_setup import validate
-    from hbench.runner import build_run_workload
+    from harness.run_workload import build_run_workload
     from workloads.multiturn.session import SessionLoop
 
     seen = []

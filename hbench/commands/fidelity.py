@@ -143,7 +143,8 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
     from adapters.sim.profile import load_profile
     from harness.grid import expand
     from harness.run_setup import validate
-    from hbench.runner import build_run_workload, execute
+    from harness.run_workload import build_run_workload
+    from hbench.runner import execute
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():

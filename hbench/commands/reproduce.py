@@ -65,11 +65,11 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
-    from harness.run_setup import validate
+    from hbench.runner import validate_run
 
     for n in names:   # every cell of every design, before any work
         for cfg in DESIGNS[n].configs(quick):
-            validate(cfg)
+            validate_run(cfg)
     console = Console(stderr=True)
     tables = []
     for n in names:

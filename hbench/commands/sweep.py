@@ -81,8 +81,8 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
 
     from harness.grid import expand, load_grid_file
     from harness.results import is_done
-    from harness.run_setup import validate
     from hbench.paths import check_writable_dir
+    from hbench.runner import validate_run
     from hbench.sweep import plan, run_sweep
 
     if jobs < 1:
@@ -103,7 +103,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     if "model" in flags and "config_path" in flags and any(c.engine == "sim" for c in configs):
         raise HbenchError("give --model or --config (--set config_path=...), not both")
     for cfg in configs:
-        validate(cfg, allow_oversubscribe=allow_oversubscribe)
+        validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
     console = Console(stderr=True)
     if dry_run:
         cells = plan(configs)
