@@ -4,11 +4,15 @@ The engines that can be calibrated and where their drivers live (each
 driver's ``measure(model_dir, cells, **options) -> (samples, info)`` times the
 design its own way; ``adapters/torch/calibrate.py`` and
 ``adapters/vllm_calibrate.py`` say how, and what they cannot see).
+`calibrate_model` is what ``hbench calibrate`` and ``hbench fidelity`` call:
+a model directory in, a profile not yet judged out; `check_held_out` judges it.
 """
 
 from __future__ import annotations
 
+import csv
 import importlib
+import math
 import os
 import sys
 import time
@@ -16,9 +20,13 @@ from pathlib import Path
 
 from adapters.calibration.design import design
 from adapters.calibration.fit import Fit, Sample, fit_rates
+from adapters.sim.hardware import get_hardware
 from adapters.sim.profile import CostProfile
 from harness import __version__
+from harness.config import RunConfig
 from harness.errors import HbenchError
+from harness.model_configs import geometry_for_run
+from harness.orgs import layout_for
 from harness.provenance import git_commit, host_info, package_versions
 
 DRIVERS = {"torch": "adapters.torch.calibrate", "vllm": "adapters.vllm_calibrate"}
@@ -65,3 +73,52 @@ def calibrate(engine: str, model_dir: str | Path, geometry, *, quick: bool = Fal
         provenance=(f"hbench {__version__}, {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: "
                     "hbench " + " ".join(sys.argv[1:])))
     return profile, fit, samples
+
+
+def calibrate_model(engine: str, model_dir: str | Path, *, org: str = "s2",
+                    against: str = "a100-pcie-40gb", quick: bool = False,
+                    max_model_len: int = 4096, seed: int = 0, progress=None,
+                    **options) -> tuple[CostProfile, Fit, list[Sample]]:
+    """`calibrate` ``engine`` serving ``org`` on the model in ``model_dir`` (its
+    config.json gives the geometry; the design's chunks start at ``org``'s
+    grid), with the datasheet preset ``against`` scored beside the fit.
+    HbenchError, before any work, if ``model_dir`` has no config.json or
+    ``against`` is no preset."""
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise HbenchError(f"--model {model_dir}: no config.json there (make one with "
+                          "hbench tiny-model)")
+    datasheet = get_hardware(against)
+    geometry = geometry_for_run(RunConfig(engine="sim", model=str(model_dir),
+                                          config_path=str(model_dir / "config.json")))
+    return calibrate(engine, model_dir, geometry, quick=quick, max_model_len=max_model_len,
+                     min_chunk=layout_for(org, geometry).grid_tokens, datasheet=datasheet,
+                     seed=seed, progress=progress, org=org, **options)
+
+
+def check_held_out(fit: Fit, max_error: float = MAX_HELD_OUT_ERROR) -> None:
+    """Refuse (HbenchError) a fit whose median error on held-out cells is above ``max_error``."""
+    if not fit.held_out_error <= max_error:
+        shown = "-" if math.isnan(fit.held_out_error) else f"{fit.held_out_error:.1%}"
+        raise HbenchError(f"the fit's median error on held-out cells is "
+                          f"{shown}, above --max-error {max_error:.1%}: "
+                          "profile not written (rerun on a quieter machine, or use the full "
+                          "design without --quick)")
+
+
+def write_samples(samples: list[Sample], path: str | Path) -> None:
+    """The measured samples as CSV, one row each (re-fit or plot them later)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["cell", "class", "held_out", "seconds", "steps", "prefill_tokens",
+                    "decode_requests", "decode_context_tokens", "checkpoint_copies",
+                    "checkpoint_loads"])
+        for s in samples:
+            w.writerow([s.cell, s.shape_class, int(s.held_out), f"{s.seconds:.6g}", len(s.steps),
+                        sum(x.prefill_tokens for x in s.steps),
+                        sum(x.decode_requests for x in s.steps),
+                        sum(x.decode_context_tokens for x in s.steps),
+                        sum(x.checkpoint_copies for x in s.steps),
+                        sum(x.checkpoint_loads for x in s.steps)])

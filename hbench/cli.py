@@ -1,9 +1,11 @@
 """The ``hbench`` command line: a click group whose commands live in
-``harness/commands/``, one module per command (or command group).
+``hbench/commands/``, one module per command (or command group).
 
-Each command is thin: it parses flags, calls into the room that does the work
-(organizations, workloads, engines, analysis) and prints. A user error raises
-`HbenchError`, which the group turns into ``Error: ...`` and exit status 1.
+Each command is thin: it parses flags, calls plain functions of the room that
+does the work (the runner, sweeps, calibration, fidelity and verification in
+`hbench`; organizations, workloads, engines, analysis below it) and prints.
+No command calls another command. A user error raises `HbenchError`, which
+the group turns into ``Error: ...`` and exit status 1.
 """
 
 from __future__ import annotations
