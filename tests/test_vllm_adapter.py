@@ -292,10 +292,10 @@ def test_server_that_exits_early_fails_fast_with_its_log(tmp_path):
 def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
     from click.testing import CliRunner
 
-    import hbench.commands.verify as verify_cmd
+    import hbench.verify as verify_mod
     from hbench.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: [f"prompt {i}" for i in range(n)])
+    monkeypatch.setattr(verify_mod, "default_prompts", lambda n, chars=2500: [f"prompt {i}" for i in range(n)])
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "2",
                                        "--output-len", "4"])
@@ -310,10 +310,10 @@ def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
 def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
     from click.testing import CliRunner
 
-    import hbench.commands.verify as verify_cmd
+    import hbench.verify as verify_mod
     from hbench.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: ["p"] * n)
+    monkeypatch.setattr(verify_mod, "default_prompts", lambda n, chars=2500: ["p"] * n)
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0, diverge_salted_at=1)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "1",
                                        "--output-len", "4"])
@@ -323,7 +323,7 @@ def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
 
 
 def test_verify_reports_the_first_divergence():
-    from hbench.commands.verify import PromptCheck
+    from hbench.verify import PromptCheck
 
     c = PromptCheck(0, 128, 0, (5, 6, 7, 8), (5, 6, 9, 8), (-0.1, -0.2, -0.3, -0.4),
                     (-0.1, -0.25, -0.5, -0.4))

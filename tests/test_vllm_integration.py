@@ -216,7 +216,7 @@ def test_share_hits_the_prefix_cache_and_isolate_does_not(served):
 
 @needs_vllm
 def test_greedy_output_is_identical_with_and_without_prefix_reuse(served):
-    from hbench.commands.verify import default_prompts, verify_endpoint
+    from hbench.verify import default_prompts, verify_endpoint
 
     engine, server, config = served
     checks = verify_endpoint(server.endpoint, config.model, default_prompts(2), output_len=12)
