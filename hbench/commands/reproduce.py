@@ -59,14 +59,13 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
 
     from analysis.reproduce import evaluate_design, markdown
     from hbench.paths import check_writable_dir
+    from hbench.runner import validate_run
     from hbench.sweep import run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
-    from hbench.runner import validate_run
-
     for n in names:   # every cell of every design, before any work
         for cfg in DESIGNS[n].configs(quick):
             validate_run(cfg)
