@@ -222,7 +222,8 @@ REQUIRED_SOURCES = ["harness/metrics.py", "harness/scheduler.py", "harness/layou
                     "harness/budget.py", "harness/geometry.py", "harness/orgs/s0.py",
                     "harness/orgs/d0.py", "harness/orgs/pool.py", "adapters/sim/engine.py",
                     "adapters/sim/cost.py", "adapters/sim/hardware.py", "workloads/build.py",
-                    "workloads/sharegpt/derive.py", "workloads/sharegpt/arrivals.py"]
+                    "workloads/sharegpt/derive.py", "workloads/sharegpt/arrivals.py",
+                    "hbench/runner.py", "harness/run_workload.py"]
 
 
 def test_the_simulator_version_covers_every_source_its_numbers_depend_on():
@@ -230,14 +231,14 @@ def test_the_simulator_version_covers_every_source_its_numbers_depend_on():
 
     files = {f.relative_to(ROOT).as_posix() for f in _source_files(ROOT)}
     assert set(REQUIRED_SOURCES) <= files, set(REQUIRED_SOURCES) - files
-    assert not any(f.startswith(("harness/commands/", "analysis/")) for f in files)
+    assert not any(f.startswith(("hbench/commands/", "analysis/")) for f in files)
 
 
 @pytest.mark.parametrize("edited", ["harness/metrics.py", "harness/orgs/s1.py", "workloads/spec.py"])
 def test_editing_a_source_changes_the_simulator_version(tmp_path, edited):
     from adapters.sim.engine import _source_digest
 
-    for pkg in ("adapters", "harness", "workloads"):
+    for pkg in ("adapters", "harness", "hbench", "workloads"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.json*"))
     digest = _source_digest.__wrapped__
     before = digest(tmp_path)
