@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/hbench run --org s2 --budget b83
 
-## The whole test suite (the command CI runs).
+## The import layers (pyproject.toml's [tool.importlinter]), then the whole
+## test suite (the command CI runs).
 test: install
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 lint: install

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from adapters.calibration.design import Cell, cell_workload
+from adapters.calibration.fit import Sample
 from adapters.sim.cost import StepShape
 from common.errors import HbenchError
-from harness.calibration.design import Cell, cell_workload
-from harness.calibration.fit import Sample
 from harness.config import RunConfig
 
 #: State memory for the calibration server: the design must not wait or preempt.

@@ -179,3 +179,16 @@ def crossovers(cells: pd.DataFrame) -> list[dict]:
                     k -= 1
                 out.append({"budget": budget, "org": a, "beats": b, "from_rate": float(rates[k])})
     return out
+
+
+def invalid_at_capacity(cells: pd.DataFrame) -> list[str]:
+    """``org@budget seed s rate r`` for each seed's run at its found capacity
+    whose validity verdict failed (``cells``: one row per run with org,
+    budget, seed, rate, meets and valid)."""
+    out = []
+    for (org, budget, seed), g in cells.groupby(["org", "budget", "seed"], sort=False):
+        cap, _ = seed_capacity(dict(zip(g["rate"], g["meets"], strict=True)))
+        at = g[g["rate"] == cap]
+        if not at.empty and not bool(at["valid"].iloc[0]):
+            out.append(f"{org}@{budget} seed {seed} rate {cap:g}")
+    return out

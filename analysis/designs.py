@@ -1,7 +1,7 @@
 """The study's experiment designs (DESIGN.md section 9) as data.
 
 Each `ExperimentDesign` is a grid (a union of axis sets over `RunConfig`
-fields, expanded by `harness.sweep.expand`), the paired seeds it runs on,
+fields, expanded by `harness.grid.expand`), the paired seeds it runs on,
 and the contrast and interaction families `analysis.contrasts` evaluates.
 `hbench reproduce NAME` runs the grid and evaluates the families; nothing
 here holds a result.
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from analysis.contrasts import Contrast, Interaction
 from harness.config import RunConfig
+from harness.grid import expand
 
 THROUGHPUT = "throughput_ledger_tok_s"
 SPAN_THROUGHPUT = "throughput_span_tok_s"
@@ -50,15 +51,13 @@ class ExperimentDesign:
     base: Mapping = field(default_factory=lambda: dict(WORKING_POINT))
 
     def axes(self, quick: bool = False) -> tuple[dict, list[dict]]:
-        """(base, axis sets) for `harness.sweep.expand`."""
+        """(base, axis sets) for `harness.grid.expand`."""
         seeds = self.quick_seeds if quick else self.seeds
         base = {**self.base, "seed": list(seeds),
                 "requests": QUICK_REQUESTS if quick else FULL_REQUESTS}
         return base, [dict(g) for g in self.grids]
 
     def configs(self, quick: bool = False) -> list[RunConfig]:
-        from harness.sweep import expand
-
         base, grids = self.axes(quick)
         return expand(grids, base)
 

@@ -39,7 +39,7 @@ from adapters.sim.engine import SimEngine
 from benchmarks.bench_orgs import pin_cpu
 from harness.config import ORG_NAMES, RunConfig
 from harness.run_setup import RunSetup
-from harness.runner import build_run_workload
+from harness.run_workload import build_run_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -99,7 +99,7 @@ def runs(model_dir: Path, orgs: list[str], requests: int, rate: float, budget: s
     from harness.config import RunConfig
     from harness.metrics import summarize
     from harness.run_setup import validate
-    from harness.runner import build_run_workload
+    from harness.run_workload import build_run_workload
 
     out = {}
     for org in orgs:

@@ -224,7 +224,7 @@ class _RecordingSimEngine(SimEngine):
 def record_trace(config: RunConfig, workload=None) -> Trace:
     """Run the simulator on ``config`` (building its workload unless given) and
     return every organization call it made."""
-    from harness.runner import build_run_workload
+    from harness.run_workload import build_run_workload
 
     if workload is None:
         workload = build_run_workload(config)

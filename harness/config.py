@@ -11,11 +11,11 @@ Validation has two layers. ``__post_init__`` checks each value on its own
 checks by building the run's `workloads.spec.WorkloadSpec`, whose limits
 (`workloads.bounds`) are the workload's own, so a config and a workload are
 refused at the same values. `harness.run_setup.validate` checks what needs
-the model and the hardware (the token budget against the organization's
-grid, weights plus state against the simulated GPU's memory, the estimated
+the model (the token budget against the organization's grid, the estimated
 memory of the run against `MAX_RUN_MEMORY_BYTES`). Every command that runs
-something (run, sweep, reproduce) calls `validate` on every config before any
-work, and `harness.runner.execute` calls it again.
+something (run, sweep, reproduce) calls `hbench.runner.validate_run` (that,
+and the simulated GPU's memory) on every config before any work, and
+`hbench.runner.execute` calls it again.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
 
 FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
 Axes = Mapping[str, Sequence]

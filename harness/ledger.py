@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from common.errors import HbenchError
 from harness.budget import OrgBudget
-from harness.errors import HbenchError
 from harness.geometry import KIB, ModelGeometry
 from harness.layout import OrgLayout
 from harness.orgs import ORGANIZATIONS, layout_for

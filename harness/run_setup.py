@@ -53,18 +53,17 @@ class RunSetup:
         return dataclasses.replace(self, config=config)
 
 
-def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
+def validate(config: RunConfig) -> RunSetup:
     """Refuse (HbenchError, one line) a config that cannot run sensibly, before
     any work: a ``--token-budget`` below the organization's grid (a prefill
-    chunk could never be scheduled); a run estimated to need more than
-    `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages); and, for
-    the simulator, model weights plus the budget's whole-model state bytes
-    larger than the simulated GPU's memory unless ``allow_oversubscribe``.
-    Resolves the model, the layout and the budget once (an unknown model,
-    config.json or budget label fails here) and returns them as a `RunSetup`
-    for the run to use."""
+    chunk could never be scheduled), and a run estimated to need more than
+    `MAX_RUN_MEMORY_BYTES` (its requests plus the simulator's pages). Whether
+    the simulated GPU holds the weights and the budget is the simulator's
+    check (`adapters.sim.profile.check_gpu_memory`). Resolves the model, the
+    layout and the budget once (an unknown model, config.json or budget label
+    fails here) and returns them as a `RunSetup` for the run to use."""
     setup = RunSetup.resolve(config)
-    geom, budget = setup.geometry, setup.budget
+    budget = setup.budget
     grid = setup.layout.grid_tokens
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
@@ -77,16 +76,4 @@ def validate(config: RunConfig, *, allow_oversubscribe: bool = False):
             f"({config.expected_requests:,.0f} requests of {config.mean_input} prompt tokens, "
             f"{budget.total_pages:,} pages); the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: "
             "ask for fewer requests or a smaller budget")
-    if config.engine == "sim" and not allow_oversubscribe:
-        from adapters.sim.profile import hardware_for
-
-        hw = hardware_for(config.gpu)
-        need = geom.weights_bytes + budget.whole_model_bytes
-        if hw.mem_bytes is not None and need > hw.mem_bytes:
-            raise HbenchError(
-                f"weights ({geom.weights_bytes / 2**30:.1f} GiB) plus budget {config.budget} "
-                f"({budget.whole_model_bytes / 2**30:.1f} GiB of state) need "
-                f"{need / 2**30:.1f} GiB, more than the {hw.mem_bytes / 2**30:.0f} GiB of "
-                f"{config.gpu}; choose a smaller budget or a larger --gpu, or pass "
-                "--allow-oversubscribe")
     return setup

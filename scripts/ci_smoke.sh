@@ -20,7 +20,7 @@ JOBS="${JOBS:-2}"
 
 if [[ "${1:-}" == "--update-baseline" ]]; then
     rm -rf "$BASELINE"
-    "$PYTHON" -m harness.cli sweep "${GRID[@]}" --jobs "$JOBS" --out "$BASELINE"
+    "$PYTHON" -m hbench.cli sweep "${GRID[@]}" --jobs "$JOBS" --out "$BASELINE"
     # regress reads only manifest.json and summary.json; the per-step tables
     # (~130 KB a run) stay out of the repository, the per-request ones stay in.
     find "$BASELINE" -name steps.parquet -delete
@@ -30,8 +30,8 @@ fi
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-"$PYTHON" -m harness.cli sweep "${GRID[@]}" --jobs "$JOBS" --out "$tmp/candidate"
+"$PYTHON" -m hbench.cli sweep "${GRID[@]}" --jobs "$JOBS" --out "$tmp/candidate"
 rc=0
-"$PYTHON" -m harness.cli regress --baseline "$BASELINE" --candidate "$tmp/candidate" \
+"$PYTHON" -m hbench.cli regress --baseline "$BASELINE" --candidate "$tmp/candidate" \
     --report "$tmp/report.md" || rc=$?
 exit "$rc"

@@ -17,4 +17,4 @@ cd "$(dirname "$0")/.."
 export OUT="${OUT:-./device-out}" DEVICE="${DEVICE:-cuda}" SMALL="${SMALL:-0}"
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
-exec timeout 570 "$PY" -m adapters.torch.device_check
+exec timeout 570 "$PY" -m hbench.device_check

@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/fidelity}"
 ENGINES="${ENGINES:-torch vllm}"
-HB=("${PYTHON:-python}" -m harness.cli)
+HB=("${PYTHON:-python}" -m hbench.cli)
 MODEL="$OUT/model-proportional"
 mkdir -p "$OUT"
 [ -f "$MODEL/config.json" ] || "${HB[@]}" tiny-model --preset proportional -o "$MODEL" --seed 0 >/dev/null

@@ -12,8 +12,8 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
 out="${1:?usage: scripts/refactor_check.sh OUT}"
 mkdir -p "$out"
-"$PYTHON" -m harness.cli sweep --org s0,s1,s2,d0 --budget b83 --rate 3 --seeds 1-2 \
+"$PYTHON" -m hbench.cli sweep --org s0,s1,s2,d0 --budget b83 --rate 3 --seeds 1-2 \
     --requests 60 --jobs "${JOBS:-2}" --out "$out/smoke" > /dev/null
-"$PYTHON" -m harness.cli reproduce q4 --quick --jobs "${JOBS:-2}" --no-figures \
+"$PYTHON" -m hbench.cli reproduce q4 --quick --jobs "${JOBS:-2}" --no-figures \
     --out "$out/q4" > /dev/null
 echo "wrote $out/smoke and $out/q4"

@@ -14,7 +14,7 @@ def vllm_tiny_model(out: Path, *args: str) -> Path:
     so the model's files come from the packages the server reads them with."""
     import subprocess
 
-    subprocess.run([VLLM_PYTHON, "-c", "from harness.cli import main; main()", "tiny-model",
+    subprocess.run([VLLM_PYTHON, "-c", "from hbench.cli import main; main()", "tiny-model",
                     *args, "-o", str(out), "--seed", "0"],
                    cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True,
                    timeout=300)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 from click.testing import CliRunner
 
-from harness.cli import cli
+from hbench.cli import cli
 from tests.test_analysis_factory import write_design, write_run
 
 METRIC = "throughput_ledger_tok_s"

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from analysis.answer_figures import attribution_figure
 from analysis.load import load_runs
 from harness.attribution import CAUSES, attribute, breakdown
-from harness.cli import cli
+from hbench.cli import cli
 
 
 def _steps(rows):

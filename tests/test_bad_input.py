@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli
 from harness.config import MAX_RUN_MEMORY_BYTES, RunConfig
 from harness.model_configs import geometry_for_run
 from harness.orgs import layout_for
 from harness.results import list_runs, read_run
+from hbench.cli import cli
 from workloads.bounds import MAX_REQUESTS
 from workloads.build import build_workload
 from workloads.io import save_workload

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from adapters.calibration.design import design
+from adapters.calibration.fit import Sample, fit_rates
 from adapters.sim.cost import CostModel, Rates, StepShape
 from adapters.sim.hardware import get_hardware
 from adapters.sim.profile import CostProfile, load_profile, save_profile
 from common.errors import HbenchError
-from harness.calibration.design import design
-from harness.calibration.fit import Sample, fit_rates
-from harness.cli import cli
 from harness.config import RunConfig
 from harness.model_configs import preset
 from harness.results import cell_id, list_runs, read_run
+from hbench.cli import cli
 
 TRUE = Rates(mem_bytes_s=2e9, state_bytes_s=5e8, gemm_flops_s=3e10, attn_flops_s=1e10,
              scan_flops_s=4e9, step_overhead_s=0.002, request_overhead_s=0.0005, combine="sum")
@@ -257,8 +257,8 @@ def test_fidelity_ledger_arithmetic():
 # ---- the vLLM driver's inference from client-side times (no server needed) -------------
 
 def test_vllm_itl_samples_average_stretches_once_every_request_decodes():
+    from adapters.calibration.design import Cell
     from adapters.vllm_calibrate import decode_samples
-    from harness.calibration.design import Cell
     from harness.records import RequestRecord
 
     cell = Cell("decode b2 c512", "decode", 2, 512, 9, 512)
@@ -278,8 +278,8 @@ def test_vllm_itl_samples_average_stretches_once_every_request_decodes():
 
 
 def test_vllm_ttft_spans_the_prefill_chunks_and_a_client_term():
+    from adapters.calibration.design import Cell
     from adapters.vllm_calibrate import prefill_steps, ttft_sample
-    from harness.calibration.design import Cell
     from harness.records import RequestRecord
 
     steps = prefill_steps(1100, 256, grid=512)
@@ -309,7 +309,7 @@ def test_a_client_term_is_fitted_apart_from_the_rates(geom):
 
 
 def test_repeats_keep_each_samples_fastest_time_and_never_mix_different_schedules():
-    from harness.calibration.design import fastest
+    from adapters.calibration.design import fastest
 
     a = StepShape.from_requests(decode_contexts=(100,))
     b = StepShape.from_requests(decode_contexts=(100, 200))

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from analysis import capacity as C
 from common.errors import HbenchError
-from harness.cli import cli
+from hbench.cli import cli
 
 
 def test_parse_slo_reads_units_and_refuses_nonsense():
@@ -121,7 +121,7 @@ def test_capacity_cli_refuses_bad_slo(tmp_path):
 
 
 def test_runs_at_the_found_capacity_that_are_not_valid_are_named():
-    from harness.commands.capacity import _invalid_at_capacity
+    from analysis.capacity import invalid_at_capacity
 
     cells = pd.DataFrame([
         {"org": "s2", "budget": "b83", "seed": 1, "rate": 1.0, "meets": True, "valid": True},
@@ -130,4 +130,4 @@ def test_runs_at_the_found_capacity_that_are_not_valid_are_named():
         {"org": "s2", "budget": "b83", "seed": 2, "rate": 1.0, "meets": True, "valid": True},
         {"org": "s2", "budget": "b83", "seed": 2, "rate": 2.0, "meets": False, "valid": False},
     ])
-    assert _invalid_at_capacity(cells) == ["s2@b83 seed 1 rate 2"]
+    assert invalid_at_capacity(cells) == ["s2@b83 seed 1 rate 2"]

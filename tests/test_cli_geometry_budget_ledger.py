@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli
+from hbench.cli import cli
 
 FIX = Path(__file__).parent / "fixtures" / "configs"
 

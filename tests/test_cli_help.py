@@ -3,7 +3,7 @@
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import COMMANDS, cli
+from hbench.cli import COMMANDS, cli
 
 
 def test_top_level_help_lists_every_command():

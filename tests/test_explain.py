@@ -10,7 +10,7 @@ import pandas as pd
 from click.testing import CliRunner
 
 from analysis.explain import diagnose
-from harness.cli import cli
+from hbench.cli import cli
 
 
 def _req(rid, arrival, first, j, rmax, attn, group=0, prompt=3000, warmup=False):

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli
+from hbench.cli import cli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

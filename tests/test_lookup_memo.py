@@ -11,7 +11,7 @@ from adapters.sim.engine import SimEngine
 from harness.config import ORG_NAMES, RunConfig
 from harness.orgs.base import Organization
 from harness.run_setup import RunSetup
-from harness.runner import build_run_workload
+from harness.run_workload import build_run_workload
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)

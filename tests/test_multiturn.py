@@ -203,8 +203,8 @@ def test_saved_multiturn_workload_loads_back_with_its_sessions(wl, tmp_path):
 def test_cli_runs_a_multiturn_workload(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import cli
     from harness.results import read_run
+    from hbench.cli import cli
 
     res = CliRunner().invoke(cli, [
         "run", "--workload-kind", "multiturn", "--requests", "6", "--rate", "1",
@@ -266,8 +266,8 @@ def test_malformed_sessions_are_refused(wl):
 def test_a_saved_workload_records_its_own_kind_whatever_the_flags_say(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import cli
     from harness.results import read_run
+    from hbench.cli import cli
 
     runner = CliRunner()
     path = tmp_path / "w.parquet"

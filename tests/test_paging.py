@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from adapters.vllm_plugin.plan import PageLayout, d0_split
 from common.errors import HbenchError
 from harness.budget import resolve_budget, vllm_blocks, vllm_d0_split
-from harness.cli import cli
 from harness.config import RunConfig
 from harness.layout import vllm_block_tokens
 from harness.model_configs import PRESETS, preset
 from harness.orgs import layout_for
 from harness.results import read_run
+from hbench.cli import cli
 from tests.test_sim_fastpath import assert_identical, run_both
 
 GEOM = preset("falcon-h1-7b")

@@ -19,7 +19,7 @@ from adapters.sim import recorder as rec
 from adapters.sim.engine import SimEngine
 from harness.config import ORG_NAMES, RunConfig
 from harness.run_setup import RunSetup
-from harness.runner import build_run_workload
+from harness.run_workload import build_run_workload
 
 
 def usage_row(recorder) -> dict:

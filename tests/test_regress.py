@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from analysis import stats
 from analysis.regress import GATED, compare
-from harness.cli import cli
+from hbench.cli import cli
 from tests.test_analysis_factory import write_run
 
 SMOKE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "smoke"

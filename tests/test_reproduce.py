@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from analysis import designs as D
 from analysis import reproduce as R
 from analysis.load import load_runs
-from harness.cli import cli
+from hbench.cli import cli
 
 
 def test_every_published_figure_points_at_a_declared_contrast_or_interaction():

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli
 from harness.results import list_runs, read_run
+from hbench.cli import cli
 
 SMALL = ["--requests", "16", "--rate", "4", "--seed", "3"]
 

@@ -24,8 +24,8 @@ from adapters.sim.cost import (
 )
 from adapters.sim.hardware import HARDWARE, Hardware, get_hardware
 from common.errors import HbenchError
-from harness.cli import cli
 from harness.model_configs import preset
+from hbench.cli import cli
 
 A100_RATE = 1555e9 * 0.8  # bytes/s at the default mem_efficiency
 GEMM_RATE = 312e12 * 0.6  # FLOP/s at the default compute_efficiency

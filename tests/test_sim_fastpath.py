@@ -21,7 +21,7 @@ from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
 from harness.metrics import summarize
 from harness.run_setup import RunSetup
-from harness.runner import build_run_workload
+from harness.run_workload import build_run_workload
 
 
 def random_config(rng: np.random.Generator) -> RunConfig:

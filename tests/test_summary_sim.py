@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli
 from harness.config import RunConfig
 from harness.model_configs import geometry_for_run
 from harness.results import list_runs, read_run
+from hbench.cli import cli
 
 
 def run_once(tmp_path, *args):

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from common.errors import HbenchError
 from harness import grid as G
-from harness import sweep as S
-from harness.cli import cli
 from harness.config import RunConfig
 from harness.results import cell_id, is_complete
+from hbench import sweep as S
+from hbench.cli import cli
 
 TINY = {"budget": "b83", "requests": 20}
 
@@ -196,7 +196,7 @@ def test_ray_executor_matches_serial_and_shuts_down_its_instance(tmp_path):
 def ray_instance():
     """One local instance shared by the tests below; hbench must leave it running."""
     ray = _ray()
-    from harness.sweep_ray import _ray_connect
+    from hbench.sweep_ray import _ray_connect
 
     assert _ray_connect(ray, 2, None)
     yield ray

@@ -17,12 +17,12 @@ import pytest
 
 from common.errors import HbenchError
 from harness import results as R
-from harness import sweep as S
 from harness.config import RunConfig
 from harness.grid import expand
 from harness.records import FAILED
 from harness.results import cell_id, is_complete, list_runs
 from harness.run_setup import RunSetup
+from hbench import sweep as S
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ["--org", "s0,s1,s2,d0", "--budget", "b83", "--rate", "4", "--seeds", "1-2", "--requests", "12"]
@@ -30,7 +30,7 @@ TINY = {"budget": "b83", "rate": 4.0, "requests": 12}
 
 
 def hbench(*args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "hbench.cli", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -222,7 +222,8 @@ REQUIRED_SOURCES = ["harness/metrics.py", "harness/scheduler.py", "harness/layou
                     "harness/budget.py", "harness/geometry.py", "harness/orgs/s0.py",
                     "harness/orgs/d0.py", "harness/orgs/pool.py", "adapters/sim/engine.py",
                     "adapters/sim/cost.py", "adapters/sim/hardware.py", "workloads/build.py",
-                    "workloads/sharegpt/derive.py", "workloads/sharegpt/arrivals.py"]
+                    "workloads/sharegpt/derive.py", "workloads/sharegpt/arrivals.py",
+                    "hbench/runner.py", "harness/run_workload.py"]
 
 
 def test_the_simulator_version_covers_every_source_its_numbers_depend_on():
@@ -230,14 +231,14 @@ def test_the_simulator_version_covers_every_source_its_numbers_depend_on():
 
     files = {f.relative_to(ROOT).as_posix() for f in _source_files(ROOT)}
     assert set(REQUIRED_SOURCES) <= files, set(REQUIRED_SOURCES) - files
-    assert not any(f.startswith(("harness/commands/", "analysis/")) for f in files)
+    assert not any(f.startswith(("hbench/commands/", "analysis/")) for f in files)
 
 
 @pytest.mark.parametrize("edited", ["harness/metrics.py", "harness/orgs/s1.py", "workloads/spec.py"])
 def test_editing_a_source_changes_the_simulator_version(tmp_path, edited):
     from adapters.sim.engine import _source_digest
 
-    for pkg in ("adapters", "harness", "workloads"):
+    for pkg in ("adapters", "harness", "hbench", "workloads"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.json*"))
     digest = _source_digest.__wrapped__
     before = digest(tmp_path)
@@ -247,14 +248,14 @@ def test_editing_a_source_changes_the_simulator_version(tmp_path, edited):
 
 
 def test_sweep_ray_does_not_import_sweep():
-    code = "import sys, harness.sweep_ray, harness.sweep_local; assert 'harness.sweep' not in sys.modules"
+    code = "import sys, hbench.sweep_ray, hbench.sweep_local; assert 'hbench.sweep' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
 def test_hbench_run_removes_stale_temp_dirs_of_dead_writers(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from hbench.cli import cli
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

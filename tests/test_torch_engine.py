@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from adapters.tiny_model import PRESETS, write_weights  # noqa: E402
-from harness.cli import cli  # noqa: E402
 from harness.results import list_runs, read_run  # noqa: E402
+from hbench.cli import cli  # noqa: E402
 
 VOCAB = 512
 WORKLOAD = ["--requests", "6", "--rate", "50", "--mean-input", "700", "--max-output", "6",
@@ -81,7 +81,7 @@ def test_multiturn_sessions_continue_with_the_tokens_the_engine_generated(model_
     import adapters.torch.engine as te
     from harness.config import RunConfig
     from harness.run_setup import validate
-    from harness.runner import build_run_workload
+    from harness.run_workload import build_run_workload
     from workloads.multiturn.session import SessionLoop
 
     seen = []

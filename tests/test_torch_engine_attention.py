@@ -23,7 +23,7 @@ from adapters.torch.engine import TorchEngine  # noqa: E402
 from adapters.torch.paging import block_table_tensor  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
 from harness.run_setup import validate  # noqa: E402
-from harness.runner import build_run_workload  # noqa: E402
+from harness.run_workload import build_run_workload  # noqa: E402
 
 
 def exact(q, k, v, scale):

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 pytest.importorskip("transformers")
 
-from adapters.torch import device_check  # noqa: E402
+from hbench import device_check  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,4 +44,4 @@ def test_small_cpu_mode_writes_the_report(tmp_path, monkeypatch):
 def test_the_script_is_valid_bash_and_runs_the_module():
     script = ROOT / "scripts" / "device_check.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
-    assert "-m adapters.torch.device_check" in script.read_text()
+    assert "-m hbench.device_check" in script.read_text()

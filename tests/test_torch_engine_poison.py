@@ -18,7 +18,7 @@ from common.errors import HbenchError  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
 from harness.orgs.base import Organization  # noqa: E402
 from harness.run_setup import validate  # noqa: E402
-from harness.runner import build_run_workload  # noqa: E402
+from harness.run_workload import build_run_workload  # noqa: E402
 
 
 def serve(model_dir, org="s2", poison=True):

@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from adapters.tiny_model import PRESETS, write_weights
-from harness.cli import cli
 from harness.model_configs import from_config, preset
 from harness.orgs import layout_for
+from hbench.cli import cli
 
 BLOCK = 512
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from harness import validity as V
-from harness.cli import cli
+from hbench.cli import cli
 from tests.test_analysis_factory import write_run
 
 METRIC = "throughput_ledger_tok_s"

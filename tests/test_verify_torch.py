@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from adapters.torch.continuation import REL_TOL, cold_run  # noqa: E402
-from harness.cli import cli  # noqa: E402
+from hbench.cli import cli  # noqa: E402
 
 
 @pytest.mark.parametrize("org", ["s0", "s1", "s2", "d0"])

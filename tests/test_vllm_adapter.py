@@ -292,10 +292,10 @@ def test_server_that_exits_early_fails_fast_with_its_log(tmp_path):
 def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
     from click.testing import CliRunner
 
-    import harness.commands.verify as verify_cmd
-    from harness.cli import cli
+    import hbench.verify as verify_mod
+    from hbench.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: [f"prompt {i}" for i in range(n)])
+    monkeypatch.setattr(verify_mod, "default_prompts", lambda n, chars=2500: [f"prompt {i}" for i in range(n)])
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "2",
                                        "--output-len", "4"])
@@ -310,10 +310,10 @@ def test_verify_cli_exits_0_when_hit_and_recompute_agree(monkeypatch):
 def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
     from click.testing import CliRunner
 
-    import harness.commands.verify as verify_cmd
-    from harness.cli import cli
+    import hbench.verify as verify_mod
+    from hbench.cli import cli
 
-    monkeypatch.setattr(verify_cmd, "default_prompts", lambda n, chars=2500: ["p"] * n)
+    monkeypatch.setattr(verify_mod, "default_prompts", lambda n, chars=2500: ["p"] * n)
     with ScriptedServer(Script(first_delay_s=0.01, interval_s=0.0, diverge_salted_at=1)) as srv:
         res = CliRunner().invoke(cli, ["verify", "--endpoint", srv.endpoint.url, "--prompts", "1",
                                        "--output-len", "4"])
@@ -323,7 +323,7 @@ def test_verify_cli_exits_1_when_the_recompute_diverges(monkeypatch):
 
 
 def test_verify_reports_the_first_divergence():
-    from harness.commands.verify import PromptCheck
+    from hbench.verify import PromptCheck
 
     c = PromptCheck(0, 128, 0, (5, 6, 7, 8), (5, 6, 9, 8), (-0.1, -0.2, -0.3, -0.4),
                     (-0.1, -0.25, -0.5, -0.4))
@@ -335,7 +335,7 @@ def test_verify_reports_the_first_divergence():
 def test_verify_cli_needs_exactly_one_of_endpoint_or_launch():
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from hbench.cli import cli
 
     res = CliRunner().invoke(cli, ["verify"])
     assert res.exit_code == 1
@@ -351,9 +351,9 @@ def test_hbench_run_keeps_results_but_exits_nonzero_when_requests_fail(tmp_path,
     the results directory still written, and a one-line error with exit 1."""
     from click.testing import CliRunner
 
-    from harness.cli import cli
     from harness.model_configs import PRESETS
     from harness.results import list_runs, read_run
+    from hbench.cli import cli
 
     config_json = tmp_path / "config.json"
     config_json.write_text(json.dumps(PRESETS["falcon-h1-7b"]))

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import requires_vllm, vllm_tiny_model
 
-from harness.cli import cli
 from harness.results import list_runs, read_run
+from hbench.cli import cli
 
 pytestmark = requires_vllm("the vLLM fidelity test")
 

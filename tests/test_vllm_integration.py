@@ -60,7 +60,7 @@ def test_tiny_model_cli_builds_a_model_or_names_the_missing_package(tmp_path):
 
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from hbench.cli import cli
 
     res = CliRunner().invoke(cli, ["tiny-model", "-o", str(tmp_path / "m"), "--records", "20"])
     missing = [m for m in ("safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
@@ -216,7 +216,7 @@ def test_share_hits_the_prefix_cache_and_isolate_does_not(served):
 
 @needs_vllm
 def test_greedy_output_is_identical_with_and_without_prefix_reuse(served):
-    from harness.commands.verify import default_prompts, verify_endpoint
+    from hbench.verify import default_prompts, verify_endpoint
 
     engine, server, config = served
     checks = verify_endpoint(server.endpoint, config.model, default_prompts(2), output_len=12)
@@ -235,9 +235,9 @@ def test_hbench_run_against_the_server_writes_the_same_results_as_the_simulator(
     are cached)."""
     from click.testing import CliRunner
 
-    from harness.cli import cli
     from harness.metrics import SUMMARY_KEYS
     from harness.results import list_runs, read_run
+    from hbench.cli import cli
 
     _, server, config = served
     model = config.model

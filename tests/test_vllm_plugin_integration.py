@@ -131,7 +131,7 @@ def counters_of(server) -> tuple[dict, dict]:
 
 
 def verified(server, model) -> None:
-    from harness.commands.verify import default_prompts, verify_endpoint
+    from hbench.verify import default_prompts, verify_endpoint
 
     checks = verify_endpoint(server.endpoint, server_model(server),
                              default_prompts(2, 9000), output_len=OUTPUT_LEN)

@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli
+from hbench.cli import cli
 from workloads.io import load_workload
 
 

@@ -131,7 +131,7 @@ def test_multiturn_workload_from_a_corpus_records_its_identity(tmp_path):
 def test_workload_build_cli_takes_a_corpus(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from hbench.cli import cli
     from workloads.io import load_workload
 
     f = write_jsonl(tmp_path / "oa.jsonl", [openai_record(i) for i in range(6)])
@@ -149,8 +149,8 @@ def test_workload_build_cli_takes_a_corpus(tmp_path):
 def test_run_takes_a_corpus_and_records_it(tmp_path):
     from click.testing import CliRunner
 
-    from harness.cli import cli
     from harness.results import read_run
+    from hbench.cli import cli
 
     f = write_jsonl(tmp_path / "oa.jsonl", [openai_record(i, "dialog") for i in range(8)])
     out = tmp_path / "runs"

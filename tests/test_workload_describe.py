@@ -61,7 +61,7 @@ def test_grids_come_from_the_organizations_layouts():
 def test_describe_cli_shows_the_grid_table_and_writes_the_figure(tmp_path, kind):
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from hbench.cli import cli
 
     out, png = tmp_path / "w.parquet", tmp_path / "sharing.png"
     runner = CliRunner()

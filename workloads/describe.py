@@ -94,7 +94,7 @@ def history_growth(w: Workload) -> list[dict]:
 
 
 def sharing_figure(summary: dict):
-    """A matplotlib `Figure` of ``summary`` (`harness.commands.workload.summarize`
+    """A matplotlib `Figure` of ``summary`` (`hbench.commands.workload.summarize`
     with grids): left, the prompt share reusable at best and at each
     organization's grid; right, the mean planned prompt length per turn
     (multi-turn) or the shareable tokens lost beyond the last grid point."""

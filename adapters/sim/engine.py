@@ -38,12 +38,13 @@ STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
 POLL_INTERVAL_S = 0.05
 
 #: Modules whose code decides a simulated run's numbers: the simulator, the
-#: summary metrics and the workload builder. The simulator version hashes these
-#: and every module of ours they import (found by `_source_files`), so no list
-#: of files has to be kept by hand.
-_ROOTS = ("adapters.sim.engine", "harness.metrics", "harness.runner", "workloads.build",
+#: summary metrics, the runner (the application's, which records the run) and
+#: the workload builder. The simulator version hashes these and every module
+#: of ours they import (found by `_source_files`, within `_PACKAGES`), so no
+#: list of files has to be kept by hand.
+_ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.build",
           "workloads.io")
-_PACKAGES = ("adapters", "harness", "workloads")
+_PACKAGES = ("adapters", "common", "harness", "hbench", "workloads")
 
 
 def _module_file(root: Path, name: str) -> Path | None:

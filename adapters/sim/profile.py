@@ -115,3 +115,20 @@ def load_profile(path: str | Path) -> CostProfile:
 def hardware_for(spec: str) -> Hardware | CostProfile:
     """The preset or the measured profile ``--gpu`` names."""
     return load_profile(spec) if is_profile_path(spec) else get_hardware(spec)
+
+
+def check_gpu_memory(setup) -> None:
+    """Refuse (HbenchError, one line) a simulated run whose model weights plus
+    its budget's whole-model state bytes exceed the memory of the GPU
+    ``--gpu`` names (a preset's, or a profile's measured device's; a GPU of
+    unknown memory holds anything). ``--allow-oversubscribe`` skips this."""
+    config, geom, budget = setup.config, setup.geometry, setup.budget
+    hw = hardware_for(config.gpu)
+    need = geom.weights_bytes + budget.whole_model_bytes
+    if hw.mem_bytes is not None and need > hw.mem_bytes:
+        raise HbenchError(
+            f"weights ({geom.weights_bytes / 2**30:.1f} GiB) plus budget {config.budget} "
+            f"({budget.whole_model_bytes / 2**30:.1f} GiB of state) need "
+            f"{need / 2**30:.1f} GiB, more than the {hw.mem_bytes / 2**30:.0f} GiB of "
+            f"{config.gpu}; choose a smaller budget or a larger --gpu, or pass "
+            "--allow-oversubscribe")

@@ -20,9 +20,9 @@ The serving engine on top (``hbench run --engine torch``):
     executor.py       one step of a StepBatch over paged state
     engine.py         the open-loop wall-clock loop, step rows and counters
     continuation.py   ``hbench verify --engine torch``: against a cold run
-    device_check.py   ``scripts/device_check.sh``
 
 The model computes in the dtype and on the device of its weights (float32 on
 CPU; `FalconH1.to` moves it). torch is imported only by this package (the
-``engines`` extra); the rest of hbench never needs it.
+``engines`` extra) and by the application where it drives this engine
+(`hbench.calibration`, `hbench.device_check`).
 """

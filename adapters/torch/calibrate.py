@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.calibration.design import Cell, cell_workload, repeat_fastest, step_samples
-from harness.calibration.fit import Sample
+from adapters.calibration.design import Cell, cell_workload, repeat_fastest, step_samples
+from adapters.calibration.fit import Sample
 from harness.config import RunConfig
 from harness.run_setup import validate
 

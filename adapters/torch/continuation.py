@@ -141,7 +141,7 @@ def verify_continuation(config, workload=None) -> ContinuationReport:
 
     from adapters.torch.engine import TorchEngine, resolve_device
     from harness.run_setup import validate
-    from harness.runner import build_run_workload
+    from harness.run_workload import build_run_workload
 
     setup = validate(config)
     workload = all_at_once(workload if workload is not None else build_run_workload(config))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 def check_writable(path: Path) -> None:

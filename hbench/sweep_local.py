@@ -1,7 +1,7 @@
 """Running sweep cells on this machine: serially or on a process pool.
 
-Like `harness.sweep_ray`, it is given the cell function (`harness.sweep.run_cell`)
-and imports nothing from `harness.sweep`.
+Like `hbench.sweep_ray`, it is given the cell function (`hbench.sweep.run_cell`)
+and imports nothing from `hbench.sweep`.
 
 Workers belong to the sweep that started them. They ignore Ctrl-C (the
 terminal sends it to the whole process group; the sweep decides) and, on

@@ -34,7 +34,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from adapters.sim.cost import CostModel, Rates, StepShape
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 #: Coefficients of the additive model, in column order, with the `Rates` field
 #: each one sets (a rate is 1 / coefficient; an overhead is the coefficient).

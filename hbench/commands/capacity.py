@@ -1,9 +1,8 @@
 """``hbench capacity``: the largest arrival rate each arm sustains within an SLO.
 
-Thin: flags -> a grid of `RunConfig`s (org x budget x rate x seed) run by
-`harness.sweep.run_sweep` (content-addressed cells: a rerun, or a sweep that
-already ran some of these cells in the same ``--out``, reuses them) ->
-`analysis.capacity` -> tables, ``capacity.json`` and the winner map.
+Thin: flags -> `hbench.capacity.run_capacity` (the rate grid as sweep cells,
+evaluated by `analysis.capacity`; ``capacity.json`` and the winner map
+written) -> tables.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 def _list(text: str, what: str) -> list[str]:
@@ -31,48 +30,6 @@ def _rates(text: str) -> list[float]:
     if rates[0] <= 0:
         raise HbenchError("--rates must all be > 0")
     return rates
-
-
-def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int = 1,
-           on_cell=None):
-    """Run (or reuse) every cell of the rate grid; one row per cell with its
-    verdict, goodput and run directory."""
-    import pandas as pd
-
-    from analysis.capacity import goodput, meets_slo
-    from harness.grid import expand
-    from harness.results import read_run
-    from harness.sweep import run_sweep
-
-    configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
-    result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell)
-    if result.failed:
-        raise HbenchError(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
-    rows = []
-    for cell in result.cells:
-        run = read_run(out / cell.cell_id)
-        cfg = cell.config
-        rows.append({"org": cfg.org, "budget": cfg.budget, "rate": cfg.rate, "seed": cfg.seed,
-                     "meets": meets_slo(run.summary, limits),
-                     "goodput": goodput(run.table("requests"), limits),
-                     "valid": bool((run.summary.get("validity") or {}).get("valid", True)),
-                     **{lim.key: run.summary.get(lim.key) for lim in limits},
-                     "run_dir": str(run.path)})
-    return pd.DataFrame(rows)
-
-
-def _invalid_at_capacity(cells) -> list[str]:
-    """``org@budget seed s rate r`` for each seed's run at its found capacity whose
-    validity verdict failed."""
-    from analysis.capacity import seed_capacity
-
-    out = []
-    for (org, budget, seed), g in cells.groupby(["org", "budget", "seed"], sort=False):
-        cap, _ = seed_capacity(dict(zip(g["rate"], g["meets"], strict=True)))
-        at = g[g["rate"] == cap]
-        if not at.empty and not bool(at["valid"].iloc[0]):
-            out.append(f"{org}@{budget} seed {seed} rate {cap:g}")
-    return out
 
 
 @click.command("capacity", context_settings={"max_content_width": 100})
@@ -109,10 +66,10 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     from rich.console import Console
     from rich.table import Table
 
-    from analysis.answer_figures import winner_map_figure
-    from analysis.capacity import capacity_table, crossovers, parse_slo, winner_map
+    from analysis.capacity import parse_slo
     from harness.grid import parse_values
-    from harness.paths import check_writable_dir
+    from hbench.capacity import run_capacity
+    from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
         raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")
@@ -126,18 +83,9 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
             raise HbenchError(f"--set expects KEY=VALUE, got {item!r}")
         base[key.strip().replace("-", "_")] = value
     check_writable_dir(out)
-    cells = search(_list(orgs, "org"), _list(budgets, "budget"), grid_rates, seed_list, limits,
-                   out, base, jobs=jobs)
-    table = capacity_table(cells, alpha)
-    wmap = winner_map(cells, alpha)
-    cross = crossovers(cells)
-    fig = winner_map_figure(wmap, f"winner by goodput ({', '.join(map(str, limits))})")
-    fig.savefig(out / "winner_map.png", dpi=110)
-    doc = {"slo": [str(x) for x in limits], "rates": grid_rates, "seeds": seed_list,
-           "requests": requests, "capacity": table.to_dict("records"),
-           "crossovers": cross, "winner_map": wmap.to_dict("records"),
-           "cells": cells.drop(columns=["run_dir"]).to_dict("records")}
-    (out / "capacity.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    result = run_capacity(_list(orgs, "org"), _list(budgets, "budget"), grid_rates, seed_list,
+                          limits, out, base, alpha=alpha, jobs=jobs)
+    doc, table, cross = result.doc, result.table, result.crossovers
     if as_json:
         click.echo(json.dumps(doc, indent=1, default=float))
         return
@@ -155,7 +103,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
                       f"from {c['from_rate']:g} req/s")
     if not cross:
         console.print("no crossover: no organization overtakes another within the rate grid")
-    shaky = _invalid_at_capacity(cells)
+    shaky = result.invalid
     if shaky:
         console.print(f"note: {len(shaky)} runs at a found capacity are not valid (their SLO held in a "
                       f"transient): {', '.join(shaky)}", highlight=False)

@@ -1,6 +1,6 @@
 """``hbench sweep``: run a grid of content-addressed, resumable cells.
 
-Thin: flags and/or a TOML grid -> `harness.grid.expand` -> `harness.sweep.run_sweep`,
+Thin: flags and/or a TOML grid -> `harness.grid.expand` -> `hbench.sweep.run_sweep`,
 with one progress bar over all cells. Each axis flag takes a comma list
 (integer axes also take ranges such as ``1-6``); the cartesian product of all
 axes is the grid.
@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 # (flag, RunConfig field, help) of the axis flags; each takes a comma list.
 AXES = [
@@ -80,10 +80,10 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     from pathlib import Path
 
     from harness.grid import expand, load_grid_file
-    from harness.paths import check_writable_dir
     from harness.results import is_done
-    from harness.run_setup import validate
-    from harness.sweep import plan, run_sweep
+    from hbench.paths import check_writable_dir
+    from hbench.runner import validate_run
+    from hbench.sweep import plan, run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
@@ -103,7 +103,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     if "model" in flags and "config_path" in flags and any(c.engine == "sim" for c in configs):
         raise HbenchError("give --model or --config (--set config_path=...), not both")
     for cfg in configs:
-        validate(cfg, allow_oversubscribe=allow_oversubscribe)
+        validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
     console = Console(stderr=True)
     if dry_run:
         cells = plan(configs)

@@ -26,7 +26,7 @@ def report(results_dir, out, include_invalid):
     """
     from analysis.html_report import auto_contrasts_table, write_report
     from analysis.load import load_runs
-    from harness.paths import check_writable_dir
+    from hbench.paths import check_writable_dir
 
     out = out if out is not None else results_dir / "report.html"
     check_writable_dir(out.parent)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 @click.command("analyze")
@@ -45,7 +45,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
-    from harness.paths import check_writable_dir
+    from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
         raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")

@@ -14,7 +14,7 @@ and ``device_check.md``):
    weights made on the device, at b83; ``small``: the tiny model on CPU in
    float32. The table has step times, TTFT/ITL and peak memory.
 4. calibration: ``hbench calibrate --engine torch`` on the same model and
-   device (`harness.calibration`), written as a cost profile
+   device (`hbench.calibration`), written as a cost profile
    (``OUT/profile-<device>.json``) that ``hbench run --gpu`` accepts, with its
    fitted rates beside the datasheet preset's (``h200`` on a GPU) and the
    fit's held-out error next to the preset's.
@@ -87,7 +87,7 @@ def workload_for(config):
     import hashlib
     import os
 
-    from harness.runner import build_run_workload
+    from harness.run_workload import build_run_workload
     from workloads.io import load_workload, save_workload
     from workloads.spec import WorkloadSpec
 
@@ -201,10 +201,10 @@ def calibration(model, model_dir: Path, device: str, out: Path, small: bool) -> 
     from adapters.sim.cost import Rates
     from adapters.sim.hardware import get_hardware
     from adapters.sim.profile import save_profile
-    from harness.calibration.measure import calibrate
     from harness.config import RunConfig
     from harness.model_configs import geometry_for_run
     from harness.orgs import layout_for
+    from hbench.calibration import calibrate
 
     geom = geometry_for_run(RunConfig(model=str(model_dir),
                                       config_path=str(model_dir / "config.json")))

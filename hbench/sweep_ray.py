@@ -1,9 +1,9 @@
 """Running sweep cells as Ray tasks (``hbench sweep --executor ray``).
 
 Imported only when Ray is asked for, so the core never needs it. Each cell is
-one task calling the cell function it is given (`harness.sweep.run_cell`,
+one task calling the cell function it is given (`hbench.sweep.run_cell`,
 exactly what the local executors call), so results are identical whichever
-runs them. It imports nothing from `harness.sweep`.
+runs them. It imports nothing from `hbench.sweep`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import os
 from pathlib import Path
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 # A local Ray instance only ships CellOutcomes (cells write their own files),
 # so a small object store is plenty and keeps Ray off a laptop's memory.
@@ -35,9 +35,12 @@ def _ray_connect(ray, jobs: int, address: str | None) -> bool:
             # Cluster nodes get this driver's code, so they run exactly the
             # engine version the cell ids were computed from.
             import adapters
+            import common
             import harness
+            import hbench
             import workloads
-            ray.init(address=address, runtime_env={"py_modules": [adapters, harness, workloads]}, **quiet)
+            ray.init(address=address, runtime_env={"py_modules": [adapters, common, harness, hbench,
+                                                              workloads]}, **quiet)
         else:
             code_root = str(Path(__file__).resolve().parents[1])
             path = os.pathsep.join(p for p in (code_root, os.environ.get("PYTHONPATH")) if p)

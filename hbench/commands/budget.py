@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, FORMS, OrgBudget, resolve_all
-from harness.commands.geometry import model_options
 from harness.layout import PAGINGS
 from harness.ledger import kib
 from harness.model_configs import geometry_from_options
+from hbench.commands.geometry import model_options
 
 
 def budget_report(budgets: dict[str, OrgBudget]) -> dict:
@@ -62,7 +62,7 @@ def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, pagin
     \b
     Example:  hbench budget b83 --model falcon-h1-7b
     """
-    from harness.commands.ledger import parse_fraction
+    from hbench.commands.ledger import parse_fraction
 
     geom = geometry_from_options(model, config_path, dtype, ssm_dtype)
     budgets = resolve_all(budget, geom, parse_fraction(d0_attn_fraction), paging)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from harness.calibration.fit import Sample
-from harness.errors import HbenchError
+from adapters.calibration.fit import Sample
+from common.errors import HbenchError
 from workloads.workload import Workload, WorkloadRequest
 
 

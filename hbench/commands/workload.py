@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
-from harness.errors import HbenchError
 from workloads.kinds import WORKLOAD_KINDS
 from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
 from workloads.workload import Workload
@@ -158,7 +158,7 @@ def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, me
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
-    from harness.paths import check_writable_file
+    from hbench.paths import check_writable_file
     from workloads.build import build_workload
     from workloads.io import save_workload
 
@@ -212,7 +212,7 @@ def org_grids(model: str = "falcon-h1-7b") -> dict[str, int]:
 def describe(path, png, sharing_png, model, as_json):
     """Summarize a saved workload: lengths, load, and the prefix sharing a
     hybrid cache can use at each organization's checkpoint grid."""
-    from harness.paths import check_writable_file
+    from hbench.paths import check_writable_file
     from workloads.io import load_workload
 
     if png:

@@ -1,6 +1,6 @@
 """``hbench run``: one serving run of one organization at one budget.
 
-Thin: flags -> `RunConfig` (validated once) -> `harness.runner.execute` ->
+Thin: flags -> `RunConfig` (validated once) -> `hbench.runner.execute` ->
 summary table. The run directory it prints holds everything needed to trace
 and rerun the result (see README "What each number means").
 """
@@ -17,15 +17,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from harness.commands.workload import multiturn_options
+from common.errors import HbenchError
 from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
-from harness.errors import HbenchError
 from harness.layout import PAGINGS
-from harness.paths import check_writable_dir
 from harness.results import clean_stale, read_run
-from harness.run_setup import validate
-from harness.runner import build_run_workload, execute
+from harness.run_workload import build_run_workload
 from harness.validity import describe_validity, failed_details
+from hbench.commands.workload import multiturn_options
+from hbench.paths import check_writable_dir
+from hbench.runner import execute, validate_run
 from workloads.sharegpt.arrivals import ARRIVALS
 
 D = RunConfig()
@@ -174,7 +174,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     Writes OUT/<run-id>/ with manifest.json (config, seed, workload hash, git
     commit, versions, resolved pages), requests.parquet, steps.parquet and
     summary.json, then prints the summary. Bad input is refused before any
-    work (see harness.config.validate).
+    work (see hbench.runner.validate_run).
     """
     # The simulator takes its geometry from one of them; a real engine serves
     # --model and takes the geometry from --config.
@@ -185,7 +185,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
         flags["config_path"] = _torch_model_config(flags["model"], flags["config_path"])
     config = RunConfig(**flags)
     check_writable_dir(out)
-    validate(config, allow_oversubscribe=allow_oversubscribe)
+    validate_run(config, allow_oversubscribe=allow_oversubscribe)
     clean_stale(out)
     console = Console(stderr=True)
     with console.status("building workload"):

@@ -1,21 +1,21 @@
 """Sweeps: content-addressed cells, resumable, safe to share and to interrupt.
 
 A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
-grid, re-exported here). Every config is one **cell**, whose id is
+grid). Every config is one **cell**, whose id is
 `harness.results.cell_id(config, workload_hash, engine_version)`: the same
 knobs, request stream, input files and engine code always give the same id,
 and the run directory of a cell is ``<out>/<cell id>/``.
 
-Because `harness.runner.execute` writes run directories atomically, a cell
+Because `hbench.runner.execute` writes run directories atomically, a cell
 directory either exists complete or not at all; resuming a sweep skips cells
 that are done (`harness.results.is_done`). A killed sweep leaves at most
 hidden ``.tmp-*`` directories of dead processes, which the next sweep
 removes. Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
 sharing ``out`` compute each cell once.
 
-Cells run serially or on a local process pool (`harness.sweep_local`: ``jobs``
+Cells run serially or on a local process pool (`hbench.sweep_local`: ``jobs``
 workers, each running many cells and keeping the few workloads it last
-built), or on Ray (`harness.sweep_ray`). Both executors are handed
+built), or on Ray (`hbench.sweep_ray`). Both executors are handed
 `run_cell`, so the results are identical whichever executes them, and
 neither imports this module.
 """
@@ -36,18 +36,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.errors import HbenchError
-from harness.grid import Axes, expand, normalize_axes
+from harness.grid import Axes, normalize_axes
 from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
-from harness.run_setup import validate
+from harness.run_workload import build_run_workload
+from hbench.runner import execute, validate_run
 
 SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
 EXECUTORS = ("local", "ray")
 
-__all__ = ["Cell", "CellOutcome", "SweepResult", "expand", "plan", "run_cell", "run_sweep"]
+__all__ = ["Cell", "CellOutcome", "SweepResult", "plan", "run_cell", "run_sweep"]
 
 
 # -------------------------------------------------------------------- cells
@@ -78,8 +79,6 @@ _WORKLOAD_CACHE_SIZE = 4
 
 
 def cached_workload(config: RunConfig):
-    from harness.runner import build_run_workload
-
     key = workload_key(config)
     if key in _WORKLOADS:
         _WORKLOADS.move_to_end(key)
@@ -156,8 +155,6 @@ def run_cell(cell: Cell, out: str, force: bool = False, allow_oversubscribe: boo
     A user error (HbenchError) and a run in which no request finished become
     "failed" outcomes (the latter rerun on resume); anything else propagates.
     """
-    from harness.runner import execute
-
     out_dir = Path(out)
     run_dir = out_dir / cell.cell_id
     if is_done(run_dir) and not force:
@@ -284,7 +281,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     if not configs:
         raise HbenchError("the grid expands to no cells")
     for cfg in configs:   # every cell, before any work
-        validate(cfg, allow_oversubscribe=allow_oversubscribe)
+        validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
@@ -314,12 +311,12 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     def execute(cells_now: list[Cell], wait: bool) -> None:
         args = (force, allow_oversubscribe, wait)   # run_cell's arguments after (cell, out)
         if executor == "ray":
-            from harness.sweep_ray import execute_ray
+            from hbench.sweep_ray import execute_ray
 
             address = ray_address or os.environ.get("RAY_ADDRESS") or None
             execute_ray(run_cell, cells_now, out, jobs, args, report, address)
         else:
-            from harness.sweep_local import execute_local
+            from hbench.sweep_local import execute_local
 
             execute_local(run_cell, cells_now, out, jobs, args, report)
 

@@ -1,8 +1,8 @@
 """``hbench calibrate``: fit the simulator's rates to a real engine.
 
-Times the engine over the calibration design (`harness.calibration.design`),
+Times the engine over the calibration design (`adapters.calibration.design`),
 fits per-step and per-request overhead, effective bandwidths and GEMM /
-attention / scan throughput by least squares (`harness.calibration.fit`),
+attention / scan throughput by least squares (`adapters.calibration.fit`),
 prints the residuals per shape class next to the datasheet preset's, and
 writes a profile that ``hbench run --gpu profile.json`` accepts. A fit whose
 median error on the held-out cells exceeds ``--max-error`` is refused: exit 1,
@@ -11,14 +11,12 @@ no profile written.
 
 from __future__ import annotations
 
-import csv
 import math
-from pathlib import Path
 
 import click
 
-from harness.config import ORG_NAMES, RunConfig
-from harness.errors import HbenchError
+from harness.config import ORG_NAMES
+from hbench.calibration import MAX_HELD_OUT_ERROR
 
 
 def _pct(v) -> str:
@@ -48,23 +46,6 @@ def print_fit(fit, profile) -> None:
                        f"{_pct(d.get('median_abs_rel_error')):>11}")
 
 
-def write_samples(samples, path: Path) -> None:
-    """The measured samples, one row each (re-fit or plot them later)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["cell", "class", "held_out", "seconds", "steps", "prefill_tokens",
-                    "decode_requests", "decode_context_tokens", "checkpoint_copies",
-                    "checkpoint_loads"])
-        for s in samples:
-            w.writerow([s.cell, s.shape_class, int(s.held_out), f"{s.seconds:.6g}", len(s.steps),
-                        sum(x.prefill_tokens for x in s.steps),
-                        sum(x.decode_requests for x in s.steps),
-                        sum(x.decode_context_tokens for x in s.steps),
-                        sum(x.checkpoint_copies for x in s.steps),
-                        sum(x.checkpoint_loads for x in s.steps)])
-
-
 @click.command(context_settings={"max_content_width": 100})
 @click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
               help="torch: the in-process engine, which times its own steps; vllm: a launched "
@@ -82,7 +63,8 @@ def write_samples(samples, path: Path) -> None:
                    "its fastest time.")
 @click.option("--max-model-len", default=4096, show_default=True, type=click.IntRange(256),
               help="Longest context the design uses.")
-@click.option("--max-error", default=0.25, show_default=True, type=click.FloatRange(0, min_open=True),
+@click.option("--max-error", default=MAX_HELD_OUT_ERROR, show_default=True,
+              type=click.FloatRange(0, min_open=True),
               help="Refuse a fit whose median |relative error| on held-out cells is larger.")
 @click.option("--against", default="a100-pcie-40gb", show_default=True,
               help="Datasheet preset whose errors are shown beside the profile's.")
@@ -100,40 +82,20 @@ def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_l
     hbench calibrate --engine torch --model /tmp/prop -o torch-cpu.json
     hbench run --engine sim --config /tmp/prop/config.json --gpu torch-cpu.json ...
     """
-    from adapters.sim.hardware import get_hardware
     from adapters.sim.profile import save_profile
-    from harness.calibration.measure import calibrate as run_calibration
-    from harness.model_configs import geometry_for_run
-    from harness.orgs import layout_for
+    from hbench.calibration import calibrate_model, check_held_out, write_samples
+    from hbench.progress import progress_bar
 
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise HbenchError(f"--model {model_dir}: no config.json there (make one with "
-                          "hbench tiny-model)")
-    datasheet = get_hardware(against)
-    geometry = geometry_for_run(RunConfig(engine="sim", model=str(model_dir),
-                                          config_path=str(model_dir / "config.json")))
-    grid = layout_for(org, geometry).grid_tokens
-    options = {"org": org}
-    if engine == "torch":
-        options.update(device=device, dtype=dtype)
-    options["repeats"] = repeats
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task("measuring", total=None)
-        profile, fit, samples = run_calibration(
-            engine, model_dir, geometry, quick=quick, max_model_len=max_model_len,
-            min_chunk=grid, datasheet=datasheet, seed=seed,
-            progress=lambda cell: bar.update(task, description=cell.name), **options)
+    options = {"device": device, "dtype": dtype} if engine == "torch" else {}
+    with progress_bar() as update:
+        profile, fit, samples = calibrate_model(
+            engine, model_dir, org=org, against=against, quick=quick,
+            max_model_len=max_model_len, seed=seed, repeats=repeats,
+            progress=lambda cell: update(cell.name), **options)
     if samples_path:
-        write_samples(samples, Path(samples_path))
+        write_samples(samples, samples_path)
     print_fit(fit, profile)
-    if not fit.held_out_error <= max_error:
-        raise HbenchError(f"the fit's median error on held-out cells is "
-                          f"{_pct(fit.held_out_error)}, above --max-error {_pct(max_error)}: "
-                          "profile not written (rerun on a quieter machine, or use the full "
-                          "design without --quick)")
+    check_held_out(fit, max_error)
     save_profile(profile, out_path)
     click.echo(f"\nheld-out error {_pct(fit.held_out_error)} (datasheet "
                f"{_pct(fit.baseline.get('held_out', {}).get('all', {}).get('median_abs_rel_error'))})"

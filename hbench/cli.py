@@ -1,9 +1,11 @@
 """The ``hbench`` command line: a click group whose commands live in
-``harness/commands/``, one module per command (or command group).
+``hbench/commands/``, one module per command (or command group).
 
-Each command is thin: it parses flags, calls into the room that does the work
-(organizations, workloads, engines, analysis) and prints. A user error raises
-`HbenchError`, which the group turns into ``Error: ...`` and exit status 1.
+Each command is thin: it parses flags, calls plain functions of the room that
+does the work (the runner, sweeps, calibration, fidelity and verification in
+`hbench`; organizations, workloads, engines, analysis below it) and prints.
+No command calls another command. A user error raises `HbenchError`, which
+the group turns into ``Error: ...`` and exit status 1.
 """
 
 from __future__ import annotations
@@ -13,29 +15,29 @@ import sys
 
 import click
 
+from common.errors import HbenchError
 from harness import __version__
-from harness.errors import HbenchError
 
 # (module, attribute) of each registered command; imported lazily so that a
 # command's heavy imports (pandas, matplotlib) do not slow the others.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "geometry": ("harness.commands.geometry", "geometry"),
-    "budget": ("harness.commands.budget", "budget"),
-    "ledger": ("harness.commands.ledger", "ledger"),
-    "tiny-model": ("harness.commands.tiny_model", "tiny_model"),
-    "verify": ("harness.commands.verify", "verify"),
-    "analyze": ("harness.commands.analyze", "analyze"),
-    "regress": ("harness.commands.regress", "regress"),
-    "hardware": ("harness.commands.hardware", "hardware"),
-    "workload": ("harness.commands.workload", "workload"),
-    "run": ("harness.commands.run", "run"),
-    "sweep": ("harness.commands.sweep", "sweep"),
-    "reproduce": ("harness.commands.reproduce", "reproduce"),
-    "capacity": ("harness.commands.capacity", "capacity"),
-    "explain": ("harness.commands.explain", "explain"),
-    "report": ("harness.commands.report", "report"),
-    "calibrate": ("harness.commands.calibrate", "calibrate"),
-    "fidelity": ("harness.commands.fidelity", "fidelity"),
+    "geometry": ("hbench.commands.geometry", "geometry"),
+    "budget": ("hbench.commands.budget", "budget"),
+    "ledger": ("hbench.commands.ledger", "ledger"),
+    "tiny-model": ("hbench.commands.tiny_model", "tiny_model"),
+    "verify": ("hbench.commands.verify", "verify"),
+    "analyze": ("hbench.commands.analyze", "analyze"),
+    "regress": ("hbench.commands.regress", "regress"),
+    "hardware": ("hbench.commands.hardware", "hardware"),
+    "workload": ("hbench.commands.workload", "workload"),
+    "run": ("hbench.commands.run", "run"),
+    "sweep": ("hbench.commands.sweep", "sweep"),
+    "reproduce": ("hbench.commands.reproduce", "reproduce"),
+    "capacity": ("hbench.commands.capacity", "capacity"),
+    "explain": ("hbench.commands.explain", "explain"),
+    "report": ("hbench.commands.report", "report"),
+    "calibrate": ("hbench.commands.calibrate", "calibrate"),
+    "fidelity": ("hbench.commands.fidelity", "fidelity"),
 }
 
 

@@ -9,15 +9,15 @@ and writes the self-describing results directory atomically.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 
 from adapters.registry import check_expressible, check_paging, make_engine
+from adapters.sim.profile import check_gpu_memory
 from harness.config import RunConfig
-from harness.errors import HbenchError
 from harness.results import new_run_id, write_run
-from harness.run_setup import validate
+from harness.run_setup import RunSetup, validate
+from harness.run_workload import build_run_workload, recorded_config
 
 
 def budget_manifest(b) -> dict:
@@ -31,42 +31,22 @@ def budget_manifest(b) -> dict:
     }
 
 
-def build_run_workload(config: RunConfig):
-    """The workload a config describes, with its warm-up requests in front; or
-    the saved workload it names (whose first ``warmup_requests`` are warm-up)."""
-    if config.workload_path:
-        from workloads.io import load_workload
-
-        workload = load_workload(config.workload_path)
-        if config.warmup_requests >= len(workload):
-            raise HbenchError(f"--warmup {config.warmup_requests} leaves no measured request "
-                              f"in {config.workload_path} ({len(workload)} requests)")
-        return workload
-    from workloads.build import workload_from_config
-
-    return workload_from_config(config)
-
-
-def recorded_config(config: RunConfig, workload) -> RunConfig:
-    """The config a run's manifest records. For a saved workload the workload
-    flags were ignored, so the workload's own generator parameters (seed, q,
-    rate, requests, ...) replace them: analysis pairs runs on these fields."""
-    if not config.workload_path:
-        return config
-    from workloads.spec import config_fields_from_meta
-
-    recipe = config_fields_from_meta(dict(workload.meta), len(workload), config.warmup_requests)
-    try:
-        return dataclasses.replace(config, **recipe)
-    except (HbenchError, TypeError) as exc:
-        raise HbenchError(f"{config.workload_path}: its recorded recipe is not a valid run "
-                          f"configuration ({exc})") from None
+def validate_run(config: RunConfig, *, allow_oversubscribe: bool = False) -> RunSetup:
+    """The checks a run passes before any work, every floor's: the config's
+    own (`harness.run_setup.validate`, which resolves the model and the
+    budget once) and, for the simulator unless ``allow_oversubscribe``, that
+    the simulated GPU holds the weights and the budget
+    (`adapters.sim.profile.check_gpu_memory`). Returns the resolved `RunSetup`."""
+    setup = validate(config)
+    if config.engine == "sim" and not allow_oversubscribe:
+        check_gpu_memory(setup)
+    return setup
 
 
 def execute(config: RunConfig, out_root: str | Path = "results", *, workload=None,
             progress=None, run_id: str | None = None, allow_oversubscribe: bool = False) -> Path:
     """Run ``config`` and write ``out_root/<run-id>/``; returns that path."""
-    setup = validate(config, allow_oversubscribe=allow_oversubscribe)   # geometry, budget: once
+    setup = validate_run(config, allow_oversubscribe=allow_oversubscribe)   # resolved once
     engine = make_engine(config.engine)
     check_expressible(engine.name, engine.supported_orgs, config.org)
     check_paging(engine, config.resolved_paging)

@@ -28,7 +28,7 @@ import click
 def tiny_model(arch, preset, out_dir, seed, records):
     """Build a tiny Falcon-H1 (random weights, locally trained tokenizer)."""
     from adapters.tiny_model import build_tiny_model
-    from harness.paths import check_writable_dir
+    from hbench.paths import check_writable_dir
 
     check_writable_dir(out_dir)
     click.echo(json.dumps(build_tiny_model(out_dir, arch=arch, seed=seed, records=records,

@@ -9,9 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from common.errors import HbenchError
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, applicable_orgs, resolve_all
-from harness.commands.geometry import model_options
-from harness.errors import HbenchError
 from harness.layout import BLOCK_TOKENS, D0_BLOCK_TOKENS
 from harness.ledger import (
     WASTE_KINDS,
@@ -25,6 +24,7 @@ from harness.ledger import (
 )
 from harness.model_configs import geometry_from_options
 from harness.orgs import layout_for
+from hbench.commands.geometry import model_options
 
 #: Largest count accepted: more blocks than any GPU holds is a typo.
 MAX_COUNT = 10**9

@@ -1,7 +1,7 @@
 """``hbench reproduce``: run one of the study's designs (or all) and compare
 hbench's numbers with the published ones.
 
-Thin: `analysis.designs` says what to run, `harness.sweep.run_sweep` runs it
+Thin: `analysis.designs` says what to run, `hbench.sweep.run_sweep` runs it
 (resumably, into OUT/<design>[-quick]/), `analysis.reproduce.evaluate_design`
 evaluates the contrast families, renders figures and writes reproduce.md and
 reproduce.csv. With ``all`` the per-design tables are also concatenated into
@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from analysis.designs import DESIGNS
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 def _print_table(console: Console, title: str, table) -> None:
@@ -58,18 +58,17 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
     import pandas as pd
 
     from analysis.reproduce import evaluate_design, markdown
-    from harness.paths import check_writable_dir
-    from harness.sweep import run_sweep
+    from hbench.paths import check_writable_dir
+    from hbench.runner import validate_run
+    from hbench.sweep import run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
-    from harness.run_setup import validate
-
     for n in names:   # every cell of every design, before any work
         for cfg in DESIGNS[n].configs(quick):
-            validate(cfg)
+            validate_run(cfg)
     console = Console(stderr=True)
     tables = []
     for n in names:

@@ -1,0 +1,84 @@
+"""The capacity search: the largest arrival rate each arm sustains within an SLO.
+
+`run_capacity` runs a grid of `RunConfig`s (org x budget x rate x seed) with
+`hbench.sweep.run_sweep` (content-addressed cells: a rerun, or a sweep that
+already ran some of these cells in the same ``out``, reuses them), judges
+each run against the SLO and evaluates the grid with `analysis.capacity`
+(capacity per arm, crossovers, the winner map), and writes ``capacity.json``
+and ``winner_map.png`` into ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.errors import HbenchError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """What `run_capacity` found and wrote: the cells (one row per run), the
+    capacity table, the crossovers, the runs at a found capacity that are not
+    valid (`analysis.capacity.invalid_at_capacity`) and the ``capacity.json``
+    document."""
+
+    cells: pd.DataFrame
+    table: pd.DataFrame
+    crossovers: list[dict]
+    invalid: list[str]
+    doc: dict
+
+
+def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int = 1,
+           on_cell=None) -> pd.DataFrame:
+    """Run (or reuse) every cell of the rate grid; one row per cell with its
+    verdict, goodput and run directory."""
+    import pandas as pd
+
+    from analysis.capacity import goodput, meets_slo
+    from harness.grid import expand
+    from harness.results import read_run
+    from hbench.sweep import run_sweep
+
+    configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
+    result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell)
+    if result.failed:
+        raise HbenchError(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
+    rows = []
+    for cell in result.cells:
+        run = read_run(out / cell.cell_id)
+        cfg = cell.config
+        rows.append({"org": cfg.org, "budget": cfg.budget, "rate": cfg.rate, "seed": cfg.seed,
+                     "meets": meets_slo(run.summary, limits),
+                     "goodput": goodput(run.table("requests"), limits),
+                     "valid": bool((run.summary.get("validity") or {}).get("valid", True)),
+                     **{lim.key: run.summary.get(lim.key) for lim in limits},
+                     "run_dir": str(run.path)})
+    return pd.DataFrame(rows)
+
+
+def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
+                 alpha: float = 0.05, jobs: int = 1, on_cell=None) -> CapacityResult:
+    """`search` the grid, evaluate it at significance level ``alpha`` and write
+    ``out/capacity.json`` and ``out/winner_map.png``."""
+    from analysis.answer_figures import winner_map_figure
+    from analysis.capacity import capacity_table, crossovers, invalid_at_capacity, winner_map
+
+    cells = search(orgs, budgets, rates, seeds, limits, out, base, jobs=jobs, on_cell=on_cell)
+    table = capacity_table(cells, alpha)
+    wmap = winner_map(cells, alpha)
+    cross = crossovers(cells)
+    fig = winner_map_figure(wmap, f"winner by goodput ({', '.join(map(str, limits))})")
+    fig.savefig(out / "winner_map.png", dpi=110)
+    doc = {"slo": [str(x) for x in limits], "rates": list(rates), "seeds": list(seeds),
+           "requests": base.get("requests"), "capacity": table.to_dict("records"),
+           "crossovers": cross, "winner_map": wmap.to_dict("records"),
+           "cells": cells.drop(columns=["run_dir"]).to_dict("records")}
+    (out / "capacity.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    return CapacityResult(cells, table, cross, invalid_at_capacity(cells), doc)
