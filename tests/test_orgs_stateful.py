@@ -140,14 +140,16 @@ class OrgMachine(RuleBasedStateMachine):
         assert snapshot(org, self._admitted()) == before, "asking changed the organization"
         if not can:
             if headroom == 0.0:
-                assert not org.allocate(rid, end, r["prefill_until"], r["keys"], hit)
+                assert not org.allocate(rid, end, r["prefill_until"], r["keys"], hit,
+                                        r["prompt_len"])
                 assert snapshot(org, self._admitted()) == before, \
                     "a failed allocate changed the organization"
             return None
         if decode:
             r["tokens"].append(7 + rid * 31 + len(r["tokens"]))
             extend_keys(r["keys"], r["tokens"], r["salt"])
-        assert org.allocate(rid, end, r["prefill_until"], r["keys"], hit)
+        # as the scheduler, with the original prompt's length (kept edges in place)
+        assert org.allocate(rid, end, r["prefill_until"], r["keys"], hit, r["prompt_len"])
         adopted = org.copies()
         if hit is not None and hit.j_adopt:
             assert [(c.reason, c.position) for c in adopted] == [("adopt", hit.j_adopt)]
@@ -217,7 +219,8 @@ class OrgMachine(RuleBasedStateMachine):
         self.next_id += 1
         tokens = PREFIXES[prefix][:plen] + [50_000 + rid * 1000 + i for i in range(tail)]
         self.reqs[rid] = dict(tokens=tokens, keys=chain_keys(tokens, salt), salt=salt,
-                              computed=0, prefill_until=len(tokens), published=[])
+                              computed=0, prefill_until=len(tokens), prompt_len=len(tokens),
+                              published=[])
 
     def _cancel(self, data) -> None:
         """`Scheduler.cancel` of any request, now and then."""
