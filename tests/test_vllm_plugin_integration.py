@@ -227,7 +227,10 @@ def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model):
         greedy(server, [base], ignore_eos=True)
         out = {}
         first = threading.Thread(target=lambda: out.update(a=greedy(server, [a], True)))
-        before = generated_tokens(server)
+        # the server may count a step's tokens just after it answers: wait
+        # until all of the 1,700-token prompt's are counted
+        before = wait_until(lambda: (n := generated_tokens(server)) >= OUTPUT_LEN and n, 60,
+                            "the 1,700-token prompt's tokens to be counted")
         first.start()
         # B only once A generates: A was admitted first, and both run when B crosses its edge
         wait_until(lambda: generated_tokens(server) > before, 300, "request A's first token")
