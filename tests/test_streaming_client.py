@@ -361,7 +361,7 @@ def test_idle_timeout_bounds_a_stalled_stream():
     # the server sends one chunk, then nothing until it exits: only the idle timeout ends it
     with ScriptedServer(Script(hang_after=1, first_delay_s=0.01)) as srv:
         out = stream_completion(srv.endpoint, {"prompt": "x"}, time.perf_counter(),
-                                Timeouts(connect_s=1, first_byte_s=1, idle_s=0.3, total_s=5))
+                                Timeouts(connect_s=30, first_byte_s=30, idle_s=0.3, total_s=60))
     assert out.status == "failed" and not out.success
     assert out.error == "timed out after 0.3s waiting for next chunk"
 
