@@ -124,8 +124,9 @@ def _start_long_sweep(out: Path) -> subprocess.Popen:
     return proc
 
 
-def _a_cell_ran(out: Path) -> bool:
+def _a_cell_ran(proc: subprocess.Popen, out: Path) -> bool:
     """sweep.json records a finished cell (the sweep rewrites it after each one)."""
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
     try:
         return any(c["status"] == "ran" for c in sweep_doc(out)["cells"])
     except (OSError, ValueError):      # not written yet
@@ -165,7 +166,7 @@ def test_sweep_json_is_accurate_after_a_kill_and_workers_die_with_the_sweep(tmp_
     proc = _start_long_sweep(out)
     workers = children(proc.pid)
     # interrupted with cells done and others running, so sweep.json has both to get right
-    wait_until(lambda: _a_cell_ran(out), 300, "the sweep to finish a cell")
+    wait_until(lambda: _a_cell_ran(proc, out), 300, "the sweep to finish a cell")
     proc.send_signal(sig)
     proc.communicate(timeout=120)
     _workers_exit(workers)
