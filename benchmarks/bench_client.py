@@ -3,8 +3,10 @@
 Replays a constant-rate workload (default 50 req/s for 10 s) against the
 local scripted streaming server of tests/test_streaming_client.py, run in a
 separate process so this process's CPU time is the client's alone, and
-prints the dispatch lag distribution (actual send minus scheduled arrival)
-and the client CPU time per streamed token.
+prints the dispatch lag distribution (actual send minus scheduled arrival),
+the token timing error (when the client timed each token minus when the
+server wrote its chunk; both read the system's monotonic clock), each
+against its target, and the client CPU time per streamed token.
 
 With ``--vllm-python`` it also runs vLLM's own benchmark client (``vllm
 bench serve`` from that interpreter's environment) against the same server,
@@ -45,14 +47,22 @@ VLLM_BENCH = ("from vllm.utils.argparse_utils import FlexibleArgumentParser; "
               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
 
 
+#: the client's accuracy targets, p99 in ms (what the unit tests asserted before
+#: they stopped asserting wall times: a loaded machine misses them)
+DISPATCH_LAG_TARGET_MS = 40.0
+TOKEN_ERROR_TARGET_MS = 40.0
+
+
 def serve(pipe, tokens: int, interval_s: float):
-    """Server process: answers "take" with the POST arrival times so far (and clears them)."""
+    """Server process: answers "take" with the POST arrival times so far and
+    when each prompt's chunks were written (and clears them)."""
     script = Script(first_delay_s=0.05, interval_s=interval_s, texts=tuple("t" * tokens))
     with ScriptedServer(script) as srv:
         pipe.send(srv.port)
         while pipe.recv() == "take":
             arrivals, srv.received_at = srv.received_at, []
-            pipe.send(arrivals)
+            written, srv.written_at = srv.written_at, {}
+            pipe.send((arrivals, written))
 
 
 def gap_jitter(arrivals: list[float], rate: float) -> dict:
@@ -65,12 +75,25 @@ def gap_jitter(arrivals: list[float], rate: float) -> dict:
 
 
 def run_hbench(endpoint: Endpoint, rate: float, n: int, tokens: int):
+    """The run, its start instant, client CPU and wall seconds (prompt ``p{i}``
+    is request i, so the server's times can be matched)."""
     wl = Workload(tuple(
-        WorkloadRequest(i, i / rate, "p", np.zeros(1, dtype=np.int64), tokens)
+        WorkloadRequest(i, i / rate, f"p{i}", np.zeros(1, dtype=np.int64), tokens)
         for i in range(n)))
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    res = run_open_loop(endpoint, "tiny", wl)
-    return res, time.process_time() - cpu0, time.perf_counter() - wall0
+    res = run_open_loop(endpoint, "tiny", wl, t0=wall0)
+    return res, wall0, time.process_time() - cpu0, time.perf_counter() - wall0
+
+
+def token_error_ms(res, t0: float, written: dict[str, list[float]]) -> np.ndarray:
+    """Per token: the client's time of it minus when the server wrote its chunk."""
+    err = [(t0 + t - w) * 1e3 for r in res.records
+           for t, w in zip(r.token_times, written.get(f"p{r.request_id}", ()), strict=False)]
+    return np.asarray(err)
+
+
+def verdict(p99: float, target: float) -> str:
+    return f"target p99 < {target:g} ms: {'within' if p99 < target else 'MISSED'}"
 
 
 def run_vllm(python: str, tokenizer: str, endpoint: Endpoint, rate: float, n: int,
@@ -105,13 +128,14 @@ def main() -> None:
     n = int(args.rate * args.seconds)
     try:
         endpoint = Endpoint("127.0.0.1", here.recv())
-        res, cpu, wall = run_hbench(endpoint, args.rate, n, args.tokens)
+        res, t0, cpu, wall = run_hbench(endpoint, args.rate, n, args.tokens)
         here.send("take")
-        jitter = {"hbench": gap_jitter(here.recv(), args.rate)}
+        arrivals, written = here.recv()
+        jitter = {"hbench": gap_jitter(arrivals, args.rate)}
         if args.vllm_python:
             run_vllm(args.vllm_python, args.tokenizer, endpoint, args.rate, n, args.tokens)
             here.send("take")
-            jitter["vllm bench serve"] = gap_jitter(here.recv(), args.rate)
+            jitter["vllm bench serve"] = gap_jitter(here.recv()[0], args.rate)
         here.send("stop")
     finally:
         proc.join(timeout=10)
@@ -122,8 +146,13 @@ def main() -> None:
     failed = sum(r.status != "finished" for r in res.records)
     print(f"requests {n} at {args.rate:g} req/s, {args.tokens} tokens each every "
           f"{args.interval_ms:g} ms; failed {failed}")
-    print(f"dispatch lag ms: p50 {np.percentile(lag_ms, 50):.3f}  p99 "
-          f"{np.percentile(lag_ms, 99):.3f}  max {lag_ms.max():.3f}")
+    p99 = np.percentile(lag_ms, 99)
+    print(f"dispatch lag ms: p50 {np.percentile(lag_ms, 50):.3f}  p99 {p99:.3f}  "
+          f"max {lag_ms.max():.3f}; {verdict(p99, DISPATCH_LAG_TARGET_MS)}")
+    err_ms = token_error_ms(res, t0, written)
+    p99 = np.percentile(err_ms, 99)
+    print(f"token timing error ms ({len(err_ms)} tokens): p50 {np.percentile(err_ms, 50):.3f}  "
+          f"p99 {p99:.3f}  max {err_ms.max():.3f}; {verdict(p99, TOKEN_ERROR_TARGET_MS)}")
     print(f"client CPU {cpu:.2f} s over {wall:.1f} s wall; {tokens} tokens; "
           f"{cpu / max(tokens, 1) * 1e6:.1f} us CPU per streamed token")
     print(f"server-side inter-arrival gaps, period {1e3 / args.rate:g} ms "

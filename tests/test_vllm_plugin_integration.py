@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import pytest
 from conftest import VLLM_PYTHON, requires_vllm, vllm_tiny_model
+from waiting import wait_until
 
 from adapters.metrics_scrape import plugin_report
 from harness.config import RunConfig
@@ -124,6 +125,16 @@ def stock(model):
         return traffic(server)
 
 
+def generated_tokens(server) -> float:
+    """The server's count of generated tokens so far (``/metrics``)."""
+    from adapters.client.http import http_get
+    from adapters.metrics_scrape import extract, parse_prometheus
+
+    status, body = http_get(server.endpoint, "/metrics")
+    assert status == 200, status
+    return extract(parse_prometheus(body.decode()), "vllm").get("generation_tokens", 0.0)
+
+
 def counters_of(server) -> tuple[dict, dict]:
     report = plugin_report(server.log_text())
     assert report["resolved"] is not None, "the plugin did not load in the engine core"
@@ -206,8 +217,6 @@ def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model):
     preempted by *other* requests' growth, vLLM first evicts every
     unreferenced cached block, so a victim's published checkpoints are gone
     before the preemption; its own live state at a block edge is not.)"""
-    import time
-
     from adapters.metrics_scrape import PluginLogFollower
 
     rng = random.Random(9)
@@ -218,8 +227,13 @@ def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model):
         greedy(server, [base], ignore_eos=True)
         out = {}
         first = threading.Thread(target=lambda: out.update(a=greedy(server, [a], True)))
+        # the server may count a step's tokens just after it answers: wait
+        # until all of the 1,700-token prompt's are counted
+        before = wait_until(lambda: (n := generated_tokens(server)) >= OUTPUT_LEN and n, 60,
+                            "the 1,700-token prompt's tokens to be counted")
         first.start()
-        time.sleep(0.2)    # A is admitted first; both run when B crosses its edge
+        # B only once A generates: A was admitted first, and both run when B crosses its edge
+        wait_until(lambda: generated_tokens(server) > before, 300, "request A's first token")
         out["b"] = greedy(server, [b], ignore_eos=True)
         first.join()
         _, c = counters_of(server)
