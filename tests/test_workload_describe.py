@@ -52,7 +52,7 @@ def test_a_later_turn_can_reuse_the_whole_previous_turn():
 
 
 def test_grids_come_from_the_organizations_layouts():
-    from harness.commands.workload import org_grids
+    from hbench.commands.workload import org_grids
 
     assert org_grids() == {"s0": 512, "s1": 512, "s2": 512, "d0": 1792}
 
