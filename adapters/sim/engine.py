@@ -21,9 +21,9 @@ from pathlib import Path
 from adapters.sim.cost import CostModel, StepShape
 from adapters.sim.fastpath import fast_forward, fast_path_enabled
 from adapters.sim.profile import hardware_for
-from adapters.sim.recorder import StepRecorder
 from harness import __version__
 from harness.config import ORG_NAMES
+from harness.engine.recorder import StepRecorder
 from harness.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.orgs import build_organization

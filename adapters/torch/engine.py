@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.sim.cost import StepShape
-from adapters.sim.recorder import StepRecorder
 from harness import __version__
+from harness.engine.recorder import StepRecorder
 from harness.errors import HbenchError
 from harness.orgs import build_organization
 from harness.records import EngineRun
