@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters.sim.cost import StepShape
 from harness.calibration.design import Cell, cell_workload
 from harness.calibration.fit import Sample
 from harness.config import RunConfig
+from harness.engine.shape import StepShape
 from harness.errors import HbenchError
 
 #: State memory for the calibration server: the design must not wait or preempt.

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from adapters.sim.cost import CostModel, Rates, StepShape
+from adapters.sim.cost import CostModel, Rates
 from adapters.sim.hardware import get_hardware
 from adapters.sim.profile import CostProfile, load_profile, save_profile
 from harness.calibration.design import design
 from harness.calibration.fit import Sample, fit_rates
 from harness.cli import cli
 from harness.config import RunConfig
+from harness.engine.shape import StepShape
 from harness.errors import HbenchError
 from harness.model_configs import preset
 from harness.results import cell_id, list_runs, read_run

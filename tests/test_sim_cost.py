@@ -19,11 +19,11 @@ from adapters.sim.cost import (
     DEFAULTS,
     CostConstants,
     CostModel,
-    StepShape,
     param_counts,
 )
 from adapters.sim.hardware import HARDWARE, Hardware, get_hardware
 from harness.cli import cli
+from harness.engine.shape import StepShape
 from harness.errors import HbenchError
 from harness.model_configs import preset
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from adapters.sim.cost import CostModel, Rates, StepShape
+from adapters.sim.cost import CostModel, Rates
+from harness.engine.shape import StepShape
 from harness.errors import HbenchError
 
 #: Coefficients of the additive model, in column order, with the `Rates` field

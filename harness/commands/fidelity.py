@@ -139,8 +139,9 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, reque
         click.echo(f"ledger: {out / 'ledger.csv'}")
         return
 
-    from adapters.sim.engine import SimEngine, check_fits
+    from adapters.sim.engine import SimEngine
     from adapters.sim.profile import load_profile
+    from harness.engine.fits import check_fits
     from harness.grid import expand
     from harness.run_setup import validate
     from harness.runner import build_run_workload, execute
