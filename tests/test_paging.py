@@ -21,7 +21,7 @@ from harness.layout import vllm_block_tokens
 from harness.model_configs import PRESETS, preset
 from harness.orgs import layout_for
 from harness.results import read_run
-from tests.test_sim_fastpath import assert_identical, run_both
+from tests.test_scheduler_stretch import assert_identical, run_both
 
 GEOM = preset("falcon-h1-7b")
 KIB = 1024
@@ -143,13 +143,13 @@ def test_run_cli_refuses_a_token_budget_below_the_vllm_block(tmp_path):
 
 @pytest.mark.parametrize("case", range(16))
 def test_fast_path_is_identical_on_random_configs_under_vllm_paging(case):
-    """As tests/test_sim_fastpath.py, in vLLM's blocks: edges published in place
+    """As tests/test_scheduler_stretch.py, in vLLM's blocks: edges published in place
     (decode edges too) and released when the step that continued past them ends."""
     import dataclasses
 
     import numpy as np
 
-    from tests.test_sim_fastpath import random_config
+    from tests.test_scheduler_stretch import random_config
 
     rng = np.random.default_rng(7_000 + case)
     config = dataclasses.replace(random_config(rng), paging="vllm",
