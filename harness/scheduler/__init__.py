@@ -2,11 +2,19 @@
 
 Engine-independent: it decides which requests compute how many tokens in the
 next step, and talks to the organization only through `harness.orgs.base`'s
-ask/act calls. An in-process engine (the simulator) loops:
+ask/act calls. The engine loop (`harness.engine.loop`) of an in-process
+engine drives it:
 
     batch = sched.schedule()           # admission, chunking, preemption
     ... execute batch.items for batch-dependent time ...
     sched.complete(batch, now)         # commit, publish, emit tokens, finish
+
+An engine that prices steps ahead (the simulator) first asks for a stretch
+of quiet decode steps (`schedule_stretch`, `harness.scheduler.stretch`): the
+same steps, planned and completed by the same rules (`admit`, `preempt`,
+`refusal`, `complete`, `finish_request`) without a round trip per step. Its
+values (`SchedRequest`, `StepBatch`, `generated_token`) are in
+`harness.scheduler.batch`.
 
 Policy, in the order it is applied each step:
 1. Running requests in admission order: a decode token each, or the next
@@ -333,8 +341,8 @@ class Scheduler:
         """Why `admit` with ``budget`` tokens left would not admit the waiting
         head now, given running requests: `WAIT_CAP`, `WAIT_BUDGET`,
         `WAIT_MEMORY`, "" when nobody waits, or None when it would admit (or
-        fail) it. Changes nothing: an engine that fast-forwards steps asks it
-        after the organization changed, and records the reason."""
+        fail) it. Changes nothing: a stretch asks it after the organization
+        changed, and records the reason."""
         if not self.waiting:
             return ""
         if len(self.running) >= self.policy.cap:
