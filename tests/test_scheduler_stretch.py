@@ -16,13 +16,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from adapters.sim.engine import SimEngine
+from adapters.sim.engine import SimEngine, stretches_enabled
 from harness.config import ORG_NAMES, RunConfig
 from harness.errors import HbenchError
 from harness.metrics import summarize
 from harness.run_setup import RunSetup
 from harness.runner import build_run_workload
-from harness.scheduler.stretch import stretches_enabled
 
 
 def random_config(rng: np.random.Generator) -> RunConfig:

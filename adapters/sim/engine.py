@@ -14,6 +14,7 @@ import ast
 import functools
 import hashlib
 import math
+import os
 from pathlib import Path
 
 from adapters.sim.cost import CostModel
@@ -30,7 +31,6 @@ from harness.layout import PAGINGS
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
-from harness.scheduler.stretch import stretches_enabled
 
 #: The benchmark notices completions by polling at this interval (assumed, like a
 #: serving benchmark's client loop); the ledger window ends at the next poll.
@@ -96,6 +96,12 @@ def _source_digest(root: Path | None = None) -> str:
         h.update(f.relative_to(root).as_posix().encode() + b"\0")
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
+
+
+def stretches_enabled() -> bool:
+    """Stretches of quiet decode steps are on unless ``HBENCH_SIM_FAST`` is
+    ``0`` (or ``false``/``off``): then the scheduler plans every step."""
+    return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
 
 
 class SimEngine:

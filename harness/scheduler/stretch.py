@@ -59,13 +59,12 @@ returns why the stretch ended, and the loop plans the next step with
   at once).
 
 ``HBENCH_SIM_FAST=0`` makes the simulator plan every step with
-`Scheduler.schedule` (`stretches_enabled`); `tests/test_scheduler_stretch.py`
-checks that both give identical results.
+`Scheduler.schedule` (`adapters.sim.engine.stretches_enabled`);
+`tests/test_scheduler_stretch.py` checks that both give identical results.
 """
 
 from __future__ import annotations
 
-import os
 from array import array
 
 import numpy as np
@@ -77,11 +76,6 @@ from harness.scheduler.batch import RUNNING, WAIT_MEMORY, BatchItem, StepBatch, 
 
 #: Why a stretch ended (`Stretch.run`; module docstring).
 PREFILL, IDLE, NO_ROOM = "prefill", "idle", "no room"
-
-
-def stretches_enabled() -> bool:
-    """Stretches are on unless ``HBENCH_SIM_FAST`` is ``0`` (or ``false``/``off``)."""
-    return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
 
 
 class Stretch:
