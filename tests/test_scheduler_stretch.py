@@ -220,7 +220,7 @@ def test_decode_values_are_step_of_the_decode_shape(rates):
         shape = StepShape.from_requests(decode_contexts=contexts)
         want = model.step(shape)
         got = model.decode_values(len(contexts), sum(contexts))
-        assert StepCost(*got) == want
+        assert StepCost(*got[:9]) == want
         assert model.decode_step(len(contexts), sum(contexts)) == want
         chunks = []
         for rid in range(int(rng.integers(1, 4))):

@@ -325,43 +325,72 @@ class CostModel:
 
     def work(self, shape: StepShape) -> StepWork:
         """The step's work in physical units: the one definition of what a step
-        moves and computes (``step`` divides it by the rates)."""
+        moves and computes (``step`` divides it by the rates; both through
+        `_batch` and `_price`)."""
+        values, batch = self._priced(shape)
+        requests, state_bytes, _, gemm_flops, scan_flops, _, _ = batch
+        return StepWork(requests=requests, weights_bytes=self.weights_read_bytes,
+                        kv_bytes=values[9], state_bytes=state_bytes, gemm_flops=gemm_flops,
+                        attn_flops=values[10], scan_flops=scan_flops)
+
+    def step(self, shape: StepShape) -> StepCost:
+        """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
+        return StepCost(*self._priced(shape)[0][:9])
+
+    def decode_step(self, requests: int, context_tokens: int) -> StepCost:
+        """`decode_values` as a `StepCost`."""
+        return StepCost(*self.decode_values(requests, context_tokens)[:9])
+
+    def decode_values(self, requests: int, context_tokens: int) -> tuple:
+        """`_price` of a step of ``requests`` decodes whose contexts sum to
+        ``context_tokens``: `StepCost`'s fields in order, then its K/V bytes
+        and attention FLOPs (a stretch of quiet decode steps prices every step
+        with it). The same numbers as ``step(StepShape.of_chunks((), requests,
+        context_tokens))``: the batch terms are that shape's, kept per batch
+        size; its K/V tokens are the contexts plus one new token per request,
+        its attention pairs the contexts."""
+        batch = self._per_decodes.get(requests)
+        if batch is None:
+            s = StepShape.of_chunks((), requests, 0)
+            batch = self._per_decodes[requests] = self._batch(
+                s.prefill_tokens, s.decode_requests, s.state_requests,
+                s.checkpoint_copies + s.checkpoint_loads)
+        return self._price(context_tokens + requests, context_tokens, batch)
+
+    def _priced(self, shape: StepShape) -> tuple[tuple, tuple]:
+        """`_price` of ``shape`` and its `_batch` terms."""
         p, d = shape.prefill_tokens, shape.decode_requests
-        kv_bytes, attn_flops = self._traffic(
-            shape.decode_context_tokens + shape.prefill_context_tokens + p + d,
-            shape.prefill_attn_pairs + shape.decode_context_tokens)
-        return StepWork(
-            requests=shape.state_requests,
-            weights_bytes=self.weights_read_bytes,
-            kv_bytes=kv_bytes,
-            state_bytes=(shape.state_requests + shape.checkpoint_copies + shape.checkpoint_loads)
-            * self.state_rw_bytes,
-            gemm_flops=(p + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq,
-            attn_flops=attn_flops,
-            scan_flops=p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token,
-        )
+        batch = self._batch(p, d, shape.state_requests,
+                            shape.checkpoint_copies + shape.checkpoint_loads)
+        return self._price(shape.decode_context_tokens + shape.prefill_context_tokens + p + d,
+                           shape.prefill_attn_pairs + shape.decode_context_tokens, batch), batch
 
-    def _traffic(self, kv_tokens: int, attn_pairs) -> tuple[float, float]:
-        """K/V bytes and attention FLOPs of a step whose attention layers move
-        the K/V of ``kv_tokens`` tokens and score ``attn_pairs`` (query, key)
-        pairs: the part of `work` that grows with the context."""
-        return kv_tokens * self.kv_bytes_per_token, attn_pairs * self.attn_flops_per_pair
+    def _batch(self, prefill_tokens: int, decode_requests: int, state_requests: int,
+               moved_checkpoints: int) -> tuple:
+        """The work and seconds of a step that depend on its requests only,
+        not on their contexts: (requests, state bytes (each request's state
+        read and written, each checkpoint published or loaded copied), state
+        seconds, GEMM FLOPs (linear layers per new token, the LM head per
+        decode), scan FLOPs, scan seconds, overhead seconds)."""
+        p, d, r = prefill_tokens, decode_requests, self.rates
+        state_bytes = (state_requests + moved_checkpoints) * self.state_rw_bytes
+        gemm_flops = (p + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq
+        scan_flops = p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
+        return (state_requests, state_bytes, state_bytes / r.state_bytes_s, gemm_flops,
+                scan_flops, scan_flops / r.scan_flops_s,
+                r.step_overhead_s + r.request_overhead_s * state_requests)
 
-    def _batch_terms(self, w: StepWork) -> tuple:
-        """The parts of `_price` that depend on the batch's requests only, not
-        on their contexts: (state bytes, state seconds, GEMM FLOPs, scan FLOPs,
-        scan seconds, overhead seconds)."""
-        r = self.rates
-        return (w.state_bytes, w.state_bytes / r.state_bytes_s, w.gemm_flops, w.scan_flops,
-                w.scan_flops / r.scan_flops_s, r.step_overhead_s + r.request_overhead_s * w.requests)
-
-    def _price(self, kv_bytes: float, attn_flops: float, batch: tuple) -> tuple:
-        """The roofline (module docstring): `StepCost`'s fields, in order, of a
-        step moving ``kv_bytes`` of K/V and doing ``attn_flops`` of attention
-        with `_batch_terms` ``batch``. The one formula behind `step` and
+    def _price(self, kv_tokens: int, attn_pairs, batch: tuple) -> tuple:
+        """The roofline (module docstring) of a step whose attention layers
+        move the K/V of ``kv_tokens`` tokens (read context and written new
+        ones) and score ``attn_pairs`` (query, key) pairs, with `_batch` terms
+        ``batch``: `StepCost`'s fields in order, then the K/V bytes and the
+        attention FLOPs. The one formula behind `step`, `work` and
         `decode_values`."""
-        state_bytes, state_s, gemm_flops, scan_flops, scan_s, overhead = batch
+        _, state_bytes, state_s, gemm_flops, scan_flops, scan_s, overhead = batch
         r = self.rates
+        kv_bytes = kv_tokens * self.kv_bytes_per_token
+        attn_flops = attn_pairs * self.attn_flops_per_pair
         weights_s = self._weights_s
         kv_s = kv_bytes / r.mem_bytes_s
         memory_s = weights_s + kv_s + state_s
@@ -378,27 +407,4 @@ class CostModel:
             busy = memory_s + compute_s if self._add else memory_s
         return (weights_s, kv_s, state_s, compute_s, overhead, busy + overhead, bound,
                 gemm_flops + attn_flops + scan_flops,
-                self.weights_read_bytes + kv_bytes + state_bytes)
-
-    def step(self, shape: StepShape) -> StepCost:
-        """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
-        w = self.work(shape)
-        return StepCost(*self._price(w.kv_bytes, w.attn_flops, self._batch_terms(w)))
-
-    def decode_step(self, requests: int, context_tokens: int) -> StepCost:
-        """`decode_values` as a `StepCost`."""
-        return StepCost(*self.decode_values(requests, context_tokens))
-
-    def decode_values(self, requests: int, context_tokens: int) -> tuple:
-        """`step`'s fields, as a plain tuple in `StepCost`'s field order, of a
-        step of ``requests`` decodes whose contexts sum to ``context_tokens``
-        (a stretch of quiet decode steps prices every step with it). The same
-        numbers as ``step(StepShape.of_chunks((), requests, context_tokens))``:
-        the batch terms are those of that shape, kept per batch size, and the
-        context's K/V is the contexts plus one new token per request."""
-        batch = self._per_decodes.get(requests)
-        if batch is None:
-            batch = self._per_decodes[requests] = self._batch_terms(
-                self.work(StepShape.of_chunks((), requests, 0)))
-        kv_bytes, attn_flops = self._traffic(context_tokens + requests, context_tokens)
-        return self._price(kv_bytes, attn_flops, batch)
+                self.weights_read_bytes + kv_bytes + state_bytes, kv_bytes, attn_flops)

@@ -115,7 +115,9 @@ class EngineLoop:
         """The step a stretch runs ends ``duration`` after the clock's time:
         the arrivals before its end in event order (not one at its end) are
         handed to the scheduler and the clock advances to the end. Returns
-        (the end, how many arrived)."""
+        (the end, how many arrived). A stretch's steps are priced, not run,
+        so the clock is virtual and its time is set (a wall clock's cannot
+        be)."""
         clock, events = self.clock, self.events
         end = clock.now + duration
         done = (end, STEP_DONE)
@@ -123,10 +125,10 @@ class EngineLoop:
         while events and events[0] < done:
             t, kind, _, wr = heapq.heappop(events)
             assert kind == ARRIVAL, kind       # no other step is in flight
-            clock.advance_to(t)
+            clock.now = t
             self.arrive(wr)
             n += 1
-        clock.advance_to(end)
+        clock.now = end
         return end, n
 
     def arrive(self, wr) -> None:
