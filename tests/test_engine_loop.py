@@ -202,3 +202,31 @@ def test_on_a_wall_clock_events_due_while_a_step_ran_come_before_planning():
     # idle until request 3: the loop slept until its arrival
     assert adds[3] == (3, 4.0)
     assert ft.slept and sum(ft.slept) == pytest.approx(4.0 - 3.0)
+
+
+@pytest.mark.parametrize("package", ["harness/engine", "harness/scheduler"])
+def test_the_engine_core_imports_no_engine_adapter(package):
+    """The core is below the engines: neither it nor the scheduler imports
+    from adapters/, analysis/ or the application shell."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / package).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad = [n for n in names if n.split(".")[0] in ("adapters", "analysis", "hbench")]
+            assert not bad, f"{path.relative_to(root)} imports {bad}"
+
+
+def test_the_torch_engine_imports_nothing_of_the_simulator():
+    import ast
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "adapters" / "torch" / "engine.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            assert not (node.module or "").startswith("adapters.sim"), node.module
+        elif isinstance(node, ast.Import):
+            assert not any(a.name.startswith("adapters.sim") for a in node.names)
