@@ -79,7 +79,7 @@ def assert_identical(slow, fast) -> None:
 
 
 @pytest.mark.parametrize("case", range(24))
-def test_fast_path_gives_identical_results(case):
+def test_stretches_give_identical_results(case):
     config = random_config(np.random.default_rng([2026, case]))
     try:
         slow, fast = run_both(config)
@@ -91,7 +91,7 @@ def test_fast_path_gives_identical_results(case):
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
-def test_fast_path_identical_under_pressure(org):
+def test_stretches_identical_under_pressure(org):
     """Preemptions, retention and a waiting queue at a small budget."""
     config = RunConfig(org=org, budget="b40", rate=20.0, q=0.5, retention=True,
                        requests=40, seed=7)
@@ -101,7 +101,7 @@ def test_fast_path_identical_under_pressure(org):
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
-def test_fast_path_keeps_invariants(org):
+def test_stretches_keep_invariants(org):
     """The organization's invariants hold after every step a stretch takes."""
     config = RunConfig(org=org, budget="b63", rate=10.0, requests=10, max_output=200,
                        seed=11, debug_invariants=True)
@@ -125,7 +125,7 @@ def schedule_calls(monkeypatch):
     return calls
 
 
-def test_fast_path_skips_steps(schedule_calls):
+def test_stretches_skip_steps(schedule_calls):
     """Stretches really take over steps: with them on, the scheduler plans
     fewer steps than the run has."""
     calls = schedule_calls
@@ -159,7 +159,7 @@ def test_generated_token_vectorized_is_the_scalar_rule():
 
 
 @pytest.mark.parametrize("org", ["s2", "d0"])
-def test_fast_path_identical_for_sessions(org):
+def test_stretches_identical_for_sessions(org):
     """Multi-turn sessions: a turn that finishes inside a stretch makes the next
     turn arrive a think time later, as after a planned step."""
     config = RunConfig(org=org, workload_kind="multiturn", requests=12, max_turns=3,
@@ -240,7 +240,7 @@ def test_decode_values_are_step_of_the_decode_shape(rates):
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
-def test_fast_path_identical_when_decodes_publish_in_place(org):
+def test_stretches_identical_when_decodes_publish_in_place(org):
     """In vLLM's blocks (``paging="vllm"``) a decode step that reaches a
     checkpoint edge publishes its live state in place, and the next step
     needs a new live state: a stretch takes the decode steps' blocks in
