@@ -36,9 +36,9 @@ import numpy as np
 
 from adapters.calibration.design import Cell, cell_workload
 from adapters.calibration.fit import Sample
-from adapters.sim.cost import StepShape
 from common.errors import HbenchError
 from harness.config import RunConfig
+from harness.engine.shape import StepShape
 
 #: State memory for the calibration server: the design must not wait or preempt.
 BUDGET = "b64"

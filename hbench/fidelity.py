@@ -90,7 +90,8 @@ def plan_cells(engine: str, model_dir: Path, axes: Mapping[str, str],
     (org, budget, seed: grid values such as ``"s0,s2"``, ``"0-1"``) expand over
     ``fields`` (further `RunConfig` fields). A cell that cannot run, on the
     real engine or on the simulator, is refused here, before any work."""
-    from adapters.sim.engine import SimEngine, check_fits
+    from adapters.sim.engine import SimEngine
+    from harness.engine.fits import check_fits
     from harness.grid import expand
     from harness.run_setup import validate
     from harness.run_workload import build_run_workload

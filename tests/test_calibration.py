@@ -15,11 +15,12 @@ from click.testing import CliRunner
 
 from adapters.calibration.design import design
 from adapters.calibration.fit import Sample, fit_rates
-from adapters.sim.cost import CostModel, Rates, StepShape
+from adapters.sim.cost import CostModel, Rates
 from adapters.sim.hardware import get_hardware
 from adapters.sim.profile import CostProfile, load_profile, save_profile
 from common.errors import HbenchError
 from harness.config import RunConfig
+from harness.engine.shape import StepShape
 from harness.model_configs import preset
 from harness.results import cell_id, list_runs, read_run
 from hbench.cli import cli

@@ -122,6 +122,7 @@ PROMPTS: dict[str, dict[int, bytes]] = {}   # org -> request id -> later-turn pr
 @pytest.fixture(scope="module")
 def served():
     import adapters.sim.engine as sim
+    import harness.engine.loop as loop
 
     class Recording(SessionLoop):
         def next_turn(self, finished, generated_token_ids, finish_s, generated_text=""):
@@ -132,7 +133,7 @@ def served():
 
     out = {}
     mp = pytest.MonkeyPatch()
-    mp.setattr(sim, "SessionLoop", Recording)
+    mp.setattr(loop, "SessionLoop", Recording)
     try:
         for org in ("s0", "s1", "s2", "d0"):
             cfg = RunConfig(org=org, budget="b83", workload_kind="multiturn", requests=12,

@@ -21,7 +21,7 @@ from harness.model_configs import PRESETS, preset
 from harness.orgs import layout_for
 from harness.results import read_run
 from hbench.cli import cli
-from tests.test_sim_fastpath import assert_identical, run_both
+from tests.test_scheduler_stretch import assert_identical, run_both
 
 GEOM = preset("falcon-h1-7b")
 KIB = 1024
@@ -109,7 +109,7 @@ def test_engines_refuse_a_paging_they_cannot_lay_out():
 
 
 @pytest.mark.parametrize("org", ["s0", "s1", "s2", "d0"])
-def test_fast_path_is_identical_under_vllm_paging(org):
+def test_stretches_are_identical_under_vllm_paging(org):
     config = RunConfig(org=org, budget="b12", paging="vllm", requests=14, rate=20.0,
                        mean_input=3000, max_output=400, contexts=2, max_model_len=4096,
                        cap=16, token_budget=BLOCK, seed=3)
@@ -142,14 +142,14 @@ def test_run_cli_refuses_a_token_budget_below_the_vllm_block(tmp_path):
 
 
 @pytest.mark.parametrize("case", range(16))
-def test_fast_path_is_identical_on_random_configs_under_vllm_paging(case):
-    """As tests/test_sim_fastpath.py, in vLLM's blocks: edges published in place
+def test_stretches_are_identical_on_random_configs_under_vllm_paging(case):
+    """As tests/test_scheduler_stretch.py, in vLLM's blocks: edges published in place
     (decode edges too) and released when the step that continued past them ends."""
     import dataclasses
 
     import numpy as np
 
-    from tests.test_sim_fastpath import random_config
+    from tests.test_scheduler_stretch import random_config
 
     rng = np.random.default_rng(7_000 + case)
     config = dataclasses.replace(random_config(rng), paging="vllm",

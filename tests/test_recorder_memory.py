@@ -15,9 +15,9 @@ import math
 
 import pytest
 
-from adapters.sim import recorder as rec
 from adapters.sim.engine import SimEngine
 from harness.config import ORG_NAMES, RunConfig
+from harness.engine import recorder as rec
 from harness.run_setup import RunSetup
 from harness.run_workload import build_run_workload
 

@@ -9,7 +9,8 @@ from harness.model_configs import preset
 from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import key_at
 from harness.records import CANCELLED, FINISHED
-from harness.scheduler import DONE, BatchItem, Scheduler, SchedulerPolicy, StepBatch
+from harness.scheduler import Scheduler, SchedulerPolicy
+from harness.scheduler.batch import DONE, BatchItem, StepBatch
 
 GEOM = preset("falcon-h1-7b")
 

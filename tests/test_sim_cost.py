@@ -18,11 +18,11 @@ from adapters.sim.cost import (
     DEFAULTS,
     CostConstants,
     CostModel,
-    StepShape,
     param_counts,
 )
 from adapters.sim.hardware import HARDWARE, Hardware, get_hardware
 from common.errors import HbenchError
+from harness.engine.shape import StepShape
 from harness.model_configs import preset
 from hbench.cli import cli
 

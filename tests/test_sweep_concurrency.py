@@ -227,7 +227,7 @@ def test_a_config_file_edit_gives_a_new_cell_in_a_sweep(tmp_path):
     assert S.plan(configs)[0].cell_id != before
 
 
-REQUIRED_SOURCES = ["harness/metrics.py", "harness/scheduler.py", "harness/layout.py",
+REQUIRED_SOURCES = ["harness/metrics.py", "harness/scheduler/__init__.py", "harness/layout.py",
                     "harness/budget.py", "harness/geometry.py", "harness/orgs/s0.py",
                     "harness/orgs/d0.py", "harness/orgs/pool.py", "adapters/sim/engine.py",
                     "adapters/sim/cost.py", "adapters/sim/hardware.py", "workloads/build.py",

@@ -79,6 +79,7 @@ def test_multiturn_sessions_continue_with_the_tokens_the_engine_generated(model_
     """A later turn's prompt is the previous prompt + the tokens this engine
     generated for it + the new message, and it reuses the history it shares."""
     import adapters.torch.engine as te
+    import harness.engine.loop
     from harness.config import RunConfig
     from harness.run_setup import validate
     from harness.run_workload import build_run_workload
@@ -92,7 +93,7 @@ def test_multiturn_sessions_continue_with_the_tokens_the_engine_generated(model_
             seen.append((finished, list(generated_token_ids), nxt))
             return nxt
 
-    monkeypatch.setattr(te, "SessionLoop", Recording)
+    monkeypatch.setattr(harness.engine.loop, "SessionLoop", Recording)
     config = RunConfig(engine="torch", org="s2", budget="b12", model=str(model_dir),
                        config_path=str(model_dir / "config.json"), workload_kind="multiturn",
                        requests=2, rate=50.0, max_turns=2, think_time_s=0.05, max_output=6,

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from adapters.sim.cost import CostModel, Rates, StepShape
+from adapters.sim.cost import CostModel, Rates
 from common.errors import HbenchError
+from harness.engine.shape import StepShape
 
 #: Coefficients of the additive model, in column order, with the `Rates` field
 #: each one sets (a rate is 1 / coefficient; an overhead is the coefficient).

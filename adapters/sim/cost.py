@@ -1,7 +1,7 @@
 """Roofline cost of one engine step of a hybrid (attention + SSM) model.
 
-The simulator's scheduler describes each step by a handful of aggregate
-counts (`StepShape`); `CostModel.step` turns them into seconds with a
+Each planned step is described by a handful of aggregate counts
+(`harness.engine.shape.StepShape`); `CostModel.step` turns them into seconds with a
 roofline: a step takes as long as the slower of moving its bytes through HBM
 and doing its FLOPs on the tensor cores, plus a fixed per-step overhead::
 
@@ -40,94 +40,7 @@ from typing import NamedTuple
 
 from adapters.sim.hardware import Hardware
 from common.errors import HbenchError
-
-
-# --------------------------------------------------------------------------
-# What the scheduler hands in
-# --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StepShape:
-    """Aggregate description of one engine step, built by the scheduler.
-
-    All counts are sums over the step's batch; `from_requests` shows the
-    definition of each in code. A step must do something: compute at least
-    one token or move at least one checkpoint.
-    """
-
-    prefill_tokens: int  # new prompt tokens computed this step (all prefill chunks)
-    prefill_attn_pairs: float  # sum over chunks: new * (context_before + (new + 1) / 2)
-    decode_requests: int  # requests generating one token this step
-    decode_context_tokens: int  # sum over decodes of their current context length
-    prefill_context_tokens: int  # sum over chunks of context_before (KV of the prefix read)
-    state_requests: int  # requests whose SSM + conv state is read and written
-    checkpoint_copies: int  # checkpoints published (copied) this step
-    checkpoint_loads: int = 0  # checkpoints gathered/adopted into a live state
-
-    def __post_init__(self) -> None:
-        if (
-            self.prefill_tokens < 0
-            or self.prefill_attn_pairs < 0
-            or self.decode_requests < 0
-            or self.decode_context_tokens < 0
-            or self.prefill_context_tokens < 0
-            or self.state_requests < 0
-            or self.checkpoint_copies < 0
-            or self.checkpoint_loads < 0
-        ):
-            raise ValueError(f"StepShape counts must be non-negative: {self}")
-        if self.prefill_tokens == 0:
-            if self.prefill_attn_pairs or self.prefill_context_tokens:
-                raise ValueError(f"StepShape has prefill pairs/context but no prefill tokens: {self}")
-            if not (self.decode_requests or self.checkpoint_copies or self.checkpoint_loads):
-                raise ValueError(f"empty StepShape: nothing to compute or copy: {self}")
-        elif self.prefill_attn_pairs < self.prefill_tokens:
-            # every new token attends at least to itself
-            raise ValueError(
-                f"StepShape prefill_attn_pairs {self.prefill_attn_pairs} < "
-                f"prefill_tokens {self.prefill_tokens}"
-            )
-
-    @classmethod
-    def from_requests(
-        cls,
-        prefill_chunks: tuple[tuple[int, int], ...] = (),
-        decode_contexts: tuple[int, ...] = (),
-        checkpoint_copies: int = 0,
-        checkpoint_loads: int = 0,
-    ) -> StepShape:
-        """Reference construction from per-request pieces.
-
-        ``prefill_chunks`` holds ``(new_tokens, context_before)`` per prefill
-        chunk; ``decode_contexts`` the context length of each decoding request.
-        The scheduler may keep running sums instead; it must agree with this.
-        """
-        return cls(
-            prefill_tokens=sum(n for n, _ in prefill_chunks),
-            prefill_attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in prefill_chunks),
-            decode_requests=len(decode_contexts),
-            decode_context_tokens=sum(decode_contexts),
-            prefill_context_tokens=sum(c for _, c in prefill_chunks),
-            state_requests=len(prefill_chunks) + len(decode_contexts),
-            checkpoint_copies=checkpoint_copies,
-            checkpoint_loads=checkpoint_loads,
-        )
-
-    @classmethod
-    def of_batch(cls, batch) -> StepShape:
-        """The shape of a scheduled `harness.scheduler.StepBatch`: prefill chunks
-        as (new tokens, start), decodes at their context, a checkpoint copy per
-        grid boundary a chunk crosses below the prompt's publish limit, a load
-        per adopted checkpoint. Every engine that times steps describes them so."""
-        chunks, decodes, copies, loads = [], [], 0, 0
-        for it in batch.items:
-            if it.prefill:
-                chunks.append((it.end - it.start, it.start))
-                loads += it.adopted
-                grid = it.grid
-                copies += min(it.end, it.req.prefill_until) // grid - it.start // grid
-            else:
-                decodes.append(it.start)
-        return cls.from_requests(tuple(chunks), tuple(decodes), copies, loads)
+from harness.engine.shape import StepShape
 
 
 # --------------------------------------------------------------------------
@@ -412,46 +325,72 @@ class CostModel:
 
     def work(self, shape: StepShape) -> StepWork:
         """The step's work in physical units: the one definition of what a step
-        moves and computes (``step`` divides it by the rates)."""
-        p, d = shape.prefill_tokens, shape.decode_requests
-        return StepWork(
-            requests=shape.state_requests,
-            weights_bytes=self.weights_read_bytes,
-            kv_bytes=(shape.decode_context_tokens + shape.prefill_context_tokens + p + d)
-            * self.kv_bytes_per_token,
-            state_bytes=(shape.state_requests + shape.checkpoint_copies + shape.checkpoint_loads)
-            * self.state_rw_bytes,
-            gemm_flops=(p + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq,
-            attn_flops=(shape.prefill_attn_pairs + shape.decode_context_tokens)
-            * self.attn_flops_per_pair,
-            scan_flops=p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token,
-        )
+        moves and computes (``step`` divides it by the rates; both through
+        `_batch` and `_price`)."""
+        values, batch = self._priced(shape)
+        requests, state_bytes, _, gemm_flops, scan_flops, _, _ = batch
+        return StepWork(requests=requests, weights_bytes=self.weights_read_bytes,
+                        kv_bytes=values[9], state_bytes=state_bytes, gemm_flops=gemm_flops,
+                        attn_flops=values[10], scan_flops=scan_flops)
+
+    def step(self, shape: StepShape) -> StepCost:
+        """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
+        return StepCost(*self._priced(shape)[0][:9])
 
     def decode_step(self, requests: int, context_tokens: int) -> StepCost:
-        """`step` of a pure decode step: ``requests`` decodes whose contexts sum
-        to ``context_tokens`` (the shape `StepShape.from_requests` gives for
-        them, no prefill, no copy). Bit-identical to ``step(shape)``
-        (`decode_values`)."""
-        return StepCost(*self.decode_values(requests, context_tokens))
+        """`decode_values` as a `StepCost`."""
+        return StepCost(*self.decode_values(requests, context_tokens)[:9])
 
     def decode_values(self, requests: int, context_tokens: int) -> tuple:
-        """`decode_step`'s fields as a plain tuple, in `StepCost`'s field order
-        (the simulator's fast path prices every quiet decode step with it).
-        The same operations on the same numbers in the same order as
-        ``step(shape)``; what depends on the batch size only is computed once
-        per size."""
-        d, c, r = requests, context_tokens, self.rates
-        per = self._per_decodes.get(d)
-        if per is None:
-            state_bytes = (d + 0 + 0) * self.state_rw_bytes
-            gemm_flops = (0 + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq
-            scan_flops = 0 * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
-            per = self._per_decodes[d] = (
-                state_bytes, state_bytes / r.state_bytes_s, gemm_flops, scan_flops,
-                scan_flops / r.scan_flops_s, r.step_overhead_s + r.request_overhead_s * d)
-        state_bytes, state_s, gemm_flops, scan_flops, scan_s, overhead = per
-        kv_bytes = (c + 0 + 0 + d) * self.kv_bytes_per_token
-        attn_flops = (0 + c) * self.attn_flops_per_pair
+        """`_price` of a step of ``requests`` decodes whose contexts sum to
+        ``context_tokens``: `StepCost`'s fields in order, then its K/V bytes
+        and attention FLOPs (a stretch of quiet decode steps prices every step
+        with it). The same numbers as ``step(StepShape.of_chunks((), requests,
+        context_tokens))``: the batch terms are that shape's, kept per batch
+        size; its K/V tokens are the contexts plus one new token per request,
+        its attention pairs the contexts."""
+        batch = self._per_decodes.get(requests)
+        if batch is None:
+            s = StepShape.of_chunks((), requests, 0)
+            batch = self._per_decodes[requests] = self._batch(
+                s.prefill_tokens, s.decode_requests, s.state_requests,
+                s.checkpoint_copies + s.checkpoint_loads)
+        return self._price(context_tokens + requests, context_tokens, batch)
+
+    def _priced(self, shape: StepShape) -> tuple[tuple, tuple]:
+        """`_price` of ``shape`` and its `_batch` terms."""
+        p, d = shape.prefill_tokens, shape.decode_requests
+        batch = self._batch(p, d, shape.state_requests,
+                            shape.checkpoint_copies + shape.checkpoint_loads)
+        return self._price(shape.decode_context_tokens + shape.prefill_context_tokens + p + d,
+                           shape.prefill_attn_pairs + shape.decode_context_tokens, batch), batch
+
+    def _batch(self, prefill_tokens: int, decode_requests: int, state_requests: int,
+               moved_checkpoints: int) -> tuple:
+        """The work and seconds of a step that depend on its requests only,
+        not on their contexts: (requests, state bytes (each request's state
+        read and written, each checkpoint published or loaded copied), state
+        seconds, GEMM FLOPs (linear layers per new token, the LM head per
+        decode), scan FLOPs, scan seconds, overhead seconds)."""
+        p, d, r = prefill_tokens, decode_requests, self.rates
+        state_bytes = (state_requests + moved_checkpoints) * self.state_rw_bytes
+        gemm_flops = (p + d) * self.linear_flops_per_token + d * self.lm_head_flops_per_seq
+        scan_flops = p * self.scan_flops_per_prefill_token + d * self.scan_flops_per_decode_token
+        return (state_requests, state_bytes, state_bytes / r.state_bytes_s, gemm_flops,
+                scan_flops, scan_flops / r.scan_flops_s,
+                r.step_overhead_s + r.request_overhead_s * state_requests)
+
+    def _price(self, kv_tokens: int, attn_pairs, batch: tuple) -> tuple:
+        """The roofline (module docstring) of a step whose attention layers
+        move the K/V of ``kv_tokens`` tokens (read context and written new
+        ones) and score ``attn_pairs`` (query, key) pairs, with `_batch` terms
+        ``batch``: `StepCost`'s fields in order, then the K/V bytes and the
+        attention FLOPs. The one formula behind `step`, `work` and
+        `decode_values`."""
+        _, state_bytes, state_s, gemm_flops, scan_flops, scan_s, overhead = batch
+        r = self.rates
+        kv_bytes = kv_tokens * self.kv_bytes_per_token
+        attn_flops = attn_pairs * self.attn_flops_per_pair
         weights_s = self._weights_s
         kv_s = kv_bytes / r.mem_bytes_s
         memory_s = weights_s + kv_s + state_s
@@ -468,34 +407,4 @@ class CostModel:
             busy = memory_s + compute_s if self._add else memory_s
         return (weights_s, kv_s, state_s, compute_s, overhead, busy + overhead, bound,
                 gemm_flops + attn_flops + scan_flops,
-                self.weights_read_bytes + kv_bytes + state_bytes)
-
-    def step(self, shape: StepShape) -> StepCost:
-        """Time of one step. O(1): a few multiply-adds on the aggregate counts."""
-        w, r = self.work(shape), self.rates
-        weights_s = self._weights_s
-        kv_s = w.kv_bytes / r.mem_bytes_s
-        state_s = w.state_bytes / r.state_bytes_s
-        memory_s = weights_s + kv_s + state_s
-        if self._attn_with_gemm:
-            compute_s = (w.gemm_flops + w.attn_flops) / r.gemm_flops_s
-        else:
-            compute_s = w.gemm_flops / r.gemm_flops_s + w.attn_flops / r.attn_flops_s
-        compute_s += w.scan_flops / r.scan_flops_s
-        overhead = r.step_overhead_s + r.request_overhead_s * w.requests
-        bound = "compute" if compute_s > memory_s else "memory"
-        if self._add:
-            busy = memory_s + compute_s
-        else:
-            busy = compute_s if compute_s > memory_s else memory_s
-        return StepCost(
-            weights_s=weights_s,
-            kv_s=kv_s,
-            state_io_s=state_s,
-            compute_s=compute_s,
-            overhead_s=overhead,
-            total_s=busy + overhead,
-            bound=bound,
-            flops=w.gemm_flops + w.attn_flops + w.scan_flops,
-            bytes=w.weights_bytes + w.kv_bytes + w.state_bytes,
-        )
+                self.weights_read_bytes + kv_bytes + state_bytes, kv_bytes, attn_flops)

@@ -1,11 +1,11 @@
 """The embedded default engine: a discrete-event simulation in virtual time.
 
-One event order, defined once: events are ``(time, kind, seq)`` tuples on a
-heap, a step completing at t is handled before an arrival at t, and only this
-loop advances the clock. Each step's duration comes from the roofline cost
-model (`adapters.sim.cost`) applied to the batch the scheduler built, so the
-simulator needs no GPU and is deterministic: the same workload and config give
-identical results, bit for bit.
+The engine core's loop (`harness.engine.loop.EngineLoop`) on a virtual clock,
+with the simulator's executor (`adapters.sim.executor.CostExecutor`): each
+step's duration comes from the roofline cost model (`adapters.sim.cost`)
+applied to the batch the scheduler built, so the simulator needs no GPU and
+is deterministic: the same workload and config give identical results, bit
+for bit.
 """
 
 from __future__ import annotations
@@ -13,37 +13,39 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import heapq
 import math
-from array import array
+import os
 from pathlib import Path
 
-from adapters.sim.cost import CostModel, StepShape
-from adapters.sim.fastpath import fast_forward, fast_path_enabled
+from adapters.sim.cost import CostModel
+from adapters.sim.executor import CostExecutor
 from adapters.sim.profile import hardware_for
-from adapters.sim.recorder import StepRecorder
-from common.errors import HbenchError
 from harness import __version__
 from harness.config import ORG_NAMES
+from harness.engine.clock import VirtualClock
+from harness.engine.fits import check_fits
+from harness.engine.info import engine_info
+from harness.engine.loop import EngineLoop
+from harness.engine.recorder import StepRecorder
 from harness.layout import PAGINGS
 from harness.orgs import build_organization
-from harness.orgs.keys import SharedPrefixKeys
 from harness.records import EngineRun
-from harness.scheduler import Scheduler, SchedulerPolicy, generated_token
-from workloads.multiturn.session import SessionLoop
+from harness.scheduler import Scheduler, SchedulerPolicy
+from workloads.kinds import WORKLOAD_KINDS
 
-STEP_DONE, ARRIVAL = 0, 1   # at equal times a finishing step is handled first
 #: The benchmark notices completions by polling at this interval (assumed, like a
 #: serving benchmark's client loop); the ledger window ends at the next poll.
 POLL_INTERVAL_S = 0.05
 
 #: Modules whose code decides a simulated run's numbers: the simulator, the
 #: summary metrics, the runner (the application's, which records the run) and
-#: the workload builder. The simulator version hashes these and every module
-#: of ours they import (found by `_source_files`, within `_PACKAGES`), so no
-#: list of files has to be kept by hand.
+#: the workload builder with its derivers (named in `WORKLOAD_KINDS`, which the
+#: builder imports by name, so an import walk alone would miss them). The
+#: simulator version hashes these and every module of ours they import (found
+#: by `_source_files`, within `_PACKAGES`), so no list of files has to be kept
+#: by hand.
 _ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.build",
-          "workloads.io")
+          "workloads.io", *(module for module, _ in WORKLOAD_KINDS.values()))
 _PACKAGES = ("adapters", "common", "harness", "hbench", "workloads")
 
 
@@ -100,9 +102,15 @@ def _source_digest(root: Path | None = None) -> str:
     return h.hexdigest()[:12]
 
 
+def stretches_enabled() -> bool:
+    """Stretches of quiet decode steps are on unless ``HBENCH_SIM_FAST`` is
+    ``0`` (or ``false``/``off``): then the scheduler plans every step."""
+    return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
+
+
 class SimEngine:
-    """The simulator. ``fast`` switches the quiet-stretch fast path
-    (`adapters.sim.fastpath`) on or off; None (the default) follows
+    """The simulator. ``fast`` switches stretches of quiet decode steps
+    (`harness.scheduler.stretch`) on or off; None (the default) follows
     ``HBENCH_SIM_FAST`` (on unless ``0``). Both give identical results."""
 
     name = "sim"
@@ -125,142 +133,21 @@ class SimEngine:
         org = self.build(setup)
         check_fits(org, workload, config, budget.label)
         hardware = hardware_for(config.gpu)
-        cost_model = CostModel(geom, hardware)
         sched = Scheduler(org, SchedulerPolicy.from_config(config))
         recorder = StepRecorder(org, geom.pool_layers)
-        warmup = config.warmup_requests
-        warm_ids = workload.warmup_ids(warmup)
-        # Multi-turn sessions: a finished turn makes the next one (closed loop).
-        loop = SessionLoop(workload) if workload.sessions else None
-        sent: dict[int, object] = {}
-        events: list[tuple] = []
-        seq = 0
-        for wr in workload.requests:
-            events.append((wr.arrival_s, ARRIVAL, seq, wr))
-            seq += 1
-        heapq.heapify(events)
-        batch = None        # the batch of the step in flight
-        fast = self.fast if self.fast is not None else fast_path_enabled()
-        check = org.check_invariants if config.debug_invariants else None
-        done = 0
-
-        shared_keys = SharedPrefixKeys()
-
-        def add(wr) -> None:
-            ids = wr.prompt_token_ids
-            keys = shared_keys.chain(ids, wr.salt, wr.prefix_group, wr.prefix_tokens)
-            added = sched.add(wr.request_id, wr.arrival_s, ids, wr.output_len, wr.salt,
-                              wr.prefix_group, warmup=wr.request_id in warm_ids, keys=keys)
-            if loop:
-                sent[wr.request_id] = wr
-                added.record.session, added.record.turn = loop.turn_of[wr.request_id]
-
-        def arrive(until: float) -> int:
-            """Hand over the arrivals before ``until`` (only arrivals are queued
-            while a step is being fast-forwarded)."""
-            n = 0
-            while events and events[0][0] < until:
-                _, kind, _, wr = heapq.heappop(events)
-                assert kind == ARRIVAL, kind
-                add(wr)
-                n += 1
-            return n
-
-        def on_finish(finished, now: float) -> None:
-            """Requests that finished in the step completed at ``now``."""
-            nonlocal done, seq
-            done += len(finished)
-            for r in finished:
-                if loop:
-                    nxt = loop.next_turn(sent.pop(r.rid), generated_ids(r), now)
-                    if nxt is not None:
-                        heapq.heappush(events, (nxt.arrival_s, ARRIVAL, seq, nxt))
-                        seq += 1
-                # nothing reads a finished request's token ids, prefix keys and
-                # token times again (its record keeps what the results need): a
-                # long run holds only the unfinished requests'
-                r.tokens, r.keys, r.token_times = array("i"), [], array("d")
-            if finished and progress:
-                progress(done)
-
-        while events:
-            now, kind, _, payload = heapq.heappop(events)
-            if kind == ARRIVAL:
-                add(payload)
-            else:
-                finished = sched.complete(batch, now)
-                recorder.step_finished(now)
-                batch = None
-                on_finish(finished, now)
-                if check is not None:
-                    check()
-            while batch is None and sched.has_work:
-                batch = sched.schedule()
-                if batch.failed and progress:
-                    done += len(batch.failed)
-                    progress(done)
-                if not batch.items:
-                    batch = None
-                    break
-                cost = cost_model.step(StepShape.of_batch(batch))
-                recorder.step_started(now, batch, cost, len(sched.running), len(sched.waiting))
-                if fast:
-                    end = fast_forward(sched, batch, now, cost, arrive, cost_model, recorder,
-                                       on_finish, check)
-                    if end is not None:     # completed through `end.now`: plan anew
-                        now, batch = end.now, None
-                        continue
-                heapq.heappush(events, (now + cost.total_s, STEP_DONE, seq, None))
-                seq += 1
-        sched.check_drained()
-        records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
+        fast = self.fast if self.fast is not None else stretches_enabled()
+        executor = CostExecutor(sched, CostModel(geom, hardware), recorder, stretches=fast)
+        loop = EngineLoop(workload, sched, executor, VirtualClock(),
+                          warmup_requests=config.warmup_requests, progress=progress,
+                          check=org.check_invariants if config.debug_invariants else None)
+        records = loop.run()
         last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
         window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
-        info = {
-            "engine": self.name, "pool_layers": geom.pool_layers,
-            "pools": [{"name": p.name, "pages": p.pages, "page_bytes": p.page_bytes}
-                      for p in budget.pools],
-            "attn_block_tokens": org.capacity().attn_block_tokens,
-            "grid_tokens": org.capacity().grid_tokens,
-            "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
-            "cache_state": "cold", "warmup_requests": warmup,
-        }
+        info = engine_info(self.name, setup, org)
+        info.update(hardware=config.gpu, poll_interval_s=POLL_INTERVAL_S)
         if hasattr(hardware, "describe"):      # a measured cost profile (hbench calibrate)
             info["cost_profile"] = hardware.describe()
         return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
                          counters=recorder.counters(sched.preemptions,
                                                     budget.rounding_loss_bytes))
-
-
-def check_fits(org, workload, config, label: str) -> None:
-    """Refuse a budget that cannot serve the longest request even alone
-    (HbenchError before any simulated time passes): its first chunk, sized by
-    the token budget as the scheduler sizes it, must fit with the admission
-    headroom, and its attention for prompt + output, its live state and a spare
-    for one checkpoint publication must fit (later chunks can shrink to one
-    grid boundary)."""
-    if not workload.requests:
-        raise HbenchError("the workload has no requests")
-    prompt, output = workload.longest_request()
-    total = prompt + output
-    first = (prompt if prompt <= config.token_budget
-             else config.token_budget // org.grid * org.grid)
-    if not org.can_allocate(org.pages_needed(-1, first, prompt), config.headroom):
-        raise HbenchError(
-            f"budget {label} cannot admit the longest request's first {first}-token chunk "
-            f"for {org.name} with headroom {config.headroom} even alone: raise the budget, "
-            "lower the headroom or lower --token-budget")
-    one_boundary = min(prompt, org.grid)
-    need = org.pages_needed(-1, total, one_boundary).pages
-    for pool, n in zip(org.capacity().pools, need, strict=True):
-        if n > pool.pages:
-            raise HbenchError(
-                f"budget {label} gives {org.name} {pool.pages} {pool.name} pages, but the "
-                f"longest request ({total} tokens) alone needs {n}: raise the budget")
-
-
-def generated_ids(r) -> list[int]:
-    """Every token id a finished request generated: those the scheduler fed
-    back into its sequence, plus the last one (emitted, never fed back)."""
-    return [*r.tokens[r.prompt_len:], generated_token(r.rid, r.generated)]

@@ -2,7 +2,7 @@
 
 The engine times its own steps (``duration_s`` of each step row: scheduling,
 forward passes, state copies, bookkeeping), so every step is one sample, and
-`TorchEngine` records each step's `adapters.sim.cost.StepShape` beside it.
+`TorchEngine` records each step's `harness.engine.shape.StepShape` beside it.
 Each design cell is one run of the real engine over fresh page pools, with
 the model loaded once; a first cell is run and thrown away so that one-time
 costs (allocator growth, lazy initialisation) do not land in a sample. On a

@@ -1,12 +1,14 @@
 """``--engine torch``: an in-process serving engine whose pools are real memory.
 
-The same `Scheduler` and the same organization the simulator uses decide
-what runs; this engine executes every step with real tensors and measures
-it on the wall clock::
+The same `Scheduler`, the same organization and the same event loop
+(`harness.engine.loop.EngineLoop`) the simulator uses decide what runs and
+when; this engine's executor (`TensorExecutor`) executes every step with
+real tensors and the loop's clock is the wall clock
+(`harness.engine.clock.WallClock`)::
 
     pools = Pools(org.capacity())            # one preallocated tensor per pool
     loop (wall clock, open loop):
-        add every request that has arrived
+        hand over every request that has arrived
         batch = sched.schedule()             # org calls -> adopt copies, poison
         tokens = executor.run(batch)         # forward passes over paged state
         sched.complete(batch, t, tokens)     # commit -> publish copies, state placed
@@ -38,25 +40,23 @@ the run with an error.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import math
 import resource
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapters.sim.cost import StepShape
-from adapters.sim.recorder import StepRecorder
 from common.errors import HbenchError
 from harness import __version__
 from harness.config import ORG_NAMES
+from harness.engine.clock import WallClock
+from harness.engine.fits import check_fits
+from harness.engine.info import engine_info
+from harness.engine.loop import EngineLoop
+from harness.engine.recorder import StepRecorder
+from harness.engine.shape import StepShape
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
-from workloads.multiturn.session import SessionLoop
-
-#: Longest single sleep while waiting for the next arrival (s).
-IDLE_SLEEP_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,6 @@ class TorchEngine:
             torch.set_num_threads(threads)
 
     def _run(self, workload, setup, progress, device, dtype) -> EngineRun:
-        from adapters.sim.engine import check_fits
         from adapters.torch.executor import Executor
         from adapters.torch.pools import Pools
         from adapters.torch.tracking import Poisoner, TrackedOrg
@@ -167,102 +166,42 @@ class TorchEngine:
         org = build_organization(setup.layout, tuple(p.pages for p in budget.pools))
         check_fits(org, workload, config, budget.label)
         pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
-        executor = Executor(model, pools, org, keep_logits=self.keep_logits)
+        tensors = Executor(model, pools, org, keep_logits=self.keep_logits)
         poisoner = Poisoner(org, pools) if config.poison else None
-        tracked = TrackedOrg(org, executor.on_admit, executor.on_commit, poisoner)
+        tracked = TrackedOrg(org, tensors.on_admit, tensors.on_commit, poisoner)
         sched = Scheduler(tracked, SchedulerPolicy.from_config(config))
         recorder = StepRecorder(org, geom.pool_layers)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
-        # Arrivals on a heap: a multi-turn session's next turn arrives a think time
-        # after the engine finished the previous one (closed loop, `SessionLoop`).
-        pending = [(wr.arrival_s, wr.request_id, wr) for wr in workload.requests]
-        heapq.heapify(pending)
-        loop = SessionLoop(workload) if workload.sessions else None
-        sent: dict[int, object] = {}
-        warm_ids = workload.warmup_ids(config.warmup_requests)
-        outputs: dict[int, list[int]] = {}
-        done = 0
         shapes = self.step_shapes = [] if self.step_shapes is not None else None
-        t0 = time.perf_counter()
-
-        def clock() -> float:
-            return time.perf_counter() - t0
-
-        while pending or sched.has_work:
-            now = clock()
-            while pending and pending[0][0] <= now:
-                _, _, wr = heapq.heappop(pending)
-                added = sched.add(wr.request_id, wr.arrival_s, wr.prompt_token_ids,
-                                  wr.output_len, wr.salt, wr.prefix_group,
-                                  warmup=wr.request_id in warm_ids)
-                if loop:
-                    sent[wr.request_id] = wr
-                    added.record.session, added.record.turn = loop.turn_of[wr.request_id]
-            if not sched.has_work:
-                time.sleep(min(IDLE_SLEEP_S, max(0.0, pending[0][0] - now)))
-                continue
-            start = clock()
-            executor.begin_step()
-            batch = sched.schedule()
-            if batch.failed:
-                done += len(batch.failed)
-                if progress:
-                    progress(done)
-            if not batch.items:
-                continue
-            recorder.step_started(start, batch, _Unmeasured(), len(sched.running),
-                                  len(sched.waiting))
-            if shapes is not None:
-                shapes.append(StepShape.of_batch(batch))
-            tokens = executor.run(batch)
-            computed = clock()
-            for rid, tok in tokens.items():
-                outputs.setdefault(rid, []).append(tok)
-            finished = sched.complete(batch, computed, tokens)
-            end = clock()
-            _fill_timing(recorder.rows[-1], start, end, executor.timing)
-            recorder.step_finished(end)
-            done += len(finished)
-            for r in finished if loop else ():
-                # the next turn's prompt holds the tokens this engine generated
-                turn = loop.next_turn(sent.pop(r.rid), outputs.get(r.rid, []), end)
-                if turn is not None:
-                    heapq.heappush(pending, (turn.arrival_s, turn.request_id, turn))
-            if finished and progress:
-                progress(done)
-            if config.debug_invariants:
-                org.check_invariants()
-        sched.check_drained()
+        clock = WallClock()
+        executor = TensorExecutor(sched, tensors, recorder, clock, shapes)
+        loop = EngineLoop(workload, sched, executor, clock,
+                          warmup_requests=config.warmup_requests, progress=progress,
+                          check=org.check_invariants if config.debug_invariants else None)
+        records = loop.run()
         scale = pools.byte_scale
         rows = [_scaled(row, scale) for row in recorder.rows]
-        records = [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
         last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
         process_peak = (torch.cuda.max_memory_allocated(device) if device.startswith("cuda")
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-        self.outputs = outputs
-        self.logits = executor.logits
+        self.outputs = executor.outputs
+        self.logits = tensors.logits
         self.stats = {
-            "adopt_copies": executor.copies["adopt"],
-            "publish_copies": executor.copies["publish"],
+            "adopt_copies": tensors.copies["adopt"],
+            "publish_copies": tensors.copies["publish"],
             "poisoned_pages": poisoner.poisoned if poisoner else 0,
             "preemptions": sched.preemptions,
             "adopted_requests": sum(1 for r in records if r.j_adopt > 0),
             "steps": len(rows),
         }
-        info = {
-            "engine": self.name, "device": device, "dtype": str(dtype).removeprefix("torch."),
-            "pool_layers": geom.pool_layers,
-            "pools": [{"name": p.name, "pages": p.pages, "page_bytes": p.page_bytes}
-                      for p in budget.pools],
+        info = engine_info(self.name, setup, org)
+        info.update({
+            "device": device, "dtype": str(dtype).removeprefix("torch."),
             "pool_tensor_bytes": pools.physical_bytes, "byte_scale": scale,
-            "process_peak_bytes": int(process_peak),
-            "attn_block_tokens": org.capacity().attn_block_tokens,
-            "grid_tokens": org.capacity().grid_tokens,
-            "poison": bool(config.poison), "cache_state": "cold",
-            "warmup_requests": config.warmup_requests,
+            "process_peak_bytes": int(process_peak), "poison": bool(config.poison),
             **self.stats,
-        }
+        })
         counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
         counters["rounding_waste_bytes"] = {
             "budget": int(counters["rounding_waste_bytes"]["budget"] * scale),
@@ -272,6 +211,52 @@ class TorchEngine:
                          engine_info=info,
                          peak_memory={k: int(v * scale) for k, v in recorder.peak.items()},
                          counters=counters)
+
+
+class TensorExecutor:
+    """The torch engine's `harness.engine.executor.Executor`: each step runs
+    with real tensors (``tensors``, an `adapters.torch.executor.Executor`) and
+    is measured on the wall clock ``clock``. Its row is recorded before the
+    step runs and its timing filled in when the scheduler completed it (the
+    step's duration includes the planning and the commits); ``shapes``, if a
+    list, gets each step's `StepShape` in row order. The tokens are what the
+    model computed (``outputs``: request id -> generated ids)."""
+
+    def __init__(self, sched, tensors, recorder, clock, shapes: list | None = None):
+        self.sched, self.tensors, self.recorder, self.clock = sched, tensors, recorder, clock
+        self.shapes = shapes
+        self.outputs: dict[int, list[int]] = {}
+        self.start = 0.0
+        self.tokens: dict = {}
+
+    def begin_step(self, now: float) -> None:
+        self.start = now
+        self.tensors.begin_step()      # adopt copies happen while the scheduler plans
+
+    def execute(self, batch) -> float:
+        sched = self.sched
+        self.recorder.step_started(self.start, batch, _Unmeasured(), len(sched.running),
+                                   len(sched.waiting))
+        if self.shapes is not None:
+            self.shapes.append(StepShape.of_batch(batch))
+        self.tokens = self.tensors.run(batch)
+        computed = self.clock.now
+        for rid, tok in self.tokens.items():
+            self.outputs.setdefault(rid, []).append(tok)
+        return computed
+
+    def complete(self, batch, now: float) -> list:
+        finished = self.sched.complete(batch, now, self.tokens)
+        end = self.clock.now
+        _fill_timing(self.recorder.rows[-1], self.start, end, self.tensors.timing)
+        self.recorder.step_finished(end)
+        return finished
+
+    def generated_ids(self, request) -> list[int]:
+        return self.outputs.get(request.rid, [])
+
+    def schedule_stretch(self) -> None:
+        return None     # every step is computed, none can be priced ahead
 
 
 def _fill_timing(row: dict, start: float, end: float, timing) -> None:

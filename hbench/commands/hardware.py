@@ -11,8 +11,9 @@ import json
 
 import click
 
-from adapters.sim.cost import DEFAULTS, CostModel, StepShape
+from adapters.sim.cost import DEFAULTS, CostModel
 from adapters.sim.hardware import GIB, HARDWARE, get_hardware
+from harness.engine.shape import StepShape
 from harness.model_configs import preset
 
 # Reference steps shown with --model: what one decode and one long prefill cost.

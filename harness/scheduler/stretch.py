@@ -1,40 +1,40 @@
-"""Fast-forward through quiet decode stretches: the simulator's opt-in shortcut.
+"""Multi-step decode: a stretch of quiet decode steps the scheduler hands out.
 
-Most simulated steps are pure decode with an unchanged batch: every running
-request computes one token, and the only things that change are token
-counters, the clock and the growing context. A stretch (`_Stretch`) advances such
-steps without a `Scheduler.schedule()` / `Scheduler.complete()` round trip
-per step, and does per-request work only where something happens:
+Most steps are pure decode with an unchanged batch: every running request
+computes one token, and only token counters, the clock and the growing
+context change. `Scheduler.schedule_stretch` hands such a step out as the
+first of a `Stretch`; the engine loop runs it (`Stretch.run`) and the
+stretch plans and completes each following step without a
+`Scheduler.schedule` / `Scheduler.complete` round trip, doing per-request
+work only where something happens, by the scheduler's own rules and
+methods:
 
-* arrivals are handed to the scheduler as the event loop would, and the
-  waiting head is asked again after each arrival, finish, admission or
-  eviction of an entry its prefix could use (`Scheduler.refusal`); if it
-  would be admitted, the stretch admits as `Scheduler._admit` would after
-  the decodes: the step computes the decodes and the admitted chunks (priced
-  from that batch, `mixed_shape`), the chunks are completed by
-  `Scheduler.complete` after the decodes of that step, and the requests that
-  then decode join the stretch (a prefill that goes on in chunks hands the
-  next step to the scheduler);
+* every step's end comes from the loop (``loop.step_ends``: it advances the
+  clock by the step's price and hands the scheduler the arrivals before the
+  step's end, in event order); the waiting head is asked again after each
+  arrival, finish, admission or eviction of an entry its prefix could use
+  (`Scheduler.refusal`); if it would be admitted, `Scheduler.admit` admits
+  it after the decodes: the step computes the decodes and the admitted
+  chunks (priced from that step's `StepShape.of_step`), the chunks are
+  completed by `Scheduler.complete` after the decodes of that step, and the
+  requests that then decode join the stretch;
 * a request that emits its last token is caught up, committed and finished
   (`Scheduler.finish_request`) in batch order among that step's other
-  commits, as `Scheduler.complete` would, and the engine is told
-  (``on_finish``: progress, the next turn of a session); the stretch goes on
-  with the others;
+  commits, as `Scheduler.complete` would, and the loop is told
+  (``loop.finished``: progress, the next turn of a session); the stretch
+  goes on with the others;
 * a request whose commit completes an attention block (every ``bt`` tokens,
   16 for D0, 512 for S0-S2) gets its next block as `Scheduler.schedule`
   would give it: in running order, all of that step's new blocks at once
   when they fit; else one after another, and while one does not fit the most
-  recently admitted running request is preempted (`_Stretch._preempt_for`),
-  as `Scheduler._schedule_round` preempts; the rest decode in that step and
-  nobody is admitted in it. Where a decode commit may publish in place, or
-  where the first running request itself might be preempted (then the
-  scheduler plans again at once), the stretch hands over to the scheduler
-  instead;
+  recently admitted running request is preempted (`Scheduler.preempt`,
+  `Stretch._preempt_for`), as `Scheduler.schedule` preempts; the rest
+  decode in that step and nobody is admitted in it;
 * requests are caught up (tokens, prefix keys, token times: a slice of the
   stretch's step end times, and the organization's computed position: one
-  ``commit``) when they finish and when the stretch ends. A decode commit
-  only registers the blocks it completed (`_Stretch.defer`), which nothing
-  can tell from later until then: the block's key chains tokens only that
+  ``commit``) when they finish, are preempted and when the stretch ends. A
+  decode commit only registers the blocks it completed, which nothing can
+  tell from later until then: the block's key chains tokens only that
   request generated, so no other request's prefix holds it before the
   request has finished (a session's next turn) or been preempted, both of
   which catch it up first, and its page is referenced, so not evictable.
@@ -42,149 +42,53 @@ per step, and does per-request work only where something happens:
   a request is caught up and committed at each block it completes, as
   `Scheduler.complete` would.
 
-Step durations come from the cost model step by step (the context grows by
-one token per request per step; `CostModel.decode_values`) and are added to
-the clock in the same order as the event loop adds them, so times are
-bit-identical; the step rows are the same rows (memory read again only
-after a step that allocated, admitted or finished a request). A step the
-scheduler planned (the first, one after a stretch handed over) is completed here as
-the event loop would, and the next one is planned here if it is a quiet
-decode step (`_plan_decode`). A stretch ends when a chunked prefill goes
-on, when its last request finished, or (rarely) when a new block does not
-fit and the stretch cannot preempt for it; the next step is then planned by
-`Scheduler.schedule`. ``HBENCH_SIM_FAST=0``
-switches the shortcut off for debugging; `tests/test_sim_fastpath.py` checks
-that both paths give identical results.
+Step prices come from the executor's pricing, step by step (the context
+grows by one token per request per step; ``decode_values``), and the loop
+adds them to the clock in the same order as single steps, so times are
+bit-identical; the step rows are the same rows (memory read again only after
+a step that allocated, admitted or finished a request). `Stretch.run`
+returns why the stretch ended, and the loop plans the next step with
+`Scheduler.schedule`:
+
+* ``"prefill"``: a request admitted inside the stretch goes on with its
+  prefill in chunks;
+* ``"idle"``: its last request finished;
+* ``"no room"``: a new block does not fit and the stretch may not preempt
+  for it (where a decode commit may publish in place, or where the first
+  running request itself might be preempted: the scheduler then plans again
+  at once).
+
+``HBENCH_SIM_FAST=0`` makes the simulator plan every step with
+`Scheduler.schedule` (`adapters.sim.engine.stretches_enabled`);
+`tests/test_scheduler_stretch.py` checks that both give identical results.
 """
 
 from __future__ import annotations
 
-import os
 from array import array
-from dataclasses import dataclass
 
 import numpy as np
 
-from adapters.sim.cost import StepCost, StepShape
+from harness.engine.shape import StepShape
 from harness.orgs.entries import ATTN_ENTRY
 from harness.orgs.keys import KEY_TOKENS, extend_keys
-from harness.scheduler import RUNNING, WAIT_MEMORY, BatchItem, StepBatch, generated_token
+from harness.scheduler.batch import RUNNING, WAIT_MEMORY, BatchItem, StepBatch, generated_token
+
+#: Why a stretch ended (`Stretch.run`; module docstring).
+PREFILL, IDLE, NO_ROOM = "prefill", "idle", "no room"
 
 
-def fast_path_enabled() -> bool:
-    """The shortcut is on unless ``HBENCH_SIM_FAST`` is ``0`` (or ``false``/``off``)."""
-    return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
+class Stretch:
+    """Quiet decode steps from the one `Scheduler.schedule_stretch` planned
+    (module docstring). ``pricing`` prices a step (``step(shape)``,
+    ``decode_step`` and ``decode_values(requests, context_tokens)``, as
+    `adapters.sim.cost.CostModel`); ``recorder`` records each step's row
+    (`harness.engine.recorder.StepRecorder`)."""
 
-
-@dataclass
-class StretchEnd:
-    """Where a stretch stopped: every step of it completed, the last at ``now``,
-    and the next step must be planned by `Scheduler.schedule`."""
-
-    now: float
-    steps: int          # steps completed inside the stretch
-    reason: str         # what ended it: "admission", "no room", "idle"
-
-
-def generated_tokens(rid: int, first: int, stop: int) -> np.ndarray:
-    """`harness.scheduler.generated_token` for indices ``first`` .. ``stop - 1``,
-    as int64 (the same values: every intermediate fits in 64 bits)."""
-    index = np.arange(first, stop, dtype=np.int64)
-    return 1_000_000 + (rid * 7919 + index * 104729) % 1_000_000_007
-
-
-def decode_shape(requests: int, context_tokens: int) -> StepShape:
-    """The `StepShape` that `StepShape.of_batch` builds for a batch of
-    ``requests`` decodes whose contexts sum to ``context_tokens``."""
-    return StepShape(prefill_tokens=0, prefill_attn_pairs=0, decode_requests=requests,
-                     decode_context_tokens=context_tokens, prefill_context_tokens=0,
-                     state_requests=requests, checkpoint_copies=0, checkpoint_loads=0)
-
-
-def mixed_shape(chunks, requests: int, context_tokens: int) -> StepShape:
-    """The `StepShape` that `StepShape.of_batch` builds for a batch of
-    ``requests`` decodes whose contexts sum to ``context_tokens`` followed by
-    the prefill items ``chunks`` (the same sums in the same order)."""
-    pieces = tuple((it.end - it.start, it.start) for it in chunks)
-    copies = loads = 0
-    for it in chunks:
-        loads += it.adopted
-        copies += min(it.end, it.req.prefill_until) // it.grid - it.start // it.grid
-    return StepShape(prefill_tokens=sum(n for n, _ in pieces),
-                     prefill_attn_pairs=sum(n * (c + (n + 1) / 2) for n, c in pieces),
-                     decode_requests=requests, decode_context_tokens=context_tokens,
-                     prefill_context_tokens=sum(c for _, c in pieces),
-                     state_requests=len(pieces) + requests, checkpoint_copies=copies,
-                     checkpoint_loads=loads)
-
-
-def fast_forward(sched, batch: StepBatch, now: float, cost: StepCost, arrive, cost_model,
-                 recorder, on_finish, on_step=None) -> StretchEnd | None:
-    """Advance ``batch`` (just scheduled at ``now`` with ``cost`` and recorded) through
-    the quiet steps that follow it. ``arrive(t)`` hands the scheduler every arrival
-    before ``t``, as the event loop would, and returns how many there were;
-    ``on_finish(requests, t)`` is told of the requests that finished at ``t``, as
-    the event loop is after `Scheduler.complete`; ``on_step()`` after each
-    completed step.
-
-    A pure decode batch starts a stretch at once. Any other batch (a prefill
-    chunk, an admission, a preemption) is completed here as the event loop
-    would (`Scheduler.complete` at its end); a stretch follows if the next
-    step is a quiet decode step (`_plan_decode`). Either way the return says
-    where the next step must be planned by the scheduler."""
-    if not (batch.preempted or batch.failed or len(batch.items) != len(sched.running)):
-        for it in batch.items:
-            if it.prefill:
-                break
-        else:
-            return _Stretch(sched, [it.req for it in batch.items],
-                            [it.start for it in batch.items]).run(
-                now, cost, arrive, cost_model, recorder, on_finish, on_step)
-    end = now + cost.total_s
-    arrive(end)
-    finished = sched.complete(batch, end)
-    recorder.step_finished(end)
-    on_finish(finished, end)
-    if on_step is not None:
-        on_step()
-    planned = _plan_decode(sched, end, cost_model, recorder)
-    if planned is None:
-        return StretchEnd(end, 1, "planned")
-    cost, reqs, starts = planned
-    return _Stretch(sched, reqs, starts).run(end, cost, arrive, cost_model, recorder, on_finish,
-                                             on_step)
-
-
-def _plan_decode(sched, now: float, cost_model, recorder):
-    """Plan the step at ``now`` as `Scheduler.schedule` would if it is a quiet
-    decode step: every running request decodes one token (all within the token
-    budget), their new attention blocks all fit and the waiting head is not
-    admitted (`Scheduler.refusal`). Then the blocks are allocated, the step's
-    row recorded, and (cost, running requests, their computed tokens) returned;
-    otherwise None and nothing changed but blocks the scheduler will find in
-    place (when it admits the head)."""
-    running = sched.running
-    d = len(running)
-    if not d or d > sched.policy.token_budget:
-        return None
-    for r in running:
-        if r.computed < r.prefill_until:
-            return None
-    starts = [r.computed for r in running]
-    if not sched.org.allocate_all([(r.rid, c + 1, r.prefill_until)
-                                   for r, c in zip(running, starts, strict=True)]):
-        return None
-    reason = sched.refusal(sched.policy.token_budget - d)
-    if reason is None:
-        return None
-    cost = cost_model.decode_step(d, sum(starts))
-    recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
-    return cost, list(running), starts
-
-
-class _Stretch:
-    def __init__(self, sched, reqs, starts):
+    def __init__(self, sched, reqs, starts, reason: str, pricing, recorder):
         self.sched, self.org, self.reqs = sched, sched.org, reqs
+        self.pricing, self.recorder = pricing, recorder
+        self.reason = reason                   # why the waiting head waits in the first step
         bt = self.org.attn_block_tokens
         self.bt = bt
         # catch a request up only when it finishes or the stretch ends, not at
@@ -206,10 +110,20 @@ class _Stretch:
         for i, r in enumerate(reqs):
             self._finishes_at(i, r.output_len - r.generated - 1)
 
-    def run(self, now, cost, arrive, cost_model, recorder, on_finish, on_step) -> StretchEnd:
-        sched, org = self.sched, self.org
+    def run(self, loop) -> str:
+        """Run the stretch from the loop's current time until it ends; returns
+        why (`PREFILL`, `IDLE` or `NO_ROOM`), every step of it completed.
+        ``loop`` is the engine loop (`harness.engine.loop.EngineLoop`):
+        ``step_ends(duration)`` ends the step in flight, ``finished(requests,
+        t)`` is told of requests that finished at t, ``check`` (None or a
+        callable) runs after each completed step."""
+        sched, org, pricing, recorder = self.sched, self.org, self.pricing, self.recorder
+        step_ends, on_finish, on_step = loop.step_ends, loop.finished, loop.check
         d = len(self.reqs)
         context = sum(self.starts)
+        now = loop.now
+        cost = pricing.decode_step(d, context)
+        recorder.decode_step_started(now, cost, d, len(sched.waiting), self.reason)
         token_budget = sched.policy.token_budget
         bt, by_phase, finish_at, times = self.bt, self.by_phase, self.finish_at, self.times
         admitted = None   # the prefill items of the step in flight (admitted in the stretch)
@@ -217,9 +131,8 @@ class _Stretch:
         duration = cost.total_s
         j = 0
         while True:
-            end = now + duration
-            # arrivals while step j runs; one at exactly `end` comes after its planning
-            arrived = arrive(end)
+            # the step in flight ends; the arrivals while it ran are handed over
+            end, arrived = step_ends(duration)
             # ---- completion of step j ------------------------------------------
             recorder.step_finished(end)
             times.append(end)
@@ -260,9 +173,9 @@ class _Stretch:
                 context += sum(self.starts[i] + j for i in joined)
                 crossing = [*crossing, *(i for i in joined if (self.starts[i] + j) % bt == 0)]
             if prefilling:   # a chunked prefill goes on: the scheduler plans the step
-                return self._finish(StretchEnd(now, j, "prefill"))
+                return self._finish(j, PREFILL)
             if not d:
-                return self._finish(StretchEnd(now, j, "idle"))
+                return self._finish(j, IDLE)
             # the crossing requests need a new block. The waiting head, refused
             # when the stretch began, is asked again only after an arrival, a
             # finish, an admission or an eviction its prefix could feel
@@ -279,7 +192,7 @@ class _Stretch:
                 org.watch_invalidations(None)
                 if not fits:
                     if not self._may_preempt(crossing):
-                        return self._finish(StretchEnd(now, j, "no room"))
+                        return self._finish(j, NO_ROOM)
                     # the step the scheduler plans after preempting: the others
                     # decode, nobody is admitted, and the step after it is asked
                     # about the waiting queue and recorded afresh
@@ -287,7 +200,7 @@ class _Stretch:
                     d -= len(victims)
                     context -= sum(self.starts[i] + j for i in victims)
                     batch = self._decode_batch(j, [self.reqs[i].rid for i in victims])
-                    cost = cost_model.step(StepShape.of_batch(batch))
+                    cost = pricing.step(StepShape.of_batch(batch))
                     recorder.step_started(now, batch, cost, len(sched.running),
                                           len(sched.waiting))
                     duration = cost.total_s
@@ -296,28 +209,28 @@ class _Stretch:
                 evicted = bool(lost) and self._head_may_differ(lost)
             reason = None     # the last step's, unless the waiting queue was asked again
             # after a step that admitted or preempted, the waiting queue is asked
-            # and the step recorded afresh, as `_plan_decode` does
+            # and the step recorded afresh, as `Scheduler.schedule_stretch` does
             replan, admitted = bool(admitted) or was_preempting, None
             if arrived or evicted or ending or released or replan:
                 reason = sched.refusal(token_budget - d)
                 if reason is None:
-                    # admit as `Scheduler._admit` would after the decodes: the
-                    # step computes their chunks too
+                    # admitted as `Scheduler.schedule` admits after the decodes:
+                    # the step computes their chunks too
                     batch = StepBatch()
-                    sched._admit(batch, token_budget - d)
+                    sched.admit(batch, token_budget - d)
                     assert batch.items and not batch.failed, "admission with requests running"
                     admitted = batch.items
-                    cost = cost_model.step(mixed_shape(batch.items, d, context))
+                    cost = pricing.step(StepShape.of_step(batch.items, d, context))
                     recorder.admission_step_started(now, cost, d, batch, len(sched.running),
                                                     len(sched.waiting))
                     duration = cost.total_s
                     continue
             if replan:
-                cost = cost_model.decode_step(d, context)
+                cost = pricing.decode_step(d, context)
                 duration = cost.total_s
                 recorder.decode_step_started(now, cost, d, len(sched.waiting), reason)
             else:
-                values = cost_model.decode_values(d, context)
+                values = pricing.decode_values(d, context)
                 duration = values[5]
                 recorder.decode_repeated(now, values, len(sched.waiting),
                                          bool(crossing or ending or released), reason,
@@ -396,7 +309,7 @@ class _Stretch:
                                or self.org.available_pages()[0] > 0)
 
     def _preempt_for(self, crossing: list[int], j: int) -> list[int]:
-        """Planning of step j as `Scheduler._schedule_round` plans it when the
+        """Planning of step j as `Scheduler.schedule` plans it when the
         crossing requests' blocks do not all fit: in running order each gets
         its block, and while one does not fit the most recently admitted
         running request (the last one here) is caught up and preempted, until
@@ -411,7 +324,7 @@ class _Stretch:
                 v = max(k for k, alive in enumerate(live) if alive)
                 assert reqs[v] is sched.running[-1], "stretch and scheduler disagree on order"
                 self._catch_up(v, j)
-                sched._preempt(reqs[v])
+                sched.preempt(reqs[v])
                 live[v] = False
                 self.by_phase[-(self.starts[v] + 1) % self.bt].remove(v)
                 self.finish_at[self.finish_j[v]].remove(v)
@@ -451,12 +364,11 @@ class _Stretch:
         computed = self.starts[i] + upto
         tokens = r.tokens
         if n > 32:  # tokens generated by the earlier completions, before this commit
-            tokens.frombytes(generated_tokens(r.rid, g + 1, g + n)
-                             .astype(np.dtype(tokens.typecode)).tobytes())
-        elif n > 1:   # `generated_token` for each, its formula inlined
-            base = r.rid * 7919
-            tokens.extend([1_000_000 + (base + k * 104729) % 1_000_000_007
-                           for k in range(g + 1, g + n)])
+            ids = generated_token(r.rid, np.arange(g + 1, g + n, dtype=np.int64))
+            tokens.frombytes(ids.astype(np.dtype(tokens.typecode)).tobytes())
+        elif n > 1:
+            rid = r.rid
+            tokens.extend([generated_token(rid, k) for k in range(g + 1, g + n)])
         if n > 1:
             extend_keys(r.keys, tokens, r.salt)
         self.org.commit(r.rid, r.keys, computed, r.prefill_until)
@@ -469,9 +381,10 @@ class _Stretch:
         if len(tokens) // KEY_TOKENS > len(r.keys):
             extend_keys(r.keys, tokens, r.salt)
 
-    def _finish(self, end: StretchEnd) -> StretchEnd:
-        """Catch every running request up to the end of the stretch."""
+    def _finish(self, steps: int, reason: str) -> str:
+        """Catch every running request up to the end of the stretch (``steps``
+        completed); returns ``reason``."""
         for i in range(len(self.reqs)):
             if self.live[i]:
-                self._catch_up(i, end.steps)
-        return end
+                self._catch_up(i, steps)
+        return reason

@@ -1,10 +1,11 @@
-"""The simulator's step table and run counters, kept out of its event loop.
+"""An in-process engine's step table and run counters, kept out of its event loop.
 
-The loop (`adapters.sim.engine.SimEngine.run`) tells a `StepRecorder` two
-things: a step started (with the batch, its cost and the scheduler's queues)
-and a step ended. The recorder samples the organization's memory at each
-step start through its view (`step_memory`, `usage()`'s figures) and turns
-it into one row of ``steps.parquet``; at the end it
+An engine's executor (`harness.engine.executor.Executor`) and the
+scheduler's stretches (`harness.scheduler.stretch`) tell a `StepRecorder`
+two things: a step started (with the batch, its cost and the scheduler's
+queues) and a step ended. The recorder samples the organization's memory at
+each step start through its view (`step_memory`, `usage()`'s figures) and
+turns it into one row of ``steps.parquet``; at the end it
 assembles the run's counters. It reads; it never changes the scheduler or
 the organization.
 
@@ -68,7 +69,7 @@ def _ids(rids) -> str:
 
 
 class StepRecorder:
-    """Builds step rows and run counters for one simulated run."""
+    """Builds step rows and run counters for one run of an in-process engine."""
 
     def __init__(self, org, pool_layers: int):
         self.org = org
@@ -94,7 +95,7 @@ class StepRecorder:
     def decode_step_started(self, now: float, cost, running: int, waiting: int,
                             wait_reason: str) -> None:
         """`step_started` for a batch of one decode per running request that
-        admits, preempts and skips no one (a step the fast path plans): the
+        admits, preempts and skips no one (a step a stretch plans): the
         same row without the batch."""
         self._start(now, cost, running, waiting, running, 0, running, 0, wait_reason, "", "", "")
 
@@ -102,7 +103,7 @@ class StepRecorder:
                                waiting: int) -> None:
         """`step_started` for ``decodes`` decodes (one per request that ran
         before) followed by ``batch``'s items, the prefill chunks of the
-        requests it admitted (a step the fast path plans)."""
+        requests it admitted (a step a stretch plans)."""
         chunks = sum(i.end - i.start for i in batch.items)
         self._start(now, cost, running, waiting, decodes + chunks, chunks, decodes, 0,
                     batch.wait_reason, _ids(batch.admitted), "", "")
@@ -149,21 +150,15 @@ class StepRecorder:
         self._push(None)
         return self._table
 
-    def step_repeated(self, now: float, cost, waiting: int, fresh: bool,
-                      wait_reason: str | None = None, running: int | None = None) -> None:
-        """The same batch as the last step runs again from ``now`` (a fast-forwarded
-        decode step, `adapters.sim.fastpath`): the last row with the new timing,
-        cost and waiting queue; memory is read again only if ``fresh`` (pages
-        changed since). ``running``: the batch lost its finished requests and
-        decodes for these ``running`` requests (all that run)."""
-        self.decode_repeated(now, (cost.weights_s, cost.kv_s, cost.state_io_s, cost.compute_s,
-                                   cost.overhead_s, cost.total_s, cost.bound), waiting, fresh,
-                             wait_reason, running)
-
     def decode_repeated(self, now: float, cost: tuple, waiting: int, fresh: bool,
                         wait_reason: str | None = None, running: int | None = None) -> None:
-        """`step_repeated` with the cost as a tuple in `StepCost`'s field order
-        (`CostModel.decode_values`)."""
+        """The same batch as the last step runs again from ``now`` (a quiet
+        decode step of a stretch, `harness.scheduler.stretch`): the last row
+        with the new timing, cost (a tuple in `StepCost`'s field order,
+        `CostModel.decode_values`) and waiting queue; memory is read again
+        only if ``fresh`` (pages changed since). ``running``: the batch lost
+        its finished requests and decodes for these ``running`` requests (all
+        that run)."""
         p = self._head
         if p is None:       # the last row is a started one: freeze it, keep its values
             last, self._last = self._last, None
@@ -179,7 +174,7 @@ class StepRecorder:
         else:
             batch_tokens = decodes = running
         # nobody is admitted, preempted or skipped in a repeated decode step; why
-        # the waiting requests wait is ``wait_reason`` when the fast path asked
+        # the waiting requests wait is ``wait_reason`` when the stretch asked
         # the scheduler again (after an arrival or an eviction), else the last
         # step's: nothing that decides it changed
         self._head = [now, now, cost[5], running, waiting, batch_tokens, p[6], decodes, p[8],

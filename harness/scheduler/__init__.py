@@ -2,11 +2,19 @@
 
 Engine-independent: it decides which requests compute how many tokens in the
 next step, and talks to the organization only through `harness.orgs.base`'s
-ask/act calls. An in-process engine (the simulator) loops:
+ask/act calls. The engine loop (`harness.engine.loop`) of an in-process
+engine drives it:
 
     batch = sched.schedule()           # admission, chunking, preemption
     ... execute batch.items for batch-dependent time ...
     sched.complete(batch, now)         # commit, publish, emit tokens, finish
+
+An engine that prices steps ahead (the simulator) first asks for a stretch
+of quiet decode steps (`schedule_stretch`, `harness.scheduler.stretch`): the
+same steps, planned and completed by the same rules (`admit`, `preempt`,
+`refusal`, `complete`, `finish_request`) without a round trip per step. Its
+values (`SchedRequest`, `StepBatch`, `generated_token`) are in
+`harness.scheduler.batch`.
 
 Policy, in the order it is applied each step:
 1. Running requests in admission order: a decode token each, or the next
@@ -38,9 +46,8 @@ the scheduler only records these, the step recorder writes them and
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,15 +55,20 @@ from harness.orgs.base import Organization
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
 from harness.orgs.values import PrefixHit
 from harness.records import CANCELLED, FAILED, FINISHED, RequestRecord
-
-WAITING, RUNNING, DONE = "waiting", "running", "done"
-
-# Why the requests left waiting after a step was planned did not start in it
-# (one reason per step: admission is FCFS, so every waiting request waits
-# behind the one that stopped it). Recorded per step for TTFT attribution.
-WAIT_MEMORY = "memory"      # no pages (or headroom) for the head's first chunk (or whole input), or a preemption
-WAIT_CAP = "cap"            # the running cap is full
-WAIT_BUDGET = "budget"      # the step's token budget is spent
+from harness.scheduler.batch import (
+    DONE,
+    RUNNING,
+    WAIT_BUDGET,
+    WAIT_CAP,
+    WAIT_MEMORY,
+    WAITING,
+    BatchItem,
+    SchedRequest,
+    StepBatch,
+    generated_token,
+    token_array,
+)
+from harness.scheduler.stretch import Stretch
 
 
 @dataclass(frozen=True)
@@ -99,80 +111,6 @@ class SchedulerPolicy:
         return cls(cap=config.cap, token_budget=config.token_budget, headroom=config.headroom,
                    retention=config.retention, retention_threshold=config.retention_threshold,
                    admit_whole_input=config.admission == "whole-input")
-
-
-@dataclass
-class SchedRequest:
-    """The scheduler's view of one request (its record is filled as it runs)."""
-
-    rid: int
-    arrival_s: float
-    tokens: array               # prompt, then generated token ids (`token_array`)
-    keys: list[int]             # chained 16-token prefix keys of `tokens`
-    salt: str | None
-    prompt_len: int
-    output_len: int
-    record: RequestRecord
-    computed: int = 0           # tokens whose state is computed
-    prefill_until: int = 0      # tokens to (re)compute before generating
-    generated: int = 0
-    state: str = WAITING
-    admitted_seq: int = -1
-    first_admission: bool = True
-    # token times so far ('d': 8 bytes each); the record gets them as an array at close
-    token_times: array = field(default_factory=lambda: array("d"))
-
-    @property
-    def decoding(self) -> bool:
-        return self.computed >= self.prefill_until
-
-
-@dataclass
-class BatchItem:
-    req: SchedRequest
-    start: int
-    end: int
-    prefill: bool
-    grid: int                    # the organization's checkpoint interval
-    adopted: bool = False        # loads a cached checkpoint into its live state
-
-
-@dataclass
-class StepBatch:
-    """What one engine step computes: ``items``, plus the requests preempted and
-    failed while the scheduler built it."""
-
-    items: list[BatchItem] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-    failed: list[int] = field(default_factory=list)
-    # why the requests still waiting were not admitted ("" when none waits),
-    # who was admitted, and running requests that computed nothing for lack of
-    # token budget; read by the step recorder, never by the scheduler itself
-    wait_reason: str = ""
-    admitted: list[int] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
-
-    @property
-    def batch_tokens(self) -> int:
-        return sum(i.end - i.start for i in self.items)
-
-
-def token_array(token_ids) -> array:
-    """Token ids as an ``array('i')`` (4 bytes each) when they fit in 32 bits, as
-    every vocabulary's and `generated_token`'s do, else ``array('q')``. A token
-    appended later that does not fit raises OverflowError, never wraps."""
-    ids = np.asarray(token_ids)
-    if ids.dtype.kind not in "iu":
-        ids = ids.astype(np.int64)
-    fits = ids.size == 0 or (int(ids.min()) >= -2**31 and int(ids.max()) < 2**31)
-    tokens = array("i" if fits else "q")
-    tokens.frombytes(np.ascontiguousarray(ids, dtype=np.dtype(tokens.typecode)).tobytes())
-    return tokens
-
-
-def generated_token(rid: int, index: int) -> int:
-    """A deterministic stand-in for the token a request generates (unique per request)."""
-    return 1_000_000 + ((rid * 7919 + index * 104729) % 1_000_000_007)
 
 
 class Scheduler:
@@ -301,6 +239,31 @@ class Scheduler:
         assert running <= cap, f"{running} running requests exceed the cap {cap}"
         return batch
 
+    def schedule_stretch(self, pricing, recorder) -> Stretch | None:
+        """The next step as the first of a stretch of quiet decode steps
+        (`harness.scheduler.stretch`), if it is one: every running request
+        decodes one token (all within the token budget), their new attention
+        blocks all fit, and the waiting head is not admitted (`refusal`). Then
+        the blocks are allocated and the stretch returned (``pricing`` prices
+        its steps, ``recorder`` records them); otherwise None, and nothing
+        changed but blocks `schedule` will find in place (when it admits the
+        head)."""
+        running = self.running
+        d = len(running)
+        if not d or d > self.policy.token_budget:
+            return None
+        for r in running:
+            if r.computed < r.prefill_until:
+                return None
+        starts = [r.computed for r in running]
+        if not self.org.allocate_all([(r.rid, c + 1, r.prefill_until)
+                                      for r, c in zip(running, starts, strict=True)]):
+            return None
+        reason = self.refusal(self.policy.token_budget - d)
+        if reason is None:
+            return None
+        return Stretch(self, list(running), starts, reason, pricing, recorder)
+
     def _schedule_round(self) -> StepBatch:
         batch = StepBatch()
         budget = self.policy.token_budget
@@ -322,7 +285,7 @@ class Scheduler:
                         end = smaller
                         continue
                 victim = self.running[-1]   # most recently admitted; not yet planned
-                self._preempt(victim)
+                self.preempt(victim)
                 batch.preempted.append(victim.rid)
                 if victim is r:
                     break
@@ -330,12 +293,16 @@ class Scheduler:
                 batch.items.append(BatchItem(r, start, end, prefill, self.org.grid))
                 budget -= end - start
         if not batch.preempted:
-            self._admit(batch, budget)
+            self.admit(batch, budget)
         elif self.waiting:
             batch.wait_reason = WAIT_MEMORY
         return batch
 
-    def _admit(self, batch: StepBatch, budget: int) -> None:
+    def admit(self, batch: StepBatch, budget: int) -> None:
+        """Admit waiting requests FCFS into ``batch`` (policy 2 of the module
+        docstring) with ``budget`` tokens of the step left: each one's first
+        chunk is allocated and appended to ``batch``; one that cannot start
+        with nothing running fails."""
         org = self.org
         while self.waiting and len(self.running) < self.policy.cap and budget > 0:
             r = self.waiting[0]
@@ -371,11 +338,11 @@ class Scheduler:
             batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
 
     def refusal(self, budget: int) -> str | None:
-        """Why `_admit` with ``budget`` tokens left would not admit the waiting
+        """Why `admit` with ``budget`` tokens left would not admit the waiting
         head now, given running requests: `WAIT_CAP`, `WAIT_BUDGET`,
         `WAIT_MEMORY`, "" when nobody waits, or None when it would admit (or
-        fail) it. Changes nothing: an engine that fast-forwards steps asks it
-        after the organization changed, and records the reason."""
+        fail) it. Changes nothing: a stretch asks it after the organization
+        changed, and records the reason."""
         if not self.waiting:
             return ""
         if len(self.running) >= self.policy.cap:
@@ -409,7 +376,7 @@ class Scheduler:
         return True
 
     def admits(self, budget: int) -> bool:
-        """Whether `_admit` with ``budget`` tokens left would admit (or fail) the
+        """Whether `admit` with ``budget`` tokens left would admit (or fail) the
         waiting head now (`refusal` is None)."""
         return self.refusal(budget) is None
 
@@ -427,7 +394,9 @@ class Scheduler:
         else:
             rec.recomputed_tokens += r.prefill_until - hit.j_adopt
 
-    def _preempt(self, r: SchedRequest) -> None:
+    def preempt(self, r: SchedRequest) -> None:
+        """Preempt running ``r`` (recompute-style, policy 1): the organization
+        releases it, it waits at the head of the queue to compute again."""
         self.org.preempt(r.rid)
         self.running.remove(r)
         r.state = WAITING

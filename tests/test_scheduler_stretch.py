@@ -1,8 +1,9 @@
-"""The simulator's quiet-stretch fast path changes no result.
+"""The scheduler's stretches of quiet decode steps change no result.
 
-Each case runs one small random configuration twice, with the fast path off
-(`SimEngine(fast=False)`: every step planned and completed by the scheduler)
-and on, and requires identical per-request records (token times included),
+Each case runs one small random configuration twice, with stretches off
+(`SimEngine(fast=False)`: every step planned by `Scheduler.schedule` and
+completed by `Scheduler.complete`) and on (`Scheduler.schedule_stretch`,
+`harness.scheduler.stretch`), and requires identical per-request records (token times included),
 step rows, counters and summaries. The configurations are drawn from a seeded
 generator over organizations, budgets, rates, q, headroom, retention,
 SHARE/ISOLATE, caps, token budgets and seeds, small enough to run in seconds.
@@ -15,8 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from adapters.sim.engine import SimEngine
-from adapters.sim.fastpath import fast_path_enabled
+from adapters.sim.engine import SimEngine, stretches_enabled
 from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
 from harness.metrics import summarize
@@ -79,7 +79,7 @@ def assert_identical(slow, fast) -> None:
 
 
 @pytest.mark.parametrize("case", range(24))
-def test_fast_path_gives_identical_results(case):
+def test_stretches_give_identical_results(case):
     config = random_config(np.random.default_rng([2026, case]))
     try:
         slow, fast = run_both(config)
@@ -91,7 +91,7 @@ def test_fast_path_gives_identical_results(case):
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
-def test_fast_path_identical_under_pressure(org):
+def test_stretches_identical_under_pressure(org):
     """Preemptions, retention and a waiting queue at a small budget."""
     config = RunConfig(org=org, budget="b40", rate=20.0, q=0.5, retention=True,
                        requests=40, seed=7)
@@ -101,8 +101,8 @@ def test_fast_path_identical_under_pressure(org):
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
-def test_fast_path_keeps_invariants(org):
-    """The organization's invariants hold after every step the fast path takes."""
+def test_stretches_keep_invariants(org):
+    """The organization's invariants hold after every step a stretch takes."""
     config = RunConfig(org=org, budget="b63", rate=10.0, requests=10, max_output=200,
                        seed=11, debug_invariants=True)
     slow, fast = run_both(config)
@@ -125,8 +125,8 @@ def schedule_calls(monkeypatch):
     return calls
 
 
-def test_fast_path_skips_steps(schedule_calls):
-    """The fast path really takes over steps: with it on, the scheduler plans
+def test_stretches_skip_steps(schedule_calls):
+    """Stretches really take over steps: with them on, the scheduler plans
     fewer steps than the run has."""
     calls = schedule_calls
     config = RunConfig(org="s2", requests=20, max_output=300, seed=3)
@@ -140,24 +140,26 @@ def test_fast_path_skips_steps(schedule_calls):
 
 def test_env_switch(monkeypatch):
     monkeypatch.setenv("HBENCH_SIM_FAST", "0")
-    assert not fast_path_enabled()
+    assert not stretches_enabled()
     monkeypatch.setenv("HBENCH_SIM_FAST", "1")
-    assert fast_path_enabled()
+    assert stretches_enabled()
     monkeypatch.delenv("HBENCH_SIM_FAST")
-    assert fast_path_enabled()
+    assert stretches_enabled()
 
 
-def test_generated_tokens_match_the_scheduler():
-    from adapters.sim.fastpath import generated_tokens
-    from harness.scheduler import generated_token
+def test_generated_token_vectorized_is_the_scalar_rule():
+    """A stretch catches a request up with `generated_token` over an index
+    array: the same ids as one index at a time."""
+    from harness.scheduler.batch import generated_token
 
     for rid in (0, 7, 4_000, 10**6):
-        got = generated_tokens(rid, 1, 3000).tolist()
-        assert got == [generated_token(rid, i) for i in range(1, 3000)]
+        got = generated_token(rid, np.arange(1, 3000, dtype=np.int64))
+        assert got.dtype == np.int64
+        assert got.tolist() == [generated_token(rid, i) for i in range(1, 3000)]
 
 
 @pytest.mark.parametrize("org", ["s2", "d0"])
-def test_fast_path_identical_for_sessions(org):
+def test_stretches_identical_for_sessions(org):
     """Multi-turn sessions: a turn that finishes inside a stretch makes the next
     turn arrive a think time later, as after a planned step."""
     config = RunConfig(org=org, workload_kind="multiturn", requests=12, max_turns=3,
@@ -193,14 +195,15 @@ def test_chunked_prefills_admitted_inside_stretches(org):
 
 @pytest.mark.parametrize("rates", ["roofline", "sum", "separate"])
 def test_decode_values_are_step_of_the_decode_shape(rates):
-    """`CostModel.decode_values` (every fast-forwarded step) and
-    `fastpath.mixed_shape` (a step that admits inside a stretch) give the
-    same numbers as pricing the scheduler's batch."""
-    from adapters.sim.cost import CostModel, Rates, StepCost, StepShape
-    from adapters.sim.fastpath import mixed_shape
+    """`CostModel.decode_values` (every quiet step of a stretch) and
+    `StepShape.of_step` of a stretch's admission step (the decodes as a count
+    and a context sum, then the admitted chunks) give the same numbers as
+    pricing the scheduler's batch."""
+    from adapters.sim.cost import CostModel, Rates, StepCost
     from adapters.sim.hardware import get_hardware
+    from harness.engine.shape import StepShape
     from harness.model_configs import preset
-    from harness.scheduler import BatchItem, SchedRequest
+    from harness.scheduler.batch import BatchItem, SchedRequest, StepBatch
 
     hw = get_hardware("h200")
     if rates == "sum":
@@ -217,7 +220,7 @@ def test_decode_values_are_step_of_the_decode_shape(rates):
         shape = StepShape.from_requests(decode_contexts=contexts)
         want = model.step(shape)
         got = model.decode_values(len(contexts), sum(contexts))
-        assert StepCost(*got) == want
+        assert StepCost(*got[:9]) == want
         assert model.decode_step(len(contexts), sum(contexts)) == want
         chunks = []
         for rid in range(int(rng.integers(1, 4))):
@@ -230,15 +233,17 @@ def test_decode_values_are_step_of_the_decode_shape(rates):
             tuple((it.end - it.start, it.start) for it in chunks), contexts,
             sum(min(it.end, it.req.prefill_until) // 512 - it.start // 512 for it in chunks),
             sum(it.adopted for it in chunks))
-        assert mixed_shape(chunks, len(contexts), sum(contexts)) == mixed
-        assert model.step(mixed_shape(chunks, len(contexts), sum(contexts))) == model.step(mixed)
+        decodes = [BatchItem(None, c, c + 1, False, 512) for c in contexts]
+        assert StepShape.of_batch(StepBatch(items=[*decodes, *chunks])) == mixed
+        assert StepShape.of_step(chunks, len(contexts), sum(contexts)) == mixed
+        assert model.step(StepShape.of_step(chunks, len(contexts), sum(contexts))) == model.step(mixed)
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
-def test_fast_path_identical_when_decodes_publish_in_place(org):
+def test_stretches_identical_when_decodes_publish_in_place(org):
     """In vLLM's blocks (``paging="vllm"``) a decode step that reaches a
     checkpoint edge publishes its live state in place, and the next step
-    needs a new live state: the fast path takes the decode steps' blocks in
+    needs a new live state: a stretch takes the decode steps' blocks in
     one go only when no request needs one."""
     config = RunConfig(org=org, paging="vllm", budget="b40", rate=20.0, q=1.0, requests=19,
                        cap=4, headroom=0.19, mean_input=600, max_output=2000,
@@ -257,24 +262,25 @@ def test_fast_path_identical_when_decodes_publish_in_place(org):
 ], ids=["d0", "s1"])
 def test_preemptions_inside_stretches(config, monkeypatch):
     """A block that does not fit preempts inside the stretch as
-    `Scheduler._schedule_round` would (catching the victim up first): the
-    same rows (the preempting step's and the fresh one after it), records and
-    counters as the scheduler's steps."""
-    from adapters.sim import fastpath
+    `Scheduler.schedule` would (catching the victim up first): the same rows
+    (the preempting step's and the fresh one after it), records and counters
+    as the scheduler's steps."""
+    from harness.scheduler.stretch import NO_ROOM, Stretch
 
     calls = {"preempting": 0, "handed over": 0}
-    preempt_for, finish = fastpath._Stretch._preempt_for, fastpath._Stretch._finish
+    preempt_for, run = Stretch._preempt_for, Stretch.run
 
     def counting_preempt_for(self, crossing, j):
         calls["preempting"] += 1
         return preempt_for(self, crossing, j)
 
-    def counting_finish(self, end):
-        calls["handed over"] += end.reason == "no room"
-        return finish(self, end)
+    def counting_run(self, loop):
+        reason = run(self, loop)
+        calls["handed over"] += reason == NO_ROOM
+        return reason
 
-    monkeypatch.setattr(fastpath._Stretch, "_preempt_for", counting_preempt_for)
-    monkeypatch.setattr(fastpath._Stretch, "_finish", counting_finish)
+    monkeypatch.setattr(Stretch, "_preempt_for", counting_preempt_for)
+    monkeypatch.setattr(Stretch, "run", counting_run)
     slow, fast = run_both(config)
     assert calls["preempting"] > 0
     assert calls["handed over"] > 0 or config.org != "d0"
