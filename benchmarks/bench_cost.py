@@ -17,9 +17,10 @@ import argparse
 import sys
 import time
 
-from adapters.sim.cost import CostModel, StepShape
+from adapters.sim.cost import CostModel
 from adapters.sim.hardware import get_hardware
 from benchmarks.bench_orgs import pin_cpu
+from harness.engine.shape import StepShape
 from harness.model_configs import preset
 
 TARGET_US = 50.0

@@ -1,6 +1,6 @@
 """The step recorder's memory columns are the organization's `usage()`.
 
-`adapters.sim.recorder.StepRecorder` reads a row's memory columns through
+`harness.engine.recorder.StepRecorder` reads a row's memory columns through
 the organization's `step_memory` view (`harness.orgs.audit.StepMemory`: once
 per step that changed pages, so it keeps its checkpoint figures until their
 page counts change); this holds them to `harness.orgs.audit.usage` at every

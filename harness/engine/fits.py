@@ -7,7 +7,7 @@ that request (or stall) after minutes of work.
 
 from __future__ import annotations
 
-from harness.errors import HbenchError
+from common.errors import HbenchError
 
 
 def check_fits(org, workload, config, label: str) -> None:
