@@ -209,8 +209,9 @@ class RecordingOrg:
 
 class _RecordingSimEngine(SimEngine):
     """The simulator, with its organization wrapped in a `RecordingOrg`. It runs
-    without the quiet-stretch fast path, so the trace holds the organization
-    calls of every step (the per-step stream the replay benchmark measures)."""
+    without the scheduler's stretches of quiet decode steps, so the trace holds
+    the organization calls of every step (the per-step stream the replay
+    benchmark measures)."""
 
     def __init__(self):
         super().__init__(fast=False)

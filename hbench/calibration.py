@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from adapters.calibration import DRIVERS
 from adapters.calibration.design import design
 from adapters.calibration.fit import Fit, Sample, fit_rates
 from adapters.sim.hardware import get_hardware
@@ -28,8 +29,6 @@ from harness.config import RunConfig
 from harness.model_configs import geometry_for_run
 from harness.orgs import layout_for
 from harness.provenance import git_commit, host_info, package_versions
-
-DRIVERS = {"torch": "adapters.torch.calibrate", "vllm": "adapters.vllm_calibrate"}
 
 #: Refuse a profile whose median error on held-out shapes is above this.
 MAX_HELD_OUT_ERROR = 0.25

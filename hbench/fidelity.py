@@ -18,9 +18,10 @@ import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from adapters.calibration import DRIVERS
 from common.errors import HbenchError
 
-ENGINES = ("torch", "vllm")
+ENGINES = tuple(DRIVERS)   # the engines a cost profile can be calibrated on
 
 
 def write_ledger(out: Path, engine: str, extra: dict | None = None) -> dict:

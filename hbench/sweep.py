@@ -41,12 +41,12 @@ from harness.config import RunConfig
 from harness.grid import Axes, normalize_axes
 from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
 from harness.run_workload import build_run_workload
+from hbench.executors import EXECUTORS
 from hbench.runner import execute, validate_run
 
 SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
-EXECUTORS = ("local", "ray")
 
 __all__ = ["Cell", "CellOutcome", "SweepResult", "plan", "run_cell", "run_sweep"]
 

@@ -15,6 +15,7 @@ import math
 
 import click
 
+from adapters.calibration import DRIVERS
 from harness.config import ORG_NAMES
 from hbench.calibration import MAX_HELD_OUT_ERROR
 
@@ -47,7 +48,7 @@ def print_fit(fit, profile) -> None:
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
+@click.option("--engine", type=click.Choice(sorted(DRIVERS)), default="torch", show_default=True,
               help="torch: the in-process engine, which times its own steps; vllm: a launched "
                    "vLLM server timed from outside (ITL and TTFT).")
 @click.option("--model", "model_dir", required=True, type=click.Path(),

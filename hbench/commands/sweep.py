@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.errors import HbenchError
+from hbench.executors import EXECUTORS
 
 # (flag, RunConfig field, help) of the axis flags; each takes a comma list.
 AXES = [
@@ -27,7 +28,7 @@ AXES = [
     ("--seeds", "seed", "seeds, e.g. 1-6 or 76400-76411"),
     ("--requests", "requests", "requests per run"),
     ("--cap", "cap", "maximum running requests"),
-    ("--engine", "engine", "engines (sim, vllm, sglang)"),
+    ("--engine", "engine", "engines (sim, torch, vllm, sglang)"),
     ("--d0-attn-fraction", "d0_attn_fraction", "D0 attention-pool shares"),
     ("--paging", "paging", "page layouts (study, vllm)"),
     ("--model", "model", "model presets"),
@@ -55,7 +56,7 @@ def _axis_options(f):
 @click.option("--out", default="results/sweep", show_default=True, type=click.Path(),
               help="Output directory; each cell goes into OUT/<cell-id>/, the plan into OUT/sweep.json.")
 @click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: a process pool on this machine; ray: Ray tasks (needs pip install ray).")
 @click.option("--ray-address", envvar="RAY_ADDRESS", show_envvar=True, default=None, metavar="ADDR",
               help="With --executor ray: the Ray cluster to use (host:port, or auto for one started "

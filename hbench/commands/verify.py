@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import click
 
+from adapters.registry import ENGINES
 from common.errors import HbenchError
 from harness.config import ORG_NAMES
+
+#: Every registered engine but the simulator, which computes no tokens to check.
+REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 
 
 @click.command("verify")
 @click.option("--engine", "engine_name", default="vllm", show_default=True,
-              type=click.Choice(["vllm", "sglang", "torch"]),
+              type=click.Choice(REAL_ENGINES),
               help="Engine to check: a real server, or the in-process torch engine.")
 @click.option("--org", type=click.Choice(ORG_NAMES), default=None,
               help="Organization to serve with: torch engine (default s2), or the server "
