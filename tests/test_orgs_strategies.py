@@ -109,14 +109,20 @@ def test_in_place_publishes_kept_edges_and_holds_a_passed_edge_until_the_step_en
     org.check_invariants()
 
 
-def test_in_place_releases_the_adopted_checkpoint_at_the_end_of_the_step():
-    org = tiny(in_place=True, pin="joint")
-    keys = keys_of(40)
+
+def two_edges_in_place(org, keys) -> None:
+    """Request 0 computes a 40-token prompt in two 16-token chunks, one step
+    each: the edge at 16 is passed, the one at 32 is its replay boundary."""
     assert org.allocate(0, 40, 40, keys, None)
     org.commit(0, keys, 16, 40)
     assert org.allocate(0, 40, 40)
     org.commit(0, keys, 32, 40)
     org.end_step()
+
+def test_in_place_releases_the_adopted_checkpoint_at_the_end_of_the_step():
+    org = tiny(in_place=True, pin="joint")
+    keys = keys_of(40)
+    two_edges_in_place(org, keys)
     org.finish(0)
     hit = org.lookup(keys, 39)
     assert hit.j_adopt == 32
@@ -181,11 +187,7 @@ def test_the_study_pins_its_deepest_own_checkpoint_and_no_block():
 def test_a_joint_pin_holds_the_hit_and_the_blocks_before_it():
     org = tiny(in_place=True, pin="joint")
     keys = keys_of(40)
-    assert org.allocate(0, 40, 40, keys, None)
-    org.commit(0, keys, 16, 40)
-    assert org.allocate(0, 40, 40)
-    org.commit(0, keys, 32, 40)                              # publishes 32
-    org.end_step()
+    two_edges_in_place(org, keys)                            # publishes 32
     blocks = list(org.reqs[0].attn[:2])
     org.preempt(0)
     assert org.pinned_checkpoints() == {0: 32} and org.pins.blocks == {0: blocks}
@@ -200,11 +202,7 @@ def test_a_joint_pin_holds_the_hit_and_the_blocks_before_it():
 def test_no_pin_pins_nothing():
     org = tiny(in_place=True, pin="none")
     keys = keys_of(40)
-    assert org.allocate(0, 40, 40, keys, None)
-    org.commit(0, keys, 16, 40)
-    assert org.allocate(0, 40, 40)
-    org.commit(0, keys, 32, 40)
-    org.end_step()
+    two_edges_in_place(org, keys)
     assert org.pins.policy.choose(org.reqs[0]) == (None, [])
     org.preempt(0)
     assert org.pinned_checkpoints() == {} and org.pins.blocks == {}
