@@ -133,7 +133,7 @@ class RunConfig:
         for ok, msg in checks:
             if not ok:
                 raise HbenchError(msg)
-        WorkloadSpec.from_config(self)   # the workload recipe, against the workload's limits
+        WorkloadSpec.check_config(self)   # the workload recipe, against the workload's limits
 
     @property
     def expected_requests(self) -> float:

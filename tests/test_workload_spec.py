@@ -50,13 +50,17 @@ def test_a_saved_workload_is_keyed_by_its_content(tmp_path):
 
 
 # RunConfig field -> a refused value, each at or just past one limit of workloads.bounds
-REFUSED = [{"mean_input": 4}, {"mean_input": 8192}, {"max_history": 4}, {"max_history": 8193},
-           {"max_model_len": 31}, {"max_output": 0}, {"max_output": 8192}, {"q": 1.5},
+REFUSED = [{"mean_input": 4}, {"max_history": 4},
+           {"max_model_len": 31}, {"max_output": 0}, {"q": 1.5},
            {"rate": 0.0}, {"rate": float("nan")}, {"burstiness": 0.0}, {"requests": 0},
            {"requests": 1_000_001}, {"duration_s": 0.0}, {"duration_s": 1e9}, {"contexts": 0},
            {"max_turns": 0}, {"think_time_s": -1.0}, {"seed": -1}, {"arrival": "burst"},
            {"think": "lognormal"}, {"workload_kind": "chat"},
            {"workload_kind": "multiturn", "requests": 200_000}]
+# ... past a limit relative to the model length (8192 by default): refused by the
+# spec a run derives its workload from, not by the config, which also launches
+# servers and serves saved workloads
+REFUSED_AGAINST_MODEL_LEN = [{"mean_input": 8192}, {"max_history": 8193}, {"max_output": 8192}]
 # ... and the values at the limit, which both accept
 ACCEPTED = [{"mean_input": 5}, {"mean_input": 8191}, {"max_history": 5}, {"max_history": 8192},
             {"max_model_len": 32, "mean_input": 16, "max_output": 31}, {"max_output": 8191},
@@ -76,6 +80,17 @@ def test_run_config_and_spec_refuse_the_same_values_with_one_message(change):
     with pytest.raises(HbenchError) as by_spec:
         _spec(change)
     assert str(by_config.value) == str(by_spec.value)
+
+
+@pytest.mark.parametrize("change", REFUSED_AGAINST_MODEL_LEN, ids=str)
+def test_the_limits_against_the_model_length_hold_where_the_workload_is_derived(change):
+    config = RunConfig(**change)       # e.g. a server launched with a short model length
+    with pytest.raises(HbenchError) as by_derivation:
+        WorkloadSpec.from_config(config)
+    with pytest.raises(HbenchError) as by_spec:
+        _spec(change)
+    assert str(by_derivation.value) == str(by_spec.value)
+    assert "max-model-len 8192" in str(by_spec.value)
 
 
 @pytest.mark.parametrize("change", ACCEPTED, ids=str)

@@ -19,6 +19,7 @@ import hashlib
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
+from types import SimpleNamespace
 
 from common.errors import HbenchError
 from workloads.bounds import (
@@ -66,50 +67,8 @@ class WorkloadSpec:
 
     def __post_init__(self):
         """Refuse (HbenchError, naming the flag) a recipe outside the limits of
-        `workloads.bounds`."""
-        for name, value, choices in (("workload_kind", self.workload_kind, WORKLOAD_KINDS),
-                                     ("think", self.think, THINK_TIMES),
-                                     ("arrival", self.arrival, ARRIVALS)):
-            if value not in choices:
-                raise HbenchError(f"unknown {_flag(name)} {value!r}; choose from {', '.join(choices)}")
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise HbenchError(f"{_flag(f.name)} must be a finite number, got {value}")
-        expected = expected_requests(self.requests, self.duration_s, self.rate,
-                                     self.workload_kind, self.max_turns)
-        length = self.max_model_len
-        checks = [
-            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
-            (0.0 <= self.q <= 1.0, f"--q must be in [0, 1], got {self.q}"),
-            (self.rate > 0, f"--rate must be > 0, got {self.rate}"),
-            (self.burstiness > 0, f"--burstiness must be > 0, got {self.burstiness}"),
-            (self.requests >= 1, f"--requests must be >= 1, got {self.requests}"),
-            (self.requests <= MAX_REQUESTS,
-             f"--requests must be <= {MAX_REQUESTS:,}, got {self.requests:,}"),
-            (self.duration_s is None or self.duration_s > 0, "--duration must be > 0"),
-            (self.duration_s is None or self.duration_s <= MAX_DURATION_S,
-             f"--duration must be <= {MAX_DURATION_S:.0f} s, got {self.duration_s}"),
-            (expected <= MAX_REQUESTS,
-             f"{'--duration x --rate' if self.duration_s is not None else '--requests'}"
-             f"{' x --max-turns' if self.workload_kind == 'multiturn' else ''} asks for about "
-             f"{expected:,.0f} requests; the most one run may ask for is {MAX_REQUESTS:,}"),
-            (self.contexts >= 1, f"--contexts must be >= 1, got {self.contexts}"),
-            (length >= MIN_MODEL_LEN, f"--max-model-len must be >= {MIN_MODEL_LEN}, got {length}"),
-            (1 <= self.max_output < length,
-             f"--max-output must be in [1, max-model-len {length}), got {self.max_output}"),
-            (MIN_TURN_TOKENS < self.mean_input_tokens < length,
-             f"--mean-input must be in ({MIN_TURN_TOKENS}, max-model-len {length}), "
-             f"got {self.mean_input_tokens}"),
-            (self.max_turns >= 1, f"--max-turns must be >= 1, got {self.max_turns}"),
-            (self.max_history is None or MIN_TURN_TOKENS < self.max_history <= length,
-             f"--max-history must be in ({MIN_TURN_TOKENS}, max-model-len {length}], "
-             f"got {self.max_history}"),
-            (self.think_time_s >= 0, f"--think-time must be >= 0, got {self.think_time_s}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise HbenchError(msg)
+        `workloads.bounds`, those relative to the model length included."""
+        _check_recipe(self, within_model_len=True)
 
     @classmethod
     def from_config(cls, config) -> WorkloadSpec:
@@ -117,6 +76,21 @@ class WorkloadSpec:
         (they are the first ``config.warmup_requests`` of the stream); refuses
         (HbenchError) a recipe outside the limits, and a warm-up that leaves
         no measured request."""
+        return cls(**cls._values_of(config))
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """Refuse (HbenchError) a run configuration whose recipe is outside the
+        limits, except those relative to ``--max-model-len``: a config also
+        launches servers and serves saved or a driver's own workloads, for
+        which a prompt-length recipe longer than the model is no error. The
+        spec built to derive the workload (`from_config`) checks those too."""
+        _check_recipe(SimpleNamespace(**cls._values_of(config)), within_model_len=False)
+
+    @classmethod
+    def _values_of(cls, config) -> dict:
+        """The spec's fields from ``config``, after the checks a spec cannot make
+        itself (the warm-up against the measured requests)."""
         if config.requests < 1:
             raise HbenchError(f"--requests must be >= 1, got {config.requests}")
         if not 0 <= config.warmup_requests <= MAX_REQUESTS:
@@ -124,7 +98,7 @@ class WorkloadSpec:
                               f"got {config.warmup_requests}")
         values = {f.name: getattr(config, CONFIG_NAMES.get(f.name, f.name)) for f in fields(cls)}
         values["requests"] += config.warmup_requests
-        return cls(**values)
+        return values
 
 
 @dataclass(frozen=True)
@@ -165,6 +139,58 @@ def config_fields_from_meta(meta: dict, length: int, warmup_requests: int) -> di
     if "requests" in out:
         out["requests"] = length - warmup_requests
     return out
+
+
+def _check_recipe(spec, within_model_len: bool) -> None:
+    """Refuse (HbenchError, naming the flag) the recipe ``spec`` (a `WorkloadSpec`,
+    or any object with its fields) outside the limits of `workloads.bounds`; the
+    limits relative to ``max_model_len`` (prompt, output and history lengths
+    below it) only where ``within_model_len``."""
+    for name, value, choices in (("workload_kind", spec.workload_kind, WORKLOAD_KINDS),
+                                 ("think", spec.think, THINK_TIMES),
+                                 ("arrival", spec.arrival, ARRIVALS)):
+        if value not in choices:
+            raise HbenchError(f"unknown {_flag(name)} {value!r}; choose from {', '.join(choices)}")
+    for f in fields(WorkloadSpec):
+        value = getattr(spec, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise HbenchError(f"{_flag(f.name)} must be a finite number, got {value}")
+    expected = expected_requests(spec.requests, spec.duration_s, spec.rate,
+                                 spec.workload_kind, spec.max_turns)
+    length = spec.max_model_len
+    # the limits relative to the model length hold only where they are checked
+    below = length if within_model_len else math.inf
+    checks = [
+        (spec.seed >= 0, f"--seed must be >= 0, got {spec.seed}"),
+        (0.0 <= spec.q <= 1.0, f"--q must be in [0, 1], got {spec.q}"),
+        (spec.rate > 0, f"--rate must be > 0, got {spec.rate}"),
+        (spec.burstiness > 0, f"--burstiness must be > 0, got {spec.burstiness}"),
+        (spec.requests >= 1, f"--requests must be >= 1, got {spec.requests}"),
+        (spec.requests <= MAX_REQUESTS,
+         f"--requests must be <= {MAX_REQUESTS:,}, got {spec.requests:,}"),
+        (spec.duration_s is None or spec.duration_s > 0, "--duration must be > 0"),
+        (spec.duration_s is None or spec.duration_s <= MAX_DURATION_S,
+         f"--duration must be <= {MAX_DURATION_S:.0f} s, got {spec.duration_s}"),
+        (expected <= MAX_REQUESTS,
+         f"{'--duration x --rate' if spec.duration_s is not None else '--requests'}"
+         f"{' x --max-turns' if spec.workload_kind == 'multiturn' else ''} asks for about "
+         f"{expected:,.0f} requests; the most one run may ask for is {MAX_REQUESTS:,}"),
+        (spec.contexts >= 1, f"--contexts must be >= 1, got {spec.contexts}"),
+        (length >= MIN_MODEL_LEN, f"--max-model-len must be >= {MIN_MODEL_LEN}, got {length}"),
+        (1 <= spec.max_output < below,
+         f"--max-output must be in [1, max-model-len {length}), got {spec.max_output}"),
+        (MIN_TURN_TOKENS < spec.mean_input_tokens < below,
+         f"--mean-input must be in ({MIN_TURN_TOKENS}, max-model-len {length}), "
+         f"got {spec.mean_input_tokens}"),
+        (spec.max_turns >= 1, f"--max-turns must be >= 1, got {spec.max_turns}"),
+        (spec.max_history is None or MIN_TURN_TOKENS < spec.max_history <= below,
+         f"--max-history must be in ({MIN_TURN_TOKENS}, max-model-len {length}], "
+         f"got {spec.max_history}"),
+        (spec.think_time_s >= 0, f"--think-time must be >= 0, got {spec.think_time_s}"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise HbenchError(msg)
 
 
 def _flag(field: str) -> str:
