@@ -223,21 +223,30 @@ def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model):
     base = [rng.randrange(10, 2000) for _ in range(1700)]
     a = [rng.randrange(10, 2000) for _ in range(100)]
     b = base[:BLOCK_TOKENS] + [rng.randrange(10, 2000) for _ in range(1500)]
-    with serve(model, "s1", 16) as server:
-        greedy(server, [base], ignore_eos=True)
-        out = {}
-        first = threading.Thread(target=lambda: out.update(a=greedy(server, [a], True)))
-        # the server may count a step's tokens just after it answers: wait
-        # until all of the 1,700-token prompt's are counted
-        before = wait_until(lambda: (n := generated_tokens(server)) >= OUTPUT_LEN and n, 60,
-                            "the 1,700-token prompt's tokens to be counted")
-        first.start()
-        # B only once A generates: A was admitted first, and both run when B crosses its edge
-        wait_until(lambda: generated_tokens(server) > before, 300, "request A's first token")
-        out["b"] = greedy(server, [b], ignore_eos=True)
-        first.join()
-        _, c = counters_of(server)
-        followed = PluginLogFollower(server.log_path).poll()
+
+    def attempt():
+        with serve(model, "s1", 16) as server:
+            greedy(server, [base], ignore_eos=True)
+            out = {}
+            first = threading.Thread(target=lambda: out.update(a=greedy(server, [a], True)))
+            first.start()   # at once: A must still run when B crosses its edge
+            # B only once A generates (so A was admitted first): the server has
+            # counted more than the 1,700-token prompt's OUTPUT_LEN tokens
+            wait_until(lambda: generated_tokens(server) > OUTPUT_LEN, 300,
+                       "request A's first token")
+            out["b"] = greedy(server, [b], ignore_eos=True)
+            first.join()
+            _, c = counters_of(server)
+            return out, c, PluginLogFollower(server.log_path).poll()
+
+    # Whether B crosses its edge while A still runs is a race between two
+    # streams on a real server (A must not have finished): a fresh server is
+    # tried again when no preemption happened, three times at most. The pin
+    # accounting is asserted on the attempt that preempted.
+    for _ in range(3):
+        out, c, followed = attempt()
+        if c["preemptions"] > 0:
+            break
     assert [len(out["a"][0]), len(out["b"][0])] == [OUTPUT_LEN] * 2
     assert c["preemptions"] > 0 and c.get("pins_taken", 0) > 0, c
     assert c["pinned_tokens_total"] >= BLOCK_TOKENS * c["pins_taken"], c
