@@ -60,14 +60,6 @@ class PagePool:
         """Pages an allocation could take now: empty plus evictable cached."""
         return len(self.empty) + len(self.lru)
 
-    @property
-    def num_cached(self) -> int:
-        return len(self.lru)
-
-    @property
-    def num_referenced(self) -> int:
-        return self.num_pages - len(self.empty) - len(self.lru)
-
     def is_free(self, page: int) -> bool:
         return self.ref[page] == 0 and self.hold[page] == 0
 
