@@ -23,7 +23,7 @@ from adapters.calibration.design import design
 from adapters.calibration.fit import Fit, Sample, fit_rates
 from adapters.sim.hardware import get_hardware
 from adapters.sim.profile import CostProfile
-from common.errors import HbenchError
+from common.errors import HbenchError, HbenchFailure
 from harness import __version__
 from harness.config import RunConfig
 from harness.model_configs import geometry_for_run
@@ -96,10 +96,10 @@ def calibrate_model(engine: str, model_dir: str | Path, *, org: str = "s2",
 
 
 def check_held_out(fit: Fit, max_error: float = MAX_HELD_OUT_ERROR) -> None:
-    """Refuse (HbenchError) a fit whose median error on held-out cells is above ``max_error``."""
+    """Refuse (HbenchFailure, exit 1) a fit whose median error on held-out cells is above ``max_error``."""
     if not fit.held_out_error <= max_error:
         shown = "-" if math.isnan(fit.held_out_error) else f"{fit.held_out_error:.1%}"
-        raise HbenchError(f"the fit's median error on held-out cells is "
+        raise HbenchFailure(f"the fit's median error on held-out cells is "
                           f"{shown}, above --max-error {max_error:.1%}: "
                           "profile not written (rerun on a quieter machine, or use the full "
                           "design without --quick)")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.errors import HbenchError
+from common.errors import HbenchFailure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,7 +49,7 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
     result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell)
     if result.failed:
-        raise HbenchError(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
+        raise HbenchFailure(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
     rows = []
     for cell in result.cells:
         run = read_run(out / cell.cell_id)

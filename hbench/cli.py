@@ -5,7 +5,8 @@ Each command is thin: it parses flags, calls plain functions of the room that
 does the work (the runner, sweeps, calibration, fidelity and verification in
 `hbench`; organizations, workloads, engines, analysis below it) and prints.
 No command calls another command. A user error raises `HbenchError`, which
-the group turns into ``Error: ...`` and exit status 1.
+the group turns into ``Error: ...`` and exit status 2 (1 for an
+`HbenchFailure`: good input, a documented check failed).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except HbenchError as exc:
             click.echo(f"Error: {exc}", err=True)
-            sys.exit(1)
+            sys.exit(exc.exit_code)
         except click.UsageError as exc:   # bad flag value: one line, not the usage text
             click.echo(f"Error: {exc.format_message()}", err=True)
             sys.exit(2)

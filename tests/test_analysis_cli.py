@@ -69,10 +69,10 @@ denominator = {org = "s1"}
 
 def test_analyze_errors_are_one_line(tmp_path):
     res = CliRunner().invoke(cli, ["analyze", str(tmp_path / "missing")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert res.output.strip().splitlines()[-1].startswith("Error: no results directory")
     root = tmp_path / "res"
     write_run(root, "a", org="s1", seed=0)
     write_run(root, "b", org="s0", seed=0, workload="different")
     res = CliRunner().invoke(cli, ["analyze", str(root), "--no-figures"])
-    assert res.exit_code == 1 and "workload hash differs" in res.output
+    assert res.exit_code == 2 and "workload hash differs" in res.output

@@ -152,7 +152,7 @@ def test_a_bad_profile_is_refused_before_any_work(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     res = CliRunner().invoke(cli, [*RUN, "--gpu", str(tmp_path / "bad.json"),
                                    "--out", str(tmp_path / "o")])
-    assert res.exit_code == 1 and "Error: cost profile" in res.output
+    assert res.exit_code == 2 and "Error: cost profile" in res.output
     assert not (tmp_path / "o").exists() or not list_runs(tmp_path / "o")
 
 
@@ -339,5 +339,5 @@ def test_calibrate_and_fidelity_refuse_bad_input_before_any_work(tmp_path, model
                                                                   message):
     argv = [a.format(tmp=tmp_path, model=model_dir) for a in args]
     res = CliRunner().invoke(cli, argv)
-    assert res.exit_code == 1 and res.output.startswith("Error: ") and message in res.output
+    assert res.exit_code == 2 and res.output.startswith("Error: ") and message in res.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "p.json").exists()

@@ -117,7 +117,7 @@ def test_capacity_cli_found_rate_holds_and_next_step_fails(tmp_path):
 
 def test_capacity_cli_refuses_bad_slo(tmp_path):
     res = CliRunner().invoke(cli, ["capacity", "--slo", "ttft<=2", "--out", str(Path(tmp_path) / "c")])
-    assert res.exit_code == 1 and res.output.startswith("Error: cannot read SLO term")
+    assert res.exit_code == 2 and res.output.startswith("Error: cannot read SLO term")
 
 
 def test_runs_at_the_found_capacity_that_are_not_valid_are_named():

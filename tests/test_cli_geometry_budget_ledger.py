@@ -125,7 +125,7 @@ def test_bad_lengths_in_file_are_rejected(tmp_path):
     p = tmp_path / "lengths.json"
     p.write_text("[10, -3]")
     res = run("ledger", "--lengths-from", p)
-    assert res.exit_code == 1 and "non-negative integers" in res.stderr
+    assert res.exit_code == 2 and "non-negative integers" in res.stderr
 
 
 @pytest.mark.parametrize("cmd, words", [

@@ -89,4 +89,4 @@ def test_explain_names_isolate(tmp_path):
 
 def test_explain_refuses_a_directory_that_is_not_a_run(tmp_path):
     res = CliRunner().invoke(cli, ["explain", str(tmp_path)])
-    assert res.exit_code == 1 and res.output.startswith("Error: ")
+    assert res.exit_code == 2 and res.output.startswith("Error: ")

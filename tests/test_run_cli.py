@@ -140,4 +140,4 @@ def test_run_serves_a_saved_workload(tmp_path):
     assert data["manifest"]["workload_hash"] == expected_hash
     assert data["summary"]["finished"] == 10
     missing = CliRunner().invoke(cli, ["run", "--out", str(out), "--workload", str(tmp_path / "nope")])
-    assert missing.exit_code == 1 and "not found" in missing.output
+    assert missing.exit_code == 2 and "not found" in missing.output

@@ -271,7 +271,7 @@ def test_cli_json_for_one_preset():
 
 def test_cli_unknown_hardware_is_one_line_error():
     r = CliRunner().invoke(cli, ["hardware", "tpu"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "Error: unknown hardware 'tpu'" in r.output
 
 

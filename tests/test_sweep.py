@@ -269,6 +269,6 @@ def test_cli_sweep_runs_then_resumes(tmp_path):
 ])
 def test_cli_bad_grid_is_one_line_error(tmp_path, args, msg):
     result = CliRunner().invoke(cli, ["sweep", "--out", str(tmp_path), *args])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.strip().splitlines() == [result.output.strip()]
     assert result.output.startswith(msg)

@@ -338,7 +338,7 @@ def test_verify_cli_needs_exactly_one_of_endpoint_or_launch():
     from hbench.cli import cli
 
     res = CliRunner().invoke(cli, ["verify"])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert res.output.strip() == "Error: give exactly one of --endpoint URL or --launch --model DIR"
 
 

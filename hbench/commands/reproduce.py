@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from analysis.designs import DESIGNS
-from common.errors import HbenchError
+from common.errors import HbenchError, HbenchFailure
 from hbench.executors import EXECUTORS
 
 
@@ -84,7 +84,7 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
                                on_plan=lambda total, done, t=task: bar.update(t, total=total, completed=done),
                                on_cell=lambda o, t=task: bar.advance(t))
         if result.failed:
-            raise HbenchError(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
+            raise HbenchFailure(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
         rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures)
         _print_table(Console(width=max(Console().width, 160)), f"{d.title}  ({len(rep.runs)} runs{', quick' if quick else ''})", rep.table)
         click.echo(f"wrote {root}/reproduce.md, reproduce.csv and analysis/")

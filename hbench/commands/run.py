@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adapters.registry import ENGINES
-from common.errors import HbenchError
+from common.errors import HbenchError, HbenchFailure
 from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
 from harness.layout import PAGINGS
 from harness.results import clean_stale, read_run
@@ -205,7 +205,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     if summary["failed"]:
         req = data["requests"]
         first = req.loc[req["status"] == "failed", "error"].iloc[0]
-        raise HbenchError(f"{summary['failed']} of {summary['requests']} requests failed "
+        raise HbenchFailure(f"{summary['failed']} of {summary['requests']} requests failed "
                           f"(results kept in {run_dir}); first error: {first[:200]}")
 
 

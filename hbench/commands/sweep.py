@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from common.errors import HbenchError
+from common.errors import HbenchError, HbenchFailure
 from hbench.executors import EXECUTORS
 
 # (flag, RunConfig field, help) of the axis flags; each takes a comma list.
@@ -135,4 +135,4 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "
                f"{result.count('failed')} failed; results in {result.out}")
     if result.failed:
-        raise HbenchError(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
+        raise HbenchFailure(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
