@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from common.errors import HbenchError
+from common.input_files import check_input_file
 from workloads.sharegpt.loader import PACKAGE_NAME, ShareGPTPairs, cache_dir, load_pairs
 
 CHAT_COLUMNS = ("conversations", "messages", "conversation")
@@ -55,6 +56,8 @@ def load_corpus(dataset: str | Path | None = None, *, chat_column: str | None = 
                                       "file_key": pairs.key})
     text = str(dataset)
     path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        check_input_file(path, "--dataset")   # a FIFO would block the reader forever
     if path.is_file() and path.suffix in (".json", ".jsonl") and chat_column in (
             None, "conversations"):
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from common.errors import HbenchError
+from hbench.flag_types import FLOAT
 
 
 @click.command("analyze")
@@ -23,7 +24,7 @@ from common.errors import HbenchError
               help="Summary metric to contrast (repeatable); each metric is one Holm family.")
 @click.option("--design", "--family-file", "design", type=click.Path(path_type=Path), default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
-@click.option("--alpha", type=float, default=0.05, show_default=True, help="Significance level after Holm.")
+@click.option("--alpha", type=FLOAT, default=0.05, show_default=True, help="Significance level after Holm.")
 @click.option("--include-invalid", is_flag=True,
               help="Keep contrasts whose arms are not valid in their Holm families.")
 @click.option("--no-figures", is_flag=True, help="Skip the figures.")

@@ -26,10 +26,10 @@ def report(results_dir, out, include_invalid):
     """
     from analysis.html_report import auto_contrasts_table, write_report
     from analysis.load import load_runs
-    from hbench.paths import check_writable_dir
+    from hbench.paths import check_writable_file
 
     out = out if out is not None else results_dir / "report.html"
-    check_writable_dir(out.parent)
+    check_writable_file(out, "--out")
     runs = load_runs(results_dir)
     path = write_report(results_dir, out, runs=runs,
                         contrasts=auto_contrasts_table(runs, include_invalid))

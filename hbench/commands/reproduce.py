@@ -20,6 +20,7 @@ from rich.table import Table
 from analysis.designs import DESIGNS
 from common.errors import HbenchError, HbenchFailure
 from hbench.executors import EXECUTORS
+from hbench.flag_types import INT
 
 
 def _print_table(console: Console, title: str, table) -> None:
@@ -41,7 +42,7 @@ def _print_table(console: Console, title: str, table) -> None:
 @click.option("--quick", is_flag=True, help="Fewer seeds and 120 requests per run (minutes, not hours).")
 @click.option("--out", default="results/reproduce", show_default=True, type=click.Path(path_type=Path),
               help="Root; each design runs into OUT/<design>/ (OUT/<design>-quick/ with --quick).")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
 @click.option("--no-figures", is_flag=True, help="Skip rendering figures.")
 def reproduce(name, quick, out, jobs, executor, no_figures):
