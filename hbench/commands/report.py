@@ -5,6 +5,7 @@ Thin: `analysis.html_report.write_report` does the work.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import click
@@ -30,7 +31,11 @@ def report(results_dir, out, include_invalid):
 
     out = out if out is not None else results_dir / "report.html"
     check_writable_file(out, "--out")
-    runs = load_runs(results_dir)
-    path = write_report(results_dir, out, runs=runs,
-                        contrasts=auto_contrasts_table(runs, include_invalid))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(results_dir)
+        path = write_report(results_dir, out, runs=runs,
+                            contrasts=auto_contrasts_table(runs, include_invalid))
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
     click.echo(f"{len(runs)} runs; wrote {path}")
