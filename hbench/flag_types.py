@@ -10,8 +10,11 @@ command declares ``type=Int(lo=1)`` where it would have used
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
+from common.errors import HbenchError
 from common.numbers import INT64_MAX, parse_float, parse_int
 
 
@@ -50,3 +53,21 @@ class Float(click.ParamType):
 
 INT = Int()
 FLOAT = Float()
+
+
+class PathFlag(click.ParamType):
+    """A path flag or argument as a `pathlib.Path`, refusing the empty string:
+    ``Path("")`` is ``.``, so ``--out ''`` would otherwise write into the
+    current directory."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Path):
+            return value
+        if not str(value).strip():
+            raise HbenchError(f"{_flag(param)} is empty; give a path")
+        return Path(value)
+
+
+PATH = PathFlag()

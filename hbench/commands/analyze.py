@@ -8,21 +8,20 @@ file), evaluates them and hands the tables to `analysis.report` and
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import click
 
 from common.errors import HbenchError
-from hbench.flag_types import FLOAT
+from hbench.flag_types import FLOAT, PATH
 
 
 @click.command("analyze")
-@click.argument("results_dir", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+@click.argument("results_dir", type=PATH)
+@click.option("--out", "out_dir", type=PATH, default=None,
               help="Where to write the analysis (default: RESULTS_DIR/analysis).")
 @click.option("--metric", "metrics", multiple=True, default=("throughput_ledger_tok_s",), show_default=True,
               help="Summary metric to contrast (repeatable); each metric is one Holm family.")
-@click.option("--design", "--family-file", "design", type=click.Path(path_type=Path), default=None,
+@click.option("--design", "--family-file", "design", type=PATH, default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True, help="Significance level after Holm.")
 @click.option("--include-invalid", is_flag=True,

@@ -14,7 +14,7 @@ import click
 
 from common.errors import HbenchError
 from common.numbers import parse_float
-from hbench.flag_types import FLOAT, INT
+from hbench.flag_types import FLOAT, INT, PATH
 
 
 def _list(text: str, what: str) -> list[str]:
@@ -44,7 +44,7 @@ def _rates(text: str) -> list[float]:
               help="Any other RunConfig field for every run (repeatable), e.g. --set cap=63.")
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
               help="Significance level of the winner map and the CI level (1 - alpha).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/capacity"), show_default=True,
+@click.option("--out", type=PATH, default=Path("results/capacity"), show_default=True,
               help="Sweep directory (cells are reused) and where capacity.json and the figure go.")
 @click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json instead of tables.")

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from common.errors import HbenchError
-from hbench.flag_types import FLOAT
+from hbench.flag_types import FLOAT, PATH
 
 
 def check_writable(path: Path) -> None:
@@ -35,15 +35,15 @@ def _fail(message: str) -> None:
 
 
 @click.command("regress")
-@click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Baseline results root.")
-@click.option("--candidate", type=click.Path(path_type=Path), required=True, help="Candidate results root.")
+@click.option("--baseline", type=PATH, required=True, help="Baseline results root.")
+@click.option("--candidate", type=PATH, required=True, help="Candidate results root.")
 @click.option("--min-effect", type=FLOAT, default=0.02, show_default=True,
               help="Tolerance: the largest relative change in the bad direction that still passes (0.02 = 2%).")
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
               help="Significance level after Holm (noisy engines only).")
 @click.option("--allow-missing", is_flag=True,
               help="A baseline cell absent from the candidate is listed, not a regression.")
-@click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
+@click.option("--report", "report_path", type=PATH, default=None,
               help="Write the Markdown report here (for a CI comment).")
 def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
     """Compare CANDIDATE runs with BASELINE runs cell by cell (same

@@ -6,14 +6,15 @@ Thin: `analysis.html_report.write_report` does the work.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import click
 
+from hbench.flag_types import PATH
+
 
 @click.command("report", context_settings={"max_content_width": 100})
-@click.argument("results_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
+@click.argument("results_dir", type=PATH)
+@click.option("-o", "--out", type=PATH, default=None,
               help="Output file (default: RESULTS_DIR/report.html).")
 @click.option("--include-invalid", is_flag=True,
               help="Keep contrasts whose arms are not valid in their Holm families.")
