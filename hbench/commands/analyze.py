@@ -42,7 +42,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
 
     from analysis import contrasts as C
     from analysis.figures import render_figures
-    from analysis.html_report import write_report
+    from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
     from hbench.paths import check_writable_dir
@@ -63,9 +63,12 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)
         out = out_dir if out_dir is not None else results_dir / "analysis"
+        # The HTML reads every run's tables: built first, a corrupt one fails
+        # before any output is written.
+        html = build_html(results_dir, runs, table)
         figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
         write_outputs(out, results_dir, table, inter, arms, figures)
-        write_report(results_dir, out / "report.html", runs=runs, contrasts=table)
+        (out / "report.html").write_text(html, encoding="utf-8")
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:
