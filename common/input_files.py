@@ -25,7 +25,7 @@ def check_input_file(path: str | os.PathLike, what: str) -> Path:
     try:
         st = path.stat()
     except FileNotFoundError:
-        raise HbenchError(f"{what} {path}: no such file") from None
+        raise HbenchError(f"{what} {path}: cannot read it (no such file)") from None
     except OSError as exc:
         raise HbenchError(f"{what} {path}: cannot read it ({exc.strerror or type(exc).__name__})") from None
     if stat.S_ISDIR(st.st_mode):

@@ -79,7 +79,7 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, devic
 
     check_writable_dir(out, "--out")
     if profile_path is not None:
-        check_input_file(profile_path, "--profile")
+        check_input_file(profile_path, "--profile cost profile")
 
     with progress_bar() as update:
         doc = run_fidelity(
