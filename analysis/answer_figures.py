@@ -61,7 +61,10 @@ def attribution_figure(breakdowns: pd.DataFrame) -> Figure | None:
     keys = [f"ttft_p99_{c}_s" for c in CAUSES]
     if breakdowns.empty or not set(keys) <= set(breakdowns.columns):
         return None
-    data = breakdowns.groupby("org", sort=True).mean(numeric_only=True)
+    # A key whose every value is null is an object column that the numeric
+    # mean drops; reindex brings it back as NaN (drawn as 0) for both bands.
+    bands = [f"ttft_{band}_{c}_s" for band in ("p50", "p99") for c in CAUSES]
+    data = breakdowns.groupby("org", sort=True).mean(numeric_only=True).reindex(columns=bands)
     if data[keys].isna().all().all():
         return None
     orgs = list(data.index)

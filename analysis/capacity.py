@@ -35,8 +35,13 @@ import pandas as pd
 
 from analysis import stats
 from common.errors import HbenchError
+from common.numbers import parse_float
 
-_SLO_TERM = re.compile(r"^\s*(ttft|tpot|itl|e2e)_(p50|p90|p99)\s*<=\s*([0-9.]+(?:e-?[0-9]+)?)\s*(ms|s)\s*$")
+_SLO_TERM = re.compile(r"^\s*(ttft|tpot|itl|e2e)_(p50|p90|p99)\s*<=\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*(ms|s)\s*$",
+                       re.ASCII)
+#: Longest latency limit an SLO may name (one day): a larger one is a typo,
+#: and 1e400s would read as infinity.
+MAX_SLO_SECONDS = 86_400.0
 # per-request column that stands for each metric family in goodput
 REQUEST_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_p99_s", "e2e": "e2e_s"}
 
@@ -63,9 +68,13 @@ def parse_slo(text: str) -> tuple[Limit, ...]:
         m = _SLO_TERM.match(term)
         if not m:
             raise HbenchError(f"cannot read SLO term {term!r}; expected e.g. ttft_p99<=2s or tpot_p99<=100ms")
-        value = float(m.group(3)) * (1e-3 if m.group(4) == "ms" else 1.0)
+        number = parse_float(m.group(3), f"SLO limit in {term!r}")
+        value = number * (1e-3 if m.group(4) == "ms" else 1.0)
         if value <= 0:
             raise HbenchError(f"SLO limit must be > 0 in {term!r}")
+        if value > MAX_SLO_SECONDS:
+            raise HbenchError(f"SLO limit in {term!r} is over one day ({MAX_SLO_SECONDS:g} s); "
+                              "give a latency in s or ms")
         limits.append(Limit(m.group(1), m.group(2), value))
     if not limits:
         raise HbenchError("--slo names no limit")

@@ -32,6 +32,7 @@ import pandas as pd
 from analysis import stats
 from analysis.load import config_keys
 from common.errors import HbenchError
+from common.input_files import read_input_text
 from harness.results import CHECKED_METADATA, metadata_conflict
 from harness.validity import arm_parity
 
@@ -40,6 +41,8 @@ VOLATILE_KEYS = ("endpoint", "launch", "server_cmd", "debug_invariants")
 REFERENCE_ORGS = ("s0", "s2")
 DEFAULT_METRIC = "throughput_ledger_tok_s"
 ALPHA = 0.05
+#: Largest design file read: a design is a few dozen lines.
+MAX_DESIGN_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -399,10 +402,12 @@ def load_design(path) -> Design:
     ("difference" or "ratio"), family (default "interactions").
     """
     path = Path(path)
+    text = read_input_text(path, "--design", MAX_DESIGN_BYTES)
     try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise HbenchError(f"cannot read design file {path}: {exc}") from exc
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:   # deep nesting recurses in tomllib
+        raise HbenchError(f"cannot read design file {path}: "
+                          f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
     contrasts, interactions = [], []
     for i, t in enumerate(doc.get("contrast", [])):
         unknown = set(t) - {"name", "metric", "family", "numerator", "denominator"}

@@ -13,6 +13,7 @@ nested ``validity`` object becomes two columns: ``valid`` (bool) and
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import fields
 
 import pandas as pd
@@ -49,12 +50,18 @@ def run_row(run: Run) -> dict:
 def load_runs(root, *, strict: bool = False) -> pd.DataFrame:
     """One row per complete run under ``root`` (searched recursively), sorted by path."""
     rows, keys = [], []
-    for run in iter_runs(root, strict=strict):
-        rows.append(run_row(run))
-        keys.extend(k for k in run.config if k not in keys)
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always", RunSkipped)
+        for run in iter_runs(root, strict=strict):
+            rows.append(run_row(run))
+            keys.extend(k for k in run.config if k not in keys)
     if not rows:
+        # The reason the last candidate was skipped is the one worth a line.
+        why = f"; {skipped[-1].message}" if skipped else ""
         raise HbenchError(f"no complete runs under {root} (a run needs manifest.json with status "
-                          "'complete' and summary.json)")
+                          f"'complete' and summary.json){why}")
+    for w in skipped:   # the caller decides how to show them (analyze prints "warning:")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     df = pd.DataFrame(rows)
     df.attrs["config_keys"] = keys
     return df

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from common.errors import HbenchError
+from common.numbers import MAX_NUMBER_CHARS
 from harness.config import ORG_NAMES
 from harness.geometry import ModelGeometry
 from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
@@ -76,9 +77,10 @@ FORMS = ("bN (N checkpoints' bytes per pool layer, e.g. b83), Np (N pages of the
          "organization's page, e.g. 252p), or a whole-model size such as 12GiB, 512MiB, "
          "1.5GB, 123456789B")
 
-_B_RE = re.compile(r"b(\d+)", re.IGNORECASE)
-_P_RE = re.compile(r"(\d+)p", re.IGNORECASE)
-_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)", re.IGNORECASE)
+# ASCII digits only: b\uff18\uff13 must not read as b83 (a different cell id).
+_B_RE = re.compile(r"b([0-9]+)", re.IGNORECASE | re.ASCII)
+_P_RE = re.compile(r"([0-9]+)p", re.IGNORECASE | re.ASCII)
+_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", re.IGNORECASE | re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,8 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
     if org is not None and org not in ORG_NAMES:
         raise HbenchError(f"unknown organization {org!r}; choose from {', '.join(ORG_NAMES)}")
     s = str(text).strip()
+    if len(s) > MAX_NUMBER_CHARS:   # before int(): thousands of digits are a typo, not a budget
+        raise HbenchError(f"budget {s[:20]!r}... is {len(s):,} characters long; use {FORMS}")
     if m := _B_RE.fullmatch(s):
         n = int(m.group(1))
         if geom.slot_checkpoint_bytes == 0:

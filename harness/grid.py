@@ -20,10 +20,16 @@ from dataclasses import fields
 from pathlib import Path
 
 from common.errors import HbenchError
+from common.input_files import read_input_text
+from common.numbers import MAX_NUMBER_CHARS, parse_float, parse_int
 from harness.config import RunConfig
 
 FIELD_TYPES: dict[str, object] = typing.get_type_hints(RunConfig)
 Axes = Mapping[str, Sequence]
+#: Largest grid file read: a grid is a few lines.
+MAX_GRID_BYTES = 4 * 2**20
+#: Longest text value of a grid key (a path, a preset name, a label).
+MAX_TEXT_CHARS = 4096
 
 
 # ------------------------------------------------------------------ values
@@ -51,6 +57,11 @@ def parse_scalar(field: str, value):
                 if text.lower() in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(text)
+            if base in (int, float):
+                return _number(field, base, text)
+            if len(text) > MAX_TEXT_CHARS:
+                raise HbenchError(f"grid key {field}: a value of {len(text):,} characters; "
+                                  f"at most {MAX_TEXT_CHARS}")
             return base(text)
         except ValueError:
             raise HbenchError(f"grid key {field}: {value!r} is not a valid {base.__name__}") from None
@@ -63,7 +74,21 @@ def parse_scalar(field: str, value):
     return value
 
 
-_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+def _number(field: str, base: type, text: str):
+    """An int or float grid value, read strictly (`common.numbers`); a float may
+    be inf or nan here, for `RunConfig` to refuse under its flag's name."""
+    if len(text) > MAX_NUMBER_CHARS:
+        raise HbenchError(f"grid key {field}: a number of {len(text):,} characters; "
+                          f"at most {MAX_NUMBER_CHARS}")
+    try:
+        if base is int:
+            return parse_int(text, "it")
+        return parse_float(text, "it", finite=False)
+    except HbenchError as exc:
+        raise HbenchError(f"grid key {field}: {text!r} is not a valid {base.__name__} ({exc})") from None
+
+
+_RANGE = re.compile(r"^\s*([0-9]+)\s*-\s*([0-9]+)\s*$", re.ASCII)
 
 
 def parse_values(field: str, raw) -> tuple:
@@ -76,7 +101,7 @@ def parse_values(field: str, raw) -> tuple:
         for part in parts:
             m = _RANGE.match(part) if isinstance(part, str) else None
             if m and _base_type(field)[0] is int:
-                lo, hi = int(m.group(1)), int(m.group(2))
+                lo, hi = _number(field, int, m.group(1)), _number(field, int, m.group(2))
                 if hi < lo:
                     raise HbenchError(f"grid key {field}: empty range {part.strip()!r}")
                 out.extend(range(lo, hi + 1))
@@ -118,10 +143,11 @@ def load_grid_file(path) -> tuple[dict, list[dict]]:
     fields (a list expands); optional ``[[grid]]`` tables are a union of axis
     sets that each extend the top-level keys."""
     path = Path(path)
+    text = read_input_text(path, "--grid", MAX_GRID_BYTES)
     try:
-        doc = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise HbenchError(f"cannot read grid file {path}: {exc}") from None
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:   # deep nesting recurses in tomllib
+        raise HbenchError(f"cannot read grid file {path}: {_first_line(exc)}") from None
     subgrids = doc.pop("grid", [])
     if not isinstance(subgrids, list) or not all(isinstance(g, dict) for g in subgrids):
         raise HbenchError(f"{path}: 'grid' must be an array of tables ([[grid]])")
@@ -131,3 +157,8 @@ def load_grid_file(path) -> tuple[dict, list[dict]]:
                 raise HbenchError(f"{path}: key {k!r} is a table; grid values are scalars or lists")
             parse_values(k, v)
     return doc, subgrids
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

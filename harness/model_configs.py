@@ -18,11 +18,11 @@ ill-typed one into a one-line `HbenchError`.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from common.errors import HbenchError
+from common.safe_json import load_json_object
 from harness.geometry import DTYPE_BYTES, ModelGeometry
 
 
@@ -31,15 +31,9 @@ def load_config(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise HbenchError(f"config file not found: {p}")
-    try:
-        cfg = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HbenchError(f"{p} is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise HbenchError(f"{p} does not hold a JSON object")
-    return cfg
+    return load_json_object(p, "config file")
 
 
 _MISSING = object()

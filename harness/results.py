@@ -41,9 +41,11 @@ import numpy as np
 import pandas as pd
 
 from common.errors import HbenchError
+from common.safe_json import load_json, load_json_object
 from harness import metrics, provenance
 from harness.config import RunConfig
 from harness.records import EngineRun
+from harness.results_schema import check_manifest, check_summary, read_table
 from harness.step_table import steps_frame
 
 SCHEMA_VERSION = 1
@@ -242,8 +244,8 @@ def served_nothing(run_dir: Path) -> bool:
     """A complete run directory in which no measured request finished (every
     one failed or was cancelled): a result, but not a measurement."""
     try:
-        summary = json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        summary = load_json_object(Path(run_dir) / SUMMARY, "summary")
+    except HbenchError:
         return False
     return summary.get("requests", 0) > 0 and summary.get("finished", 0) == 0
 
@@ -291,10 +293,10 @@ class RunSkipped(UserWarning):
 def _load_manifest(path: Path) -> dict | None:
     """The manifest of a complete run directory, or None."""
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = load_json_object(path / MANIFEST, "manifest")
+    except HbenchError:
         return None
-    if not isinstance(manifest, dict) or manifest.get("status") != "complete":
+    if manifest.get("status") != "complete":
         return None
     return manifest
 
@@ -339,7 +341,7 @@ class Run(Mapping):
         file = self.path / self._TABLES[name]
         if not file.is_file():
             raise HbenchError(f"{self.path} has no {self._TABLES[name]}")
-        return pd.read_parquet(file)
+        return read_table(file, name)
 
     def has_table(self, name: str) -> bool:
         return (self.path / self._TABLES[name]).is_file()
@@ -363,10 +365,7 @@ def _json_object(run_dir: Path, name: str, what: str) -> dict:
     """The JSON object in ``run_dir/name``; HbenchError if missing, unreadable or not one."""
     if not (run_dir / name).is_file():
         raise HbenchError(f"{run_dir} is not a complete run directory (missing {name})")
-    try:
-        obj = json.loads((run_dir / name).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HbenchError(f"{run_dir / name} is not valid JSON: {exc}") from None
+    obj = load_json(run_dir / name, "results file")
     if not isinstance(obj, dict):
         raise HbenchError(f"{run_dir / name} holds a JSON {type(obj).__name__}, not {what}")
     return obj
@@ -390,7 +389,9 @@ def read_run(path: Path) -> Run:
             f"{path} has results schema version {manifest.get('schema_version')!r}; "
             f"this hbench reads version {SCHEMA_VERSION}"
         )
+    check_manifest(path / MANIFEST, manifest)
     summary = _json_object(path, SUMMARY, "an object of metrics")
+    check_summary(path / SUMMARY, summary)
     return Run(path, manifest, summary)
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from adapters.client.http import Endpoint
 from adapters.registry import check_expressible, check_paging, make_engine
-from adapters.sim.profile import check_gpu_memory
+from adapters.sim.profile import check_gpu_memory, hardware_for
 from harness.config import RunConfig
 from harness.results import new_run_id, write_run
 from harness.run_setup import RunSetup, validate
@@ -38,8 +39,12 @@ def validate_run(config: RunConfig, *, allow_oversubscribe: bool = False) -> Run
     the simulated GPU holds the weights and the budget
     (`adapters.sim.profile.check_gpu_memory`). Returns the resolved `RunSetup`."""
     setup = validate(config)
-    if config.engine == "sim" and not allow_oversubscribe:
-        check_gpu_memory(setup)
+    if config.endpoint is not None:
+        Endpoint.parse(config.endpoint)   # a malformed URL is one line before any work
+    if config.engine == "sim":
+        hardware_for(config.gpu)   # a malformed cost profile is refused here, not after the run
+        if not allow_oversubscribe:
+            check_gpu_memory(setup)
     return setup
 
 

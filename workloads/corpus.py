@@ -35,6 +35,8 @@ import numpy as np
 import pyarrow as pa
 
 from common.errors import HbenchError
+from common.input_files import check_input_file
+from workloads import hub
 from workloads.sharegpt.loader import PACKAGE_NAME, ShareGPTPairs, cache_dir, load_pairs
 
 CHAT_COLUMNS = ("conversations", "messages", "conversation")
@@ -55,6 +57,8 @@ def load_corpus(dataset: str | Path | None = None, *, chat_column: str | None = 
                                       "file_key": pairs.key})
     text = str(dataset)
     path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        check_input_file(path, "--dataset")   # a FIFO would block the reader forever
     if path.is_file() and path.suffix in (".json", ".jsonl") and chat_column in (
             None, "conversations"):
         try:
@@ -136,7 +140,8 @@ def _read_local(path: Path):
     if path.is_dir() and ((path / "dataset_info.json").is_file()
                           or (path / "dataset_dict.json").is_file()):
         try:
-            ds = ds_mod.load_from_disk(str(path))
+            with hub.quiet():
+                ds = ds_mod.load_from_disk(str(path))
         except Exception as exc:  # datasets raises many types for a bad folder
             raise HbenchError(f"{path}: cannot load the saved dataset ({_first_line(exc)})") from None
         if isinstance(ds, ds_mod.DatasetDict):
@@ -153,8 +158,9 @@ def _read_local(path: Path):
         found = "no JSON, JSONL or Parquet file" if not builders else "JSON and Parquet mixed"
         raise HbenchError(f"{path}: not a chat corpus ({found})")
     try:
-        ds = ds_mod.load_dataset(builders.pop(), data_files=[str(f) for f in data],
-                                 split="train", cache_dir=str(cache_dir() / "datasets"))
+        with hub.quiet():   # its own "Failed to read ..." lines would precede ours
+            ds = ds_mod.load_dataset(builders.pop(), data_files=[str(f) for f in data],
+                                     split="train", cache_dir=str(cache_dir() / "datasets"))
     except Exception as exc:  # parse errors come from pyarrow or datasets, many types
         raise HbenchError(f"{path}: cannot read it as a chat corpus ({_first_line(exc)})") from None
     return ds, {"source": "file" if path.is_file() else "folder", "path": str(path.resolve()),
@@ -163,9 +169,11 @@ def _read_local(path: Path):
 
 def _read_hub(name: str, revision: str | None):
     ds_mod = _datasets()
+    hub.check_reachable(name)   # one short attempt, not the library's five retries
     try:
-        ds = ds_mod.load_dataset(name, split="train", revision=revision,
-                                 cache_dir=str(cache_dir() / "datasets"))
+        with hub.quiet():
+            ds = ds_mod.load_dataset(name, split="train", revision=revision,
+                                     cache_dir=str(cache_dir() / "datasets"))
     except Exception as exc:  # network, auth, missing dataset: all one line for the user
         raise HbenchError(f"cannot load hub dataset {name!r} ({_first_line(exc)})") from None
     return ds, {"source": "hub", "id": name, "revision": revision or "default branch",

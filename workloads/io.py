@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import HbenchError
+from workloads import file_schema
 from workloads.multiturn.session import Session, Turn
 from workloads.workload import WORKLOAD_SCHEMA_VERSION, Workload, WorkloadRequest
 
@@ -88,7 +89,8 @@ def load_workload(path: str | Path) -> Workload:
     md = table.schema.metadata or {}
     if _META not in md or _VERSION not in md or not set(_COLUMNS) <= set(table.column_names):
         raise HbenchError(f"{path}: not an hbench workload file")
-    version = int(md[_VERSION])
+    version = file_schema.schema_version(path, md[_VERSION])
+    file_schema.check_columns(path, table.schema)
     if version != WORKLOAD_SCHEMA_VERSION:
         raise HbenchError(
             f"{path}: workload schema {version}, this hbench reads {WORKLOAD_SCHEMA_VERSION}"
@@ -101,7 +103,7 @@ def load_workload(path: str | Path) -> Workload:
     offsets = ids.offsets.to_numpy()
     py = {c: cols[c].to_pylist() for c in _COLUMNS if c != "prompt_token_ids"}
     try:
-        meta = json.loads(md[_META])
+        meta = file_schema.metadata_json(md[_META], "metadata")
         requests = tuple(
             WorkloadRequest(
                 request_id=py["request_id"][i],
@@ -115,7 +117,8 @@ def load_workload(path: str | Path) -> Workload:
             )
             for i in range(table.num_rows)
         )
-        sessions = tuple(_session_of(x) for x in json.loads(md[_SESSIONS])) if _SESSIONS in md else ()
+        sessions = (tuple(_session_of(x) for x in file_schema.metadata_json(md[_SESSIONS], "sessions"))
+                    if _SESSIONS in md else ())
         w = Workload(requests=requests, meta=meta, sessions=sessions)
     except (KeyError, TypeError) as exc:
         raise HbenchError(f"{path}: unreadable sessions ({exc})") from None

@@ -40,6 +40,8 @@ class Timeouts:
 
 
 DEFAULT_TIMEOUTS = Timeouts()
+#: Longest endpoint URL read (a host and a port need far fewer).
+MAX_URL_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,24 @@ class Endpoint:
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
+        shape = f"endpoint must look like http://HOST:PORT, got {url[:200]!r}"
+        if len(url) > MAX_URL_CHARS or not url.isascii() or not url.isprintable() or " " in url:
+            raise HbenchError(shape)
         text = url if "://" in url else f"http://{url}"
-        parts = urlsplit(text)
-        if parts.scheme != "http" or not parts.hostname:
-            raise HbenchError(f"endpoint must look like http://HOST:PORT, got {url!r}")
+        try:   # urlsplit raises ValueError on an unclosed [IPv6 bracket, .hostname on others
+            parts = urlsplit(text)
+            host = parts.hostname
+        except ValueError as exc:
+            raise HbenchError(f"{shape} ({exc})") from None
+        if parts.scheme != "http" or not host:
+            raise HbenchError(shape)
         try:
-            port = parts.port or 80
+            port = parts.port
         except ValueError as exc:
             raise HbenchError(f"endpoint {url!r} has a bad port: {exc}") from None
-        return cls(parts.hostname, port)
+        if port == 0:
+            raise HbenchError(f"endpoint {url!r} has a bad port: 0 is not a server's port")
+        return cls(host, 80 if port is None else port)
 
     @property
     def url(self) -> str:

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 from adapters.sim.hardware import Hardware
 from common.errors import HbenchError
+from common.numbers import check_physical
 from harness.engine.shape import StepShape
 
 
@@ -208,6 +209,14 @@ def ssm_flops_per_token(g, chunk_size: int) -> tuple[float, float]:
 COMBINES = ("max", "sum")
 
 
+#: The sane range of a rate (bytes/s or FLOP/s): a rate of 1e-300 or 1e308 is
+#: a corrupted profile, not a machine, and would make every step take 0 s or
+#: forever. The top leaves room for `adapters.calibration.fit.UNRESOLVED_RATE`.
+RATE_RANGE = (1.0, 1e21)
+#: A per-step or per-request overhead, in seconds: 0, or between a picosecond and an hour.
+OVERHEAD_RANGE = (1e-12, 3600.0)
+
+
 @dataclass(frozen=True)
 class Rates:
     """The effective rates a step's work is divided by, and its overheads.
@@ -236,10 +245,15 @@ class Rates:
         for name in ("mem_bytes_s", "state_bytes_s", "gemm_flops_s", "attn_flops_s",
                      "scan_flops_s"):
             v = getattr(self, name)
-            if not v > 0:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0:
                 raise HbenchError(f"rate {name}={v} must be > 0")
-        if self.step_overhead_s < 0 or self.request_overhead_s < 0:
-            raise HbenchError("step and request overheads must be >= 0")
+            check_physical(v, f"rate {name}", *RATE_RANGE)
+        for name in ("step_overhead_s", "request_overhead_s"):
+            v = getattr(self, name)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise HbenchError("step and request overheads must be >= 0")
+            if v != 0:
+                check_physical(v, name, *OVERHEAD_RANGE)
         if self.combine not in COMBINES:
             raise HbenchError(f"combine={self.combine!r}: choose from {', '.join(COMBINES)}")
 

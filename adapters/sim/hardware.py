@@ -16,8 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.errors import HbenchError
+from common.numbers import check_physical
 
 GIB = 1 << 30
+#: Largest device memory believed (1 EiB): a bigger one is a corrupted value.
+MAX_DEVICE_BYTES = 1 << 60
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class Hardware:
     def __post_init__(self) -> None:
         if self.mem_bw_bytes_s <= 0 or self.dense_flops_s <= 0 or self.mem_bytes <= 0:
             raise HbenchError(f"hardware {self.name!r}: peaks and memory must be positive")
+        check_physical(self.mem_bw_bytes_s, f"hardware {self.name!r}: mem_bw_bytes_s", 1.0, 1e21)
+        check_physical(self.dense_flops_s, f"hardware {self.name!r}: dense_flops_s", 1.0, 1e21)
+        check_physical(self.mem_bytes, f"hardware {self.name!r}: mem_bytes", 1, MAX_DEVICE_BYTES)
 
     @property
     def ridge_flops_per_byte(self) -> float:

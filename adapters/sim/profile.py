@@ -28,12 +28,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from adapters.sim.cost import Rates
-from adapters.sim.hardware import Hardware, get_hardware
+from adapters.sim.hardware import MAX_DEVICE_BYTES, Hardware, get_hardware
 from common.errors import HbenchError
+from common.input_files import read_input_bytes
+from common.safe_json import loads_json
 from harness.config import is_profile_path
 
 PROFILE_KIND = "hbench-cost-profile"
 PROFILE_SCHEMA = 1
+#: A profile is a few kilobytes; a larger file is not one.
+MAX_PROFILE_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -77,14 +81,12 @@ def save_profile(profile: CostProfile, path: str | Path) -> Path:
 def load_profile(path: str | Path) -> CostProfile:
     """Read a profile; HbenchError naming the file for anything malformed."""
     path = Path(path)
+    blob = read_input_bytes(path, "cost profile", MAX_PROFILE_BYTES)
     try:
-        blob = path.read_bytes()
-    except OSError as exc:
-        raise HbenchError(f"cost profile {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        d = json.loads(blob)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HbenchError(f"cost profile {path}: not JSON ({exc})") from None
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HbenchError(f"cost profile {path}: not UTF-8 text") from None
+    d = loads_json(text, f"cost profile {path}")
     if not isinstance(d, dict) or d.get("kind") != PROFILE_KIND:
         raise HbenchError(f"cost profile {path}: not an hbench cost profile "
                           f"(expected \"kind\": \"{PROFILE_KIND}\"; make one with hbench calibrate)")
@@ -103,8 +105,10 @@ def load_profile(path: str | Path) -> CostProfile:
     except HbenchError as exc:
         raise HbenchError(f"cost profile {path}: {exc}") from None
     mem = d.get("mem_bytes")
-    if mem is not None and not (isinstance(mem, int) and mem > 0):
-        raise HbenchError(f"cost profile {path}: mem_bytes must be a positive integer or null")
+    if mem is not None and not (isinstance(mem, int) and not isinstance(mem, bool)
+                                and 0 < mem <= MAX_DEVICE_BYTES):
+        raise HbenchError(f"cost profile {path}: mem_bytes must be a positive integer "
+                          f"(at most {MAX_DEVICE_BYTES:,}) or null")
     return CostProfile(name=str(d.get("name") or path.stem), rates=r,
                        engine=str(d.get("engine", "")), device=str(d.get("device", "")),
                        model=str(d.get("model", "")), mem_bytes=mem, fit=d.get("fit") or {},

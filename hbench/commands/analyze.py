@@ -8,22 +8,22 @@ file), evaluates them and hands the tables to `analysis.report` and
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import click
 
 from common.errors import HbenchError
+from hbench.flag_types import FLOAT, PATH
 
 
 @click.command("analyze")
-@click.argument("results_dir", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+@click.argument("results_dir", type=PATH)
+@click.option("--out", "out_dir", type=PATH, default=None,
               help="Where to write the analysis (default: RESULTS_DIR/analysis).")
 @click.option("--metric", "metrics", multiple=True, default=("throughput_ledger_tok_s",), show_default=True,
               help="Summary metric to contrast (repeatable); each metric is one Holm family.")
-@click.option("--design", "--family-file", "design", type=click.Path(path_type=Path), default=None,
+@click.option("--design", "--family-file", "design", type=PATH, default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
-@click.option("--alpha", type=float, default=0.05, show_default=True, help="Significance level after Holm.")
+@click.option("--alpha", type=FLOAT, default=0.05, show_default=True, help="Significance level after Holm.")
 @click.option("--include-invalid", is_flag=True,
               help="Keep contrasts whose arms are not valid in their Holm families.")
 @click.option("--no-figures", is_flag=True, help="Skip the figures.")
@@ -42,7 +42,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
 
     from analysis import contrasts as C
     from analysis.figures import render_figures
-    from analysis.html_report import write_report
+    from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
     from hbench.paths import check_writable_dir
@@ -63,9 +63,12 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)
         out = out_dir if out_dir is not None else results_dir / "analysis"
+        # The HTML reads every run's tables: built first, a corrupt one fails
+        # before any output is written.
+        html = build_html(results_dir, runs, table)
         figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
         write_outputs(out, results_dir, table, inter, arms, figures)
-        write_report(results_dir, out / "report.html", runs=runs, contrasts=table)
+        (out / "report.html").write_text(html, encoding="utf-8")
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:

@@ -18,6 +18,7 @@ import click
 from adapters.calibration import DRIVERS
 from harness.config import ORG_NAMES
 from hbench.calibration import MAX_HELD_OUT_ERROR
+from hbench.flag_types import INT, Float, Int
 
 
 def _pct(v) -> str:
@@ -59,19 +60,19 @@ def print_fit(fit, profile) -> None:
 @click.option("--dtype", default="auto", show_default=True,
               help="torch engine: auto (cpu fp32, cuda bf16), fp32 or bf16.")
 @click.option("--quick", is_flag=True, help="A small design (tests, CI): fewer cells, shorter.")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 20),
+@click.option("--repeats", default=3, show_default=True, type=Int(1, 20),
               help="Passes over the design (cells shuffled each pass); each sample keeps "
                    "its fastest time.")
-@click.option("--max-model-len", default=4096, show_default=True, type=click.IntRange(256),
+@click.option("--max-model-len", default=4096, show_default=True, type=Int(256),
               help="Longest context the design uses.")
 @click.option("--max-error", default=MAX_HELD_OUT_ERROR, show_default=True,
-              type=click.FloatRange(0, min_open=True),
+              type=Float(0, lo_open=True),
               help="Refuse a fit whose median |relative error| on held-out cells is larger.")
 @click.option("--against", default="a100-pcie-40gb", show_default=True,
               help="Datasheet preset whose errors are shown beside the profile's.")
 @click.option("--samples", "samples_path", type=click.Path(), default=None,
               help="Also write the measured samples as CSV.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=INT, default=0, show_default=True)
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(),
               help="Where to write the profile (JSON).")
 def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_len, max_error,
@@ -85,8 +86,12 @@ def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_l
     """
     from adapters.sim.profile import save_profile
     from hbench.calibration import calibrate_model, check_held_out, write_samples
+    from hbench.paths import check_writable_file
     from hbench.progress import progress_bar
 
+    check_writable_file(out_path, "--out")
+    if samples_path:
+        check_writable_file(samples_path, "--samples")
     options = {"device": device, "dtype": dtype} if engine == "torch" else {}
     with progress_bar() as update:
         profile, fit, samples = calibrate_model(

@@ -13,6 +13,8 @@ from pathlib import Path
 import click
 
 from common.errors import HbenchError
+from common.numbers import parse_float
+from hbench.flag_types import FLOAT, INT, PATH
 
 
 def _list(text: str, what: str) -> list[str]:
@@ -23,10 +25,7 @@ def _list(text: str, what: str) -> list[str]:
 
 
 def _rates(text: str) -> list[float]:
-    try:
-        rates = sorted({float(x) for x in _list(text, "rates")})
-    except ValueError:
-        raise HbenchError(f"--rates expects a comma list of numbers, got {text!r}") from None
+    rates = sorted({parse_float(x, "--rates", finite=True) for x in _list(text, "rates")})
     if rates[0] <= 0:
         raise HbenchError("--rates must all be > 0")
     return rates
@@ -40,14 +39,14 @@ def _rates(text: str) -> list[float]:
 @click.option("--rates", default="0.5,1,1.5,2,3,4", show_default=True,
               help="Rate grid in req/s (the search's steps).")
 @click.option("--seeds", default="1-3", show_default=True, help="Paired seeds, e.g. 1-3 or 1,2,5.")
-@click.option("--requests", type=int, default=120, show_default=True, help="Requests per run.")
+@click.option("--requests", type=INT, default=120, show_default=True, help="Requests per run.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE",
               help="Any other RunConfig field for every run (repeatable), e.g. --set cap=63.")
-@click.option("--alpha", type=float, default=0.05, show_default=True,
+@click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
               help="Significance level of the winner map and the CI level (1 - alpha).")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("results/capacity"), show_default=True,
+@click.option("--out", type=PATH, default=Path("results/capacity"), show_default=True,
               help="Sweep directory (cells are reused) and where capacity.json and the figure go.")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json instead of tables.")
 def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs, as_json):
     """Largest arrival rate each organization x budget sustains within --slo.

@@ -7,13 +7,14 @@ it; this prints the counts and the short answer.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
+from hbench.flag_types import PATH
+
 
 @click.command("explain", context_settings={"max_content_width": 100})
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_dir", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
 def explain(run_dir, as_json):
     """Why requests that share a prefix did not reuse it, in RUN_DIR.

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from hbench.fidelity import ENGINES
+from hbench.flag_types import FLOAT, INT
 
 
 def _fmt(v, compare: str) -> str:
@@ -43,15 +44,15 @@ def print_summary(summary: list[dict]) -> None:
 @click.option("--profile", "profile_path", type=click.Path(), default=None,
               help="Cost profile from hbench calibrate; default: calibrate now (into OUT).")
 @click.option("--quick", is_flag=True, help="With no --profile: the quick calibration design.")
-@click.option("--requests", type=int, default=60, show_default=True)
-@click.option("--rate", type=float, default=4.0, show_default=True)
-@click.option("--q", type=float, default=1.0, show_default=True)
-@click.option("--mean-input", type=int, default=1000, show_default=True)
-@click.option("--max-output", type=int, default=32, show_default=True)
-@click.option("--contexts", type=int, default=4, show_default=True)
-@click.option("--max-model-len", type=int, default=2048, show_default=True)
-@click.option("--cap", type=int, default=63, show_default=True)
-@click.option("--token-budget", type=int, default=8192, show_default=True)
+@click.option("--requests", type=INT, default=60, show_default=True)
+@click.option("--rate", type=FLOAT, default=4.0, show_default=True)
+@click.option("--q", type=FLOAT, default=1.0, show_default=True)
+@click.option("--mean-input", type=INT, default=1000, show_default=True)
+@click.option("--max-output", type=INT, default=32, show_default=True)
+@click.option("--contexts", type=INT, default=4, show_default=True)
+@click.option("--max-model-len", type=INT, default=2048, show_default=True)
+@click.option("--cap", type=INT, default=63, show_default=True)
+@click.option("--token-budget", type=INT, default=8192, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
 @click.option("--out", "out_dir", default="results/fidelity", show_default=True, type=click.Path())
 @click.option("--analyze-only", is_flag=True, help="Only rebuild the ledger from OUT/runs.")
@@ -71,8 +72,14 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, devic
         print_summary(doc["metrics"])
         click.echo(f"ledger: {out / 'ledger.csv'}")
         return
+    from common.input_files import check_input_file
     from hbench.commands.calibrate import print_fit
+    from hbench.paths import check_writable_dir
     from hbench.progress import progress_bar
+
+    check_writable_dir(out, "--out")
+    if profile_path is not None:
+        check_input_file(profile_path, "--profile cost profile")
 
     with progress_bar() as update:
         doc = run_fidelity(

@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from common.errors import HbenchError
+from common.input_files import read_input_text
+from common.numbers import parse_float, parse_int
+from common.safe_json import loads_json
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, applicable_orgs, resolve_all
 from harness.layout import BLOCK_TOKENS, D0_BLOCK_TOKENS
 from harness.ledger import (
@@ -31,13 +34,14 @@ MAX_COUNT = 10**9
 
 
 def parse_count(text: str | None, flag: str) -> int | None:
-    """A non-negative integer flag value, or a one-line HbenchError."""
+    """A non-negative integer flag value (ASCII digits, at most `MAX_COUNT`),
+    or a one-line HbenchError."""
     if text is None:
         return None
     try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise HbenchError(f"{flag} must be a non-negative integer, got {text!r}") from None
+        value = parse_int(text, flag)
+    except HbenchError:
+        raise HbenchError(f"{flag} must be a non-negative integer, got {str(text)[:40]!r}") from None
     if value < 0:
         raise HbenchError(f"{flag} must be a non-negative integer, got {value}")
     if value > MAX_COUNT:
@@ -47,26 +51,22 @@ def parse_count(text: str | None, flag: str) -> int | None:
 
 def parse_fraction(text: str) -> float:
     """--d0-attn-fraction: a number strictly between 0 and 1."""
-    try:
-        f = float(text)
-    except ValueError:
-        raise HbenchError(f"--d0-attn-fraction must be a number in (0, 1), got {text!r}") from None
-    if not 0.0 < f < 1.0:
-        raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {text}")
-    return f
+    return parse_float(text, "--d0-attn-fraction", 0.0, 1.0, lo_open=True, hi_open=True)
+
+
+#: Largest lengths file read (64 MiB: millions of lengths).
+MAX_LENGTHS_BYTES = 64 * 2**20
 
 
 def read_lengths(path: str) -> list[int]:
-    """Request lengths (tokens): a JSON list, or one integer per line (# comments)."""
+    """Request lengths (tokens): a JSON list, or one integer per line (# comments).
+    A file that names no length is refused: a table of 0 requests says nothing."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise HbenchError(f"lengths file not found: {p}")
-    text = p.read_text()
+    text = read_input_text(p, "--lengths-from", MAX_LENGTHS_BYTES)
     if text.lstrip()[:1] in ("[", "{"):
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise HbenchError(f"{p} is not a valid JSON list: {exc}") from None
+        values = loads_json(text, f"--lengths-from {p}")
         if not isinstance(values, list):
             raise HbenchError(f"{p} is not a valid JSON list of request lengths")
     else:
@@ -74,13 +74,20 @@ def read_lengths(path: str) -> list[int]:
         values = [v for v in values if v]
     out = []
     for v in values:
-        try:
-            n = int(v) if not isinstance(v, bool) else -1
-        except (TypeError, ValueError):
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
             n = -1
-        if n < 0 or (isinstance(v, float) and not v.is_integer()):
+        elif isinstance(v, str):
+            try:
+                n = parse_int(v, "a length", 0)
+            except HbenchError:
+                n = -1
+        else:
+            n = int(v) if v >= 0 and float(v).is_integer() else -1
+        if n < 0:
             raise HbenchError(f"{p}: request lengths must be non-negative integers, got {v!r}")
         out.append(n)
+    if not out:
+        raise HbenchError(f"{p} holds no request lengths; give a JSON list or one integer per line")
     return out
 
 

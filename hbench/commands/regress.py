@@ -16,23 +16,17 @@ from pathlib import Path
 import click
 
 from common.errors import HbenchError
+from hbench.flag_types import FLOAT, PATH
 
 
 def check_writable(path: Path) -> None:
-    """Refuse a report path that cannot be written: a directory, a read-only
-    file, or a location whose nearest existing ancestor is not a writable
-    directory."""
-    if path.exists():
-        if path.is_dir():
-            raise HbenchError(f"--report {path} is a directory")
-        if not os.access(path, os.W_OK):
-            raise HbenchError(f"--report {path} is not writable")
-        return
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise HbenchError(f"--report {path}: {parent} is not a writable directory")
+    """Refuse a report path that cannot be written (`hbench.paths.check_writable_file`:
+    a directory, a link to nothing, a name too long, an unwritable location)."""
+    from hbench.paths import check_writable_file
+
+    check_writable_file(path, "--report")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise HbenchError(f"--report {path} is not writable")
 
 
 def _fail(message: str) -> None:
@@ -41,15 +35,15 @@ def _fail(message: str) -> None:
 
 
 @click.command("regress")
-@click.option("--baseline", type=click.Path(path_type=Path), required=True, help="Baseline results root.")
-@click.option("--candidate", type=click.Path(path_type=Path), required=True, help="Candidate results root.")
-@click.option("--min-effect", type=float, default=0.02, show_default=True,
+@click.option("--baseline", type=PATH, required=True, help="Baseline results root.")
+@click.option("--candidate", type=PATH, required=True, help="Candidate results root.")
+@click.option("--min-effect", type=FLOAT, default=0.02, show_default=True,
               help="Tolerance: the largest relative change in the bad direction that still passes (0.02 = 2%).")
-@click.option("--alpha", type=float, default=0.05, show_default=True,
+@click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
               help="Significance level after Holm (noisy engines only).")
 @click.option("--allow-missing", is_flag=True,
               help="A baseline cell absent from the candidate is listed, not a regression.")
-@click.option("--report", "report_path", type=click.Path(path_type=Path), default=None,
+@click.option("--report", "report_path", type=PATH, default=None,
               help="Write the Markdown report here (for a CI comment).")
 def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
     """Compare CANDIDATE runs with BASELINE runs cell by cell (same

@@ -5,14 +5,16 @@ Thin: `analysis.html_report.write_report` does the work.
 
 from __future__ import annotations
 
-from pathlib import Path
+import warnings
 
 import click
 
+from hbench.flag_types import PATH
+
 
 @click.command("report", context_settings={"max_content_width": 100})
-@click.argument("results_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
+@click.argument("results_dir", type=PATH)
+@click.option("-o", "--out", type=PATH, default=None,
               help="Output file (default: RESULTS_DIR/report.html).")
 @click.option("--include-invalid", is_flag=True,
               help="Keep contrasts whose arms are not valid in their Holm families.")
@@ -26,11 +28,15 @@ def report(results_dir, out, include_invalid):
     """
     from analysis.html_report import auto_contrasts_table, write_report
     from analysis.load import load_runs
-    from hbench.paths import check_writable_dir
+    from hbench.paths import check_writable_file
 
     out = out if out is not None else results_dir / "report.html"
-    check_writable_dir(out.parent)
-    runs = load_runs(results_dir)
-    path = write_report(results_dir, out, runs=runs,
-                        contrasts=auto_contrasts_table(runs, include_invalid))
+    check_writable_file(out, "--out")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(results_dir)
+        path = write_report(results_dir, out, runs=runs,
+                            contrasts=auto_contrasts_table(runs, include_invalid))
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
     click.echo(f"{len(runs)} runs; wrote {path}")

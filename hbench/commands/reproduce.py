@@ -10,8 +10,6 @@ OUT/reproduce.md and OUT/reproduce.csv.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +18,7 @@ from rich.table import Table
 from analysis.designs import DESIGNS
 from common.errors import HbenchError, HbenchFailure
 from hbench.executors import EXECUTORS
+from hbench.flag_types import INT, PATH
 
 
 def _print_table(console: Console, title: str, table) -> None:
@@ -39,9 +38,9 @@ def _print_table(console: Console, title: str, table) -> None:
 @click.command("reproduce", context_settings={"max_content_width": 100})
 @click.argument("name", type=click.Choice([*DESIGNS, "all"]))
 @click.option("--quick", is_flag=True, help="Fewer seeds and 120 requests per run (minutes, not hours).")
-@click.option("--out", default="results/reproduce", show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", default="results/reproduce", show_default=True, type=PATH,
               help="Root; each design runs into OUT/<design>/ (OUT/<design>-quick/ with --quick).")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
 @click.option("--no-figures", is_flag=True, help="Skip rendering figures.")
 def reproduce(name, quick, out, jobs, executor, no_figures):

@@ -24,6 +24,7 @@ from harness.results import clean_stale, read_run
 from harness.run_workload import build_run_workload
 from harness.validity import describe_validity, failed_details
 from hbench.commands.workload import multiturn_options
+from hbench.flag_types import FLOAT, INT
 from hbench.paths import check_writable_dir
 from hbench.runner import execute, validate_run
 from workloads.sharegpt.arrivals import ARRIVALS
@@ -102,33 +103,33 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
                    "cost profile file from hbench calibrate (profile.json).")
 @click.option("--ssm-dtype", "ssm_state_dtype", default=D.ssm_state_dtype, show_default=True,
               help="SSM state dtype (bf16 or fp32).")
-@click.option("--d0-attn-fraction", type=float, default=D.d0_attn_fraction, show_default=True,
+@click.option("--d0-attn-fraction", type=FLOAT, default=D.d0_attn_fraction, show_default=True,
               help="D0: share of the budget given to the attention pool (fixed at start).")
 @click.option("--paging", type=click.Choice(PAGINGS), default=None,
               help="How pages are laid out: the study's page sizes (sim, torch) or vLLM's "
                    "blocks (vllm; on sim: the blocks a vLLM run at this budget serves, to "
                    "compare with it). Default: the engine's own.")
-@click.option("--rate", type=float, default=D.rate, show_default=True, help="Arrivals per second.")
+@click.option("--rate", type=FLOAT, default=D.rate, show_default=True, help="Arrivals per second.")
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default=D.arrival, show_default=True)
-@click.option("--burstiness", type=float, default=D.burstiness, show_default=True,
+@click.option("--burstiness", type=FLOAT, default=D.burstiness, show_default=True,
               help="Gamma arrivals: squared coefficient of variation of the gaps.")
-@click.option("--q", type=float, default=D.q, show_default=True,
+@click.option("--q", type=FLOAT, default=D.q, show_default=True,
               help="Shared-prefix fraction (0 = no-share control, same lengths).")
-@click.option("--requests", type=int, default=D.requests, show_default=True)
-@click.option("--duration", "duration_s", type=float, default=None,
+@click.option("--requests", type=INT, default=D.requests, show_default=True)
+@click.option("--duration", "duration_s", type=FLOAT, default=None,
               help="Generate arrivals for this many seconds instead of --requests.")
-@click.option("--contexts", type=int, default=D.contexts, show_default=True,
+@click.option("--contexts", type=INT, default=D.contexts, show_default=True,
               help="Number of shared contexts.")
 @multiturn_options
-@click.option("--mean-input", type=int, default=D.mean_input, show_default=True,
+@click.option("--mean-input", type=INT, default=D.mean_input, show_default=True,
               help="Target mean prompt length in tokens (the study's working point: 3332).")
-@click.option("--max-model-len", type=int, default=D.max_model_len, show_default=True)
-@click.option("--max-output", type=int, default=D.max_output, show_default=True)
-@click.option("--cap", type=int, default=D.cap, show_default=True,
+@click.option("--max-model-len", type=INT, default=D.max_model_len, show_default=True)
+@click.option("--max-output", type=INT, default=D.max_output, show_default=True)
+@click.option("--cap", type=INT, default=D.cap, show_default=True,
               help="Maximum running requests.")
-@click.option("--token-budget", type=int, default=D.token_budget, show_default=True,
+@click.option("--token-budget", type=INT, default=D.token_budget, show_default=True,
               help="Tokens per engine step (prefill chunks plus decodes).")
-@click.option("--headroom", type=float, default=D.headroom, show_default=True,
+@click.option("--headroom", type=FLOAT, default=D.headroom, show_default=True,
               help="Admission headroom f: floor(f x pages) must stay free after admitting "
                    "(while another request runs, as vLLM's watermark).")
 @click.option("--admission", type=click.Choice(ADMISSIONS), default=D.admission,
@@ -137,14 +138,14 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
                    "or its whole input (vLLM's scheduler_reserve_full_isl).")
 @click.option("--retention/--no-retention", default=D.retention, show_default=True,
               help="Retain a running producer's demanded checkpoints.")
-@click.option("--retention-threshold", type=int, default=D.retention_threshold, show_default=True,
+@click.option("--retention-threshold", type=INT, default=D.retention_threshold, show_default=True,
               help="Distinct requests that must want a prefix before it is retained.")
 @click.option("--isolate", is_flag=True, help="ISOLATE: a unique cache salt per request.")
-@click.option("--seed", type=int, default=D.seed, show_default=True)
+@click.option("--seed", type=INT, default=D.seed, show_default=True)
 @click.option("--workload", "workload_path", type=click.Path(), default=None,
               help="Serve a saved workload (hbench workload build) instead of building one; "
                    "the workload flags above are then ignored.")
-@click.option("--warmup", "warmup_requests", type=int, default=0, show_default=True,
+@click.option("--warmup", "warmup_requests", type=INT, default=0, show_default=True,
               help="Warm-up requests served first and excluded from every metric.")
 @click.option("--endpoint", default=None, help="Real engines: URL of a running server.")
 @click.option("--launch", is_flag=True, help="Real engines: start the server and stop it after.")

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.errors import HbenchError, HbenchFailure
 from hbench.executors import EXECUTORS
+from hbench.flag_types import INT
 
 # (flag, RunConfig field, help) of the axis flags; each takes a comma list.
 AXES = [
@@ -55,7 +56,7 @@ def _axis_options(f):
               help="Any other RunConfig field as an axis (repeatable), e.g. --set max_output=512.")
 @click.option("--out", default="results/sweep", show_default=True, type=click.Path(),
               help="Output directory; each cell goes into OUT/<cell-id>/, the plan into OUT/sweep.json.")
-@click.option("--jobs", "-j", type=int, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: a process pool on this machine; ray: Ray tasks (needs pip install ray).")
 @click.option("--ray-address", envvar="RAY_ADDRESS", show_envvar=True, default=None, metavar="ADDR",
@@ -82,13 +83,15 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
 
     from harness.grid import expand, load_grid_file
     from harness.results import is_done
-    from hbench.paths import check_writable_dir
+    from hbench.paths import check_dir_path, check_writable_dir
     from hbench.runner import validate_run
     from hbench.sweep import plan, run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
-    if not dry_run:
+    if dry_run:
+        check_dir_path(out)
+    else:
         check_writable_dir(out)
     base, subgrids = load_grid_file(grid_file) if grid_file else ({}, [])
     flags = {field: value for field, value in axes.items() if value is not None}

@@ -10,6 +10,8 @@ import json
 
 import click
 
+from hbench.flag_types import Int
+
 
 @click.command("tiny-model")
 @click.option("--arch", default="falcon_h1", show_default=True,
@@ -21,9 +23,9 @@ import click
                    "attention blocks, conv state a few percent of one).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write config.json, model.safetensors and the tokenizer to.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--seed", default=0, show_default=True, type=Int(0),
               help="Seed of the random weights (same seed, same bytes).")
-@click.option("--records", default=300, show_default=True, type=click.IntRange(min=1),
+@click.option("--records", default=300, show_default=True, type=Int(1),
               help="ShareGPT records the tokenizer is trained on.")
 def tiny_model(arch, preset, out_dir, seed, records):
     """Build a tiny Falcon-H1 (random weights, locally trained tokenizer)."""

@@ -15,6 +15,7 @@ import click
 from adapters.registry import ENGINES
 from common.errors import HbenchError
 from harness.config import ORG_NAMES
+from hbench.flag_types import INT, Int
 
 #: Every registered engine but the simulator, which computes no tokens to check.
 REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
@@ -30,14 +31,14 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 @click.option("--budget", default=None,
               help="torch engine: budget label (default: the organization's verify point).")
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
-@click.option("--seed", type=int, default=0, show_default=True, help="torch engine: workload seed.")
+@click.option("--seed", type=INT, default=0, show_default=True, help="torch engine: workload seed.")
 @click.option("--endpoint", default=None, help="A running server, e.g. http://127.0.0.1:8000.")
 @click.option("--launch", is_flag=True, help="Start the server (needs --model DIR), stop it after.")
 @click.option("--model", default=None, help="Model directory (with --launch) or served model id.")
 @click.option("--server-cmd", default=None, help="Server command for --launch ({port} {model}).")
-@click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(1, 64))
-@click.option("--output-len", default=16, show_default=True, type=click.IntRange(1, 4096))
-@click.option("--prompt-chars", default=2500, show_default=True, type=click.IntRange(100),
+@click.option("--prompts", "n_prompts", default=4, show_default=True, type=Int(1, 64))
+@click.option("--output-len", default=16, show_default=True, type=Int(1, 4096))
+@click.option("--prompt-chars", default=2500, show_default=True, type=Int(100),
               help="Characters per prompt; raise it for models with large cache blocks.")
 def verify(engine_name, org, budget, device, seed, endpoint, launch, model, server_cmd,
            n_prompts, output_len, prompt_chars):

@@ -15,6 +15,7 @@ import numpy as np
 
 from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
+from hbench.flag_types import FLOAT, INT
 from workloads.kinds import WORKLOAD_KINDS
 from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
 from workloads.workload import Workload
@@ -29,14 +30,14 @@ def multiturn_options(f):
         click.option("--workload-kind", type=click.Choice(list(WORKLOAD_KINDS)), default=_D.workload_kind,
                      show_default=True, help="sharegpt: the study's shared contexts; multiturn: "
                      "conversation replay (--requests/--rate then count sessions)."),
-        click.option("--max-turns", type=int, default=_D.max_turns, show_default=True,
+        click.option("--max-turns", type=INT, default=_D.max_turns, show_default=True,
                      help="Multi-turn: turns per session at most."),
-        click.option("--max-history", type=int, default=None,
+        click.option("--max-history", type=INT, default=None,
                      help="Multi-turn: prompt + output tokens of a turn at most "
                      "[default: --max-model-len]."),
         click.option("--think", type=click.Choice(list(THINK_TIMES)), default=_D.think,
                      show_default=True, help="Multi-turn: think-time distribution."),
-        click.option("--think-time", "think_time_s", type=float, default=_D.think_time_s,
+        click.option("--think-time", "think_time_s", type=FLOAT, default=_D.think_time_s,
                      show_default=True, help="Multi-turn: mean seconds between an answer and "
                      "the next turn."),
         click.option("--replay-answers", is_flag=True, help="Multi-turn: the next prompt holds "
@@ -129,23 +130,23 @@ def workload():
 
 
 @workload.command()
-@click.option("--q", "q", type=float, default=1.0, show_default=True,
+@click.option("--q", "q", type=FLOAT, default=1.0, show_default=True,
               help="Shared-prefix fraction: probability a request uses a shared context.")
-@click.option("--rate", type=float, default=3.0, show_default=True, help="Arrival rate, req/s.")
-@click.option("--requests", type=int, default=240, show_default=True, help="Number of requests.")
-@click.option("--duration", "duration_s", type=float, default=None,
+@click.option("--rate", type=FLOAT, default=3.0, show_default=True, help="Arrival rate, req/s.")
+@click.option("--requests", type=INT, default=240, show_default=True, help="Number of requests.")
+@click.option("--duration", "duration_s", type=FLOAT, default=None,
               help="Instead of --requests: all arrivals before this many seconds.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=INT, default=0, show_default=True)
 @click.option("--arrival", type=click.Choice(sorted(ARRIVALS)), default="poisson",
               show_default=True)
-@click.option("--burstiness", type=float, default=1.0, show_default=True,
+@click.option("--burstiness", type=FLOAT, default=1.0, show_default=True,
               help="Gamma arrivals: squared coefficient of variation of the gaps.")
-@click.option("--contexts", type=int, default=8, show_default=True,
+@click.option("--contexts", type=INT, default=8, show_default=True,
               help="Number of shared contexts K.")
-@click.option("--mean-input", "mean_input", type=int, default=3332, show_default=True,
+@click.option("--mean-input", "mean_input", type=INT, default=3332, show_default=True,
               help="Target mean prompt length in tokens (sets the context length).")
-@click.option("--max-model-len", type=int, default=8192, show_default=True)
-@click.option("--max-output", type=int, default=1024, show_default=True)
+@click.option("--max-model-len", type=INT, default=8192, show_default=True)
+@click.option("--max-output", type=INT, default=1024, show_default=True)
 @click.option("--isolate", is_flag=True, help="Give every request a unique cache salt.")
 @click.option("--revision", default=None, help="Hub datasets: the revision to read.")
 @click.option("--tokenizer", type=click.Path(), default=None,

@@ -28,6 +28,7 @@ import hashlib
 import json
 import mmap
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -269,6 +270,10 @@ def _iter_records(text: str, path: Path):
                     return
             try:
                 obj, i = decoder.raw_decode(text, i)
+            except RecursionError:   # the C decoder recurses per nesting level
+                raise _malformed(path, text, i, "a record nested too deep to be ShareGPT "
+                                 f"(deeper than the {sys.getrecursionlimit()} levels Python "
+                                 "can read)") from None
             except json.JSONDecodeError as exc:
                 # Cut off by the end of the file: a string that never closes, or
                 # an error exactly at the end. Anything else is a broken file.
