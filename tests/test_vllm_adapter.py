@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -397,3 +398,18 @@ def test_plugin_counters_from_the_server_log_land_in_every_scrape_row(tmp_path):
         scraper = MetricsScraper(srv.endpoint, "vllm", log_path=log)
         row = scraper.scrape_once()
     assert row["running"] == 3.0 and row["plugin_preemptions"] == 4
+
+
+def test_a_model_directory_without_config_reads_its_own_config_json(tmp_path):
+    """``--engine vllm --model DIR`` sizes the server from DIR/config.json, as
+    ``--config DIR/config.json`` would (it used to be refused as an unknown preset)."""
+    from harness.model_configs import geometry_for_run
+
+    model = tmp_path / "prop"
+    model.mkdir()
+    (model / "config.json").write_text(Path(proportional_config(tmp_path)).read_text())
+    bare = s0(model=str(model), budget="b24", launch=True, server_cmd=cmd())
+    explicit = s0(model=str(model), config_path=str(model / "config.json"), budget="b24",
+                  launch=True, server_cmd=cmd())
+    assert geometry_for_run(bare) == geometry_for_run(explicit)
+    assert engine().block_count(bare) == engine().block_count(explicit) == 22
