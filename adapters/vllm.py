@@ -58,7 +58,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapters.metrics_scrape import plugin_report
+from adapters.metrics_scrape import plugin_report, plugin_state
 from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
 from adapters.server_process import installed_distribution, split_command
@@ -397,6 +397,15 @@ class VllmEngine(ServedEngine):
         if plan is not None:
             env.update(plan.env())
         return env
+
+    def state_rows(self, rows: list[dict], info: dict) -> tuple[dict, dict]:
+        """The plugin's counters in hbench's terms (`plugin_state`): S1/S2
+        invalidations and slab occupancy per step, D0's memory from its pages
+        in use. Stock vLLM (S0) has no plugin counters: nothing."""
+        resolved = info["resolved"]
+        page = info["requested"].get("vllm_pool") or {}
+        return plugin_state(rows, resolved.get("plugin"), resolved.get("plugin_counters"),
+                            page.get("pool_layers"))
 
     def pool_bytes(self, info: dict) -> int | None:
         """With a block override vLLM allocates the overridden blocks, not

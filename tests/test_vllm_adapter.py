@@ -19,6 +19,7 @@ from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
 from common.errors import HbenchError
 from harness.config import RunConfig
+from harness.records import EngineRun
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
@@ -413,3 +414,35 @@ def test_a_model_directory_without_config_reads_its_own_config_json(tmp_path):
                   launch=True, server_cmd=cmd())
     assert geometry_for_run(bare) == geometry_for_run(explicit)
     assert engine().block_count(bare) == engine().block_count(explicit) == 22
+
+
+def test_plugin_counters_become_hbenchs_invalidations_slab_occupancy_and_d0_memory():
+    """The plugin's counters lines, scraped per step (``plugin_<name>``), in
+    the columns the simulator writes; D0's peak from the pages in use, not
+    vLLM's gauge (which counts the private checkpoint pool as used from the start)."""
+    from adapters.metrics_scrape import plugin_state
+    from harness.metrics import summarize
+
+    rows = [{"t": 0.0, "plugin_invalidations_member": 0, "plugin_invalidations_carrier": 0,
+             "plugin_slab_pages": 0, "plugin_slab_slots_used": 0},
+            {"t": 1.0, "plugin_invalidations_member": 2, "plugin_invalidations_carrier": 1,
+             "plugin_slab_pages": 2, "plugin_slab_slots_used": 24}]
+    counters, peak = plugin_state(rows, {"org": "s2", "slab_slots": 16},
+                                  {"org": "s2", "invalidations_member": 5,
+                                   "invalidations_carrier": 1}, 2)
+    assert [r.get("invalidations_checkpoint") for r in rows] == [0, 3]
+    assert "slab_occupancy" not in rows[0] and rows[1]["slab_occupancy"] == 24 / 32
+    assert counters == {"invalidations_checkpoint": 6} and peak == {}
+    run = EngineRun(requests=[], steps=rows, window_start_s=0.0, window_end_s=2.0,
+                    engine_info={"launched": True}, counters=counters)
+    s = summarize(run)
+    assert s["invalidations_checkpoint"] == 6 and s["slab_occupancy_mean"] == 0.75
+
+    d0 = {"org": "d0", "attention_blocks": 10, "page_bytes": 1000}
+    rows = [{"plugin_attention_free": 10, "plugin_checkpoint_blocks": 9, "plugin_checkpoint_free": 9},
+            {"plugin_attention_free": 4, "plugin_checkpoint_blocks": 9, "plugin_checkpoint_free": 6},
+            {"plugin_attention_free": 7, "plugin_checkpoint_blocks": 9, "plugin_checkpoint_free": 2}]
+    counters, peak = plugin_state(rows, d0, {"org": "d0"}, 2)
+    # pages in use: 0, 6 + 3 = 9, 3 + 7 = 10 -> 10 pages x 1000 B x 2 layers
+    assert counters == {} and peak == {"kv_pool": 10 * 1000 * 2}
+    assert plugin_state([{"kv_usage": 0.5}], None, None, 2) == ({}, {})   # stock S0: nothing
