@@ -216,6 +216,43 @@ def plugin_report(log_text: str) -> dict:
     return out
 
 
+def plugin_state(rows: list[dict], resolved: dict | None, final: dict | None,
+                 pool_layers: int | None) -> tuple[dict, dict]:
+    """What hbench's vLLM plugin's counters say in hbench's common terms.
+
+    Adds to every scraped row that carries the plugin's counters
+    (``plugin_<name>`` columns) the step columns the simulator writes too:
+    ``invalidations_checkpoint`` (S1/S2: a carrier's page or a member page
+    reused, the checkpoint lost) and ``slab_occupancy`` (S2: used slots over
+    the slab pages' slots, while any slab page is held). Returns (counters,
+    peak_memory): the run's final ``invalidations_checkpoint`` and, for D0,
+    its peak memory from the pages in use (attention blocks plus private
+    checkpoint blocks held), because vLLM's usage gauge counts D0's whole
+    private pool as used from the start.
+    """
+    resolved = resolved or {}
+    counters: dict = {}
+    peak: dict = {}
+    slots = resolved.get("slab_slots") or 0
+    for row in rows:
+        if "plugin_invalidations_member" in row or "plugin_invalidations_carrier" in row:
+            row["invalidations_checkpoint"] = (row.get("plugin_invalidations_member", 0)
+                                               + row.get("plugin_invalidations_carrier", 0))
+        if slots and row.get("plugin_slab_pages"):
+            row["slab_occupancy"] = row.get("plugin_slab_slots_used", 0) / (
+                row["plugin_slab_pages"] * slots)
+    if final and final.get("org") in ("s1", "s2"):
+        counters["invalidations_checkpoint"] = (final.get("invalidations_member", 0)
+                                                + final.get("invalidations_carrier", 0))
+    if resolved.get("org") == "d0" and pool_layers and resolved.get("attention_blocks"):
+        used = [(resolved["attention_blocks"] - r["plugin_attention_free"])
+                + (r["plugin_checkpoint_blocks"] - r["plugin_checkpoint_free"])
+                for r in rows if "plugin_attention_free" in r and "plugin_checkpoint_free" in r]
+        if used:
+            peak["kv_pool"] = max(used) * resolved["page_bytes"] * pool_layers
+    return counters, peak
+
+
 class PluginLogFollower:
     """Follows a growing server log and keeps the plugin's latest counters line.
 

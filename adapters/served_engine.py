@@ -72,6 +72,13 @@ class ServedEngine:
     def resolved_info(self, info_labels: dict, log_text: str) -> dict:
         return dict(info_labels)
 
+    def state_rows(self, rows: list[dict], info: dict) -> tuple[dict, dict]:
+        """(counters, peak_memory) an engine reads from its own state, beyond
+        the common gauges: here nothing. Subclasses may also add hbench's
+        common step columns (``invalidations_checkpoint``, ``slab_occupancy``)
+        to ``rows`` in place."""
+        return {}, {}
+
     def pool_bytes(self, info: dict) -> int | None:
         """Bytes of the engine's state pool (peak ``kv_pool`` = peak usage x this):
         what the server reports as its KV cache memory."""
@@ -155,6 +162,9 @@ class ServedEngine:
             peak["kv_pool"] = max(usage) * pool
         device = [r["device_mem_bytes"] for r in scraper.rows if "device_mem_bytes" in r]
         info["device_peak_bytes"] = max(device) if device else None
+        own_counters, own_peak = self.state_rows(scraper.rows, info)
+        counters.update(own_counters)
+        peak.update(own_peak)
         return EngineRun(requests=result.records, steps=scraper.rows,
                          window_start_s=result.window_start_s, window_end_s=result.window_end_s,
                          engine_info=info, peak_memory=peak, counters=counters)

@@ -11,6 +11,7 @@ It knows nothing about workloads; `adapters.served_engine` drives those.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -149,3 +150,20 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def installed_distribution(python: str, names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(distribution, version) of the first of ``names`` installed in
+    ``python``'s environment (the interpreter that serves, not hbench's), or
+    None. Reads package metadata only (importing an engine takes tens of seconds)."""
+    code = ("import importlib.metadata as m, json, sys\n"
+            "for d in sys.argv[1:]:\n"
+            "    try: print(json.dumps([d, m.version(d)])); break\n"
+            "    except m.PackageNotFoundError: pass\n")
+    try:
+        out = subprocess.run([python, "-c", code, *names], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = out.stdout.strip()
+    return tuple(json.loads(line)) if line else None

@@ -8,6 +8,14 @@ this engine expresses organization ``d0`` only.
 
 Knob mapping:
 
+    budget             -> D0's two pools at the budget (`harness.budget.resolve_budget`
+                          with D0's study layout, the same bytes every
+                          organization gets): --max-total-tokens = the
+                          attention pool's blocks x 16 tokens, and
+                          --max-mamba-cache-size = its checkpoint units (one
+                          SGLang Mamba slot holds one whole state, as one unit
+                          does); without a known geometry (a model directory
+                          without config.json) the split only:
     d0_attn_fraction f -> --mamba-full-memory-ratio (1 - f) / f
     --cap              -> --max-running-requests
     headroom > 0       -> refused (SGLang has no admission watermark in blocks)
@@ -25,7 +33,8 @@ import os
 import sys
 
 from adapters.served_engine import ServedEngine
-from adapters.server_process import split_command
+from adapters.server_process import installed_distribution, split_command
+from common.errors import HbenchError
 
 DEFAULT_SERVER = ("{python} -m sglang.launch_server --host 127.0.0.1 --port {port} "
                   "--model-path {model}")
@@ -34,6 +43,24 @@ DEFAULT_SERVER = ("{python} -m sglang.launch_server --host 127.0.0.1 --port {por
 def mamba_full_memory_ratio(d0_attn_fraction: float) -> float:
     """SGLang's Mamba/attention byte ratio for hbench's attention share f."""
     return (1.0 - d0_attn_fraction) / d0_attn_fraction
+
+
+def memory_limits(config) -> dict | None:
+    """SGLang's pool limits for the run's budget: ``max_total_tokens`` (the
+    attention pool's tokens) and ``max_mamba_cache_size`` (state slots), or
+    None when hbench knows no geometry for the model."""
+    from harness.budget import resolve_budget
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    try:
+        geom = geometry_for_run(config)
+    except HbenchError:
+        return None
+    layout = layout_for("d0", geom)
+    attn, ckpt = resolve_budget(config.budget, layout, geom, config.d0_attn_fraction).pools
+    return {"max_total_tokens": attn.pages * layout.attn_block_tokens,
+            "max_mamba_cache_size": ckpt.pages}
 
 
 class SglangEngine(ServedEngine):
@@ -47,24 +74,32 @@ class SglangEngine(ServedEngine):
         self.python = python or os.environ.get("HBENCH_SGLANG_PYTHON") or sys.executable
 
     def version(self) -> str:
-        from importlib import metadata
-
-        try:
-            return f"sglang-{metadata.version('sglang')}"
-        except metadata.PackageNotFoundError:
-            return "sglang-unknown"
+        """SGLang's version in the interpreter that serves (``self.python``), not hbench's."""
+        dist = installed_distribution(self.python, ("sglang",))
+        return f"sglang-{dist[1]}" if dist else "sglang-unknown"
 
     def launch_argv(self, config, port: int) -> list[str]:
         argv = split_command(config.server_cmd or DEFAULT_SERVER, python=self.python,
                              port=port, model=config.model, host="127.0.0.1")
-        return argv + [
+        argv += [
             "--enable-metrics",
             "--enable-cache-report",
             "--max-running-requests", str(config.cap),
-            "--mamba-full-memory-ratio", f"{mamba_full_memory_ratio(config.d0_attn_fraction):.6g}",
             "--context-length", str(config.max_model_len),
             "--random-seed", str(config.seed),
         ]
+        limits = memory_limits(config)
+        if limits is None:
+            return argv + ["--mamba-full-memory-ratio",
+                           f"{mamba_full_memory_ratio(config.d0_attn_fraction):.6g}"]
+        return argv + ["--max-total-tokens", str(limits["max_total_tokens"]),
+                       "--max-mamba-cache-size", str(limits["max_mamba_cache_size"])]
+
+    def requested_info(self, config) -> dict:
+        """Adds the pool limits the server is launched with (None: split only)."""
+        info = super().requested_info(config)
+        info["memory_limits"] = memory_limits(config)
+        return info
 
     def resolved_info(self, info_labels: dict, log_text: str) -> dict:
         """What SGLang reports about its pools (server_info labels, when published)."""

@@ -18,14 +18,13 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
                     --launch, vLLM 0.32.0 and the plugin installed
                     (scripts/setup_vllm_cpu.sh)
     --cap        -> --max-num-seqs
-    budget       -> --num-gpu-blocks-override = hbench's S0 page count for the
-                    run's geometry (--ssm-dtype included), on GPU and CPU: one
-                    vLLM page holds one (padded) Mamba state as one S0 page
-                    holds one checkpoint (`vllm_page` says what a vLLM page
-                    is). With the plugin: the organization's page count
-                    (S1/S2 shared pages; D0 the S0 count, split by
-                    --d0-attn-fraction): `harness.budget.vllm_blocks`, the
-                    blocks a simulated run with --paging vllm serves too. On CPU, VLLM_CPU_KVCACHE_SPACE is
+    budget       -> --num-gpu-blocks-override = the budget's bytes in whole
+                    vLLM pages (`harness.budget.vllm_blocks`), the same count
+                    for every organization (equal memory): on CPU vLLM's
+                    block (`vllm_page`), the blocks a simulated run with
+                    --paging vllm serves too; on GPU one Mamba state (the
+                    S0 page; --ssm-dtype included). D0's plugin splits them
+                    by --d0-attn-fraction. On CPU, VLLM_CPU_KVCACHE_SPACE is
                     raised to cover the override (`cpu_kv_space_gib`)
     --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
                     the dtype the block count was sized with; on CPU the
@@ -59,10 +58,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapters.metrics_scrape import plugin_report
+from adapters.metrics_scrape import plugin_report, plugin_state
 from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
-from adapters.server_process import split_command
+from adapters.server_process import installed_distribution, split_command
 from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
 from common.errors import HbenchError
 from harness.layout import vllm_block_tokens
@@ -79,23 +78,6 @@ VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hben
 def vllm_python() -> str:
     """The interpreter that has vLLM: $HBENCH_VLLM_PYTHON, else this one."""
     return os.environ.get("HBENCH_VLLM_PYTHON") or sys.executable
-
-
-def installed_distribution(python: str) -> tuple[str, str] | None:
-    """(distribution, version) of vLLM in ``python``'s environment, or None.
-
-    Reads package metadata only (importing vLLM takes tens of seconds).
-    """
-    code = ("import importlib.metadata as m, json\n"
-            "for d in ('vllm-cpu', 'vllm'):\n"
-            "    try: print(json.dumps([d, m.version(d)])); break\n"
-            "    except m.PackageNotFoundError: pass\n")
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = out.stdout.strip()
-    return tuple(json.loads(line)) if line else None
 
 
 def source_has(python: str, relpath: str, needle: str) -> bool:
@@ -203,14 +185,21 @@ def cpu_kv_space_gib(pages: int | None, page: dict | None, env_value: str | None
     return max(floor, -(-need // GIB))
 
 
-def block_count_for(config) -> int | None:
+def block_count_for(config, cpu: bool = True) -> int | None:
     """The block count a launched vLLM gets for the run's budget
-    (`harness.budget.vllm_blocks`: S0 pages for s0 and d0, the S1/S2 page
-    count for s1/s2), or None without a known geometry."""
+    (`harness.budget.vllm_blocks`): the budget's bytes in whole vLLM pages,
+    the same count for every organization, so all are given equal memory. On
+    CPU the page is vLLM's CPU block, the one ``--paging vllm`` simulates; on
+    a GPU vLLM picks its kernel block itself, so the page is taken as one
+    Mamba state (hbench's S0 page, the smallest a vLLM page can be). None
+    without a known geometry."""
     from harness.budget import vllm_blocks
 
     geom = run_geometry(config)
-    return None if geom is None else vllm_blocks(config.budget, config.org, geom)
+    if geom is None:
+        return None
+    page = None if cpu else s0_pool(config).page_bytes
+    return vllm_blocks(config.budget, config.org, geom, page)
 
 
 class VllmEngine(ServedEngine):
@@ -248,7 +237,7 @@ class VllmEngine(ServedEngine):
 
     def distribution(self) -> tuple[str, str] | None:
         if self._dist is None:
-            self._dist = installed_distribution(self.python) or ()
+            self._dist = installed_distribution(self.python, ("vllm-cpu", "vllm")) or ()
         return self._dist or None
 
     @property
@@ -318,7 +307,7 @@ class VllmEngine(ServedEngine):
         return Plan(config.org, self.grid_tokens)
 
     def block_count(self, config) -> int | None:
-        return self.num_blocks if self.num_blocks is not None else block_count_for(config)
+        return self.num_blocks if self.num_blocks is not None else block_count_for(config, self.cpu)
 
     def page(self, config) -> dict | None:
         """`vllm_page` for the run's geometry (None without one)."""
@@ -408,6 +397,15 @@ class VllmEngine(ServedEngine):
         if plan is not None:
             env.update(plan.env())
         return env
+
+    def state_rows(self, rows: list[dict], info: dict) -> tuple[dict, dict]:
+        """The plugin's counters in hbench's terms (`plugin_state`): S1/S2
+        invalidations and slab occupancy per step, D0's memory from its pages
+        in use. Stock vLLM (S0) has no plugin counters: nothing."""
+        resolved = info["resolved"]
+        page = info["requested"].get("vllm_pool") or {}
+        return plugin_state(rows, resolved.get("plugin"), resolved.get("plugin_counters"),
+                            page.get("pool_layers"))
 
     def pool_bytes(self, info: dict) -> int | None:
         """With a block override vLLM allocates the overridden blocks, not

@@ -19,19 +19,28 @@ Conversion per organization (page sizes from the layout, never re-derived):
     s0        pages = floor(bytes / S0 page)
     s1, s2    pages = floor(bytes / A)
     d0        M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
-              the rest -> floor((bytes - M_A) / C) checkpoint units
+              the rest of the bytes -> floor(rest / C) checkpoint units
 
 Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
-floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`).
+floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`). Every organization
+is thus given the label's bytes and allocates them less a rounding loss
+smaller than its largest page (`OrgBudget.allocated_bytes`), so any two
+organizations' allocations differ by less than one page.
 
-Under vLLM's paging (a layout of ``paging="vllm"``, harness/layout.py) a budget is a
-block count, the one hbench hands vLLM as --num-gpu-blocks-override
-(`vllm_blocks`): the S0 page count for s0 and d0, the S1/S2 page count for
-s1/s2. Every block is one vLLM page, block 0 is vLLM's null block, and D0's
-plugin splits the rest by the attention fraction (`vllm_d0_split`):
+Under vLLM's paging (a layout of ``paging="vllm"``, harness/layout.py) every
+page is one vLLM block, the same for every organization (it holds one padded
+Mamba state, e.g. 1,664 tokens of Falcon-H1-7B), so the label's bytes buy
+every organization the same block count, the one hbench hands vLLM as
+--num-gpu-blocks-override (`vllm_blocks`):
 
+    blocks = floor(bytes / vLLM page)     (block 0 is vLLM's null block)
     s0, s1, s2   pages = blocks - 1
     d0           attention = floor(f x (blocks - 1)), checkpoint = the rest
+
+Falcon-H1-7B at b83: floor(83 x 1,594,368 / 1,703,936) = 77 blocks for every
+organization. S1 and S2 then spend whole vLLM blocks on each member page of
+a checkpoint (4 and 3 + a slab slot), which is what their allocator policy
+costs at vLLM's page size; the study's small pages they do not get.
 
 Why D0's default attention fraction f is 0.5. The two D0 pools are sized once,
 so f should match the bytes a typical running request keeps of each kind. At
@@ -128,6 +137,18 @@ class OrgBudget:
     def whole_model_bytes(self) -> int:
         return self.target_bytes * self.pool_layers
 
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes per pool layer the engine allocates for these pools: the whole
+        pages, and under vLLM's paging its null block too (a page vLLM
+        allocates that holds nothing). Within one page of ``target_bytes``."""
+        pages = sum(p.pages * p.page_bytes for p in self.pools)
+        return pages + (self.pools[0].page_bytes if self.paging == "vllm" else 0)
+
+    @property
+    def largest_page_bytes(self) -> int:
+        return max(p.page_bytes for p in self.pools)
+
 
 def applicable_orgs(geom: ModelGeometry) -> tuple[str, ...]:
     """Organizations that make sense for ``geom``: a dual-pool organization
@@ -178,11 +199,15 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
     return per_layer, label
 
 
-def vllm_blocks(text: str, org: str, geom: ModelGeometry) -> int:
+def vllm_blocks(text: str, org: str, geom: ModelGeometry, page_bytes: int | None = None) -> int:
     """The block count hbench gives vLLM for a budget (module docstring): the
-    S0 page count for s0 and d0 (vLLM's blocks are S0-sized pages), the S1/S2
-    shared pool's page count for s1 and s2."""
-    return resolve_budget(text, layout_for("s0" if org == "d0" else org, geom), geom).pools[0].pages
+    label's bytes in whole vLLM pages, block 0 (the null block) included. One
+    vLLM page is the same for every organization, so at a ``bN`` or size label
+    every organization gets the same count. ``page_bytes`` (per pool layer,
+    in ``geom``'s dtypes): the page where the server's differs from the one
+    ``--paging vllm`` lays out (vLLM's CPU block), e.g. on a GPU."""
+    target, _ = parse_budget_bytes(text, geom, org)
+    return target // (page_bytes or layout_for(org, geom, "vllm").attn_page_bytes)
 
 
 def vllm_d0_split(blocks: int, attn_fraction: float) -> tuple[int, int]:
@@ -215,8 +240,11 @@ def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
         if layout.ckpt_page_bytes == 0:
             raise HbenchError(f"{org} keeps a checkpoint pool, but {geom.name} has no recurrent state")
-        m_a = math.floor(d0_attn_fraction * target)
-        attn = PoolCapacity("attention", layout.attn_page_bytes, m_a // layout.attn_page_bytes, m_a)
+        # the attention pool takes whole blocks of its share; every byte it
+        # cannot use goes to the checkpoint pool, so D0's loss is under one C
+        blocks = math.floor(d0_attn_fraction * target) // layout.attn_page_bytes
+        m_a = blocks * layout.attn_page_bytes
+        attn = PoolCapacity("attention", layout.attn_page_bytes, blocks, m_a)
         ckpt = PoolCapacity("checkpoint", layout.ckpt_page_bytes,
                             (target - m_a) // layout.ckpt_page_bytes, target - m_a)
         if attn.pages < 1 or ckpt.pages < 1:
@@ -240,27 +268,26 @@ def _check_one_request(org: str, label: str, layout, pages: int) -> None:
 
 def _resolve_in_vllm_blocks(text: str, layout: OrgLayout, geom: ModelGeometry,
                             d0_attn_fraction: float) -> OrgBudget:
-    """`resolve_budget` under vLLM's paging: the pools are the blocks vLLM is
-    given (`vllm_blocks`) less its null block, each one vLLM page; the budget's
-    bytes are what vLLM allocates for them (for s1/s2 more than the label's
-    bytes: their page counts are the study's, each page a whole vLLM block)."""
+    """`resolve_budget` under vLLM's paging: the label's bytes in whole vLLM
+    pages (`vllm_blocks`), less vLLM's null block, which is counted with the
+    first pool's rounding loss (allocated, holding nothing)."""
     org = layout.org
-    label = parse_budget_bytes(text, geom, org)[1]
+    target, label = parse_budget_bytes(text, geom, org)
     page = layout.attn_page_bytes
     blocks = vllm_blocks(text, org, geom)
     if layout.dual_pool:
         if not 0.0 < d0_attn_fraction < 1.0:
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
         attn, ckpt = vllm_d0_split(blocks, d0_attn_fraction)
-        # the null block is counted as the attention pool's rounding loss
-        pools = (PoolCapacity("attention", page, attn, (attn + 1) * page),
+        pools = (PoolCapacity("attention", page, attn, target - ckpt * page),
                  PoolCapacity("checkpoint", page, ckpt, ckpt * page))
-        return OrgBudget(org, label, blocks * page, pools, d0_attn_fraction, geom.pool_layers,
-                         "vllm")
+        return OrgBudget(org, label, target, pools, d0_attn_fraction, geom.pool_layers, "vllm")
+    if blocks < 1:
+        raise HbenchError(f"budget {label} is smaller than one vLLM block of "
+                          f"{page:,} B per pool layer: raise the budget")
     _check_one_request(org, label, layout, blocks - 1)
-    return OrgBudget(org, label, blocks * page,
-                     (PoolCapacity("shared", page, blocks - 1, blocks * page),), None,
-                     geom.pool_layers, "vllm")
+    return OrgBudget(org, label, target, (PoolCapacity("shared", page, blocks - 1, target),),
+                     None, geom.pool_layers, "vllm")
 
 
 def resolve_all(text: str, geom: ModelGeometry,

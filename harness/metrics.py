@@ -285,13 +285,23 @@ def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
     else:
         per_kind = dict(run.peak_memory)
         total = sum(per_kind.values()) if len(per_kind) == 1 else NAN
-    out = {f"peak_mem_{k}_bytes": int(per_kind.get(k, 0)) for k in ("attention", "ssm", "conv")}
+        # a kind the engine does not report is unknown (null), not zero bytes
+        per_kind = {k: per_kind.get(k, NAN) for k in ("attention", "ssm", "conv")}
+    out = {f"peak_mem_{k}_bytes": _int_or_nan(float(per_kind.get(k, 0)))
+           for k in ("attention", "ssm", "conv")}
     out = {"peak_mem_total_bytes": _int_or_nan(total + weights_bytes), **out}
     return out
 
 
 def _int_or_nan(x: float):
     return NAN if math.isnan(x) else int(x)
+
+
+def is_served(run: EngineRun) -> bool:
+    """A run a real server served (its `engine_info` says whether hbench
+    ``launched`` it): the client sees requests and the server's gauges, not
+    the server's per-request state."""
+    return "launched" in run.engine_info
 
 
 def _preemptions(measured: list, run: EngineRun) -> int:
@@ -302,7 +312,7 @@ def _preemptions(measured: list, run: EngineRun) -> int:
     minus first scrape, warm-up included)."""
     per_request = int(sum(r.preemptions for r in measured))
     counted = run.counters.get("preemptions")
-    if "launched" in run.engine_info and counted is not None and not per_request:
+    if is_served(run) and counted is not None and not per_request:
         return int(counted)
     return per_request
 
@@ -374,6 +384,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
 
     counters = run.counters
+    served = is_served(run)
     occupancy = [x for x in _column(rows, "slab_occupancy") if not math.isnan(x)]
     if occupancy or has_step_key(run.steps, "slab_occupancy"):
         slab = _mean(occupancy)
@@ -402,8 +413,10 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
         "reused_tokens": int(sum(r.reused_tokens for r in measured)),
         "recomputed_tokens": int(sum(r.recomputed_tokens for r in measured)),
         "j_adopt_mean": _mean([r.j_adopt for r in measured]),
-        "r_max_mean": _mean([r.r_max for r in measured]),
-        "attn_depth_mean": _mean([r.attn_depth for r in measured]),
+        # a served engine's client sees the reuse it got (J_adopt), not the
+        # deepest checkpoint or attention depth the server held: unknown (null)
+        "r_max_mean": NAN if served else _mean([r.r_max for r in measured]),
+        "attn_depth_mean": NAN if served else _mean([r.attn_depth for r in measured]),
         "finished": len(finished),
         "failed": sum(r.status == FAILED for r in measured),
         "cancelled": sum(r.status == CANCELLED for r in measured),

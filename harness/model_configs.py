@@ -351,6 +351,9 @@ def geometry_from_options(model: str | None, config_path: str | None, dtype: str
     dtypes = dict(dtype=dtype, ssm_state_dtype=ssm_dtype)
     if config_path:
         return from_config(load_config(config_path), **dtypes)
+    if model and model.lower() not in PRESETS and (Path(model) / "config.json").is_file():
+        # a model directory a real engine serves: its own config.json is the geometry
+        return from_config(load_config(Path(model) / "config.json"), **dtypes)
     return preset(model or DEFAULT_MODEL, **dtypes)
 
 

@@ -195,6 +195,8 @@ def write_run(
         "engine_info": run.engine_info,
         "org": config.org,
         "budget": budget,
+        # the weights are part of peak_mem_total_bytes; the state is the rest
+        "weights_bytes": int(weights_bytes),
         "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "status": "complete",
     }

@@ -28,6 +28,9 @@ def budget_manifest(b) -> dict:
         "whole_model_bytes": b.whole_model_bytes, "pool_layers": b.pool_layers,
         "d0_attn_fraction": b.d0_attn_fraction, "paging": b.paging,
         "rounding_loss_bytes_per_pool_layer": b.rounding_loss_bytes,
+        # what the engine is given: equal (within one page) across organizations
+        "allocated_bytes_per_pool_layer": b.allocated_bytes,
+        "allocated_whole_model_bytes": b.allocated_bytes * b.pool_layers,
         "pools": [asdict(p) for p in b.pools],
     }
 

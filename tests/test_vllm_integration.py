@@ -99,8 +99,9 @@ def test_stock_s0_under_a_budget_that_binds_preempts_on_the_real_server(tmp_path
     """Stock S0 on CPU with the budget mapped to vLLM's block count.
 
     The proportional tiny model (Falcon-H1-7B's state proportions): vLLM
-    resolves 1664-token blocks (one page holds a Mamba state). b12 becomes
-    ``--num-gpu-blocks-override 12`` (11 usable: vLLM keeps a null block).
+    resolves 1664-token blocks (one page holds a Mamba state). b13 becomes
+    ``--num-gpu-blocks-override 12`` (13 S0 pages of 400,896 B in blocks of
+    425,984 B; 11 usable: vLLM keeps a null block).
     Six 1,500-token prompts (no shared prefix), cap 4: each is admitted with
     one attention block and one Mamba block (the whole prompt fits, so vLLM's
     whole-input admission check passes), and their 300 output tokens cross the
@@ -122,7 +123,7 @@ def test_stock_s0_under_a_budget_that_binds_preempts_on_the_real_server(tmp_path
     model = tmp_path / "prop"
     vllm_tiny_model(model, "--preset", "proportional")
     config = RunConfig(org="s0", engine="vllm", model=str(model),
-                       config_path=str(model / "config.json"), budget="b12", cap=4,
+                       config_path=str(model / "config.json"), budget="b13", cap=4,
                        max_model_len=4096, max_output=PRESSURE_OUTPUT, launch=True)
     engine = VllmEngine(python=VLLM_PYTHON, log_dir=tmp_path)
     engine.check_config(config)

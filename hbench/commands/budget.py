@@ -24,6 +24,7 @@ def budget_report(budgets: dict[str, OrgBudget]) -> dict:
             "whole_model_bytes": b.whole_model_bytes, "d0_attn_fraction": b.d0_attn_fraction,
             "paging": b.paging,
             "total_pages": b.total_pages, "rounding_loss_bytes": b.rounding_loss_bytes,
+            "allocated_bytes": b.allocated_bytes,
             "pools": [{"name": p.name, "page_bytes": p.page_bytes, "pages": p.pages,
                        "target_bytes": p.target_bytes,
                        "rounding_loss_bytes": p.rounding_loss_bytes} for p in b.pools],
@@ -38,8 +39,8 @@ def budget_report(budgets: dict[str, OrgBudget]) -> dict:
               default=str(DEFAULT_D0_ATTN_FRACTION), show_default=True, metavar="F",
               help="Share of D0's bytes given to its attention pool; the rest holds checkpoints.")
 @click.option("--paging", type=click.Choice(PAGINGS), default="study", show_default=True,
-              help="The study's page sizes, or vLLM's blocks (the blocks hbench gives vLLM, "
-                   "less its null block, each a whole vLLM page).")
+              help="The study's page sizes, or vLLM's blocks (the label's bytes in whole vLLM "
+                   "pages, the same count for every organization, less vLLM's null block).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pools as JSON.")
 def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, paging, as_json):
     """Turn BUDGET into each organization's pools and integer page counts.
@@ -54,10 +55,13 @@ def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, pagin
     \b
     Columns (KiB per pool layer): page = one page of the pool; pages = whole
     pages the target buys; target = bytes the pool was given; rounding loss =
-    target bytes no whole page fits in. D0 splits the bytes into an attention pool
-    (16-token blocks) and a checkpoint pool by --d0-attn-fraction. With --paging
-    vllm every page is one vLLM block (1,664 tokens for Falcon-H1-7B): the pools
-    a vLLM run at BUDGET serves, block 0 (vLLM's null block) as rounding loss.
+    target bytes no whole page fits in; allocated = what the engine is given,
+    the same (within one page) for every organization. D0 splits the bytes into
+    an attention pool (16-token blocks) and a checkpoint pool by
+    --d0-attn-fraction. With --paging vllm every page is one vLLM block (1,664
+    tokens for Falcon-H1-7B), so every organization gets the same block count:
+    the pools a vLLM run at BUDGET serves, block 0 (vLLM's null block) as
+    rounding loss.
 
     \b
     Example:  hbench budget b83 --model falcon-h1-7b
@@ -87,3 +91,9 @@ def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, pagin
                       f"{kib(p.rounding_loss_bytes):,}",
                       f"{p.target_bytes * b.pool_layers / 2**30:.3f}")
     console.print(t)
+    spread = max(b.allocated_bytes for b in budgets.values()) - min(
+        b.allocated_bytes for b in budgets.values())
+    page = max(b.largest_page_bytes for b in budgets.values())
+    console.print("Allocated, what the engine is given (KiB per pool layer): "
+                  + ", ".join(f"{o.upper()} {kib(b.allocated_bytes):,}" for o, b in budgets.items())
+                  + f"; spread {kib(spread):,} KiB, under one {kib(page):,} KiB page")
