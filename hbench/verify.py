@@ -162,3 +162,57 @@ def refuse_vacuous(checks: list[PromptCheck]) -> None:
         raise HbenchError("requests with a unique cache_salt still reused prompt tokens, so "
                           "there was no clean recompute to compare with; does the server "
                           "support cache_salt?")
+
+
+# ------------------------------------------------------------- torch engine
+
+#: Largest page count tried for a model's torch verify point.
+MAX_VERIFY_PAGES = 400
+
+
+def exercises_continuation(config) -> bool:
+    """Whether serving ``config`` (every request at time 0) adopts a cached
+    checkpoint and preempts at least once, with every request finished: asked
+    of the simulator, which schedules as the torch engine does when all
+    requests arrive at once (same organizations, same layout, same scheduler)."""
+    import dataclasses
+
+    from adapters.sim.engine import SimEngine
+    from adapters.torch.continuation import all_at_once
+    from harness.metrics import summarize
+    from harness.run_setup import validate
+    from harness.run_workload import build_run_workload
+
+    sim = dataclasses.replace(config, engine="sim", poison=False)
+    try:
+        setup = validate(sim)
+        run = SimEngine().run(all_at_once(build_run_workload(sim)), setup)
+    except HbenchError:
+        return False                 # the budget cannot hold one request's first chunk
+    s = summarize(run, config=sim)
+    return s["finished"] == s["requests"] and s["preemptions"] > 0 and s["reused_tokens"] > 0
+
+
+def torch_verify_config(org: str, model_dir: str, budget: str | None = None,
+                        device: str = "cpu", seed: int = 0):
+    """The run ``hbench verify --engine torch`` serves (`verify_config`), at a
+    budget that tests continuation on *this* model: ``budget`` when given;
+    else the organization's documented verify point (set for the proportional
+    tiny model) when it adopts and preempts here; else the smallest page
+    count ``Np`` of the organization's own page that does, so the point scales
+    with the model's geometry (a model whose checkpoint is tiny beside an
+    attention block needs other page counts than one whose checkpoint is
+    three blocks). HbenchError when no page count up to `MAX_VERIFY_PAGES` does."""
+    import dataclasses
+
+    from adapters.torch.continuation import verify_config
+
+    config = verify_config(org, model_dir, budget, device, seed)
+    if budget is not None or exercises_continuation(config):
+        return config
+    for pages in range(2, MAX_VERIFY_PAGES + 1):
+        candidate = dataclasses.replace(config, budget=f"{pages}p")
+        if exercises_continuation(candidate):
+            return candidate
+    raise HbenchError(f"no budget up to {MAX_VERIFY_PAGES}p makes {org} adopt a checkpoint and "
+                      f"preempt on {model_dir}'s geometry at the verify workload; give --budget")

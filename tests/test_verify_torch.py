@@ -50,3 +50,37 @@ def test_a_perturbed_model_is_caught(model_dir):
 def test_verify_torch_needs_a_model_directory():
     res = CliRunner().invoke(cli, ["verify", "--engine", "torch", "--org", "s2"])
     assert res.exit_code != 0 and "Error: --engine torch needs --model DIR" in res.output
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """`hbench tiny-model`'s default preset: a checkpoint tiny beside an attention block."""
+    from adapters.tiny_model import PRESETS, write_weights
+
+    d = tmp_path_factory.mktemp("tiny")
+    write_weights(d, PRESETS["tiny"], 512, seed=0)
+    return d
+
+
+def test_the_verify_point_scales_with_the_models_geometry(model_dir, tiny_dir):
+    """The documented points are the proportional model's; on the default tiny
+    model (where b8 gives S0 no page) each organization gets the smallest page
+    count at which the simulator adopts and preempts."""
+    from hbench.verify import exercises_continuation, torch_verify_config
+
+    assert [torch_verify_config(o, str(model_dir)).budget for o in ("s0", "s1", "s2", "d0")] == \
+        ["b8", "b8", "b8", "b12"]
+    for org in ("s0", "s2"):
+        config = torch_verify_config(org, str(tiny_dir))
+        assert config.budget.endswith("p") and exercises_continuation(config)
+        smaller = f"{int(config.budget[:-1]) - 1}p"
+        assert not exercises_continuation(config.__class__(**{**config.to_dict(), "budget": smaller}))
+    assert torch_verify_config("s0", str(tiny_dir), budget="b99").budget == "b99"   # given: kept
+
+
+def test_verify_runs_on_the_default_tiny_model(tiny_dir):
+    res = CliRunner().invoke(cli, ["verify", "--engine", "torch", "--org", "s0",
+                                   "--model", str(tiny_dir)])
+    assert res.exit_code == 0, res.output
+    summary = next(line for line in res.output.splitlines() if line.startswith("s0: "))
+    assert " 0 requests adopted" not in summary and " 0 preemptions" not in summary

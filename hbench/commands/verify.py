@@ -29,7 +29,9 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
               help="Organization to serve with: torch engine (default s2), or the server "
                    "--launch starts (default: the engine's first, s0 on vLLM).")
 @click.option("--budget", default=None,
-              help="torch engine: budget label (default: the organization's verify point).")
+              help="torch engine: budget label (default: the organization's verify point, "
+                   "scaled to the model: the smallest page count at which the simulator "
+                   "adopts a checkpoint and preempts).")
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
 @click.option("--seed", type=INT, default=0, show_default=True, help="torch engine: workload seed.")
 @click.option("--endpoint", default=None, help="A running server, e.g. http://127.0.0.1:8000.")
@@ -72,11 +74,14 @@ def verify(engine_name, org, budget, device, seed, endpoint, launch, model, serv
 def verify_torch(org: str, model: str | None, budget: str | None, device: str, seed: int) -> None:
     """`adapters.torch.continuation` behind the CLI: exit 0 when every request
     is identical to its cold run, 1 when any diverges."""
-    from adapters.torch.continuation import verify_config, verify_continuation
+    from adapters.torch.continuation import verify_continuation
+    from hbench.verify import torch_verify_config
 
     if not model:
         raise HbenchError("--engine torch needs --model DIR (hbench tiny-model writes one)")
-    report = verify_continuation(verify_config(org, model, budget, device, seed))
+    config = torch_verify_config(org, model, budget, device, seed)
+    click.echo(f"{org} at budget {config.budget} (token budget {config.token_budget})")
+    report = verify_continuation(config)
     for c in report.checks:
         click.echo(c.describe())
     st = report.stats
