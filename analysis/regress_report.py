@@ -61,6 +61,10 @@ def markdown(result: RegressResult) -> str:
     if result.invalid:
         lines += ["### Runs that are not valid (compared, but their numbers may not mean what they claim)", ""]
         lines += [f"- {x}" for x in result.invalid] + [""]
+    if result.baseline_gaps:
+        lines += ["### Baseline values that cannot be gated (allowed by --allow-missing; those "
+                  "metrics of those cells are not checked)", ""]
+        lines += [f"- {x}" for x in result.baseline_gaps] + [""]
     if result.missing:
         title = "Missing cells (allowed by --allow-missing)" if result.allow_missing else "Missing cells (regressions)"
         lines += [f"### {title}", ""] + [f"- {', '.join(f'{k}={v}' for k, v in m.items())}"
