@@ -64,8 +64,8 @@ def parse_slo(text: str) -> tuple[Limit, ...]:
         if not m:
             raise HbenchError(f"cannot read SLO term {term!r}; expected e.g. ttft_p99<=2s or tpot_p99<=100ms")
         value = float(m.group(3)) * (1e-3 if m.group(4) == "ms" else 1.0)
-        if value <= 0:
-            raise HbenchError(f"SLO limit must be > 0 in {term!r}")
+        if not (math.isfinite(value) and value > 0):
+            raise HbenchError(f"SLO limit must be a finite number > 0 in {term!r}")
         limits.append(Limit(m.group(1), m.group(2), value))
     if not limits:
         raise HbenchError("--slo names no limit")

@@ -81,6 +81,8 @@ def read_lengths(path: str) -> list[int]:
         if n < 0 or (isinstance(v, float) and not v.is_integer()):
             raise HbenchError(f"{p}: request lengths must be non-negative integers, got {v!r}")
         out.append(n)
+    if not out:
+        raise HbenchError(f"{p}: no request lengths (a tail-waste table of 0 requests says nothing)")
     return out
 
 
