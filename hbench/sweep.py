@@ -48,7 +48,8 @@ SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
 
-__all__ = ["Cell", "CellOutcome", "SweepResult", "plan", "preview", "run_cell", "run_sweep"]
+__all__ = ["Cell", "CellOutcome", "SweepResult", "load_workload_files", "plan", "preview", "run_cell",
+           "run_sweep"]
 
 
 # -------------------------------------------------------------------- cells
@@ -87,6 +88,16 @@ def cached_workload(config: RunConfig):
         while len(_WORKLOADS) > _WORKLOAD_CACHE_SIZE:
             _WORKLOADS.popitem(last=False)
     return _WORKLOADS[key]
+
+
+def load_workload_files(configs: Sequence[RunConfig]) -> None:
+    """Load every saved workload file ``configs`` name, each once, into the
+    per-process cache `plan` reads: a tampered or unreadable file is refused
+    (HbenchError) before a command shows progress or writes anything. Their
+    size was checked with the run's memory estimate by `validate_run`."""
+    for cfg in configs:
+        if cfg.workload_path:
+            cached_workload(cfg)
 
 
 def plan(configs: Sequence[RunConfig]) -> list[Cell]:
@@ -332,10 +343,10 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         raise HbenchError("the grid expands to no cells")
     for cfg in configs:   # every cell, before any work
         validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
+    cells = plan(configs)   # before anything is written: a workload that fails to build writes nothing
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
-    cells = plan(configs)
     by_id = {c.cell_id: c for c in cells}
     outcomes: dict[str, CellOutcome] = {}
     todo = []

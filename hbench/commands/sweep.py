@@ -84,7 +84,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     from harness.grid import expand, load_grid_file
     from hbench.paths import check_writable_dir
     from hbench.runner import validate_run
-    from hbench.sweep import preview, run_sweep
+    from hbench.sweep import load_workload_files, preview, run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
@@ -105,6 +105,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
         raise HbenchError("give --model or --config (--set config_path=...), not both")
     for cfg in configs:
         validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
+    load_workload_files(configs)
     console = Console(stderr=True)
     if dry_run:
         total = done = 0
