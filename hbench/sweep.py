@@ -95,8 +95,10 @@ def load_workload_files(configs: Sequence[RunConfig]) -> None:
     per-process cache `plan` reads: a tampered or unreadable file is refused
     (HbenchError) before a command shows progress or writes anything. Their
     size was checked with the run's memory estimate by `validate_run`."""
+    seen: set[str] = set()
     for cfg in configs:
-        if cfg.workload_path:
+        if cfg.workload_path and cfg.workload_path not in seen:
+            seen.add(cfg.workload_path)
             cached_workload(cfg)
 
 

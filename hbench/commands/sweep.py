@@ -65,7 +65,8 @@ def _axis_options(f):
 @click.option("--force", is_flag=True, help="Rerun cells that are already complete (default: skip them).")
 @click.option("--allow-oversubscribe", is_flag=True,
               help="Simulate cells even if weights plus state exceed the simulated GPU's memory.")
-@click.option("--dry-run", is_flag=True, help="List the cells and whether they are done (found by configuration among the done "
+@click.option("--dry-run", is_flag=True,
+              help="List the cells and whether they are done (found by configuration among the done "
                    "cells, without building any workload); run nothing.")
 def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_oversubscribe, dry_run, **axes):
     """Run every combination of the given axes, resumably.
