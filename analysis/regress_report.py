@@ -49,7 +49,8 @@ def markdown(result: RegressResult) -> str:
     lines = [f"## hbench regress: {head}" + (f" ({'; '.join(counts)})" if counts else ""), "",
              f"Cells are matched by configuration and seed; {mode}. A candidate value that is zero, "
              "negative, null or not a number where the baseline is positive is a regression, and so is a "
-             "baseline cell the candidate lacks.", "",
+             "baseline cell the candidate lacks. A baseline value that is not a positive number is bad "
+             "input, listed here only under --allow-missing.", "",
              _table(["side", "root", "runs", "engine version", "commit"],
                     [[name, f"`{s['root']}`", str(s["runs"]), ", ".join(s["engine_version"]),
                       ", ".join(s["git_commit"])] for name, s in result.sides.items()]), ""]
