@@ -71,7 +71,7 @@ def parse_slo(text: str) -> tuple[Limit, ...]:
         number = parse_float(m.group(3), f"SLO limit in {term!r}")
         value = number * (1e-3 if m.group(4) == "ms" else 1.0)
         if value <= 0:
-            raise HbenchError(f"SLO limit must be > 0 in {term!r}")
+            raise HbenchError(f"SLO limit must be a finite number > 0 in {term!r}")
         if value > MAX_SLO_SECONDS:
             raise HbenchError(f"SLO limit in {term!r} is over one day ({MAX_SLO_SECONDS:g} s); "
                               "give a latency in s or ms")

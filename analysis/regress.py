@@ -24,8 +24,22 @@ How a cell is judged depends on the engine (the manifest's ``engine``):
 In both modes a candidate value that is zero, negative, null, NaN or not a
 number where the baseline is positive is a regression of that cell, and so
 is a baseline cell missing from the candidate (unless ``allow_missing``).
-Bad input of any shape raises `HbenchError`. The report is rendered by
-`analysis.regress_report`.
+
+A baseline value is what every candidate is measured against, so one that
+cannot be (a gated metric missing from a baseline summary, null, not a
+number, or zero or negative: no run that served requests has a throughput,
+a latency p99 or a peak memory of 0) is a problem of the input, never a
+pass: `compare` raises `HbenchError` naming it, unless ``allow_missing``,
+which lists it in the report (`RegressResult.baseline_gaps`) and gates the
+cell's other metrics. A metric neither side reports (null or absent on
+both: an engine that does not measure it) is not gated and not a problem.
+
+Bad input of any shape raises `HbenchError`. Input that is bad in some cells
+only (a baseline gap, a pair of runs of different request streams) does not
+hide what the good cells show: every pair is still compared, and the error
+names the regressions found as well. Bad input wins the exit status (2, in
+`hbench.commands.regress`), but the message lists both. The report is
+rendered by `analysis.regress_report`.
 """
 
 from __future__ import annotations
@@ -185,6 +199,7 @@ class RegressResult:
     alpha: float
     sides: Mapping = field(default_factory=dict)   # name -> {"root", "runs", "engine_version", "git_commit"}
     invalid: tuple[str, ...] = ()       # "side run: NOT VALID: ..." for compared runs whose verdict failed
+    baseline_gaps: tuple[str, ...] = ()  # baseline values that cannot be gated (allowed by allow_missing)
 
     @property
     def regressions(self) -> tuple[Finding, ...]:
@@ -200,37 +215,60 @@ def _invalid(where, metric, better, b, raw) -> Finding:
                    f"candidate value {raw!r} is not a positive number (baseline {b:.6g})")
 
 
-def _cell_finding(where, metric, better, b: float, raw, min_effect: float) -> Finding | None:
-    """The deterministic verdict of one metric of one cell (None: not gated here)."""
+def _cell_finding(where, metric, better, b: float, raw, min_effect: float) -> Finding:
+    """The deterministic verdict of one metric of one cell (``b`` > 0: see
+    `baseline_gap`)."""
     c = number(raw)
-    if b > 0:
-        if c is None or c <= 0:
-            return _invalid(where, metric, better, b, raw)
-        change = c / b - 1.0
-        worse = bad_change(change, better)
-        if worse > min_effect:
-            return Finding(where, metric, better, b, c, change, True,
-                           f"worse by {worse:.2%} (tolerance {min_effect:.2%})")
-        return Finding(where, metric, better, b, c, change, False, "within tolerance")
-    if b == 0 and c == 0:
-        return Finding(where, metric, better, b, c, 0.0, False, "zero on both sides")
-    if b == 0 and better == "lower" and (c is None or c > 0):
-        return Finding(where, metric, better, b, c, math.inf, True, f"rose from 0 to {raw!r}")
-    return None  # a baseline that is not positive forms no ratio to gate on
+    if c is None or c <= 0:
+        return _invalid(where, metric, better, b, raw)
+    change = c / b - 1.0
+    worse = bad_change(change, better)
+    if worse > min_effect:
+        return Finding(where, metric, better, b, c, change, True,
+                       f"worse by {worse:.2%} (tolerance {min_effect:.2%})")
+    return Finding(where, metric, better, b, c, change, False, "within tolerance")
+
+
+_ABSENT = object()
+
+
+def baseline_gap(b_run: Run, c_run: Run, metric: str) -> str | None:
+    """Why ``b_run``'s value of ``metric`` cannot be gated on (missing, null,
+    not a number, zero or negative), or None when it can, or when neither
+    side reports the metric (null or absent on both)."""
+    raw = b_run.summary.get(metric, _ABSENT)
+    b = number(raw)
+    if b is not None and b > 0:
+        return None
+    if (raw is None or raw is _ABSENT) and c_run.summary.get(metric) is None:
+        return None
+    if raw is _ABSENT:
+        what = "missing"
+    elif raw is None:
+        what = "null"
+    elif b is None:
+        what = f"{raw!r}, not a finite number"
+    else:
+        what = f"{raw!r}, impossible for a run that served requests"
+    return f"baseline {b_run.run_id}: {metric} is {what}"
 
 
 _PENDING = "awaiting Holm"   # the reason of a tested group until `_judge_groups` decides
 
 
-def _group_findings(where, pairs: Sequence[tuple[Run, Run]]) -> list[Finding]:
+def _group_findings(where, pairs: Sequence[tuple[Run, Run]], gaps: list[str]) -> list[Finding]:
     """Per metric: invalid candidate cells (each a regression) and the paired
-    test over the valid seeds (p Holm and the verdict by `_judge_groups`)."""
+    test over the valid seeds (p Holm and the verdict by `_judge_groups`);
+    baseline values that cannot be gated go to ``gaps``."""
     out = []
     for metric, better in GATED.items():
         ratios, bs, cs = [], [], []
         for b_run, c_run in pairs:
             b = number(b_run.summary.get(metric))
             if b is None or b <= 0:
+                gap = baseline_gap(b_run, c_run, metric)
+                if gap:
+                    gaps.append(gap)
                 continue
             raw = c_run.summary.get(metric)
             c = number(raw)
@@ -297,30 +335,39 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
     def where(run: Run, keys=label_keys) -> dict:
         return {k: run.config.get(k) for k in keys}
 
-    pairs, missing = [], []
+    pairs, missing, unpairable = [], [], []
     for key, b_run in sorted(b_index.items(), key=lambda kv: _order(where(kv[1]))):
         c_run = c_index.get(key)
         if c_run is None:
             missing.append(where(b_run))
             continue
-        check_pairable(b_run, c_run, same_engine_version=False, what="compare")
+        try:
+            check_pairable(b_run, c_run, same_engine_version=False, what="compare")
+        except HbenchError as exc:   # bad input in this cell; the others are still compared
+            unpairable.append(str(exc))
+            continue
         pairs.append((b_run, c_run))
     unmatched = tuple(f"{r.run_id} ({', '.join(f'{k}={v}' for k, v in where(r).items())})"
                       for key, r in c_index.items() if key not in b_index)
+    if not pairs and unpairable:
+        raise HbenchError(_bad_input(unpairable, ()))
     if not pairs:
         raise HbenchError("no matching cells between baseline and candidate (same configuration and seed)"
                           + (f"; candidate has {unmatched[0]}" if unmatched else ""))
 
     findings: list[Finding] = []
+    gaps: list[str] = []
     if deterministic:
         for b_run, c_run in pairs:
             for metric, better in GATED.items():
                 b = number(b_run.summary.get(metric))
-                if b is None:
+                if b is None or b <= 0:
+                    gap = baseline_gap(b_run, c_run, metric)
+                    if gap:
+                        gaps.append(gap)
                     continue
-                f = _cell_finding(where(b_run), metric, better, b, c_run.summary.get(metric), min_effect)
-                if f is not None:
-                    findings.append(f)
+                findings.append(_cell_finding(where(b_run), metric, better, b,
+                                              c_run.summary.get(metric), min_effect))
     else:
         group_keys = [k for k in label_keys if k != "seed"]
         cell_keys = [k for k in keys if k != "seed"]
@@ -339,8 +386,12 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
         for members in groups.values():
             # A group left with one matched seed (the others missing) is not
             # tested; its missing cells are reported as such.
-            findings += _group_findings(where(members[0][0], group_keys), members)
+            findings += _group_findings(where(members[0][0], group_keys), members, gaps)
         findings = _judge_groups(findings, min_effect, alpha)
+    problems = unpairable + ([] if allow_missing else gaps)
+    if problems:
+        raise HbenchError(_bad_input(problems, [f for f in findings if f.regression],
+                                     hint=bool(gaps)))
 
     sides = {name: {"root": str(s.root), "runs": len(s.runs), "engine_version": s.values("engine_version"),
                     "git_commit": s.values("git_commit")}
@@ -349,4 +400,22 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
                     for pair in pairs for side, run in zip(("baseline", "candidate"), pair, strict=True)
                     if not run_is_valid(run.summary))
     return RegressResult(deterministic, engine, tuple(findings), len(pairs), tuple(missing), unmatched,
-                         allow_missing, min_effect, alpha, sides, invalid)
+                         allow_missing, min_effect, alpha, sides, invalid, tuple(gaps))
+
+
+def _bad_input(problems: Sequence[str], regressions: Sequence[Finding], hint: bool = False,
+               shown: int = 3) -> str:
+    """One line: the input's problems, then the regressions the comparable
+    cells show (so bad input in one cell does not hide a regression in another)."""
+    def listed(items: Sequence[str]) -> str:
+        more = f"; and {len(items) - shown} more" if len(items) > shown else ""
+        return "; ".join(items[:shown]) + more
+
+    text = (f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in the input "
+            f"(the gate cannot vouch for these cells): {listed(problems)}")
+    if hint:
+        text += " (--allow-missing lists baseline values that cannot be gated instead)"
+    if regressions:
+        text += (". Regressions found as well, in the cells that could be compared: "
+                 + listed([f"{f.label}: {f.metric} {f.reason}" for f in regressions]))
+    return text

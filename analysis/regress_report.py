@@ -49,7 +49,8 @@ def markdown(result: RegressResult) -> str:
     lines = [f"## hbench regress: {head}" + (f" ({'; '.join(counts)})" if counts else ""), "",
              f"Cells are matched by configuration and seed; {mode}. A candidate value that is zero, "
              "negative, null or not a number where the baseline is positive is a regression, and so is a "
-             "baseline cell the candidate lacks.", "",
+             "baseline cell the candidate lacks. A baseline value that is not a positive number is bad "
+             "input, listed here only under --allow-missing.", "",
              _table(["side", "root", "runs", "engine version", "commit"],
                     [[name, f"`{s['root']}`", str(s["runs"]), ", ".join(s["engine_version"]),
                       ", ".join(s["git_commit"])] for name, s in result.sides.items()]), ""]
@@ -61,6 +62,10 @@ def markdown(result: RegressResult) -> str:
     if result.invalid:
         lines += ["### Runs that are not valid (compared, but their numbers may not mean what they claim)", ""]
         lines += [f"- {x}" for x in result.invalid] + [""]
+    if result.baseline_gaps:
+        lines += ["### Baseline values that cannot be gated (allowed by --allow-missing; those "
+                  "metrics of those cells are not checked)", ""]
+        lines += [f"- {x}" for x in result.baseline_gaps] + [""]
     if result.missing:
         title = "Missing cells (allowed by --allow-missing)" if result.allow_missing else "Missing cells (regressions)"
         lines += [f"### {title}", ""] + [f"- {', '.join(f'{k}={v}' for k, v in m.items())}"

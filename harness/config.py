@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 from common.errors import HbenchError
 from harness.layout import PAGINGS
@@ -147,8 +147,7 @@ class RunConfig:
     def estimated_run_bytes(self) -> float:
         """Estimated peak memory of the run's requests (see `RUN_BYTES_PER_REQUEST`);
         `validate` adds the simulator's pages."""
-        per_request = RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * self.mean_input
-        return self.expected_requests * per_request
+        return run_bytes(self.expected_requests, self.mean_input)
 
     @property
     def resolved_paging(self) -> str:
@@ -165,7 +164,10 @@ class RunConfig:
         return self.gpu if is_profile_path(self.gpu) else None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field by name. The fields are scalars, so this equals
+        `dataclasses.asdict` without its deep copies (a large grid builds and
+        hashes thousands of configs)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
@@ -179,6 +181,17 @@ class RunConfig:
         """Stable short hash of the resolved configuration."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
+
+
+def run_bytes(requests: float, mean_prompt_tokens: float) -> float:
+    """Estimated peak memory of a run serving ``requests`` requests of
+    ``mean_prompt_tokens`` prompt tokens on average (see
+    `RUN_BYTES_PER_REQUEST`): the one formula for a recipe's requests and a
+    saved workload's."""
+    return requests * (RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * mean_prompt_tokens)
 
 
 def is_profile_path(spec: str) -> bool:

@@ -7,11 +7,20 @@ Values arrive as TOML scalars or lists, or as command-line text (``"a,b,c"``,
 integer ranges ``"1-6"``); `parse_values` types them as `RunConfig` declares,
 and `expand` validates every combination by building its `RunConfig`, so an
 impossible value fails with one line before anything runs.
+
+A grid is bounded before it is built: `MAX_GRID_CELLS` cells at most,
+counted arithmetically from the axes' value counts (`count_cells`) before
+any cell's config exists, and no axis may hold more values than that, so an
+integer range such as ``1-300000000`` is refused without being listed. The
+limit is far above any study grid (hundreds of cells) and keeps what a sweep
+holds per cell bounded: its config, its plan and its entry in ``sweep.json``
+(rewritten after every cell), about `PLAN_BYTES_PER_CELL` while planning.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import tomllib
 import typing
@@ -30,6 +39,18 @@ Axes = Mapping[str, Sequence]
 MAX_GRID_BYTES = 4 * 2**20
 #: Longest text value of a grid key (a path, a preset name, a label).
 MAX_TEXT_CHARS = 4096
+#: Most cells one grid may expand to.
+MAX_GRID_CELLS = 10_000
+#: Memory a sweep holds per planned cell, rounded up from a measurement
+#: (tracemalloc peak of expanding 2,000 cells, planning them and building
+#: their sweep.json document: 13.2 kB per cell).
+PLAN_BYTES_PER_CELL = 16_000
+
+
+def _too_many(n: int, what: str) -> HbenchError:
+    return HbenchError(f"{what} {n:,} cells (planning them would take about "
+                       f"{n * PLAN_BYTES_PER_CELL / 2**30:,.1f} GiB); the limit is "
+                       f"{MAX_GRID_CELLS:,} cells: split it into smaller sweeps")
 
 
 # ------------------------------------------------------------------ values
@@ -104,9 +125,14 @@ def parse_values(field: str, raw) -> tuple:
                 lo, hi = _number(field, int, m.group(1)), _number(field, int, m.group(2))
                 if hi < lo:
                     raise HbenchError(f"grid key {field}: empty range {part.strip()!r}")
+                if len(out) + hi - lo + 1 > MAX_GRID_CELLS:
+                    raise _too_many(len(out) + hi - lo + 1,
+                                    f"grid key {field}: {part.strip()!r} alone makes")
                 out.extend(range(lo, hi + 1))
             else:
                 out.append(parse_scalar(field, part))
+                if len(out) > MAX_GRID_CELLS:
+                    raise _too_many(len(out), f"grid key {field}: its values alone make at least")
     if not out:
         raise HbenchError(f"grid key {field}: no values")
     if len(set(out)) != len(out):
@@ -128,14 +154,23 @@ def expand(grids: Sequence[Axes], base: Mapping | None = None) -> list[RunConfig
     with its one-line message before anything runs.
     """
     base_axes = normalize_axes(base or {})
+    sets = [{**base_axes, **normalize_axes(axes)} for axes in grids or [{}]]
+    n = count_cells(sets)
+    if n > MAX_GRID_CELLS:
+        raise _too_many(n, "the grid expands to")
     out: dict[str, RunConfig] = {}
-    for axes in grids or [{}]:
-        merged = {**base_axes, **normalize_axes(axes)}
+    for merged in sets:
         keys = list(merged)
         for combo in itertools.product(*(merged[k] for k in keys)):
             cfg = RunConfig(**dict(zip(keys, combo, strict=True)))
             out.setdefault(cfg.digest(), cfg)
     return list(out.values())
+
+
+def count_cells(axis_sets: Sequence[Mapping[str, Sequence]]) -> int:
+    """Cells of a union of normalized axis sets, counted without building
+    them (an upper bound: `expand` drops combinations that repeat a config)."""
+    return sum(math.prod(len(v) for v in axes.values()) for axes in axis_sets)
 
 
 def load_grid_file(path) -> tuple[dict, list[dict]]:

@@ -21,6 +21,7 @@ from harness.config import (
     MAX_RUN_MEMORY_BYTES,
     RUN_BYTES_PER_PAGE,
     RunConfig,
+    run_bytes,
 )
 from harness.geometry import ModelGeometry
 from harness.layout import OrgLayout
@@ -68,12 +69,43 @@ def validate(config: RunConfig) -> RunSetup:
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
                           f"grid of {grid} tokens; the minimum for {config.org} is {grid}")
-    requests_bytes = 0.0 if config.workload_path else config.estimated_run_bytes
-    pages_bytes = RUN_BYTES_PER_PAGE * budget.total_pages if config.engine == "sim" else 0
-    if requests_bytes + pages_bytes > MAX_RUN_MEMORY_BYTES:
-        raise HbenchError(
-            f"this run would need about {(requests_bytes + pages_bytes) / 2**30:,.1f} GiB of memory "
-            f"({config.expected_requests:,.0f} requests of {config.mean_input} prompt tokens, "
-            f"{budget.total_pages:,} pages); the limit is {MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: "
-            "ask for fewer requests or a smaller budget")
+    requests, mean_prompt = run_requests(config)
+    pages = budget.total_pages if config.engine == "sim" else 0
+    check_memory(requests, mean_prompt, pages)
     return setup
+
+
+def run_requests(config: RunConfig) -> tuple[float, float]:
+    """(requests, mean prompt tokens) a run serves: the recipe's, or a saved
+    workload's from its Parquet footer (`workloads.io.stored_size`: read
+    before the workload is loaded, so a file too large to run is refused
+    without loading it); a multi-turn file counts ``max_turns`` per session,
+    as a multi-turn recipe does."""
+    if not config.workload_path:
+        return config.expected_requests, config.mean_input
+    from workloads.bounds import expected_requests
+    from workloads.io import stored_size
+
+    rows, tokens, meta = stored_size(config.workload_path)
+    turns = meta.get("max_turns")
+    kind = meta.get("workload_kind", "sharegpt")
+    n = expected_requests(rows, None, 0.0, kind, turns if isinstance(turns, int) and turns >= 1 else 1)
+    return n, tokens / rows if rows else 0.0
+
+
+def check_memory(requests: float, mean_prompt: float, pages: int = 0,
+                 subject: str = "this run") -> None:
+    """Refuse (HbenchError) work estimated to need more than
+    `MAX_RUN_MEMORY_BYTES`: ``requests`` requests of ``mean_prompt`` prompt
+    tokens (`harness.config.run_bytes`) plus ``pages`` simulated pages. Runs
+    check it in `validate`; ``hbench workload build`` checks the recipe's
+    requests before deriving, since a workload too large to run is useless
+    and deriving it costs memory of the same order."""
+    need = run_bytes(requests, mean_prompt) + RUN_BYTES_PER_PAGE * pages
+    if need > MAX_RUN_MEMORY_BYTES:
+        what = f"{requests:,.0f} requests of {mean_prompt:.0f} prompt tokens"
+        raise HbenchError(
+            f"{subject} would need about {need / 2**30:,.1f} GiB of memory "
+            f"({what}" + (f", {pages:,} pages" if pages else "") + "); the limit is "
+            f"{MAX_RUN_MEMORY_BYTES / 2**30:.0f} GiB: ask for fewer requests"
+            + (" or a smaller budget" if pages else ""))

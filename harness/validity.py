@@ -5,7 +5,14 @@ was asked for was the load it got and it measured a steady state:
 
 - ``arrival_rate``: the delivered arrival rate (measured arrivals - 1 over
   their span) is within ``max(5 %, 3 / sqrt(n - 1))`` of the nominal rate;
-  the second term is three standard errors of a Poisson rate estimate;
+  the second term is three standard errors of a Poisson rate estimate. The
+  check fails, rather than saying "n/a", when the arrivals cannot measure
+  a load at all: fewer than `MIN_MEASURED_REQUESTS` measured requests (below
+  that the tolerance is at least 100 %, so no delivered rate could fail),
+  every measured arrival at one instant (no span: the delivered rate is not
+  computable), or arrival times so large that float64 resolves them only to
+  more than `TIME_RESOLUTION_S` (``--rate 1e-300`` puts arrivals near 1e301 s,
+  where every latency rounds to 0);
 - ``arrival_process``: the arrival process passes its own test: for Poisson,
   a one-sample Kolmogorov-Smirnov test of the inter-arrival times against the
   exponential law at the nominal rate (fails at p < 0.001); for constant
@@ -41,6 +48,12 @@ PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
 #: 7B model is ~20 ms; a client lagging 10 ms no longer offers the nominal load).
 DISPATCH_LAG_BOUND_S = 0.010
 RATE_TOLERANCE = 0.05
+#: Fewest measured requests a valid run has: the rate check's tolerance
+#: 3 / sqrt(n - 1) is under 100 % only from n = 11 on.
+MIN_MEASURED_REQUESTS = 11
+#: Coarsest time resolution (float64 spacing at the largest arrival time) at
+#: which latencies are still measured: 1 us, reached at about 4.5e9 s.
+TIME_RESOLUTION_S = 1e-6
 KS_ALPHA = 0.001
 PARITY_RATE_TOLERANCE = 0.01
 
@@ -57,7 +70,33 @@ def delivered_rate(arrivals: Sequence[float]) -> float:
     return (a.size - 1) / float(a[-1] - a[0])
 
 
+def degenerate_arrivals(arrivals: Sequence[float]) -> str | None:
+    """Why ``arrivals`` cannot measure a load (see the module docstring), or None."""
+    a = np.asarray(arrivals, dtype=float)
+    if a.size < MIN_MEASURED_REQUESTS:
+        return (f"{a.size} measured requests, fewer than the {MIN_MEASURED_REQUESTS} a run needs "
+                "for its load to be measured")
+    return _unmeasurable_window(a)
+
+
+def _unmeasurable_window(a: np.ndarray) -> str | None:
+    """Why the window of two or more arrivals ``a`` is not measurable, or None."""
+    span = float(a.max() - a.min())
+    if not span > 0:
+        return (f"every measured arrival at t = {float(a.min()):g} s: no arrival span, the "
+                "delivered rate cannot be computed")
+    resolution = float(np.spacing(float(np.abs(a).max())))
+    if resolution > TIME_RESOLUTION_S:
+        return (f"arrival times reach {float(np.abs(a).max()):.3g} s, where float64 resolves "
+                f"only {resolution:.3g} s (limit {TIME_RESOLUTION_S:g} s): latencies and the "
+                "delivered rate cannot be measured")
+    return None
+
+
 def check_rate(arrivals: Sequence[float], nominal: float | None) -> dict:
+    degenerate = degenerate_arrivals(arrivals)
+    if degenerate:
+        return _check(FAIL, degenerate)
     rate = delivered_rate(arrivals)
     if nominal is None or math.isnan(rate):
         return _check(NA, "fewer than two measured arrivals or no nominal rate")
@@ -125,6 +164,8 @@ def check_overload(times, waiting, arrivals: Sequence[float]) -> dict:
     a = np.asarray(arrivals, dtype=float)
     if a.size < 2:
         return _check(NA, "fewer than two measured arrivals")
+    if _unmeasurable_window(a):
+        return _check(NA, "no measurable arrival window (see arrival_rate)")
     growth = queue_growth(times, waiting, float(a.min()), float(a.max()))
     if math.isnan(growth):
         return _check(NA, "too few queue samples in the second half of the arrivals")

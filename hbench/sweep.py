@@ -48,7 +48,8 @@ SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
 SWEEP_SCHEMA_VERSION = 1
 
-__all__ = ["Cell", "CellOutcome", "SweepResult", "plan", "run_cell", "run_sweep"]
+__all__ = ["Cell", "CellOutcome", "SweepResult", "load_workload_files", "plan", "preview", "run_cell",
+           "run_sweep"]
 
 
 # -------------------------------------------------------------------- cells
@@ -89,6 +90,18 @@ def cached_workload(config: RunConfig):
     return _WORKLOADS[key]
 
 
+def load_workload_files(configs: Sequence[RunConfig]) -> None:
+    """Load every saved workload file ``configs`` name, each once, into the
+    per-process cache `plan` reads: a tampered or unreadable file is refused
+    (HbenchError) before a command shows progress or writes anything. Their
+    size was checked with the run's memory estimate by `validate_run`."""
+    seen: set[str] = set()
+    for cfg in configs:
+        if cfg.workload_path and cfg.workload_path not in seen:
+            seen.add(cfg.workload_path)
+            cached_workload(cfg)
+
+
 def plan(configs: Sequence[RunConfig]) -> list[Cell]:
     """Content-address every config: build each distinct workload once (for
     its hash) and ask each engine for its version once."""
@@ -106,6 +119,56 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
         cells.append(Cell(cfg, hashes[key], versions[cfg.engine],
                           cell_id(cfg, hashes[key], versions[cfg.engine])))
     return cells
+
+
+def done_index(out: Path) -> dict[tuple[str, str], str]:
+    """(config digest, engine version) -> cell id of every done cell directly
+    under ``out`` whose directory name is the content address of what its
+    manifest records (`harness.results.cell_id` of its config, workload hash
+    and engine version). Runs of a saved workload are left out: their
+    manifest records the workload's recipe, not the planned config."""
+    index: dict[tuple[str, str], str] = {}
+    if not out.is_dir():
+        return index
+    for run_dir in sorted(out.iterdir()):
+        if run_dir.name.startswith(".") or not is_done(run_dir):
+            continue
+        try:
+            manifest = read_run(run_dir).manifest
+            recorded, wl, version = (manifest.get("config"), manifest.get("workload_hash"),
+                                     manifest.get("engine_version"))
+            if not (isinstance(recorded, dict) and isinstance(wl, str) and isinstance(version, str)):
+                continue
+            cfg = RunConfig.from_dict(recorded)
+            if cfg.workload_path or cell_id(cfg, wl, version) != run_dir.name:
+                continue
+        except (HbenchError, TypeError):   # a cell of an older configuration schema
+            continue
+        index[(cfg.digest(), version)] = run_dir.name
+    return index
+
+
+def preview(configs: Sequence[RunConfig], out: Path) -> Iterator[tuple[RunConfig, str | None]]:
+    """``--dry-run``: (config, cell id or None) per config, lazily, without
+    deriving any workload (deriving one costs ~0.1 s, so `plan` of a large
+    grid takes minutes). A cell is found done by its configuration and the
+    engine's current version among the done cells under ``out``
+    (`done_index`); its id is then known, a cell to run has None. A saved
+    workload (``workload_path``) is read, as `plan` reads it, so its cell is
+    exact. The sweep itself plans exactly (`plan`): a ``--dataset`` file
+    edited since a cell ran is noticed there, not here."""
+    from adapters.registry import make_engine
+
+    index = done_index(out)
+    versions: dict[str, str] = {}
+    for cfg in configs:
+        if cfg.workload_path:
+            (cell,) = plan([cfg])
+            yield cfg, cell.cell_id if is_done(out / cell.cell_id) else None
+            continue
+        if cfg.engine not in versions:
+            versions[cfg.engine] = make_engine(cfg.engine).version()
+        yield cfg, index.get((cfg.digest(), versions[cfg.engine]))
 
 
 @dataclass(frozen=True)
@@ -282,10 +345,10 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         raise HbenchError("the grid expands to no cells")
     for cfg in configs:   # every cell, before any work
         validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
+    cells = plan(configs)   # before anything is written: a workload that fails to build writes nothing
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
-    cells = plan(configs)
     by_id = {c.cell_id: c for c in cells}
     outcomes: dict[str, CellOutcome] = {}
     todo = []

@@ -22,7 +22,7 @@ from harness.results import list_runs, read_run
 from hbench.cli import cli
 from workloads.bounds import MAX_REQUESTS
 from workloads.build import build_workload
-from workloads.io import save_workload
+from workloads.io import save_workload, stored_hashes
 
 SMALL = ["--requests", "12", "--rate", "4", "--seed", "3"]
 
@@ -155,15 +155,17 @@ def saved(tmp_path_factory):
 
 def _rewrite(src, dst, *, column=None, values=None, keep_hash=False):
     """A copy of ``src`` with one column replaced; without ``keep_hash`` the
-    stored content hash is dropped, so the row checks themselves are tested."""
+    stored hashes are recomputed for the edited rows (`stored_hashes`), so
+    the file passes its integrity check and the row checks themselves are
+    tested; with it the original hashes stay and no longer match."""
     table = pq.read_table(src)
     if column is not None:
         typ = table.schema.field(column).type
         table = table.set_column(table.column_names.index(column), column, pa.array(values, typ))
-    md = dict(table.schema.metadata)
+    table = table.replace_schema_metadata(dict(table.schema.metadata))
     if not keep_hash:
-        md.pop(b"hbench.workload.content_hash")
-    pq.write_table(table.replace_schema_metadata(md), dst)
+        table = table.replace_schema_metadata({**table.schema.metadata, **stored_hashes(table)})
+    pq.write_table(table, dst)
     return dst
 
 

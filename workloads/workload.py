@@ -127,24 +127,33 @@ class Workload:
 
     @property
     def content_hash(self) -> str:
-        """sha256 over everything an engine can observe, in request order."""
-        h = hashlib.sha256()
-        for r in self.requests:
-            h.update(
-                json.dumps(
-                    [r.request_id, repr(float(r.arrival_s)), r.output_len, r.prefix_group,
-                     r.prefix_tokens, r.salt], separators=(",", ":")
-                ).encode()
-            )
-            h.update(r.prompt_text.encode())
-            h.update(np.ascontiguousarray(r.prompt_token_ids, dtype=np.int64).tobytes())
-        for s in self.sessions:
-            h.update(json.dumps(["session", s.session_id, s.first_request]).encode())
-            for t in s.turns:
-                h.update(json.dumps([t.request_id, t.output_len, repr(float(t.think_s)),
-                                     t.prompt_len, t.user_text, t.answer_text]).encode())
-                h.update(np.ascontiguousarray(t.user_token_ids, dtype=np.int64).tobytes())
-                h.update(np.ascontiguousarray(t.answer_token_ids, dtype=np.int64).tobytes())
-        return h.hexdigest()
+        """sha256 over everything an engine can observe, in request order
+        (`stream_hash`): the ``workload_hash`` a run's manifest records."""
+        return stream_hash(self.requests, self.sessions)
 
     # Parquet save/load lives in workloads/io.py (keeps pyarrow out of this module).
+
+
+def stream_hash(requests, sessions=()) -> str:
+    """sha256 over everything an engine can observe of ``requests`` and the
+    ``sessions``' later turns, in request order. A plain function of the
+    values (no checks), so a saved file's stored hash can be verified before
+    its rows are (`workloads.io.load_workload`)."""
+    h = hashlib.sha256()
+    for r in requests:
+        h.update(
+            json.dumps(
+                [r.request_id, repr(float(r.arrival_s)), r.output_len, r.prefix_group,
+                 r.prefix_tokens, r.salt], separators=(",", ":")
+            ).encode()
+        )
+        h.update(r.prompt_text.encode())
+        h.update(np.ascontiguousarray(r.prompt_token_ids, dtype=np.int64).tobytes())
+    for s in sessions:
+        h.update(json.dumps(["session", s.session_id, s.first_request]).encode())
+        for t in s.turns:
+            h.update(json.dumps([t.request_id, t.output_len, repr(float(t.think_s)),
+                                 t.prompt_len, t.user_text, t.answer_text]).encode())
+            h.update(np.ascontiguousarray(t.user_token_ids, dtype=np.int64).tobytes())
+            h.update(np.ascontiguousarray(t.answer_token_ids, dtype=np.int64).tobytes())
+    return h.hexdigest()

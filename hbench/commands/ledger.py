@@ -87,7 +87,8 @@ def read_lengths(path: str) -> list[int]:
             raise HbenchError(f"{p}: request lengths must be non-negative integers, got {v!r}")
         out.append(n)
     if not out:
-        raise HbenchError(f"{p} holds no request lengths; give a JSON list or one integer per line")
+        raise HbenchError(f"{p} holds no request lengths (a tail-waste table of 0 requests says "
+                          "nothing); give a JSON list or one integer per line")
     return out
 
 

@@ -2,9 +2,12 @@
 
 Exit status: 0 no regression, 1 regression, 2 bad input (bad thresholds, an
 unwritable --report, a missing or empty directory, a malformed run, no
-matching cells, runs that may not be compared). Bad input is reported here
-rather than through the CLI's usual exit 1, so CI can tell "slower" from
-"could not compare". Every check of the options runs before any run is read.
+matching cells, runs that may not be compared, a baseline value that cannot
+be gated on unless --allow-missing). Bad input is reported here rather than
+through the CLI's usual exit 1, so CI can tell "slower" from "could not
+compare". Bad input wins: when some cells are bad input and others regress,
+the exit status is 2 and the one error line names the regressions too.
+Every check of the options runs before any run is read.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ def _fail(message: str) -> None:
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
               help="Significance level after Holm (noisy engines only).")
 @click.option("--allow-missing", is_flag=True,
-              help="A baseline cell absent from the candidate is listed, not a regression.")
+              help="A baseline cell absent from the candidate is listed, not a regression; a "
+                   "baseline metric that is missing, null, not a number or an impossible 0 is "
+                   "listed and not gated, instead of exit 2.")
 @click.option("--report", "report_path", type=PATH, default=None,
               help="Write the Markdown report here (for a CI comment).")
 def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
@@ -52,6 +57,9 @@ def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
 
     The simulator is deterministic, so each cell is judged on its own; a
     real server's cells are judged per seed group by a paired test.
+
+    Exit 0: no regression; 1: a regression; 2: bad input, which wins over a
+    regression (the error line then names the regressions as well).
     """
     from analysis.regress import compare, validate_thresholds
     from analysis.regress_report import markdown

@@ -66,7 +66,9 @@ def _axis_options(f):
 @click.option("--force", is_flag=True, help="Rerun cells that are already complete (default: skip them).")
 @click.option("--allow-oversubscribe", is_flag=True,
               help="Simulate cells even if weights plus state exceed the simulated GPU's memory.")
-@click.option("--dry-run", is_flag=True, help="List the cells and whether they are done; run nothing.")
+@click.option("--dry-run", is_flag=True,
+              help="List the cells and whether they are done (found by configuration among the done "
+                   "cells, without building any workload); run nothing.")
 def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_oversubscribe, dry_run, **axes):
     """Run every combination of the given axes, resumably.
 
@@ -82,10 +84,9 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     from pathlib import Path
 
     from harness.grid import expand, load_grid_file
-    from harness.results import is_done
     from hbench.paths import check_dir_path, check_writable_dir
     from hbench.runner import validate_run
-    from hbench.sweep import plan, run_sweep
+    from hbench.sweep import load_workload_files, preview, run_sweep
 
     if jobs < 1:
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
@@ -108,16 +109,17 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
         raise HbenchError("give --model or --config (--set config_path=...), not both")
     for cfg in configs:
         validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
+    load_workload_files(configs)
     console = Console(stderr=True)
     if dry_run:
-        cells = plan(configs)
-        done = sum(is_done(Path(out) / c.cell_id) for c in cells)
-        for c in cells:
-            mark = "done" if is_done(Path(out) / c.cell_id) else "todo"
-            cfg = c.config
-            click.echo(f"{c.cell_id}  {mark}  {cfg.engine}:{cfg.org}@{cfg.budget} rate={cfg.rate} q={cfg.q} "
-                       f"f={cfg.headroom} ret={cfg.retention} iso={cfg.isolate} seed={cfg.seed} n={cfg.requests}")
-        click.echo(f"{len(cells)} cells, {done} done, {len(cells) - done} to run")
+        total = done = 0
+        for cfg, cell in preview(configs, Path(out)):
+            total += 1
+            done += cell is not None
+            click.echo(f"{cell or '-' * 16}  {'done' if cell else 'todo'}  {cfg.engine}:{cfg.org}@{cfg.budget} "
+                       f"rate={cfg.rate} q={cfg.q} f={cfg.headroom} ret={cfg.retention} iso={cfg.isolate} "
+                       f"seed={cfg.seed} n={cfg.requests}")
+        click.echo(f"{total} cells, {done} done, {total - done} to run")
         return
     with Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                   TimeElapsedColumn(), console=console) as bar:
