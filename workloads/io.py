@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.atomic import atomic_path
 from common.errors import HbenchError
 from workloads.multiturn.session import Session, Turn
 from workloads.workload import WORKLOAD_SCHEMA_VERSION, Workload, WorkloadRequest
@@ -63,16 +63,9 @@ def save_workload(w: Workload, path: str | Path) -> Path:
     if w.sessions:
         md[_SESSIONS] = json.dumps([_session_json(x) for x in w.sessions]).encode()
     table = table.replace_schema_metadata(md)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

@@ -45,6 +45,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
+    from common.atomic import new_dirs_removed_on_error
     from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
@@ -63,9 +64,10 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)
         out = out_dir if out_dir is not None else results_dir / "analysis"
-        figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
-        write_outputs(out, results_dir, table, inter, arms, figures)
-        write_report(results_dir, out / "report.html", runs=runs, contrasts=table)
+        with new_dirs_removed_on_error(out):   # a failed write leaves no empty folder
+            figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
+            write_outputs(out, results_dir, table, inter, arms, figures)
+            write_report(results_dir, out / "report.html", runs=runs, contrasts=table)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:
