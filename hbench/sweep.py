@@ -152,6 +152,21 @@ def _remove_lock_dir(out: Path) -> None:
         pass
 
 
+def _clear_stale_locks(out: Path) -> None:
+    """Remove the lock files that no process holds (a holder killed by SIGKILL
+    after its cell finished never unlinked its own), by taking each one's
+    lock and releasing it the way a holder does."""
+    locks = out / LOCK_DIR
+    for cell in sorted(os.listdir(locks)) if locks.is_dir() else ():
+        fd = _open_locked(locks, cell, wait=False)
+        if fd is not None:
+            try:
+                os.unlink(locks / cell)
+            finally:
+                os.close(fd)
+    _remove_lock_dir(out)
+
+
 @contextmanager
 def cell_lock(out: Path, cell: str, wait: bool) -> Iterator[bool]:
     """Hold the exclusive lock of cell ``cell`` under ``out`` (an ``flock`` on
@@ -301,8 +316,9 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     already_done)`` and ``on_cell(outcome)`` drive a progress display;
     ``on_rerun(cell_id, why)`` is told of each cell whose directory exists but
     is not done (damaged, or no request finished), which is rerun.
-    Nothing is written before planning succeeds, and a sweep that fails
-    before any cell ran removes the ``sweep.json`` and directories it made.
+    Nothing is written before planning succeeds, and a sweep that fails with
+    an error before any cell ran removes the ``sweep.json`` and directories
+    it made (an interrupt keeps the record).
     Ctrl-C or SIGTERM stops the sweep and its workers, leaving only complete
     cells.
 
@@ -377,16 +393,19 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             execute(_pending_order(todo), wait=False)
             if busy:
                 execute(list(busy), wait=True)
-    except BaseException:
+    except Exception:
         if had_sweep_file or any(o.status in ("ran", "failed") for o in outcomes.values()):
             _write_sweep_file(out, grids, base, cells, outcomes)
-        else:   # nothing ran (the executor would not start, Ctrl-C at once): leave no trace
+        else:   # an error before any cell ran (the executor would not start): leave no trace
             (out / SWEEP_FILE).unlink(missing_ok=True)
             _remove_lock_dir(out)
             _remove_if_empty(out, made_out)
         raise
+    except BaseException:   # Ctrl-C, SIGTERM: the record says what was done and what was not
+        _write_sweep_file(out, grids, base, cells, outcomes)
+        raise
     _write_sweep_file(out, grids, base, cells, outcomes)
-    _remove_lock_dir(out)
+    _clear_stale_locks(out)
     return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))
 
 
