@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.atomic import atomic_path, atomic_write_text, new_dirs_removed_on_error
 from common.errors import HbenchError
 
 WEIGHTS_STREAM = 11   # numpy stream id for weight initialisation
@@ -243,12 +244,12 @@ def write_weights(out_dir: str | Path, spec: TinyFalconH1, vocab_size: int, seed
         raise HbenchError("hbench tiny-model needs the safetensors package "
                           "(pip install 'hbench[engines]')") from None
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if weights is None:
         weights = random_weights(spec, vocab_size, seed)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with atomic_path(out / "model.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})
     cfg = spec.hf_config(vocab_size) | (config_overrides or {})
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    atomic_write_text(out / "config.json", json.dumps(cfg, indent=2) + "\n")
     return weights
 
 
@@ -268,22 +269,28 @@ def build_tiny_model(out_dir: str | Path, arch: str = "falcon_h1", seed: int = 0
     tok = train_tokenizer(sharegpt_texts(records), spec.vocab_size)
     vocab = tok.get_vocab_size()
     out = Path(out_dir)
-    weights = write_weights(out, spec, vocab, seed)
-    tok.save(str(out / "tokenizer.json"))
+    with new_dirs_removed_on_error(out):
+        weights = write_weights(out, spec, vocab, seed)
+        with atomic_path(out / "tokenizer.json") as tmp:
+            tok.save(str(tmp))
+        _write_tokenizer_files(out, spec)
+    params = sum(int(w.size) for w in weights.values())
+    return {"dir": str(out), "arch": arch, "preset": preset, "seed": seed, "vocab_size": vocab,
+            "parameters": params, "tokenizer_records": records,
+            "weights_bytes": (out / "model.safetensors").stat().st_size}
+
+
+def _write_tokenizer_files(out: Path, spec) -> None:
     pad, bos, eos = SPECIAL_TOKENS
-    (out / "tokenizer_config.json").write_text(json.dumps({
+    atomic_write_text(out / "tokenizer_config.json", json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": bos, "eos_token": eos, "pad_token": pad,
         "add_bos_token": False, "add_eos_token": False,
         "model_max_length": spec.max_position_embeddings,
         "clean_up_tokenization_spaces": False,
     }, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(
+    atomic_write_text(out / "special_tokens_map.json", json.dumps(
         {"bos_token": bos, "eos_token": eos, "pad_token": pad}, indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps(
+    atomic_write_text(out / "generation_config.json", json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "do_sample": False}, indent=2)
         + "\n")
-    params = sum(int(w.size) for w in weights.values())
-    return {"dir": str(out), "arch": arch, "preset": preset, "seed": seed, "vocab_size": vocab,
-            "parameters": params, "tokenizer_records": records,
-            "weights_bytes": (out / "model.safetensors").stat().st_size}

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from analysis import stats
 from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
+from common.atomic import atomic_path
 from harness.results import read_run
 
 GIB = 1024**3
@@ -74,10 +75,10 @@ def _series_label(parts: Mapping) -> str:
 def save(fig: Figure, out_dir, stem: str) -> list[Path]:
     """Write ``stem.png`` and ``stem.svg`` under ``out_dir``; return both paths."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.png", out / f"{stem}.svg"]
     for p in paths:
-        fig.savefig(p, dpi=120, bbox_inches="tight")
+        with atomic_path(p) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return paths
 
 

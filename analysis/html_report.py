@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from common.atomic import atomic_write_text
 from common.errors import HbenchError
 from harness.attribution import CAUSES
 
@@ -191,7 +192,4 @@ def write_report(root, out, *, runs: pd.DataFrame | None = None,
     runs = load_runs(root) if runs is None else runs
     if contrasts is None:
         contrasts = auto_contrasts_table(runs)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(build_html(root, runs, contrasts), encoding="utf-8")
-    return out
+    return atomic_write_text(Path(out), build_html(root, runs, contrasts))

@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from common.atomic import atomic_path, atomic_write_text
+
 JSON_SCHEMA_VERSION = 1
 
 
@@ -195,12 +197,13 @@ def write_outputs(out_dir, root, contrasts: pd.DataFrame, interactions: pd.DataF
                   arms: pd.DataFrame | None, figures: Sequence[Path]) -> list[Path]:
     """contrasts.csv (+ interactions.csv), contrasts.json and report.md under ``out_dir``."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     written = [out / "contrasts.csv", out / "contrasts.json", out / "report.md"]
-    contrasts.to_csv(written[0], index=False)
-    written[1].write_text(to_json(contrasts, interactions, arms))
-    written[2].write_text(markdown_report(root, contrasts, interactions, arms, figures, out))
+    with atomic_path(written[0]) as tmp:
+        contrasts.to_csv(tmp, index=False)
+    atomic_write_text(written[1], to_json(contrasts, interactions, arms))
+    atomic_write_text(written[2], markdown_report(root, contrasts, interactions, arms, figures, out))
     if interactions is not None and not interactions.empty:
-        interactions.to_csv(out / "interactions.csv", index=False)
+        with atomic_path(out / "interactions.csv") as tmp:
+            interactions.to_csv(tmp, index=False)
         written.append(out / "interactions.csv")
     return written

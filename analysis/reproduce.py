@@ -24,6 +24,7 @@ import pandas as pd
 from analysis.contrasts import select
 from analysis.designs import THROUGHPUT
 from analysis.report import markdown_table
+from common.atomic import atomic_path, atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,8 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     write_outputs(out, root, table, inter, arms, figs)
     write_report(root, out / "report.html", runs=runs, contrasts=table)
     comparison = compare(name, table, inter, runs)
-    comparison.to_csv(root / "reproduce.csv", index=False)
+    with atomic_path(root / "reproduce.csv") as tmp:
+        comparison.to_csv(tmp, index=False)
     notes = [d.notes, f"{len(runs)} runs; contrasts, arm means and figures: analysis/report.md."]
-    (root / "reproduce.md").write_text(markdown(comparison, f"Reproduction of {d.title}", notes))
+    atomic_write_text(root / "reproduce.md", markdown(comparison, f"Reproduction of {d.title}", notes))
     return Reproduction(name, root, runs, table, inter, arms, comparison, tuple(figs))

@@ -3,7 +3,8 @@
 One run is one directory ``<out_root>/<run_id>/``::
 
     manifest.json     what ran: config, workload hash, budget, engine, code
-                      revision, packages, host; "status": "complete"
+                      revision, packages, host; "status": "complete" and
+                      "files": the size and sha256 of each file below
     summary.json      `harness.metrics.summarize` (flat scalars)
     requests.parquet  `harness.metrics.per_request_table` (one row per request)
     steps.parquet     the engine's per-step rows
@@ -11,6 +12,12 @@ One run is one directory ``<out_root>/<run_id>/``::
 A run directory either exists complete or not at all: everything is written
 into a hidden sibling ``.tmp-<run_id>-<pid>`` and renamed into place last, so
 an interrupted write never leaves a directory that looks like a run.
+The manifest, written last, is the completion marker: it records each other
+file's size and sha256, so a file damaged afterwards (truncated, emptied,
+edited) is found. `is_complete` checks sizes and hashes (a sweep then reruns
+the cell); `read_run` checks sizes, and each file's hash when it reads it,
+and refuses a damaged run (`DamagedRun`). A manifest without that record
+(results written before it existed) is read unverified.
 This module is the one reader of run directories: `read_run` opens one and
 returns a `Run` (manifest, summary, lazily loaded tables, the checked
 metadata as attributes), `iter_runs` reads every run under a root,
@@ -40,8 +47,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from common.atomic import (
+    TMP_PREFIX,
+    atomic_write_text,
+    disk_error,
+    new_dirs_removed_on_error,
+    pid_alive,
+)
 from common.errors import HbenchError
-from common.safe_json import load_json, load_json_object
+from common.safe_json import MAX_JSON_BYTES, load_json_object, loads_json
 from harness import metrics, provenance
 from harness.config import RunConfig
 from harness.records import EngineRun
@@ -55,7 +69,9 @@ SUMMARY = "summary.json"
 REQUESTS = "requests.parquet"
 STEPS = "steps.parquet"
 RUN_FILES = (MANIFEST, SUMMARY, REQUESTS, STEPS)
-TMP_PREFIX = ".tmp-"
+CHECKED_FILES = (SUMMARY, REQUESTS, STEPS)   # what the manifest's "files" record covers
+FILES = "files"                   # manifest key: {name: {"bytes": int, "sha256": hex}}
+DROPPED = "dropped_files"         # manifest key: files removed on purpose (`drop_files`)
 
 
 # ---------------------------------------------------------------- identifiers
@@ -210,6 +226,23 @@ def write_run(
     summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config,
                                             tables=tables))
 
+    try:
+        with new_dirs_removed_on_error(out_root):
+            _write_tmp_and_rename(out_root, run_id, final, manifest, summary, tables)
+    except OSError as exc:
+        err = disk_error(final, exc)
+        if err is None:
+            raise
+        raise err from None
+    return final
+
+
+def _file_record(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: dict, summary: dict,
+                          tables) -> None:
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = out_root / f"{TMP_PREFIX}{run_id}-{os.getpid()}"
     if tmp.exists():  # only this process (same pid, same id) names it so
@@ -219,7 +252,8 @@ def write_run(
         _write_json(tmp / SUMMARY, summary)
         tables[0].to_parquet(tmp / REQUESTS, index=False)
         tables[1].to_parquet(tmp / STEPS, index=False)
-        _write_json(tmp / MANIFEST, manifest)
+        # The completion marker, last: what every other file must still be.
+        _write_json(tmp / MANIFEST, {**manifest, FILES: {n: _file_record(tmp / n) for n in CHECKED_FILES}})
         for name in RUN_FILES:
             _fsync(tmp / name)
         if final.exists():
@@ -237,7 +271,6 @@ def write_run(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _fsync(out_root)
-    return final
 
 
 # ---------------------------------------------------- completeness, cleanup
@@ -257,28 +290,48 @@ def is_done(run_dir: Path) -> bool:
     return is_complete(run_dir) and not served_nothing(run_dir)
 
 
-def _pid_alive(pid: int) -> bool:
+def why_not_done(run_dir: Path) -> str | None:
+    """Why a sweep must rerun the cell in ``run_dir`` (which exists), in a few
+    words; None when it is done (`is_done`)."""
+    run_dir = Path(run_dir)
+    manifest = _load_manifest(run_dir)
+    if manifest is None:
+        return f"{MANIFEST} is missing, unreadable or not marked complete"
+    absent = [n for n in RUN_FILES if not (run_dir / n).is_file()]
+    if absent:
+        return f"{absent[0]} is missing"
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        problem = _damage(run_dir, manifest, hashes=True)
+    except DamagedRun as exc:
+        problem = f"{MANIFEST} has a malformed {FILES!r} record ({exc})"
+    if problem:
+        return problem
+    return "no request finished" if served_nothing(run_dir) else None
 
 
 def clean_stale(out: Path) -> list[Path]:
-    """Remove ``.tmp-*`` directories under ``out`` left by dead processes
-    (their name ends in the writer's pid); return what was removed."""
+    """Remove ``.tmp-*`` directories and files directly under ``out`` left by
+    processes that are dead (or zombies, or whose pid now names a process
+    started after the entry was written); return what was removed. A run's
+    temporary directory ends in its writer's pid (``.tmp-<run id>-<pid>``),
+    an atomic file's temporary begins with it (`common.atomic`)."""
     out = Path(out)
     removed: list[Path] = []
     if not out.is_dir():
         return removed
     for p in sorted(out.glob(f"{TMP_PREFIX}*")):
-        m = re.search(r"-(\d+)$", p.name)
-        if p.is_dir() and (m is None or not _pid_alive(int(m.group(1)))):
+        try:
+            is_dir, mtime = p.is_dir(), p.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        m = re.search(r"-(\d+)$", p.name) if is_dir else re.match(r"\.tmp-(\d+)-", p.name)
+        if m is not None and pid_alive(int(m.group(1)), mtime):
+            continue
+        if is_dir:
             shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
     return removed
 
 
@@ -290,6 +343,86 @@ def clean_stale(out: Path) -> list[Path]:
 
 class RunSkipped(UserWarning):
     """A directory that looks like a run but is not a complete one."""
+
+
+class DamagedRun(HbenchError):
+    """A complete run directory whose files no longer match what its manifest
+    records: a reader refuses it, a sweep reruns it."""
+
+
+def _files_record(path: Path, manifest: dict) -> dict | None:
+    """The manifest's record of each file's size and sha256; None for a run
+    written before runs recorded it (read unverified)."""
+    files = manifest.get(FILES)
+    if files is None:
+        return None
+    dropped = manifest.get(DROPPED, [])
+    ok = (isinstance(files, dict) and isinstance(dropped, list)
+          and all(isinstance(v, dict) and type(v.get("bytes")) is int and isinstance(v.get("sha256"), str)
+                  for v in files.values())
+          and all(n in files or n in dropped for n in CHECKED_FILES))
+    if not ok:
+        raise DamagedRun(f"damaged run {path}: {MANIFEST} has a malformed {FILES!r} record")
+    return files
+
+
+def _damage(path: Path, manifest: dict, *, hashes: bool) -> str | None:
+    """The first file of ``path`` that does not match the manifest's record,
+    as "<file> <what is wrong>"; sizes only unless ``hashes``."""
+    files = _files_record(path, manifest)
+    for name, rec in (files or {}).items():
+        if name not in CHECKED_FILES:
+            continue
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        size = file.stat().st_size
+        if size != rec["bytes"]:
+            return f"{name} has {size} bytes, its manifest records {rec['bytes']}"
+        if hashes and hashlib.sha256(file.read_bytes()).hexdigest() != rec["sha256"]:
+            return f"{name} does not match its sha256 in {MANIFEST}"
+    return None
+
+
+def _damaged(path: Path, problem: str) -> DamagedRun:
+    return DamagedRun(f"damaged run {path}: {problem} (rerun the cell, e.g. with hbench sweep, "
+                      "or remove the directory)")
+
+
+def _verified_bytes(path: Path, name: str, files: dict | None) -> bytes:
+    """The bytes of ``path/name``, checked against the manifest's record."""
+    data = (path / name).read_bytes()
+    rec = (files or {}).get(name)
+    if rec is not None:
+        if len(data) != rec["bytes"]:
+            raise _damaged(path, f"{name} has {len(data)} bytes, its manifest records {rec['bytes']}")
+        if hashlib.sha256(data).hexdigest() != rec["sha256"]:
+            raise _damaged(path, f"{name} does not match its sha256 in {MANIFEST}")
+    return data
+
+
+def drop_files(run_dir: Path, names) -> None:
+    """Remove ``names`` (of the checked files) from a complete run on purpose,
+    as a baseline kept in a repository drops its per-step table: the manifest
+    then lists them as dropped rather than recording their checksums, so
+    readers do not take their absence for damage."""
+    run_dir = Path(run_dir)
+    manifest = _json_object(run_dir, MANIFEST, "an object")
+    files = dict(manifest.get(FILES) or {})
+    dropped = list(manifest.get(DROPPED, []))
+    for name in names:
+        if name not in CHECKED_FILES:
+            raise HbenchError(f"cannot drop {name} from a run; droppable: {', '.join(CHECKED_FILES)}")
+        files.pop(name, None)
+        if name not in dropped:
+            dropped.append(name)
+    if FILES in manifest:
+        manifest[FILES] = files
+    manifest[DROPPED] = dropped
+    text = json.dumps(to_jsonable(manifest), indent=2, allow_nan=False) + "\n"
+    atomic_write_text(run_dir / MANIFEST, text)
+    for name in names:
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def _load_manifest(path: Path) -> dict | None:
@@ -304,9 +437,17 @@ def _load_manifest(path: Path) -> dict | None:
 
 
 def is_complete(path: Path) -> bool:
-    """A run directory whose manifest says complete and whose files all exist."""
+    """A run directory whose manifest says complete, whose files all exist and
+    match the manifest's record of their sizes and sha256 (sizes first, so a
+    truncated file costs a stat)."""
     path = Path(path)
-    return _load_manifest(path) is not None and all((path / name).is_file() for name in RUN_FILES)
+    manifest = _load_manifest(path)
+    if manifest is None or not all((path / name).is_file() for name in RUN_FILES):
+        return False
+    try:
+        return _damage(path, manifest, hashes=True) is None
+    except DamagedRun:
+        return False
 
 
 class Run(Mapping):
@@ -339,11 +480,14 @@ class Run(Mapping):
         return f"Run({str(self.path)!r})"
 
     def table(self, name: str) -> pd.DataFrame:
-        """The ``requests`` or ``steps`` table; HbenchError when the file is absent."""
+        """The ``requests`` or ``steps`` table, checked against the manifest's
+        checksum as it is read; HbenchError when the file is absent, `DamagedRun`
+        when it does not match."""
         file = self.path / self._TABLES[name]
         if not file.is_file():
             raise HbenchError(f"{self.path} has no {self._TABLES[name]}")
-        return read_table(file, name)
+        data = _verified_bytes(self.path, self._TABLES[name], _files_record(self.path, self.manifest))
+        return read_table(file, name, data)
 
     def has_table(self, name: str) -> bool:
         return (self.path / self._TABLES[name]).is_file()
@@ -363,11 +507,21 @@ class Run(Mapping):
 RunData = Run  # the name earlier callers import
 
 
-def _json_object(run_dir: Path, name: str, what: str) -> dict:
-    """The JSON object in ``run_dir/name``; HbenchError if missing, unreadable or not one."""
+def _json_object(run_dir: Path, name: str, what: str, files: dict | None = None) -> dict:
+    """The JSON object in ``run_dir/name`` (checked against ``files``, the
+    manifest's record); HbenchError if missing, unreadable or not one."""
     if not (run_dir / name).is_file():
         raise HbenchError(f"{run_dir} is not a complete run directory (missing {name})")
-    obj = load_json(run_dir / name, "results file")
+    file = run_dir / name
+    if file.stat().st_size > MAX_JSON_BYTES:
+        raise HbenchError(f"results file {file} is over {MAX_JSON_BYTES // 2**20} MiB")
+    try:
+        text = _verified_bytes(run_dir, name, files).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HbenchError(f"results file {file} is not UTF-8 text") from None
+    except OSError as exc:
+        raise HbenchError(f"cannot read results file {file}: {exc.strerror or exc}") from None
+    obj = loads_json(text, f"results file {file}")
     if not isinstance(obj, dict):
         raise HbenchError(f"{run_dir / name} holds a JSON {type(obj).__name__}, not {what}")
     return obj
@@ -378,7 +532,9 @@ def read_run(path: Path) -> Run:
 
     Raises HbenchError for a missing directory, a missing, unreadable or
     incomplete manifest, a missing or malformed summary (it must be a JSON
-    object), or another schema version. The tables are checked on access.
+    object), or another schema version; `DamagedRun` for a file whose size
+    (or, for the summary, sha256) differs from the manifest's record. The
+    tables are checked on access.
     """
     path = Path(path)
     if not path.is_dir():
@@ -392,7 +548,11 @@ def read_run(path: Path) -> Run:
             f"this hbench reads version {SCHEMA_VERSION}"
         )
     check_manifest(path / MANIFEST, manifest)
-    summary = _json_object(path, SUMMARY, "an object of metrics")
+    files = _files_record(path, manifest)
+    problem = _damage(path, manifest, hashes=False)
+    if problem:
+        raise _damaged(path, problem)
+    summary = _json_object(path, SUMMARY, "an object of metrics", files)
     check_summary(path / SUMMARY, summary)
     return Run(path, manifest, summary)
 
@@ -415,7 +575,7 @@ def iter_runs(root: Path, *, strict: bool = False) -> Iterator[Run]:
     error when ``strict`` (a regression gate must not ignore a broken run),
     otherwise skipped with a `RunSkipped` warning (a crashed cell of a sweep).
     A foreign schema version is always an error: its numbers mean something
-    else. A missing root is an error; an empty one yields nothing.
+    else; so is a damaged run (`DamagedRun`): it was complete once. A missing root is an error; an empty one yields nothing.
     """
     root = Path(root)
     if not root.is_dir():
@@ -424,7 +584,7 @@ def iter_runs(root: Path, *, strict: bool = False) -> Iterator[Run]:
         try:
             yield read_run(path)
         except HbenchError as exc:
-            if strict or "schema version" in str(exc):
+            if strict or isinstance(exc, DamagedRun) or "schema version" in str(exc):
                 raise
             warnings.warn(f"skipping {path}: {exc}", RunSkipped, stacklevel=2)
 

@@ -13,6 +13,7 @@ those of a results table, is refused naming the file, not a pyarrow traceback.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -72,16 +73,17 @@ def check_summary(file: Path, summary: dict) -> None:
                               f"got {type(summary[key]).__name__}")
 
 
-def read_table(file: Path, name: str) -> pd.DataFrame:
-    """The results table ``name`` (``requests`` or ``steps``) in ``file``;
-    HbenchError naming the file when it is not a readable parquet table with
-    that table's columns."""
+def read_table(file: Path, name: str, data: bytes | None = None) -> pd.DataFrame:
+    """The results table ``name`` (``requests`` or ``steps``) in ``file`` (or
+    in ``data``, its bytes already read and checked); HbenchError naming the
+    file when it is not a readable parquet table with that table's columns."""
     try:
-        columns = pq.read_schema(file).names   # the footer only: a bad file fails fast
+        source = file if data is None else pa.BufferReader(data)
+        columns = pq.read_schema(source).names   # the footer only: a bad file fails fast
         if missing := [c for c in TABLE_COLUMNS.get(name, ()) if c not in columns]:
             raise HbenchError(f"{file}: not a results {name} table "
                               f"(no column {', '.join(missing)})")
-        return pd.read_parquet(file)
+        return pd.read_parquet(file if data is None else io.BytesIO(data))
     except (OSError, pa.ArrowException) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise HbenchError(f"{file}: not a readable parquet table ({reason})") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import math
 import os
 import sys
@@ -23,6 +24,7 @@ from adapters.calibration.design import design
 from adapters.calibration.fit import Fit, Sample, fit_rates
 from adapters.sim.hardware import get_hardware
 from adapters.sim.profile import CostProfile
+from common.atomic import atomic_write_text
 from common.errors import HbenchError, HbenchFailure
 from harness import __version__
 from harness.config import RunConfig
@@ -107,17 +109,16 @@ def check_held_out(fit: Fit, max_error: float = MAX_HELD_OUT_ERROR) -> None:
 
 def write_samples(samples: list[Sample], path: str | Path) -> None:
     """The measured samples as CSV, one row each (re-fit or plot them later)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["cell", "class", "held_out", "seconds", "steps", "prefill_tokens",
-                    "decode_requests", "decode_context_tokens", "checkpoint_copies",
-                    "checkpoint_loads"])
-        for s in samples:
-            w.writerow([s.cell, s.shape_class, int(s.held_out), f"{s.seconds:.6g}", len(s.steps),
-                        sum(x.prefill_tokens for x in s.steps),
-                        sum(x.decode_requests for x in s.steps),
-                        sum(x.decode_context_tokens for x in s.steps),
-                        sum(x.checkpoint_copies for x in s.steps),
-                        sum(x.checkpoint_loads for x in s.steps)])
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf)
+    w.writerow(["cell", "class", "held_out", "seconds", "steps", "prefill_tokens",
+                "decode_requests", "decode_context_tokens", "checkpoint_copies",
+                "checkpoint_loads"])
+    for s in samples:
+        w.writerow([s.cell, s.shape_class, int(s.held_out), f"{s.seconds:.6g}", len(s.steps),
+                    sum(x.prefill_tokens for x in s.steps),
+                    sum(x.decode_requests for x in s.steps),
+                    sum(x.decode_context_tokens for x in s.steps),
+                    sum(x.checkpoint_copies for x in s.steps),
+                    sum(x.checkpoint_loads for x in s.steps)])
+    atomic_write_text(Path(path), buf.getvalue())

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.atomic import atomic_path, atomic_write_text
 from common.errors import HbenchFailure
 
 if TYPE_CHECKING:
@@ -36,9 +37,10 @@ class CapacityResult:
 
 
 def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int = 1,
-           on_cell=None) -> pd.DataFrame:
+           on_cell=None, on_rerun=None) -> pd.DataFrame:
     """Run (or reuse) every cell of the rate grid; one row per cell with its
-    verdict, goodput and run directory."""
+    verdict, goodput and run directory. A reused cell is verified against its
+    manifest's checksums; a damaged one is rerun (``on_rerun(cell, why)``)."""
     import pandas as pd
 
     from analysis.capacity import goodput, meets_slo
@@ -47,7 +49,7 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     from hbench.sweep import run_sweep
 
     configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
-    result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell)
+    result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell, on_rerun=on_rerun)
     if result.failed:
         raise HbenchFailure(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
     rows = []
@@ -64,21 +66,23 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
 
 
 def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
-                 alpha: float = 0.05, jobs: int = 1, on_cell=None) -> CapacityResult:
+                 alpha: float = 0.05, jobs: int = 1, on_cell=None, on_rerun=None) -> CapacityResult:
     """`search` the grid, evaluate it at significance level ``alpha`` and write
     ``out/capacity.json`` and ``out/winner_map.png``."""
     from analysis.answer_figures import winner_map_figure
     from analysis.capacity import capacity_table, crossovers, invalid_at_capacity, winner_map
 
-    cells = search(orgs, budgets, rates, seeds, limits, out, base, jobs=jobs, on_cell=on_cell)
+    cells = search(orgs, budgets, rates, seeds, limits, out, base, jobs=jobs, on_cell=on_cell,
+                   on_rerun=on_rerun)
     table = capacity_table(cells, alpha)
     wmap = winner_map(cells, alpha)
     cross = crossovers(cells)
     fig = winner_map_figure(wmap, f"winner by goodput ({', '.join(map(str, limits))})")
-    fig.savefig(out / "winner_map.png", dpi=110)
+    with atomic_path(out / "winner_map.png") as tmp:
+        fig.savefig(tmp, dpi=110)
     doc = {"slo": [str(x) for x in limits], "rates": list(rates), "seeds": list(seeds),
            "requests": base.get("requests"), "capacity": table.to_dict("records"),
            "crossovers": cross, "winner_map": wmap.to_dict("records"),
            "cells": cells.drop(columns=["run_dir"]).to_dict("records")}
-    (out / "capacity.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    atomic_write_text(out / "capacity.json", json.dumps(doc, indent=1, default=float) + "\n")
     return CapacityResult(cells, table, cross, invalid_at_capacity(cells), doc)

@@ -28,13 +28,15 @@ def write_ledger(out: Path, engine: str, extra: dict | None = None) -> dict:
     """Ledger, summary and figure from ``out/runs``; returns the summary document."""
     from analysis.fidelity import fidelity_figure, read_ledger, summarize
     from analysis.figures import save
+    from common.atomic import atomic_path, atomic_write_text
 
     table = read_ledger(out / "runs", engine)
-    table.to_csv(out / "ledger.csv", index=False)
+    with atomic_path(out / "ledger.csv") as tmp:
+        table.to_csv(tmp, index=False)
     doc = {"engine": engine, "cells": int(table[["org", "budget", "seed"]].drop_duplicates()
                                           .shape[0]),
            "metrics": summarize(table), **(extra or {})}
-    (out / "fidelity.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write_text(out / "fidelity.json", json.dumps(doc, indent=2, default=str) + "\n")
     save(fidelity_figure(table), out, "fidelity")
     return doc
 

@@ -8,10 +8,13 @@ and the run directory of a cell is ``<out>/<cell id>/``.
 
 Because `hbench.runner.execute` writes run directories atomically, a cell
 directory either exists complete or not at all; resuming a sweep skips cells
-that are done (`harness.results.is_done`). A killed sweep leaves at most
+that are done (`harness.results.is_done`: complete, every file matching the
+size and sha256 its manifest records, and some request finished); a cell
+directory that is not done (damaged, or it served nothing) is removed and
+rerun, and the sweep says which and why. A killed sweep leaves at most
 hidden ``.tmp-*`` directories of dead processes, which the next sweep
 removes. Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
-sharing ``out`` compute each cell once.
+sharing ``out`` compute each cell once; a lock file lives only while held.
 
 Cells run serially or on a local process pool (`hbench.sweep_local`: ``jobs``
 workers, each running many cells and keeping the few workloads it last
@@ -36,10 +39,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from common.atomic import atomic_write_text
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.grid import Axes, normalize_axes
-from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable
+from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable, why_not_done
 from harness.run_workload import build_run_workload
 from hbench.executors import EXECUTORS
 from hbench.runner import execute, validate_run
@@ -179,24 +183,73 @@ class CellOutcome:
     error: str = ""
 
 
+def _open_locked(locks: Path, cell: str, wait: bool) -> int | None:
+    """An fd holding the flock of ``locks/<cell>``, or None (``wait`` False and
+    another process holds it). A holder unlinks its lock file before
+    releasing it, so a lock won on a file no longer at that path is on a
+    stale inode: then the current file is tried again."""
+    path = locks / cell
+    while True:
+        locks.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:   # .locks was removed between the two calls
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _remove_lock_dir(out: Path) -> None:
+    try:
+        (out / LOCK_DIR).rmdir()
+    except OSError:   # absent, or another process holds a lock in it
+        pass
+
+
+def _clear_stale_locks(out: Path) -> None:
+    """Remove the lock files that no process holds (a holder killed by SIGKILL
+    after its cell finished never unlinked its own), by taking each one's
+    lock and releasing it the way a holder does."""
+    locks = out / LOCK_DIR
+    for cell in sorted(os.listdir(locks)) if locks.is_dir() else ():
+        fd = _open_locked(locks, cell, wait=False)
+        if fd is not None:
+            try:
+                os.unlink(locks / cell)
+            finally:
+                os.close(fd)
+    _remove_lock_dir(out)
+
+
 @contextmanager
 def cell_lock(out: Path, cell: str, wait: bool) -> Iterator[bool]:
     """Hold the exclusive lock of cell ``cell`` under ``out`` (an ``flock`` on
     ``out/.locks/<cell>``, released by the kernel if the holder dies). Yields
     True once held; with ``wait`` False, yields False at once if another
-    process holds it."""
+    process holds it. The holder removes the lock file (and ``.locks`` when
+    empty) as it releases, so no lock outlives its sweep."""
     locks = out / LOCK_DIR
-    locks.mkdir(parents=True, exist_ok=True)
-    fd = os.open(locks / cell, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_locked(locks, cell, wait)
+    if fd is None:
+        yield False
+        return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
         yield True
     finally:
-        os.close(fd)
+        try:
+            os.unlink(locks / cell)
+        finally:
+            os.close(fd)
+        _remove_lock_dir(out)
 
 
 def _served_nothing_error(run_dir: Path) -> str:
@@ -280,9 +333,7 @@ def _write_sweep_file(out: Path, grids, base, cells, outcomes: dict[str, CellOut
         "engine_versions": sorted({c.engine_version for c in cells}),
         "cells": [_cell_entry(c, outcomes.get(c.cell_id)) for c in cells],
     }
-    tmp = out / f".{SWEEP_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(to_jsonable(doc), indent=1) + "\n")
-    os.replace(tmp, out / SWEEP_FILE)
+    atomic_write_text(out / SWEEP_FILE, json.dumps(to_jsonable(doc), indent=1) + "\n")
 
 
 def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
@@ -316,7 +367,8 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
               grids: Sequence[Axes] = (), base: Mapping | None = None,
               on_plan: Callable[[int, int], None] | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
-              ray_address: str | None = None) -> SweepResult:
+              ray_address: str | None = None,
+              on_rerun: Callable[[str, str], None] | None = None) -> SweepResult:
     """Run every config as a content-addressed cell under ``out``.
 
     Every config is validated before any work. Done cells (complete, and
@@ -324,7 +376,12 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     directories are removed first; ``sweep.json`` (grid, cells, engine
     versions, status) is rewritten atomically at the start and after every
     cell, so it is accurate whenever the sweep dies. ``on_plan(total,
-    already_done)`` and ``on_cell(outcome)`` drive a progress display.
+    already_done)`` and ``on_cell(outcome)`` drive a progress display;
+    ``on_rerun(cell_id, why)`` is told of each cell whose directory exists but
+    is not done (damaged, or no request finished), which is rerun.
+    Nothing is written before planning succeeds, and a sweep that fails with
+    an error before any cell ran removes the ``sweep.json`` and directories
+    it made (an interrupt keeps the record).
     Ctrl-C or SIGTERM stops the sweep and its workers, leaving only complete
     cells.
 
@@ -347,7 +404,6 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
     cells = plan(configs)   # before anything is written: a workload that fails to build writes nothing
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     clean_stale(out)
     by_id = {c.cell_id: c for c in cells}
     outcomes: dict[str, CellOutcome] = {}
@@ -357,7 +413,19 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             outcomes[c.cell_id] = CellOutcome(c.cell_id, "skipped")
         else:
             todo.append(c)
-    _write_sweep_file(out, grids, base, cells, outcomes)
+            if not force and on_rerun and (out / c.cell_id).exists():
+                on_rerun(c.cell_id, why_not_done(out / c.cell_id) or "not done")
+    if todo and executor == "ray":
+        from hbench.sweep_ray import require_ray
+
+        require_ray()
+    made_out, had_sweep_file = not out.exists(), (out / SWEEP_FILE).exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        _write_sweep_file(out, grids, base, cells, outcomes)
+    except BaseException:
+        _remove_if_empty(out, made_out)
+        raise
     if on_plan:
         on_plan(len(cells), len(cells) - len(todo))
     busy: list[Cell] = []
@@ -388,6 +456,25 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             execute(_pending_order(todo), wait=False)
             if busy:
                 execute(list(busy), wait=True)
-    finally:
+    except Exception:
+        if had_sweep_file or any(o.status in ("ran", "failed") for o in outcomes.values()):
+            _write_sweep_file(out, grids, base, cells, outcomes)
+        else:   # an error before any cell ran (the executor would not start): leave no trace
+            (out / SWEEP_FILE).unlink(missing_ok=True)
+            _remove_lock_dir(out)
+            _remove_if_empty(out, made_out)
+        raise
+    except BaseException:   # Ctrl-C, SIGTERM: the record says what was done and what was not
         _write_sweep_file(out, grids, base, cells, outcomes)
+        raise
+    _write_sweep_file(out, grids, base, cells, outcomes)
+    _clear_stale_locks(out)
     return SweepResult(out, tuple(cells), tuple(outcomes[c.cell_id] for c in cells))
+
+
+def _remove_if_empty(out: Path, made: bool) -> None:
+    if made:
+        try:
+            out.rmdir()
+        except OSError:
+            pass

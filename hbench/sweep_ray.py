@@ -55,6 +55,14 @@ def _ray_connect(ray, jobs: int, address: str | None) -> bool:
     return True
 
 
+def require_ray() -> None:
+    """Refuse, before a sweep writes anything, to run cells on Ray where it is not installed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise HbenchError("--executor ray needs Ray: pip install ray (or pip install 'hbench[ray]')") from None
+
+
 def execute_ray(run_cell, todo, out, jobs, args, report, address=None) -> None:
     """One Ray task per cell, each calling ``run_cell(cell, out, *args)``;
     outcomes are reported as tasks finish.
@@ -63,10 +71,9 @@ def execute_ray(run_cell, todo, out, jobs, args, report, address=None) -> None:
     (running ones killed): a killed cell leaves only its ``.tmp-*`` directory,
     which the next sweep removes, so resume semantics are the local ones.
     """
-    try:
-        import ray
-    except ImportError:
-        raise HbenchError("--executor ray needs Ray: pip install ray (or pip install 'hbench[ray]')") from None
+    require_ray()
+    import ray
+
     if not todo:
         return  # a finished sweep resumes without paying for Ray's start-up
     started = _ray_connect(ray, jobs, address)

@@ -245,7 +245,7 @@ def test_package_versions_and_host_info():
 
 def test_read_run_exposes_checked_metadata_and_loads_tables_lazily(tmp_path):
     path = write(tmp_path)
-    (path / results.STEPS).unlink()  # a CI baseline keeps no per-step table
+    results.drop_files(path, [results.STEPS])  # a CI baseline keeps no per-step table
     run = results.read_run(path)
     assert (run.run_id, run.engine, run.engine_version) == ("run-a", "sim", "sim-1")
     assert run.workload_hash == WORKLOAD_HASH and run.schema_version == results.SCHEMA_VERSION
@@ -262,6 +262,10 @@ def test_read_run_exposes_checked_metadata_and_loads_tables_lazily(tmp_path):
     ("[]", "JSON list, not an object"), ("{not json", "not valid JSON"), ("null", "JSON NoneType")])
 def test_read_run_refuses_a_malformed_summary(tmp_path, text, match):
     path = write(tmp_path)
+    # As written before manifests recorded checksums, so the format check is reached.
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    del manifest[results.FILES]
+    (path / results.MANIFEST).write_text(json.dumps(manifest))
     (path / results.SUMMARY).write_text(text)
     with pytest.raises(HbenchError, match=match):
         results.read_run(path)
@@ -271,6 +275,7 @@ def test_iter_runs_skips_or_refuses_broken_runs(tmp_path):
     good = write(tmp_path, run_id="a")
     bad = write(tmp_path, run_id="b")
     (bad / results.SUMMARY).unlink()
+    results.drop_files(bad, [results.SUMMARY])   # not damage: a run that never had one
     with pytest.warns(results.RunSkipped, match="missing summary.json"):
         assert [r.path for r in results.iter_runs(tmp_path)] == [good]
     with pytest.raises(HbenchError, match="missing summary.json"):

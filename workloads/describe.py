@@ -129,6 +129,7 @@ def save_sharing_figure(summary: dict, path) -> None:
     """Write `sharing_figure` of ``summary`` to ``path`` (format from its suffix)."""
     from pathlib import Path
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sharing_figure(summary).savefig(path, dpi=120)
+    from common.atomic import atomic_path
+
+    with atomic_path(Path(path)) as tmp:
+        sharing_figure(summary).savefig(tmp, dpi=120)

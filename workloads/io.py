@@ -35,13 +35,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.atomic import atomic_path
 from common.errors import HbenchError
 from workloads import file_schema
 from workloads.multiturn.session import Session, Turn
@@ -83,16 +83,9 @@ def save_workload(w: Workload, path: str | Path) -> Path:
     if w.sessions:
         md[_SESSIONS] = json.dumps([_session_json(x) for x in w.sessions]).encode()
     table = table.replace_schema_metadata(md)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
 
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from adapters.sim.cost import Rates
 from adapters.sim.hardware import MAX_DEVICE_BYTES, Hardware, get_hardware
+from common.atomic import atomic_write_text
 from common.errors import HbenchError
 from common.input_files import read_input_bytes
 from common.safe_json import loads_json
@@ -68,14 +67,7 @@ class CostProfile:
 
 def save_profile(profile: CostProfile, path: str | Path) -> Path:
     """Write ``profile`` as JSON, atomically (a half-written profile never exists)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(profile.to_dict(), f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(path), json.dumps(profile.to_dict(), indent=2, sort_keys=False) + "\n")
 
 
 def load_profile(path: str | Path) -> CostProfile:

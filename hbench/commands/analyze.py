@@ -45,6 +45,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
     from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
+    from common.atomic import atomic_write_text, new_dirs_removed_on_error
     from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
@@ -66,9 +67,10 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         # The HTML reads every run's tables: built first, a corrupt one fails
         # before any output is written.
         html = build_html(results_dir, runs, table)
-        figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
-        write_outputs(out, results_dir, table, inter, arms, figures)
-        (out / "report.html").write_text(html, encoding="utf-8")
+        with new_dirs_removed_on_error(out):   # a failed write leaves no empty folder
+            figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
+            write_outputs(out, results_dir, table, inter, arms, figures)
+            atomic_write_text(out / "report.html", html)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:

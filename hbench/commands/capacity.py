@@ -83,7 +83,8 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
         base[key.strip().replace("-", "_")] = value
     check_writable_dir(out)
     result = run_capacity(_list(orgs, "org"), _list(budgets, "budget"), grid_rates, seed_list,
-                          limits, out, base, alpha=alpha, jobs=jobs)
+                          limits, out, base, alpha=alpha, jobs=jobs,
+                          on_rerun=lambda cell, why: click.echo(f"cell {cell}: {why}; rerunning it", err=True))
     doc, table, cross = result.doc, result.table, result.crossovers
     if as_json:
         click.echo(json.dumps(doc, indent=1, default=float))

@@ -74,10 +74,11 @@ def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
         _fail(str(exc))
     text = markdown(result)
     if report_path is not None:
+        from common.atomic import atomic_write_text
+
         try:
-            report_path.parent.mkdir(parents=True, exist_ok=True)
-            report_path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            _fail(f"cannot write --report {report_path}: {exc.strerror or exc}")
+            atomic_write_text(report_path, text)   # whole or not at all, never a 0-byte report
+        except HbenchError as exc:
+            _fail(f"--report: {exc}")
     click.echo(text)
     sys.exit(1 if result.regressed else 0)

@@ -58,6 +58,7 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
     import pandas as pd
 
     from analysis.reproduce import evaluate_design, markdown
+    from common.atomic import atomic_path, atomic_write_text
     from hbench.paths import check_writable_dir
     from hbench.runner import validate_run
     from hbench.sweep import run_sweep
@@ -81,7 +82,9 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
             task = bar.add_task(n, total=None)
             result = run_sweep(configs, root, jobs=jobs, executor=executor, grids=grids, base=base,
                                on_plan=lambda total, done, t=task: bar.update(t, total=total, completed=done),
-                               on_cell=lambda o, t=task: bar.advance(t))
+                               on_cell=lambda o, t=task: bar.advance(t),
+                               on_rerun=lambda cell, why: console.print(f"cell {cell}: {why}; rerunning it",
+                                                                        highlight=False))
         if result.failed:
             raise HbenchFailure(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
         rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures)
@@ -90,7 +93,7 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
         tables.append(rep.table)
     if len(names) > 1:
         combined = pd.concat(tables, ignore_index=True)
-        out.mkdir(parents=True, exist_ok=True)
-        combined.to_csv(out / "reproduce.csv", index=False)
-        (out / "reproduce.md").write_text(markdown(combined, "Reproduction of the study (all designs)"))
+        with atomic_path(out / "reproduce.csv") as tmp:
+            combined.to_csv(tmp, index=False)
+        atomic_write_text(out / "reproduce.md", markdown(combined, "Reproduction of the study (all designs)"))
         click.echo(f"wrote {out}/reproduce.md and reproduce.csv")

@@ -133,10 +133,13 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
             if o.status == "failed":
                 console.print(f"[red]cell {o.cell_id} failed:[/red] {o.error}")
 
+        def on_rerun(cell, why):
+            console.print(f"cell {cell}: {why}; rerunning it", highlight=False)
+
         result = run_sweep(configs, out, jobs=jobs, executor=executor, force=force,
                            allow_oversubscribe=allow_oversubscribe,
                            grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell,
-                           ray_address=ray_address)
+                           ray_address=ray_address, on_rerun=on_rerun)
     click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "
                f"{result.count('failed')} failed; results in {result.out}")
     if result.failed:

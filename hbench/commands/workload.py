@@ -118,8 +118,10 @@ def plot_lengths(w: Workload, path: Path) -> Path:
     fig.suptitle(f"{len(w)} requests, q={meta.get('q')}, {meta.get('rate')} req/s "
                  f"({meta.get('arrival')}), tokenizer {meta.get('tokenizer')}", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    from common.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path
 
