@@ -84,6 +84,23 @@ def _runs_section(runs: pd.DataFrame) -> str:
             f"</p>{table_html([h for _, h in cols], rows)}")
 
 
+def _memory_section(runs: pd.DataFrame) -> str:
+    """The memory each organization was given at each budget: organizations
+    are compared at equal bytes (harness/budget.py), and this shows it."""
+    if "allocated_bytes" not in runs.columns or runs["allocated_bytes"].isna().all():
+        return ""
+    keys = [k for k in ("engine", "paging", "budget", "org") if k in runs.columns]
+    given = (runs.dropna(subset=["allocated_bytes"]).groupby(keys, sort=True)["allocated_bytes"]
+             .agg(["min", "max"]).reset_index())
+    rows = [[*(r[k] for k in keys), f"{r['min'] / 2**20:,.2f}"
+             + ("" if r["min"] == r["max"] else f" - {r['max'] / 2**20:,.2f}")]
+            for _, r in given.iterrows()]
+    return ("<h2>Memory given</h2><p class='note'>State memory each organization's engine was "
+            "given (whole model, MiB): one budget label is the same bytes for every "
+            "organization, less each one's rounding to whole pages.</p>"
+            + table_html([*keys, "allocated MiB"], rows))
+
+
 def _contrasts_section(contrasts: pd.DataFrame | None) -> str:
     if contrasts is None or contrasts.empty:
         return "<h2>Contrasts</h2><p class='note'>No contrasts (a single organization or arm).</p>"
@@ -166,7 +183,8 @@ def build_html(root, runs: pd.DataFrame, contrasts: pd.DataFrame | None = None) 
     root = Path(root)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        body = (_runs_section(runs) + _contrasts_section(contrasts) + _attribution_section(runs)
+        body = (_runs_section(runs) + _memory_section(runs) + _contrasts_section(contrasts)
+                + _attribution_section(runs)
                 + _capacity_section(root) + _explain_section(runs) + _latency_section(runs))
     title = f"hbench report: {html.escape(str(root))}"
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"

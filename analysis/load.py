@@ -6,7 +6,8 @@ incomplete runs skipped with a `RunSkipped` warning or refused when
 gives one row per run: the run's configuration as plain columns (``org``,
 ``budget``, ``q``, ``seed``, ...; their names are listed in
 ``df.attrs["config_keys"]``), every summary metric as a column, and the
-identity and checked-metadata columns in `IDENTITY_COLUMNS`. The summary's
+identity and checked-metadata columns in `IDENTITY_COLUMNS` (with
+``allocated_bytes``, the state memory the engine was given). The summary's
 nested ``validity`` object becomes two columns: ``valid`` (bool) and
 ``validity`` (``valid`` or ``NOT VALID: ...``).
 """
@@ -26,7 +27,7 @@ from harness.validity import describe_validity, run_is_valid
 __all__ = ["IDENTITY_COLUMNS", "RunSkipped", "config_keys", "load_runs", "run_row"]
 
 IDENTITY_COLUMNS = ("run_id", "workload_hash", "path", "git_commit", "engine", "engine_version",
-                    "schema_version", "created_utc")
+                    "schema_version", "created_utc", "allocated_bytes")
 
 
 def run_row(run: Run) -> dict:
@@ -43,8 +44,18 @@ def run_row(run: Run) -> dict:
     row["validity"] = describe_validity(run.summary)
     row.update(run_id=run.run_id, workload_hash=run.workload_hash, path=str(run.path),
                git_commit=run.git_commit, engine=run.engine, engine_version=run.engine_version,
-               schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"))
+               schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"),
+               allocated_bytes=_allocated_bytes(run.manifest))
     return row
+
+
+def _allocated_bytes(manifest: dict) -> int | None:
+    """The state bytes (whole model) the engine was given for the run's budget
+    (`harness.budget.OrgBudget.allocated_bytes`); None for runs written before
+    manifests recorded it."""
+    budget = manifest.get("budget")
+    value = budget.get("allocated_whole_model_bytes") if isinstance(budget, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def load_runs(root, *, strict: bool = False) -> pd.DataFrame:

@@ -80,3 +80,25 @@ def test_a_run_manifest_records_the_bytes_the_engine_was_given(tmp_path):
         assert b["allocated_whole_model_bytes"] == b["allocated_bytes_per_pool_layer"] * b["pool_layers"]
         allocated[org] = b["allocated_bytes_per_pool_layer"]
     assert len(set(allocated.values())) == 1, allocated
+
+
+def test_a_vllm_paging_sweep_report_shows_the_bytes_each_organization_was_given(tmp_path):
+    import re
+
+    from analysis.load import load_runs
+
+    out = tmp_path / "sweep"
+    res = CliRunner().invoke(cli, ["sweep", "--org", "s0,s1,s2,d0", "--budget", "b24",
+                                   "--paging", "vllm", "--seeds", "1", "--requests", "8",
+                                   "--rate", "4", "--set", "mean_input=2600",
+                                   "--set", "max_model_len=4096", "--set", "max_output=32",
+                                   "--set", "token_budget=1664", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    runs = load_runs(out)
+    assert runs["allocated_bytes"].nunique() == 1 and runs["allocated_bytes"].iloc[0] > 0
+    res = CliRunner().invoke(cli, ["report", str(out), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 0, res.output
+    text = re.sub(r"<[^>]+>", " ", (tmp_path / "r.html").read_text())
+    section = text[text.index("Memory given"):text.index("Contrasts")]
+    mib = f"{runs['allocated_bytes'].iloc[0] / 2**20:,.2f}"
+    assert section.count(mib) == 4, section        # one row per organization, the same bytes
