@@ -525,7 +525,8 @@ def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> di
             process=getattr(config, "arrival", None), failed=summary["failed"],
             cancelled=summary["cancelled"], dispatch_lags=lags,
             cache_state=info.get("cache_state"), warmup=info.get("warmup_requests"),
-            step_times=_row_times(rows), step_waiting=_column(rows, "waiting")),
+            step_times=_row_times(rows), step_waiting=_column(rows, "waiting"),
+            stream=((summary["itl_p50_s"], summary["tpot_p50_s"]) if is_served(run) else None)),
     }
 
 

@@ -23,6 +23,12 @@ was asked for was the load it got and it measured a steady state:
 - ``failures``: no measured request failed or was cancelled;
 - ``cache_state``: the engine reports its cache state at the start (cold or
   warm) and the warm-up count is recorded; an unknown state is a warning;
+- ``stream`` (served runs only): the server streamed tokens one by one, so
+  the client's inter-token gaps measure the server's steps: the ITL median
+  must be at least `BURST_RATIO` of the TPOT median. An API server that
+  sends tokens in bursts under load (vLLM's did: ITL p50 0.01 ms where TPOT
+  p50 was 40 ms) leaves most gaps near zero; ITL is then not a latency the
+  user saw per token and the run is not valid (TPOT still is);
 - ``overload``: the waiting queue is not still growing at the end of the
   arrival window: the least-squares trend of the waiting queue over the
   second half of the measured arrivals must rise by less than
@@ -55,6 +61,9 @@ MIN_MEASURED_REQUESTS = 11
 #: which latencies are still measured: 1 us, reached at about 4.5e9 s.
 TIME_RESOLUTION_S = 1e-6
 KS_ALPHA = 0.001
+#: Smallest ITL median, as a share of the TPOT median, of a stream whose
+#: tokens arrive one by one (a steady stream has ITL p50 close to TPOT p50).
+BURST_RATIO = 0.2
 PARITY_RATE_TOLERANCE = 0.01
 
 
@@ -176,6 +185,19 @@ def check_overload(times, waiting, arrivals: Sequence[float]) -> dict:
                           f"(limit {limit:g}): {words}")
 
 
+def check_stream(itl_p50_s: float, tpot_p50_s: float) -> dict:
+    """Fail a stream whose inter-token gaps are mostly far below its time per output token."""
+    if not (math.isfinite(itl_p50_s) and math.isfinite(tpot_p50_s)) or tpot_p50_s <= 0:
+        return _check(NA, "no inter-token gaps to compare")
+    ratio = itl_p50_s / tpot_p50_s
+    detail = (f"ITL p50 {itl_p50_s * 1e3:.3g} ms vs TPOT p50 {tpot_p50_s * 1e3:.3g} ms "
+              f"({ratio:.0%})")
+    if ratio < BURST_RATIO:
+        return _check(FAIL, detail + f": tokens arrive in bursts (ITL p50 under {BURST_RATIO:.0%} "
+                      "of TPOT); ITL does not measure the server's steps, read TPOT")
+    return _check(PASS, detail)
+
+
 def verdict(checks: Mapping[str, dict]) -> dict:
     """The validity object: every check, ``valid`` (no check failed) and the
     failed checks' names in ``reasons``."""
@@ -184,16 +206,21 @@ def verdict(checks: Mapping[str, dict]) -> dict:
 
 
 def run_validity(*, arrivals, nominal_rate, process, failed, cancelled, dispatch_lags,
-                 cache_state, warmup, step_times, step_waiting) -> dict:
-    """The validity object of one run from its measured requests and step table."""
-    return verdict({
+                 cache_state, warmup, step_times, step_waiting, stream=None) -> dict:
+    """The validity object of one run from its measured requests and step
+    table; ``stream`` (ITL p50, TPOT p50), given for served runs, adds the
+    ``stream`` check."""
+    checks = {
         "arrival_rate": check_rate(arrivals, nominal_rate),
         "arrival_process": check_process(arrivals, process, nominal_rate),
         "dispatch_lag": check_dispatch(dispatch_lags),
         "failures": check_failures(failed, cancelled),
         "cache_state": check_cache(cache_state, warmup),
-        "overload": check_overload(step_times, step_waiting, arrivals),
-    })
+    }
+    if stream is not None:
+        checks["stream"] = check_stream(*stream)
+    checks["overload"] = check_overload(step_times, step_waiting, arrivals)
+    return verdict(checks)
 
 
 def run_is_valid(summary: Mapping) -> bool:

@@ -349,3 +349,20 @@ def test_a_served_runs_preemptions_come_from_the_servers_counter():
     assert summarize(make_run(reqs, counters={"preemptions": 3.0}))["preemptions"] == 0
     reqs[0].preemptions = 2
     assert summarize(make_run(reqs, counters={"preemptions": 5}))["preemptions"] == 2
+
+
+def test_a_served_stream_whose_tokens_arrive_in_bursts_is_not_valid():
+    """Tokens one by one (gaps near TPOT) pass; the same request span with its
+    tokens in two bursts (most gaps 10 us) fails the ``stream`` check. The
+    simulator's runs carry no such check."""
+    steady = [make_request(i, 0.1 * i, [1.0 + 0.1 * i + 0.04 * k for k in range(20)])
+              for i in range(3)]
+    bursty = [make_request(i, 0.1 * i, [1.0 + 0.1 * i + (0.4 if k >= 10 else 0.0) + 1e-5 * k
+                                        for k in range(20)]) for i in range(3)]
+    served = {"launched": True}
+    ok = summarize(make_run(steady, engine_info=served))["validity"]["checks"]["stream"]
+    assert ok["status"] == "pass"
+    bad = summarize(make_run(bursty, engine_info=served))["validity"]
+    assert bad["checks"]["stream"]["status"] == "fail" and "stream" in bad["reasons"]
+    assert "bursts" in bad["checks"]["stream"]["detail"]
+    assert "stream" not in summarize(make_run(bursty))["validity"]["checks"]
