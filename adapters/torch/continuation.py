@@ -134,9 +134,11 @@ def all_at_once(workload):
                     workload.meta)
 
 
-def verify_continuation(config, workload=None) -> ContinuationReport:
+def verify_continuation(config, workload=None, kernels: bool | None = None
+                        ) -> ContinuationReport:
     """Serve ``config`` (its workload, or ``workload`` if given) with the torch
-    engine, then compare every request with `cold_run`."""
+    engine (``kernels``: its decode state kernels, `TorchEngine`), then compare
+    every request with `cold_run` (always the torch path)."""
     import torch
 
     from adapters.torch.engine import TorchEngine, resolve_device
@@ -145,7 +147,7 @@ def verify_continuation(config, workload=None) -> ContinuationReport:
 
     setup = validate(config)
     workload = all_at_once(workload if workload is not None else build_run_workload(config))
-    engine = TorchEngine(keep_logits=True)
+    engine = TorchEngine(keep_logits=True, kernels=kernels)
     run = engine.run(workload, setup)
     device, dtype = resolve_device(config.device, config.dtype)
     threads = torch.get_num_threads()

@@ -32,6 +32,15 @@ twice the bf16 bytes the organization accounts). The manifest's
 ``engine_info`` adds the pools' allocated bytes and the process's own peak
 (``ru_maxrss`` on CPU, ``torch.cuda.max_memory_allocated`` on a GPU).
 
+State kernels. On a GPU, decode reads and updates every request's SSM and
+conv state where its organization keeps it, through page tables, with the
+Triton kernels of `adapters.torch.kernels` (prefill still gathers a state
+into a contiguous buffer, as the study allows); on CPU the torch path
+(gather, compute, scatter) stays the default. ``TorchEngine(kernels=...)``
+forces either (True on CPU needs ``TRITON_INTERPRET=1``: the tests run the
+kernels through Triton's interpreter). ``engine_info["state_kernels"]``
+records which ran.
+
 ``poison=True`` fills every page that is freed, invalidated or handed out
 again with NaN (`adapters.torch.tracking.Poisoner`); non-finite logits stop
 the run with an error.
@@ -92,6 +101,19 @@ def resolve_device(name: str, dtype: str = "auto") -> tuple[str, object]:
     return name, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 
+def use_kernels(device: str, requested: bool | None) -> bool:
+    """Whether decode runs the Triton state kernels: as ``requested``, else on a
+    GPU when Triton is installed (CPU keeps the torch path)."""
+    import importlib.util
+
+    have = importlib.util.find_spec("triton") is not None
+    if requested is None:
+        return device.startswith("cuda") and have
+    if requested and not have:
+        raise HbenchError("the torch engine's state kernels need Triton (pip install triton)")
+    return requested
+
+
 def load_model(model_dir: str, device: str, dtype):
     """The Falcon-H1 weights of ``model_dir`` on ``device`` in ``dtype``."""
     from adapters.torch.model import FalconH1
@@ -121,8 +143,10 @@ class TorchEngine:
     name = "torch"
     supported_orgs = ORG_NAMES   # it builds every registered organization
 
-    def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False):
+    def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False,
+                 kernels: bool | None = None):
         self.keep_logits = keep_logits
+        self.kernels = kernels    # decode through the state kernels; None: on a GPU only
         self.model = model        # a FalconH1 already on its device (else --model DIR is loaded)
         # each step's `StepShape`, in step-row order (last run; hbench calibrate fits them)
         self.step_shapes: list | None = [] if record_shapes else None
@@ -133,7 +157,7 @@ class TorchEngine:
     def version(self) -> str:
         """Changes whenever this package's code changes."""
         h = hashlib.sha256()
-        for f in sorted(Path(__file__).parent.glob("*.py")):
+        for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.read_bytes())
         return f"torch-{__version__}-{h.hexdigest()[:12]}"
 
@@ -166,7 +190,8 @@ class TorchEngine:
         org = build_organization(setup.layout, tuple(p.pages for p in budget.pools))
         check_fits(org, workload, config, budget.label)
         pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
-        tensors = Executor(model, pools, org, keep_logits=self.keep_logits)
+        kernels = use_kernels(device, self.kernels)
+        tensors = Executor(model, pools, org, keep_logits=self.keep_logits, kernels=kernels)
         poisoner = Poisoner(org, pools) if config.poison else None
         tracked = TrackedOrg(org, tensors.on_admit, tensors.on_commit, poisoner)
         sched = Scheduler(tracked, SchedulerPolicy.from_config(config))
@@ -200,6 +225,7 @@ class TorchEngine:
             "device": device, "dtype": str(dtype).removeprefix("torch."),
             "pool_tensor_bytes": pools.physical_bytes, "byte_scale": scale,
             "process_peak_bytes": int(process_peak), "poison": bool(config.poison),
+            "state_kernels": "triton" if kernels else "torch",
             **self.stats,
         })
         counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)

@@ -9,9 +9,14 @@ the organization placed it and computes its tokens:
   chunk runs in segments split at the checkpoint grid, so the state at each
   boundary is known exactly; its K/V go into the request's blocks through
   the block table.
-* Decode items run as one batch: each request's live state is gathered,
-  one token each is computed (attention through the block tables with the
-  online softmax of `adapters.torch.attention.paged_decode_attention`).
+* Decode items run as one batch, one token each (attention through the
+  block tables with the online softmax of
+  `adapters.torch.attention.paged_decode_attention`). With ``kernels`` (the
+  default on a GPU, `adapters.torch.engine`) the recurrent states stay in
+  their pages: the Triton state kernels read and update them there through
+  the batch's page tables (`FalconH1.decode_paged`), and nothing is left to
+  place afterwards. Without, each request's live state is gathered into a
+  batch, computed on, and placed back on commit.
 
 Where the state goes afterwards depends on what `commit` publishes, so the
 executor keeps it `Pending` and `write_back` places it once the
@@ -46,7 +51,7 @@ class Pending:
 
     live: object                       # the org's StatePlacement of the live state before
     end: int
-    final: tuple[torch.Tensor, torch.Tensor]
+    final: tuple[torch.Tensor, torch.Tensor] | None    # None: already in place (kernels)
     boundaries: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
@@ -59,8 +64,10 @@ class StepTiming:
 
 
 class Executor:
-    def __init__(self, model: FalconH1, pools: Pools, org, keep_logits: bool = False):
+    def __init__(self, model: FalconH1, pools: Pools, org, keep_logits: bool = False,
+                 kernels: bool = False):
         self.model = model
+        self.kernels = kernels               # decode through the paged state kernels
         self.pools = pools
         self.org = org                       # read-only placement queries
         self.vocab = model.cfg.vocab_size
@@ -109,7 +116,7 @@ class Executor:
             self.pools.copy(c.src, c.dst)
             self.copies["publish"] += 1
             cur, placed = c.dst, j == pend.end
-        if not placed:
+        if not placed and pend.final is not None:
             self.pools.scatter(cur, *pend.final)
         self._sync()
         self.timing.state_io_s += time.perf_counter() - t
@@ -133,15 +140,23 @@ class Executor:
             self._decode(decodes, out)
         return out
 
-    def _emit(self, rid, logits: torch.Tensor, out: dict, emits: bool) -> None:
-        if not bool(torch.isfinite(logits).all()):
+    def _emit(self, rids: list, logits: torch.Tensor, out: dict, emits: bool = True) -> None:
+        """Greedy tokens of ``logits [len(rids), vocab]``: one check, one argmax and
+        one transfer for the whole batch."""
+        finite = torch.isfinite(logits).all(dim=1).tolist()
+        if not all(finite):
+            rid = rids[finite.index(False)]
             raise HbenchError(
                 f"request {rid}: non-finite logits; the step read state that was never "
                 "written or whose page was freed (an organization bookkeeping error)")
-        if emits:
-            out[rid] = int(logits.argmax())
-            if self.logits is not None:
-                self.logits.setdefault(rid, []).append(logits.float().cpu())
+        if not emits:
+            return
+        ids = logits.argmax(dim=1).tolist()
+        host = logits.float().cpu() if self.logits is not None else None
+        for k, rid in enumerate(rids):
+            out[rid] = ids[k]
+            if host is not None:
+                self.logits.setdefault(rid, []).append(host[k])
 
     def _prefill(self, item, out: dict) -> None:
         r, m, pools = item.req, self.model, self.pools
@@ -173,24 +188,32 @@ class Executor:
         self._sync()
         self.timing.compute_s += time.perf_counter() - t1
         self.pending[r.rid] = pend
-        self._emit(r.rid, logits[0], out, end >= len(r.tokens))
+        self._emit([r.rid], logits, out, end >= len(r.tokens))
 
     def _decode(self, items, out: dict) -> None:
         m, pools = self.model, self.pools
         t = time.perf_counter()
         lives = [self.org.live_state(i.req.rid) for i in items]
-        states = [pools.gather(p) for p in lives]
-        ssm = torch.stack([s for s, _ in states])
-        conv = torch.stack([c for _, c in states])
         tokens = self._tokens([i.req.tokens[i.start] for i in items])
         positions = torch.tensor([i.start for i in items], dtype=torch.long, device=self.device)
         tables = [self._table(i.req.rid) for i in items]
+        if self.kernels:
+            pool, state_tables = pools.tables(lives)
+            finals = [None] * len(items)
+        else:
+            states = [pools.gather(p) for p in lives]
+            ssm = torch.stack([s for s, _ in states])
+            conv = torch.stack([c for _, c in states])
+            finals = [(ssm[k], conv[k]) for k in range(len(items))]
         self._sync()
         t1 = time.perf_counter()
         self.timing.state_io_s += t1 - t
-        logits = m.decode(tokens, positions, pools.kv, tables, ssm, conv)
+        if self.kernels:
+            logits = m.decode_paged(tokens, positions, pools.kv, tables, pool, state_tables)
+        else:
+            logits = m.decode(tokens, positions, pools.kv, tables, ssm, conv)
         self._sync()
         self.timing.compute_s += time.perf_counter() - t1
-        for k, (item, live) in enumerate(zip(items, lives, strict=True)):
-            self.pending[item.req.rid] = Pending(live, item.end, (ssm[k], conv[k]))
-            self._emit(item.req.rid, logits[k], out, True)
+        for item, live, final in zip(items, lives, finals, strict=True):
+            self.pending[item.req.rid] = Pending(live, item.end, final)
+        self._emit([i.req.rid for i in items], logits, out)

@@ -17,6 +17,9 @@ The model holds weights only. A call names the state it computes on:
   left as the state after the chunk.
 * `FalconH1.decode` - one token for each of ``b`` requests, each with its own
   block table, position and state rows ``[b, layers, ...]``.
+  `FalconH1.decode_paged` is the same step with the recurrent states left in
+  their pool pages, read and updated there by the Triton kernels of
+  `adapters.torch.kernels` through per-request page tables.
 
 Splitting a prompt into chunks at any boundaries gives the logits of one
 whole-prompt prefill (up to float32 rounding); tests check both against
@@ -191,6 +194,29 @@ class FalconH1:
         tokens. ``ssm_state [b, layers, H, P, N]`` and ``conv_state [b, layers,
         conv_dim, d_conv - 1]`` hold each request's state and are updated in place.
         """
+        def mix(i: int, h: torch.Tensor) -> torch.Tensor:
+            return mixer(h[:, None], self.mamba[i], self.cfg, self.mup, ssm_state[:, i],
+                         conv_state[:, i])[:, 0]
+
+        return self._decode(tokens, positions, kv, block_tables, mix)
+
+    @torch.inference_mode()
+    def decode_paged(self, tokens: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
+                     block_tables: Sequence[Sequence[int]], pool: torch.Tensor,
+                     tables) -> torch.Tensor:
+        """`decode` with every request's recurrent state read and updated where it
+        lies: in ``pool [pages, layers, page_elems]`` at the page tables
+        ``tables`` (an `adapters.torch.kernels.tables.StateTables`), through the
+        Triton state kernels (`adapters.torch.kernels.mixer`)."""
+        from adapters.torch.kernels.mixer import mixer_paged
+
+        def mix(i: int, h: torch.Tensor) -> torch.Tensor:
+            return mixer_paged(h, self.mamba[i], self.cfg, self.mup, pool[:, i], tables)
+
+        return self._decode(tokens, positions, kv, block_tables, mix)
+
+    def _decode(self, tokens, positions, kv, block_tables, mix) -> torch.Tensor:
+        """The decode step around ``mix(layer, h) -> Mamba branch`` (see `decode`)."""
         c = self.cfg
         b = tokens.shape[0]
         if len(block_tables) != b or positions.shape[0] != b:
@@ -205,8 +231,7 @@ class FalconH1:
         x = self.embed[tokens] * c.embedding_multiplier                      # [b, hidden]
         for i, lw in enumerate(self.layers):
             h = rms_norm(x, lw["input_layernorm.weight"], c.rms_norm_eps)
-            m = mixer(h[:, None], self.mamba[i], c, self.mup, ssm_state[:, i],
-                      conv_state[:, i])[:, 0]
+            m = mix(i, h)
             q, k, v = self._qkv(i, h, positions)
             write_kv_tokens(kv, i, pages, offsets, k, v)
             o = paged_decode_attention(q, positions, kv[:, i], tables, self.scale)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from adapters.torch.kernels.tables import StateTables, build_tables
 from adapters.torch.paging import (
     Extent,
     StatePlacement,
@@ -108,6 +109,18 @@ class Pools:
     def scatter(self, p: OrgPlacement, ssm: torch.Tensor, conv: torch.Tensor) -> None:
         """Write a state into the pages of ``p``."""
         scatter_state(self.tensors[p.pool], self.placement(p), ssm, conv)
+
+    def tables(self, placements: list[OrgPlacement]) -> tuple[torch.Tensor, StateTables]:
+        """The pool and page tables of a decode batch's states, for the state
+        kernels (`adapters.torch.kernels`): every placement in one pool (None: a row with no state)."""
+        pools = {p.pool for p in placements if p is not None}
+        if len(pools) != 1:
+            raise ValueError(f"a decode batch's states lie in one pool, not {sorted(pools)}")
+        pool = pools.pop()
+        sh = self.shapes
+        return self.tensors[pool], build_tables(
+            placements, self.capacity.pools[pool].page_bytes, self.unit, sh.ssm_elems,
+            sh.conv_elems, self.device)
 
     def copy(self, src: OrgPlacement, dst: OrgPlacement) -> None:
         """Page-to-page copy of a checkpoint-sized object (an adopt or publish copy)."""
