@@ -122,7 +122,7 @@ def check_process(arrivals: Sequence[float], process: str | None, nominal: float
         return _check(NA, "fewer than three measured arrivals")
     gaps = np.diff(a)
     if process == "poisson":
-        from scipy import stats as sps   # here, not at the top: scipy.stats takes ~0.5 s to import
+        from scipy import stats as sps  # here, not at the top: scipy.stats takes ~0.5 s to import
 
         p = float(sps.kstest(gaps, "expon", args=(0, 1 / nominal)).pvalue)
         status = PASS if p >= KS_ALPHA else FAIL

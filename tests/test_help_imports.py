@@ -20,7 +20,7 @@ HEAVY = ("scipy", "pandas", "matplotlib", "torch")
 
 PROBE = """
 import json, sys
-args, imports = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+args, imports, heavy = (json.loads(a) for a in sys.argv[1:4])
 for m in imports:
     __import__(m)
 sys.argv = ["hbench", *args]
@@ -31,12 +31,13 @@ try:
 except SystemExit as exc:
     code = exc.code or 0
 sys.stdout.flush()
-print(json.dumps({"code": code, "loaded": sorted(m for m in %r if m in sys.modules)}), file=sys.stderr)
-""" % (HEAVY,)
+print(json.dumps({"code": code, "loaded": sorted(m for m in heavy if m in sys.modules)}), file=sys.stderr)
+"""
 
 
 def probe(args: list[str], imports: list[str] = ()) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(list(imports))],
+    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(list(imports)),
+                          json.dumps(HEAVY)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
 

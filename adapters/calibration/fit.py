@@ -113,7 +113,7 @@ def _solve(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     Columns are scaled to unit norm first: their magnitudes span 1 to 1e12
     (steps vs FLOPs), which NNLS's active-set iterations do not like."""
-    from scipy.optimize import nnls   # here, so that `hbench calibrate --help` loads no scipy
+    from scipy.optimize import nnls  # here, so that `hbench calibrate --help` loads no scipy
 
     w = a / y[:, None]
     norms = np.linalg.norm(w, axis=0)

@@ -18,7 +18,6 @@ import ast
 import functools
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from common.atomic import atomic_write_text
