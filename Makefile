@@ -33,6 +33,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_workload.py
 	$(BIN)/python -m benchmarks.bench_orgs
 	$(BIN)/python -m benchmarks.bench_run
+	$(BIN)/python -m benchmarks.bench_process
 	$(BIN)/python -m benchmarks.bench_cost
 	$(BIN)/python -m benchmarks.bench_client
 	$(BIN)/python -m benchmarks.bench_torch_model

@@ -47,7 +47,6 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy import stats as sps
 
 PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
 #: Largest acceptable client dispatch lag p99 (assumed: one decode step of a
@@ -123,6 +122,8 @@ def check_process(arrivals: Sequence[float], process: str | None, nominal: float
         return _check(NA, "fewer than three measured arrivals")
     gaps = np.diff(a)
     if process == "poisson":
+        from scipy import stats as sps  # here, not at the top: scipy.stats takes ~0.5 s to import
+
         p = float(sps.kstest(gaps, "expon", args=(0, 1 / nominal)).pvalue)
         status = PASS if p >= KS_ALPHA else FAIL
         return _check(status, f"KS test of {gaps.size} inter-arrival times vs exponential at "

@@ -236,20 +236,20 @@ REQUIRED_SOURCES = ["harness/metrics.py", "harness/scheduler/__init__.py", "harn
 
 
 def test_the_simulator_version_covers_every_source_its_numbers_depend_on():
-    from adapters.sim.engine import _source_files
+    from adapters.sim.version import source_files
 
-    files = {f.relative_to(ROOT).as_posix() for f in _source_files(ROOT)}
+    files = {f.relative_to(ROOT).as_posix() for f in source_files(ROOT)}
     assert set(REQUIRED_SOURCES) <= files, set(REQUIRED_SOURCES) - files
     assert not any(f.startswith(("hbench/commands/", "analysis/")) for f in files)
 
 
 @pytest.mark.parametrize("edited", ["harness/metrics.py", "harness/orgs/s1.py", "workloads/spec.py"])
 def test_editing_a_source_changes_the_simulator_version(tmp_path, edited):
-    from adapters.sim.engine import _source_digest
+    from adapters.sim.version import source_digest
 
     for pkg in ("adapters", "harness", "hbench", "workloads"):
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.json*"))
-    digest = _source_digest.__wrapped__
+    digest = source_digest.__wrapped__
     before = digest(tmp_path)
     with open(tmp_path / edited, "a") as f:
         f.write("# edited\n")

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from common.errors import HbenchError
 from workloads.sharegpt.tokenizer import (
@@ -87,3 +89,9 @@ def test_hf_tokenizer_counts_and_offsets(tmp_path):
     assert hf.name.startswith("hf:") and len(ids) == len(ends) > 0
     assert ids.tolist() == tok.encode(TEXT, add_special_tokens=False).ids
     assert ends[-1] == len(TEXT) and np.all(np.diff(ends) >= 0)
+
+
+@given(st.text(max_size=400))
+def test_count_is_the_number_of_encoded_tokens(text):
+    tok = RegexTokenizer()
+    assert tok.count(text) == len(tok.encode(text)[0])

@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import nnls
 
 from adapters.sim.cost import CostModel, Rates
 from common.errors import HbenchError
@@ -114,6 +113,8 @@ def _solve(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     Columns are scaled to unit norm first: their magnitudes span 1 to 1e12
     (steps vs FLOPs), which NNLS's active-set iterations do not like."""
+    from scipy.optimize import nnls  # here, so that `hbench calibrate --help` loads no scipy
+
     w = a / y[:, None]
     norms = np.linalg.norm(w, axis=0)
     norms[norms == 0] = 1.0

@@ -10,16 +10,13 @@ for bit.
 
 from __future__ import annotations
 
-import ast
-import functools
-import hashlib
 import math
 import os
-from pathlib import Path
 
 from adapters.sim.cost import CostModel
 from adapters.sim.executor import CostExecutor
 from adapters.sim.profile import hardware_for
+from adapters.sim.version import source_digest
 from harness import __version__
 from harness.config import ORG_NAMES
 from harness.engine.clock import VirtualClock
@@ -31,76 +28,10 @@ from harness.layout import PAGINGS
 from harness.orgs import build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
-from workloads.kinds import WORKLOAD_KINDS
 
 #: The benchmark notices completions by polling at this interval (assumed, like a
 #: serving benchmark's client loop); the ledger window ends at the next poll.
 POLL_INTERVAL_S = 0.05
-
-#: Modules whose code decides a simulated run's numbers: the simulator, the
-#: summary metrics, the runner (the application's, which records the run) and
-#: the workload builder with its derivers (named in `WORKLOAD_KINDS`, which the
-#: builder imports by name, so an import walk alone would miss them). The
-#: simulator version hashes these and every module of ours they import (found
-#: by `_source_files`, within `_PACKAGES`), so no list of files has to be kept
-#: by hand.
-_ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.build",
-          "workloads.io", *(module for module, _ in WORKLOAD_KINDS.values()))
-_PACKAGES = ("adapters", "common", "harness", "hbench", "workloads")
-
-
-def _module_file(root: Path, name: str) -> Path | None:
-    base = root.joinpath(*name.split("."))
-    for f in (base.with_suffix(".py"), base / "__init__.py"):
-        if f.is_file():
-            return f
-    return None
-
-
-def _imports(path: Path, name: str) -> set[str]:
-    """Our modules that ``path`` (module ``name``) imports anywhere in its body,
-    with every package on the way (their ``__init__`` runs too)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-    ours = {m for m in found if m.split(".")[0] in _PACKAGES}
-    return {".".join(m.split(".")[:i]) for m in ours for i in range(1, m.count(".") + 2)}
-
-
-def _source_files(root: Path) -> list[Path]:
-    """Every source file of ours reachable by imports from `_ROOTS`, sorted."""
-    seen: dict[str, Path] = {}
-    todo = list(_ROOTS)
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        path = _module_file(root, name)
-        if path is None:   # an imported name that is not a module (a function, a class)
-            continue
-        seen[name] = path
-        todo.extend(_imports(path, name) - seen.keys())
-    return sorted(set(seen.values()))
-
-
-@functools.cache
-def _source_digest(root: Path | None = None) -> str:
-    root = root or Path(__file__).resolve().parents[2]
-    h = hashlib.sha256()
-    for f in _source_files(root):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        h.update(f.read_bytes())
-    return h.hexdigest()[:12]
-
 
 def stretches_enabled() -> bool:
     """Stretches of quiet decode steps are on unless ``HBENCH_SIM_FAST`` is
@@ -122,7 +53,7 @@ class SimEngine:
 
     def version(self) -> str:
         """Changes whenever the simulator's code (hence possibly its outputs) changes."""
-        return f"sim-{__version__}-{_source_digest()}"
+        return f"sim-{__version__}-{source_digest()}"
 
     def build(self, setup):
         """The organization a resolved run serves with (its pools from the budget)."""

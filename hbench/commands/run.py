@@ -20,13 +20,9 @@ from adapters.registry import ENGINES
 from common.errors import HbenchError, HbenchFailure
 from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
 from harness.layout import PAGINGS
-from harness.results import clean_stale, read_run
-from harness.run_workload import build_run_workload
-from harness.validity import describe_validity, failed_details
 from hbench.commands.workload import multiturn_options
 from hbench.flag_types import FLOAT, INT
 from hbench.paths import check_writable_dir
-from hbench.runner import execute, validate_run
 from workloads.sharegpt.arrivals import ARRIVALS
 
 D = RunConfig()
@@ -67,6 +63,8 @@ def _fmt(v, scale) -> str:
 
 
 def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> None:
+    from harness.validity import describe_validity, failed_details
+
     cfg = manifest["config"]
     t = Table(title=f"{cfg['org'].upper()} @ {manifest['budget']['label']}  "
                     f"({cfg['engine']}, {cfg['rate']} req/s, q={cfg['q']}, seed {cfg['seed']})")
@@ -177,6 +175,12 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     summary.json, then prints the summary. Bad input is refused before any
     work (see hbench.runner.validate_run).
     """
+    # Imported here, not at the top, so that `hbench --help` and `hbench run
+    # --help` load none of what a run needs (pandas, through the results).
+    from harness.results import clean_stale, read_run
+    from harness.run_workload import build_run_workload
+    from hbench.runner import execute, validate_run
+
     # The simulator takes its geometry from one of them; a real engine serves
     # --model and takes the geometry from --config.
     if (flags["engine"] == "sim" and flags["config_path"]

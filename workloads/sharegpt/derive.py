@@ -88,7 +88,7 @@ class TokenMemo:
         n = self._reply.get(i)
         if n is None:
             self._room(self._reply)
-            n = self._reply[i] = len(self.tok.encode(self.pairs.reply(i))[0])
+            n = self._reply[i] = self.tok.count(self.pairs.reply(i))
         return n
 
     def conversation(self, c: int) -> tuple[np.ndarray, np.ndarray, str]:

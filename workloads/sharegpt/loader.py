@@ -12,7 +12,7 @@ non-whitespace text. Other speakers (system, bing, chatgpt, ...) never form a
 pair and break adjacency. Conversations without a pair contribute nothing.
 
 Parsing the 125 MB package file takes a couple of seconds, so the pairs are
-cached under ``$HBENCH_CACHE_DIR`` (default ``~/.cache/hbench``), keyed by
+cached under `common.cache.cache_dir` (``$HBENCH_CACHE_DIR``, default ``~/.cache/hbench``), keyed by
 the file's resolved path, size and mtime, and written atomically (temp file +
 rename) so concurrent sweeps never read a half-written cache. The cache is an
 uncompressed Arrow IPC file read through a memory map: opening it costs
@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from common.cache import cache_dir
 from common.errors import HbenchError
 
 LOADER_VERSION = 1
@@ -77,10 +78,6 @@ class ShareGPTPairs:
 
     def reply(self, i: int) -> str:
         return self.gpt[i].as_py()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HBENCH_CACHE_DIR") or Path.home() / ".cache" / "hbench")
 
 
 @contextmanager

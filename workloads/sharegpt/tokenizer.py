@@ -66,6 +66,10 @@ class Tokenizer(Protocol):
         """
         ...
 
+    def count(self, text: str) -> int:
+        """``len(encode(text)[0])``, without building the ids (a reply needs only its length)."""
+        ...
+
 
 class RegexTokenizer:
     """Deterministic regex pre-tokenizer with hashed ids (see module docstring)."""
@@ -82,6 +86,9 @@ class RegexTokenizer:
         ids = np.fromiter(map(self._ids.__getitem__, chunks), dtype=np.int64, count=n)
         ends = np.cumsum(np.fromiter(map(len, chunks), dtype=np.int64, count=n))
         return ids, ends
+
+    def count(self, text: str) -> int:
+        return len(_TOKEN.findall(text))
 
 
 class HFTokenizer:
@@ -110,6 +117,9 @@ class HFTokenizer:
         ends = np.asarray([e for _, e in enc.offsets], dtype=np.int64)
         # Byte-level tokens inside one character share offsets; keep ends monotone.
         return ids, np.maximum.accumulate(ends) if len(ends) else ends
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
 
 
 _DEFAULT = RegexTokenizer()

@@ -1,0 +1,168 @@
+"""The simulator's source digest: a hash of every source file of ours its
+numbers depend on, so that `SimEngine.version` (and with it every cell id)
+changes whenever the simulator's code does.
+
+The files are found by walking imports (`source_files`), which parses some
+60 modules with `ast`: a tenth of a second or more, paid by every run. So
+the digest is cached under `common.cache.cache_dir`, keyed by the identity
+(path, size, mtime_ns) of every file the walk read and by every module name
+it looked up: while none of those changes, the walk would find the same
+files with the same bytes, hence the same digest. Any change (an edit, a new
+file where a looked-up module name had none) recomputes it. A cache that
+cannot be read or written only costs the recomputation.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+from common.atomic import atomic_write_text
+from common.cache import cache_dir
+from common.errors import HbenchError
+from workloads.kinds import WORKLOAD_KINDS
+
+#: Modules whose code decides a simulated run's numbers: the simulator, the
+#: summary metrics, the runner (the application's, which records the run) and
+#: the workload builder with its derivers (named in `WORKLOAD_KINDS`, which the
+#: builder imports by name, so an import walk alone would miss them). The
+#: digest hashes these and every module of ours they import (found by
+#: `source_files`, within `_PACKAGES`), so no list of files has to be kept by
+#: hand.
+_ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.build",
+          "workloads.io", *(module for module, _ in WORKLOAD_KINDS.values()))
+_PACKAGES = ("adapters", "common", "harness", "hbench", "workloads")
+#: Bumped when the cache file's layout changes.
+_CACHE_FORMAT = 1
+
+
+def _module_file(root: Path, name: str) -> Path | None:
+    base = root.joinpath(*name.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Our modules that ``path`` (module ``name``) imports anywhere in its body,
+    with every package on the way (their ``__init__`` runs too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    ours = {m for m in found if m.split(".")[0] in _PACKAGES}
+    return {".".join(m.split(".")[:i]) for m in ours for i in range(1, m.count(".") + 2)}
+
+
+def _walk(root: Path) -> dict[str, Path | None]:
+    """Every module name the import walk from `_ROOTS` looks up, with the
+    file it resolves to (None: an imported name that is not a module, such as
+    a function or a class)."""
+    seen: dict[str, Path | None] = {}
+    todo = list(_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = seen[name] = _module_file(root, name)
+        if path is not None:
+            todo.extend(_imports(path, name) - seen.keys())
+    return seen
+
+
+def source_files(root: Path) -> list[Path]:
+    """Every source file of ours reachable by imports from `_ROOTS`, sorted."""
+    return sorted({p for p in _walk(root).values() if p is not None})
+
+
+def _hash_files(root: Path, files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _identity(root: Path, walked: dict[str, Path | None]) -> list[list]:
+    """What the digest depends on, in a form cheap to check again: per looked-up
+    module name, its file (relative to ``root``) with size and mtime_ns, or None."""
+    out = []
+    for name in sorted(walked):
+        path = walked[name]
+        if path is None:
+            out.append([name, None, None, None])
+        else:
+            st = path.stat()
+            out.append([name, path.relative_to(root).as_posix(), st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _current(root: Path, identity: list[list]) -> bool:
+    """Whether every looked-up name still resolves to the same file, unchanged."""
+    for name, rel, size, mtime_ns in identity:
+        path = _module_file(root, name)
+        if (None if path is None else path.relative_to(root).as_posix()) != rel:
+            return False
+        if path is not None:
+            st = path.stat()
+            if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+                return False
+    return True
+
+
+def _cache_file(root: Path) -> Path:
+    key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    return cache_dir() / "sim-digest" / f"{key}.json"
+
+
+def _cached(file: Path, root: Path) -> str | None:
+    try:
+        entry = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):   # absent, unreadable or torn: recompute
+        return None
+    if (not isinstance(entry, dict) or entry.get("format") != _CACHE_FORMAT
+            or entry.get("root") != str(root) or not isinstance(entry.get("digest"), str)
+            or not isinstance(entry.get("identity"), list)):
+        return None
+    try:
+        return entry["digest"] if _current(root, entry["identity"]) else None
+    except (OSError, TypeError, ValueError):   # an entry of the wrong shape
+        return None
+
+
+def compute_digest(root: Path) -> tuple[str, list[list]]:
+    """The digest of ``root``'s sources, parsed afresh, and the identity it depends on."""
+    walked = _walk(root)
+    identity = _identity(root, walked)
+    files = sorted({p for p in walked.values() if p is not None})
+    return _hash_files(root, files), identity
+
+
+@functools.cache
+def source_digest(root: Path | None = None) -> str:
+    """12 hex digits of the sources' hash, from the cache when it is current."""
+    root = (root or Path(__file__).resolve().parents[2]).resolve()
+    file = _cache_file(root)
+    digest = _cached(file, root)
+    if digest is not None:
+        return digest
+    digest, identity = compute_digest(root)
+    text = json.dumps({"format": _CACHE_FORMAT, "root": str(root), "digest": digest,
+                       "identity": identity})
+    try:
+        atomic_write_text(file, text)
+    except (OSError, HbenchError):   # a read-only or full cache dir only costs speed
+        pass
+    return digest
