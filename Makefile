@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 ## Install, then serve the study's working point on the simulator (S2, budget b83).
 run: install
-	$(BIN)/hbench run --org s2 --budget b83
+	$(BIN)/hbench run --org s2 --budget b83 --rate 2
 
 ## The import layers (pyproject.toml's [tool.importlinter]), then the whole
 ## test suite (the command CI runs).

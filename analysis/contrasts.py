@@ -286,10 +286,14 @@ def _finish(df: pd.DataFrame, null: float | None, alpha: float) -> pd.DataFrame:
 def evaluate_interactions(
     runs: pd.DataFrame, contrasts: Sequence[Contrast], interactions: Sequence[Interaction],
     alpha: float = ALPHA, n_resamples: int = stats.N_RESAMPLES, seed: int = stats.BOOTSTRAP_SEED,
+    include_invalid: bool = True,
 ) -> pd.DataFrame:
     """One row per interaction: estimate (pp for a difference, ratio for a
     ratio of ratios), effect (pp or %), t and bootstrap CIs, p, Holm p within
-    each family, significance (CI must exclude 0 pp / ratio 1)."""
+    each family, significance (CI must exclude 0 pp / ratio 1).
+    ``arms_invalid`` joins its two contrasts' (`arms_invalid`); unless
+    ``include_invalid`` such an interaction leaves its Holm family, as a
+    contrast does in `evaluate`."""
     by_name = {c.name: c for c in contrasts}
     rows = []
     for it in interactions:
@@ -311,9 +315,12 @@ def evaluate_interactions(
             "effect_ci_low": to_effect(s.t_ci[0]), "effect_ci_high": to_effect(s.t_ci[1]),
             "boot_effect_low": to_effect(s.boot_ci[0]), "boot_effect_high": to_effect(s.boot_ci[1]),
             "p": s.p,
+            "arms_invalid": "; ".join(x for x in (arms_invalid(runs, pair(runs, c)) for c in (ca, cb)) if x),
         })
-    cols = list(rows[0]) if rows else ["family", "name", "kind", "n_a", "n_b", "ci_low", "ci_high", "p"]
+    cols = list(rows[0]) if rows else ["family", "name", "kind", "n_a", "n_b", "ci_low", "ci_high", "p",
+                                       "arms_invalid"]
     df = pd.DataFrame(rows, columns=cols)
+    df["excluded"] = (df["arms_invalid"] != "") if not include_invalid and len(df) else False
     return _finish(df, null=None, alpha=alpha)
 
 

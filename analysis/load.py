@@ -19,6 +19,7 @@ from dataclasses import fields
 
 import pandas as pd
 
+from analysis.run_validity import reasons
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.results import Run, RunSkipped, iter_runs
@@ -42,6 +43,7 @@ def run_row(run: Run) -> dict:
         row[f"summary.{key}" if key in config else key] = value
     row["valid"] = run_is_valid(run.summary)
     row["validity"] = describe_validity(run.summary)
+    row["invalid_reasons"] = reasons(run.summary)
     row.update(run_id=run.run_id, workload_hash=run.workload_hash, path=str(run.path),
                git_commit=run.git_commit, engine=run.engine, engine_version=run.engine_version,
                schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"),

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis import stats
+from analysis.run_validity import keeps
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.results import Run, check_pairable, iter_runs
@@ -200,6 +201,7 @@ class RegressResult:
     sides: Mapping = field(default_factory=dict)   # name -> {"root", "runs", "engine_version", "git_commit"}
     invalid: tuple[str, ...] = ()       # "side run: NOT VALID: ..." for compared runs whose verdict failed
     baseline_gaps: tuple[str, ...] = ()  # baseline values that cannot be gated (allowed by allow_missing)
+    include_invalid: bool = False        # runs not valid kept in the paired tests
 
     @property
     def regressions(self) -> tuple[Finding, ...]:
@@ -317,8 +319,12 @@ def validate_thresholds(min_effect: float, alpha: float) -> None:
 
 
 def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.05,
-            allow_missing: bool = False) -> RegressResult:
-    """Compare the runs under ``candidate`` with those under ``baseline``."""
+            allow_missing: bool = False, include_invalid: bool = False) -> RegressResult:
+    """Compare the runs under ``candidate`` with those under ``baseline``. A
+    real server's seed whose baseline or candidate run is not valid is left
+    out of its group's paired test (and so of the Holm family) unless
+    ``include_invalid`` (`analysis.run_validity`); the simulator's cells are
+    each judged on their own either way. Runs that are not valid are named."""
     validate_thresholds(min_effect, alpha)
     base, cand = Side.read(baseline, "baseline"), Side.read(candidate, "candidate")
     engines = sorted({str(r.engine) for r in base.runs + cand.runs})
@@ -386,7 +392,9 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
         for members in groups.values():
             # A group left with one matched seed (the others missing) is not
             # tested; its missing cells are reported as such.
-            findings += _group_findings(where(members[0][0], group_keys), members, gaps)
+            tested = [m for m in members
+                      if all(keeps(run_is_valid(r.summary), include_invalid) for r in m)]
+            findings += _group_findings(where(members[0][0], group_keys), tested, gaps)
         findings = _judge_groups(findings, min_effect, alpha)
     problems = unpairable + ([] if allow_missing else gaps)
     if problems:
@@ -400,7 +408,7 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
                     for pair in pairs for side, run in zip(("baseline", "candidate"), pair, strict=True)
                     if not run_is_valid(run.summary))
     return RegressResult(deterministic, engine, tuple(findings), len(pairs), tuple(missing), unmatched,
-                         allow_missing, min_effect, alpha, sides, invalid, tuple(gaps))
+                         allow_missing, min_effect, alpha, sides, invalid, tuple(gaps), include_invalid)
 
 
 def _bad_input(problems: Sequence[str], regressions: Sequence[Finding], hint: bool = False,

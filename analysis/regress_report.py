@@ -60,7 +60,10 @@ def markdown(result: RegressResult) -> str:
                          [[f.label, f.metric, f.better, _value(f.baseline), _value(f.candidate),
                            _pct(f.change), f.reason] for f in regs]), ""]
     if result.invalid:
-        lines += ["### Runs that are not valid (compared, but their numbers may not mean what they claim)", ""]
+        fate = ("kept in the paired tests (--include-invalid)" if result.include_invalid or result.deterministic
+                else "left out of the paired tests and Holm (--include-invalid keeps them)")
+        lines += [f"### Runs that are not valid: {len(result.invalid)} ({fate}; their numbers may not "
+                  "mean what they claim)", ""]
         lines += [f"- {x}" for x in result.invalid] + [""]
     if result.baseline_gaps:
         lines += ["### Baseline values that cannot be gated (allowed by --allow-missing; those "

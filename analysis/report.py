@@ -140,10 +140,13 @@ def _records(df: pd.DataFrame | None) -> list[dict]:
 
 
 def to_json(contrasts: pd.DataFrame, interactions: pd.DataFrame | None = None,
-            arms: pd.DataFrame | None = None) -> str:
-    """Versioned JSON document; NaN becomes null."""
+            arms: pd.DataFrame | None = None, validity=None) -> str:
+    """Versioned JSON document; NaN becomes null. ``validity`` (an
+    `analysis.run_validity.RunValidity`) adds the runs that are not valid."""
     doc = {"schema_version": JSON_SCHEMA_VERSION, "contrasts": _records(contrasts),
            "interactions": _records(interactions), "arms": _records(arms)}
+    if validity is not None:
+        doc["validity"] = validity.as_dict()
     return json.dumps(doc, indent=2, allow_nan=False, default=str)
 
 
@@ -156,9 +159,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
-                    arms: pd.DataFrame | None, figures: Sequence[Path], out_dir) -> str:
-    """The report.md text: runs analysed, arm means, contrasts, interactions, figures."""
+                    arms: pd.DataFrame | None, figures: Sequence[Path], out_dir, validity=None) -> str:
+    """The report.md text: runs analysed (and which are not valid, from
+    ``validity``), arm means, contrasts, interactions, figures."""
     parts = [f"# hbench analysis of `{root}`", ""]
+    if validity is not None:
+        parts += [validity.sentence("Holm families"), ""]
     parts += ["Relative effects are geometric means of within-seed ratios with the back-transformed t CI of "
               "the mean log ratio (the arithmetic mean ratio is shown beside it for comparison with the "
               "study); p is a t test on the log ratios, Holm-adjusted within each family, with the exact "
@@ -194,14 +200,15 @@ def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
 
 
 def write_outputs(out_dir, root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
-                  arms: pd.DataFrame | None, figures: Sequence[Path]) -> list[Path]:
-    """contrasts.csv (+ interactions.csv), contrasts.json and report.md under ``out_dir``."""
+                  arms: pd.DataFrame | None, figures: Sequence[Path], validity=None) -> list[Path]:
+    """contrasts.csv (+ interactions.csv), contrasts.json and report.md under
+    ``out_dir`` (``validity``: `analysis.run_validity.RunValidity` of the runs)."""
     out = Path(out_dir)
     written = [out / "contrasts.csv", out / "contrasts.json", out / "report.md"]
     with atomic_path(written[0]) as tmp:
         contrasts.to_csv(tmp, index=False)
-    atomic_write_text(written[1], to_json(contrasts, interactions, arms))
-    atomic_write_text(written[2], markdown_report(root, contrasts, interactions, arms, figures, out))
+    atomic_write_text(written[1], to_json(contrasts, interactions, arms, validity))
+    atomic_write_text(written[2], markdown_report(root, contrasts, interactions, arms, figures, out, validity))
     if interactions is not None and not interactions.empty:
         with atomic_path(out / "interactions.csv") as tmp:
             interactions.to_csv(tmp, index=False)

@@ -83,9 +83,12 @@ PUBLISHED: tuple[Published, ...] = (
               note="study CI [-0.1, +30.8]"),
 )
 
-COLUMNS = ("design", "figure", "published", "unit", "hbench", "ci_low", "ci_high", "n",
-           "direction_reproduced", "ci_covers_published", "magnitude_ratio", "hbench_verdict", "note",
-           "hbench_arith")
+#: The study's side (``published``, ``study_note``: what the study said about
+#: its number, e.g. its own Holm p) and hbench's (``hbench`` .. ``hbench_verdict``,
+#: ``hbench_p_holm``: hbench's Holm p) are separate columns, never one text.
+COLUMNS = ("design", "figure", "published", "unit", "study_note", "hbench", "ci_low", "ci_high", "n",
+           "direction_reproduced", "ci_covers_published", "magnitude_ratio", "hbench_p_holm",
+           "hbench_verdict", "hbench_arith")
 
 
 def published_for(design: str) -> list[Published]:
@@ -105,30 +108,30 @@ def _arith(p: Published, contrasts: pd.DataFrame) -> float:
 
 
 def _lookup(p: Published, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
-            runs: pd.DataFrame) -> tuple[float, float, float, int, str]:
-    """(value, ci_low, ci_high, n, verdict) of hbench's counterpart, in ``p.unit``."""
+            runs: pd.DataFrame) -> tuple[float, float, float, int, float, str]:
+    """(value, ci_low, ci_high, n, p Holm, verdict) of hbench's counterpart, in ``p.unit``."""
     nan = math.nan
     if p.kind == "contrast":
         row = contrasts[contrasts["name"] == p.target]
         if row.empty:
-            return nan, nan, nan, 0, "not evaluated"
+            return nan, nan, nan, 0, nan, "not evaluated"
         r = row.iloc[0]
         return (float(r["effect_pct"]), (float(r["ci_low"]) - 1) * 100, (float(r["ci_high"]) - 1) * 100,
-                int(r["n"]), str(r["verdict"]))
+                int(r["n"]), float(r.get("p_holm", nan)), str(r["verdict"]))
     if p.kind == "interaction":
         row = interactions[interactions["name"] == p.target] if interactions is not None else pd.DataFrame()
         if row.empty:
-            return nan, nan, nan, 0, "not evaluated"
+            return nan, nan, nan, 0, nan, "not evaluated"
         r = row.iloc[0]
         return (float(r["effect"]), float(r["effect_ci_low"]), float(r["effect_ci_high"]),
-                int(min(r["n_a"], r["n_b"])), str(r["verdict"]))
+                int(min(r["n_a"], r["n_b"])), float(r.get("p_holm", nan)), str(r["verdict"]))
     from analysis import stats
 
     vals = pd.to_numeric(select(runs, p.where)[p.metric], errors="coerce").dropna().to_numpy()
     if vals.size == 0:
-        return nan, nan, nan, 0, "no runs"
+        return nan, nan, nan, 0, nan, "no runs"
     lo, hi = stats.t_interval(vals)
-    return stats.mean_over_seeds(vals), lo, hi, int(vals.size), "arm mean"
+    return stats.mean_over_seeds(vals), lo, hi, int(vals.size), nan, "arm mean"
 
 
 def compare(design: str, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
@@ -136,7 +139,7 @@ def compare(design: str, contrasts: pd.DataFrame, interactions: pd.DataFrame | N
     """One row per published figure of ``design``: published vs hbench."""
     rows = []
     for p in published_for(design):
-        v, lo, hi, n, verdict = _lookup(p, contrasts, interactions, runs)
+        v, lo, hi, n, p_holm, verdict = _lookup(p, contrasts, interactions, runs)
         has_ci = not (math.isnan(lo) or math.isnan(hi))
         if math.isnan(v):
             direction = covers = "n/a"
@@ -151,9 +154,9 @@ def compare(design: str, contrasts: pd.DataFrame, interactions: pd.DataFrame | N
                 direction = "yes" if _sign(v) == _sign(p.value) else "no"
         ratio = v / p.value if p.value != 0 and not math.isnan(v) else math.nan
         rows.append({"design": design, "figure": p.figure, "published": p.value, "unit": p.unit,
-                     "hbench": v, "ci_low": lo, "ci_high": hi, "n": n,
+                     "study_note": p.note, "hbench": v, "ci_low": lo, "ci_high": hi, "n": n,
                      "direction_reproduced": direction, "ci_covers_published": covers,
-                     "magnitude_ratio": ratio, "hbench_verdict": verdict, "note": p.note,
+                     "magnitude_ratio": ratio, "hbench_p_holm": p_holm, "hbench_verdict": verdict,
                      "hbench_arith": _arith(p, contrasts)})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -168,19 +171,25 @@ def _num(x: float) -> str:
     return f"{x:,.3f}" if abs(x) < 1000 else f"{x:,.1f}"
 
 
+def _p(x: float) -> str:
+    return "n/a" if _nan(x) else f"{x:.4g}"
+
+
 def display_rows(table: pd.DataFrame) -> list[list[str]]:
     out = []
     for _, r in table.iterrows():
         ci = "n/a" if math.isnan(r["ci_low"]) else f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
         out.append([r["design"], r["figure"], f"{_num(r['published'])} {r['unit']}".strip(),
-                    f"{_num(r['hbench'])} {r['unit']}".strip(), ci, str(r["n"]), r["direction_reproduced"],
-                    r["ci_covers_published"], _num(r["magnitude_ratio"]), r["hbench_verdict"], r["note"],
+                    r["study_note"] or "", f"{_num(r['hbench'])} {r['unit']}".strip(), ci, str(r["n"]),
+                    r["direction_reproduced"], r["ci_covers_published"], _num(r["magnitude_ratio"]),
+                    _p(r["hbench_p_holm"]), r["hbench_verdict"],
                     _num(r["hbench_arith"]) + (f" {r['unit']}" if not _nan(r["hbench_arith"]) else "")])
     return out
 
 
-HEADER = ("design", "published figure", "study", "hbench", "hbench 95% CI", "n", "direction reproduced",
-          "CI covers study", "magnitude ratio", "hbench verdict", "note", "hbench arith. mean")
+HEADER = ("design", "published figure", "study", "study note", "hbench", "hbench 95% CI", "n",
+          "direction reproduced", "CI covers study", "magnitude ratio", "hbench p Holm", "hbench verdict",
+          "hbench arith. mean")
 
 
 def markdown(table: pd.DataFrame, title: str, notes: Sequence[str] = ()) -> str:
@@ -191,7 +200,9 @@ def markdown(table: pd.DataFrame, title: str, notes: Sequence[str] = ()) -> str:
               "with the 95% t interval of the mean log ratio (interactions: differences in pp with a t "
               "interval; K_ret as a geometric mean in %); arm means are arithmetic means over seeds with "
               "t intervals. The last column is the arithmetic mean of the within-seed ratios, the study's "
-              "estimator, for comparison. magnitude ratio = hbench / study.", ""]
+              "estimator, for comparison. magnitude ratio = hbench / study. \"study note\" is what the "
+              "study reported beside its number (its own p values); \"hbench p Holm\" and \"hbench "
+              "verdict\" are hbench's.", ""]
     if table.empty:
         parts += ["The study published no number for this design; see analysis/report.md for the "
                   "contrasts and arm means hbench measured.", ""]
@@ -215,6 +226,7 @@ class Reproduction:
     arms: pd.DataFrame
     table: pd.DataFrame
     figures: tuple = ()
+    validity: object = None   # analysis.run_validity.RunValidity of the runs
 
 
 def add_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
@@ -227,11 +239,13 @@ def add_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
-                    figures: bool = True) -> Reproduction:
+                    figures: bool = True, include_invalid: bool = False) -> Reproduction:
     """Evaluate design ``name`` on the runs under ``root`` (only ``cell_ids``
     if given, so leftovers of another grid never enter a contrast), render
     its figures and write analysis/ (with the one-file analysis/report.html)
-    plus reproduce.md and reproduce.csv."""
+    plus reproduce.md and reproduce.csv. Contrasts and interactions whose
+    arms are not valid leave their Holm families unless ``include_invalid``
+    (`analysis.run_validity`, the rule ``analyze`` applies)."""
     import warnings
     from pathlib import Path
 
@@ -241,6 +255,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import write_outputs
+    from analysis.run_validity import of_runs
     from common.errors import HbenchError
 
     d = design(name)
@@ -256,17 +271,20 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     contrasts = list(d.contrasts)
     if name == "q6":
         contrasts += selected_headroom_contrasts(runs)
-    table = C.evaluate(runs, contrasts)
-    inter = C.evaluate_interactions(runs, contrasts, d.interactions) if d.interactions else None
+    table = C.evaluate(runs, contrasts, include_invalid=include_invalid)
+    inter = (C.evaluate_interactions(runs, contrasts, d.interactions, include_invalid=include_invalid)
+             if d.interactions else None)
+    validity = of_runs(runs, include_invalid)
     arms = C.arm_means(runs, list(d.metrics))
     metrics = sorted({c.metric for c in contrasts})
     out = root / "analysis"
     figs = render_figures(runs, out / "figures", metrics, table) if figures else []
-    write_outputs(out, root, table, inter, arms, figs)
+    write_outputs(out, root, table, inter, arms, figs, validity)
     write_report(root, out / "report.html", runs=runs, contrasts=table)
     comparison = compare(name, table, inter, runs)
     with atomic_path(root / "reproduce.csv") as tmp:
         comparison.to_csv(tmp, index=False)
-    notes = [d.notes, f"{len(runs)} runs; contrasts, arm means and figures: analysis/report.md."]
+    notes = [d.notes, validity.sentence("Holm families"),
+             "contrasts, arm means and figures: analysis/report.md."]
     atomic_write_text(root / "reproduce.md", markdown(comparison, f"Reproduction of {d.title}", notes))
-    return Reproduction(name, root, runs, table, inter, arms, comparison, tuple(figs))
+    return Reproduction(name, root, runs, table, inter, arms, comparison, tuple(figs), validity)

@@ -124,7 +124,7 @@ TURN_COLUMNS = {
 TURN_SUMMARY_KEYS = (
     "sessions", "later_turns", "turn0_ttft_p50_s", "later_turn_ttft_p50_s",
     "history_tokens", "history_reused_tokens", "history_reuse_fraction",
-    "history_recomputed_tokens", "history_survived_fraction",
+    "history_recomputed_tokens", "history_survived_fraction", "delivered_session_rate",
 )
 
 NAN = float("nan")
@@ -461,6 +461,8 @@ def turn_history(run: EngineRun) -> dict[int, tuple[int, int, float]]:
 def turn_summary(run: EngineRun) -> dict:
     """`TURN_SUMMARY_KEYS` of a multi-turn run, over measured requests (later
     turns only for the history keys; TTFTs over finished requests)."""
+    from harness.validity import delivered_rate
+
     hist = turn_history(run)
     measured = [r for r in run.requests if not r.warmup and r.turn >= 0]
     later = [r for r in measured if r.turn >= 1]
@@ -479,6 +481,8 @@ def turn_summary(run: EngineRun) -> dict:
         "history_reuse_fraction": _ratio(reused, history),
         "history_recomputed_tokens": int(sum(hist[r.request_id][1] for r in later)),
         "history_survived_fraction": _mean(survived),
+        # sessions/s: the open-loop load a multi-turn run was offered (arm parity)
+        "delivered_session_rate": delivered_rate([r.arrival_s for r in measured if r.turn == 0]),
     }
 
 
@@ -516,17 +520,21 @@ def _attribution(run: EngineRun, tables=None) -> dict:
 def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> dict:
     from harness.validity import delivered_rate, run_validity
 
-    arrivals = [r.arrival_s for r in measured]
+    later = [r for r in measured if r.turn >= 1]
+    # a multi-turn run's open-loop process is its session starts (first
+    # turns); later turns are closed-loop (harness.validity)
+    starts = [r.arrival_s for r in measured if r.turn <= 0]
     info = run.engine_info or {}
     return {
-        "delivered_rate_req_s": delivered_rate(arrivals),
+        "delivered_rate_req_s": delivered_rate([r.arrival_s for r in measured]),
         "validity": run_validity(
-            arrivals=arrivals, nominal_rate=getattr(config, "rate", None),
+            arrivals=starts, nominal_rate=getattr(config, "rate", None),
             process=getattr(config, "arrival", None), failed=summary["failed"],
             cancelled=summary["cancelled"], dispatch_lags=lags,
             cache_state=info.get("cache_state"), warmup=info.get("warmup_requests"),
             step_times=_row_times(rows), step_waiting=_column(rows, "waiting"),
-            stream=((summary["itl_p50_s"], summary["tpot_p50_s"]) if is_served(run) else None)),
+            stream=((summary["itl_p50_s"], summary["tpot_p50_s"]) if is_served(run) else None),
+            later_turns=len(later) if any(r.turn >= 0 for r in run.requests) else None),
     }
 
 

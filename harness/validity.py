@@ -35,6 +35,13 @@ was asked for was the load it got and it measured a steady state:
   ``max(2, 5 % of the measured requests)``; a queue that keeps growing means
   the run measured a transient, not a steady state.
 
+A multi-turn run is an open-loop process of session starts (first turns, at
+the nominal rate in sessions/s) feeding a closed loop: turn k is sent a think
+time after turn k-1 finished, so its arrival follows the engine's own finish
+times and has no nominal rate to meet. Its ``arrival_rate``,
+``arrival_process`` and ``overload`` checks read the session starts only; the
+``later_turns`` entry ("n/a") counts the closed-loop turns left untested.
+
 A verdict is ``pass``, ``warn``, ``fail`` or ``n/a``; a run is ``valid``
 when no check fails. For a contrast, `arm_parity` adds the arms' parity:
 same workload hash (hence the same request stream), same engine version,
@@ -101,7 +108,7 @@ def _unmeasurable_window(a: np.ndarray) -> str | None:
     return None
 
 
-def check_rate(arrivals: Sequence[float], nominal: float | None) -> dict:
+def check_rate(arrivals: Sequence[float], nominal: float | None, unit: str = "req/s") -> dict:
     degenerate = degenerate_arrivals(arrivals)
     if degenerate:
         return _check(FAIL, degenerate)
@@ -112,7 +119,7 @@ def check_rate(arrivals: Sequence[float], nominal: float | None) -> dict:
     tol = max(RATE_TOLERANCE, 3 / math.sqrt(n - 1))
     dev = rate / nominal - 1
     status = PASS if abs(dev) <= tol else FAIL
-    return _check(status, f"delivered {rate:.3f} req/s vs nominal {nominal:g} ({dev:+.1%}, "
+    return _check(status, f"delivered {rate:.3f} {unit} vs nominal {nominal:g} ({dev:+.1%}, "
                           f"tolerance {tol:.1%})")
 
 
@@ -206,13 +213,24 @@ def verdict(checks: Mapping[str, dict]) -> dict:
     return {"valid": not failed, "reasons": failed, "checks": dict(checks)}
 
 
+def check_later_turns(later_turns: int) -> dict:
+    """The closed-loop turns of a multi-turn run: counted, not tested (their
+    arrivals follow the engine's finish times, not a nominal rate)."""
+    return _check(NA, f"{later_turns} later turns are closed-loop (sent a think time after the "
+                      "previous turn finished): not tested against the session rate")
+
+
 def run_validity(*, arrivals, nominal_rate, process, failed, cancelled, dispatch_lags,
-                 cache_state, warmup, step_times, step_waiting, stream=None) -> dict:
+                 cache_state, warmup, step_times, step_waiting, stream=None,
+                 later_turns: int | None = None) -> dict:
     """The validity object of one run from its measured requests and step
     table; ``stream`` (ITL p50, TPOT p50), given for served runs, adds the
-    ``stream`` check."""
+    ``stream`` check. For a multi-turn run ``arrivals`` are the session
+    starts (first turns) and ``later_turns`` counts the closed-loop turns,
+    which adds the ``later_turns`` entry."""
     checks = {
-        "arrival_rate": check_rate(arrivals, nominal_rate),
+        "arrival_rate": check_rate(arrivals, nominal_rate,
+                                   "req/s" if later_turns is None else "sessions/s"),
         "arrival_process": check_process(arrivals, process, nominal_rate),
         "dispatch_lag": check_dispatch(dispatch_lags),
         "failures": check_failures(failed, cancelled),
@@ -221,6 +239,8 @@ def run_validity(*, arrivals, nominal_rate, process, failed, cancelled, dispatch
     if stream is not None:
         checks["stream"] = check_stream(*stream)
     checks["overload"] = check_overload(step_times, step_waiting, arrivals)
+    if later_turns is not None:
+        checks["later_turns"] = check_later_turns(later_turns)
     return verdict(checks)
 
 
@@ -255,6 +275,10 @@ def failed_details(summary: Mapping) -> list[str]:
             if c.get("status") in (FAIL, WARN)]
 
 
+def _has_number(a: Mapping, b: Mapping, key: str) -> bool:
+    return all(isinstance(x.get(key), (int, float)) and not math.isnan(x.get(key)) for x in (a, b))
+
+
 def arm_parity(a: Mapping, b: Mapping) -> list[str]:
     """Why two runs (rows of `analysis.load.load_runs`) are not a fair pair:
     different workload hash, engine version, or delivered load; [] when fair."""
@@ -262,8 +286,12 @@ def arm_parity(a: Mapping, b: Mapping) -> list[str]:
     for key, words in (("workload_hash", "workload hash"), ("engine_version", "engine version")):
         if a.get(key) != b.get(key):
             problems.append(f"{words} differs")
-    ra, rb = a.get("delivered_rate_req_s"), b.get("delivered_rate_req_s")
+    # a multi-turn run's load is its session starts: later turns follow each
+    # arm's own finish times, so their rate differs between fair arms
+    key = "delivered_session_rate" if _has_number(a, b, "delivered_session_rate") else "delivered_rate_req_s"
+    ra, rb = a.get(key), b.get(key)
     if ra is not None and rb is not None and not (math.isnan(ra) or math.isnan(rb)):
         if abs(ra / rb - 1) > PARITY_RATE_TOLERANCE:
-            problems.append(f"measured load differs ({ra:.3f} vs {rb:.3f} req/s)")
+            unit = "sessions/s" if key == "delivered_session_rate" else "req/s"
+            problems.append(f"measured load differs ({ra:.3f} vs {rb:.3f} {unit})")
     return problems

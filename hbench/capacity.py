@@ -34,16 +34,21 @@ class CapacityResult:
     crossovers: list[dict]
     invalid: list[str]
     doc: dict
+    validity: object = None   # analysis.run_validity.RunValidity of the grid's runs
 
 
 def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int = 1,
-           on_cell=None, on_rerun=None) -> pd.DataFrame:
+           on_cell=None, on_rerun=None, include_invalid: bool = False) -> pd.DataFrame:
     """Run (or reuse) every cell of the rate grid; one row per cell with its
-    verdict, goodput and run directory. A reused cell is verified against its
+    verdict, goodput and run directory. ``meets`` is the SLO verdict of a run
+    that may count (`analysis.run_validity.keeps`: a run that is not valid
+    held its SLO in a transient and counts as missing it unless
+    ``include_invalid``); ``slo_held`` is the SLO verdict alone. A reused cell is verified against its
     manifest's checksums; a damaged one is rerun (``on_rerun(cell, why)``)."""
     import pandas as pd
 
     from analysis.capacity import goodput, meets_slo
+    from analysis.run_validity import keeps
     from harness.grid import expand
     from harness.results import read_run
     from hbench.sweep import run_sweep
@@ -56,33 +61,39 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     for cell in result.cells:
         run = read_run(out / cell.cell_id)
         cfg = cell.config
+        valid = bool((run.summary.get("validity") or {}).get("valid", True))
+        held = meets_slo(run.summary, limits)
         rows.append({"org": cfg.org, "budget": cfg.budget, "rate": cfg.rate, "seed": cfg.seed,
-                     "meets": meets_slo(run.summary, limits),
+                     "meets": held and keeps(valid, include_invalid), "slo_held": held,
                      "goodput": goodput(run.table("requests"), limits),
-                     "valid": bool((run.summary.get("validity") or {}).get("valid", True)),
+                     "valid": valid, "run_id": cell.cell_id,
                      **{lim.key: run.summary.get(lim.key) for lim in limits},
                      "run_dir": str(run.path)})
     return pd.DataFrame(rows)
 
 
 def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
-                 alpha: float = 0.05, jobs: int = 1, on_cell=None, on_rerun=None) -> CapacityResult:
+                 alpha: float = 0.05, jobs: int = 1, on_cell=None, on_rerun=None,
+                 include_invalid: bool = False) -> CapacityResult:
     """`search` the grid, evaluate it at significance level ``alpha`` and write
     ``out/capacity.json`` and ``out/winner_map.png``."""
     from analysis.answer_figures import winner_map_figure
     from analysis.capacity import capacity_table, crossovers, invalid_at_capacity, winner_map
+    from analysis.run_validity import RunValidity
 
     cells = search(orgs, budgets, rates, seeds, limits, out, base, jobs=jobs, on_cell=on_cell,
-                   on_rerun=on_rerun)
+                   on_rerun=on_rerun, include_invalid=include_invalid)
     table = capacity_table(cells, alpha)
     wmap = winner_map(cells, alpha)
     cross = crossovers(cells)
+    validity = RunValidity(len(cells), tuple(f"{r.run_id} ({r.org}@{r.budget} rate {r.rate:g} seed {r.seed})"
+                                             for r in cells.itertuples() if not r.valid), include_invalid)
     fig = winner_map_figure(wmap, f"winner by goodput ({', '.join(map(str, limits))})")
     with atomic_path(out / "winner_map.png") as tmp:
         fig.savefig(tmp, dpi=110)
     doc = {"slo": [str(x) for x in limits], "rates": list(rates), "seeds": list(seeds),
            "requests": base.get("requests"), "capacity": table.to_dict("records"),
-           "crossovers": cross, "winner_map": wmap.to_dict("records"),
+           "crossovers": cross, "winner_map": wmap.to_dict("records"), "validity": validity.as_dict(),
            "cells": cells.drop(columns=["run_dir"]).to_dict("records")}
     atomic_write_text(out / "capacity.json", json.dumps(doc, indent=1, default=float) + "\n")
-    return CapacityResult(cells, table, cross, invalid_at_capacity(cells), doc)
+    return CapacityResult(cells, table, cross, invalid_at_capacity(cells), doc, validity)

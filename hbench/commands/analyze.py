@@ -11,6 +11,7 @@ import warnings
 
 import click
 
+from analysis.run_validity import INCLUDE_INVALID_HELP
 from common.errors import HbenchError
 from hbench.flag_types import FLOAT, PATH
 
@@ -24,8 +25,7 @@ from hbench.flag_types import FLOAT, PATH
 @click.option("--design", "--family-file", "design", type=PATH, default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True, help="Significance level after Holm.")
-@click.option("--include-invalid", is_flag=True,
-              help="Keep contrasts whose arms are not valid in their Holm families.")
+@click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 @click.option("--no-figures", is_flag=True, help="Skip the figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
 def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_figures, as_json):
@@ -45,6 +45,7 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
     from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
+    from analysis.run_validity import of_runs
     from common.atomic import atomic_write_text, new_dirs_removed_on_error
     from hbench.paths import check_writable_dir
 
@@ -60,22 +61,25 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         else:
             contrasts, interactions = C.auto_contrasts(runs, metrics), []
         table = C.evaluate(runs, contrasts, alpha=alpha, include_invalid=include_invalid)
-        inter = C.evaluate_interactions(runs, contrasts, interactions, alpha=alpha) if interactions else None
+        inter = (C.evaluate_interactions(runs, contrasts, interactions, alpha=alpha,
+                                         include_invalid=include_invalid) if interactions else None)
         used = sorted({c.metric for c in contrasts}) or list(metrics)
         arms = C.arm_means(runs, used)
+        validity = of_runs(runs, include_invalid)
         out = out_dir if out_dir is not None else results_dir / "analysis"
         # The HTML reads every run's tables: built first, a corrupt one fails
         # before any output is written.
         html = build_html(results_dir, runs, table)
         with new_dirs_removed_on_error(out):   # a failed write leaves no empty folder
             figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
-            write_outputs(out, results_dir, table, inter, arms, figures)
+            write_outputs(out, results_dir, table, inter, arms, figures, validity)
             atomic_write_text(out / "report.html", html)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)
     if as_json:
-        click.echo(to_json(table, inter, arms))
+        click.echo(to_json(table, inter, arms, validity))
     else:
         print_tables(Console(width=max(Console().width, 160)), table, inter)
+        click.echo(validity.sentence("Holm families"))
         click.echo(f"{len(runs)} runs, {len(table)} contrasts; wrote {out}/report.md, report.html"
                    + (f" and {len(figures)} figure files" if figures else ""))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from analysis.run_validity import INCLUDE_INVALID_HELP
 from common.errors import HbenchError
 from common.numbers import parse_float
 from hbench.flag_types import FLOAT, INT, PATH
@@ -47,8 +48,9 @@ def _rates(text: str) -> list[float]:
 @click.option("--out", type=PATH, default=Path("results/capacity"), show_default=True,
               help="Sweep directory (cells are reused) and where capacity.json and the figure go.")
 @click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json instead of tables.")
-def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs, as_json):
+def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs, include_invalid, as_json):
     """Largest arrival rate each organization x budget sustains within --slo.
 
     \b
@@ -83,7 +85,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
         base[key.strip().replace("-", "_")] = value
     check_writable_dir(out)
     result = run_capacity(_list(orgs, "org"), _list(budgets, "budget"), grid_rates, seed_list,
-                          limits, out, base, alpha=alpha, jobs=jobs,
+                          limits, out, base, alpha=alpha, jobs=jobs, include_invalid=include_invalid,
                           on_rerun=lambda cell, why: click.echo(f"cell {cell}: {why}; rerunning it", err=True))
     doc, table, cross = result.doc, result.table, result.crossovers
     if as_json:
@@ -103,6 +105,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
                       f"from {c['from_rate']:g} req/s")
     if not cross:
         console.print("no crossover: no organization overtakes another within the rate grid")
+    console.print(result.validity.sentence("the capacity search"), highlight=False)
     shaky = result.invalid
     if shaky:
         console.print(f"note: {len(shaky)} runs at a found capacity are not valid (their SLO held in a "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from analysis.run_validity import INCLUDE_INVALID_HELP
 from common.errors import HbenchError
 from hbench.flag_types import FLOAT, PATH
 
@@ -48,9 +49,10 @@ def _fail(message: str) -> None:
               help="A baseline cell absent from the candidate is listed, not a regression; a "
                    "baseline metric that is missing, null, not a number or an impossible 0 is "
                    "listed and not gated, instead of exit 2.")
+@click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 @click.option("--report", "report_path", type=PATH, default=None,
               help="Write the Markdown report here (for a CI comment).")
-def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
+def regress(baseline, candidate, min_effect, alpha, allow_missing, include_invalid, report_path):
     """Compare CANDIDATE runs with BASELINE runs cell by cell (same
     configuration and seed) on throughput (both timebases), p99 TTFT, ITL and
     end-to-end latency, and peak memory.
@@ -69,7 +71,7 @@ def regress(baseline, candidate, min_effect, alpha, allow_missing, report_path):
         if report_path is not None:
             check_writable(report_path)
         result = compare(baseline, candidate, min_effect=min_effect, alpha=alpha,
-                         allow_missing=allow_missing)
+                         allow_missing=allow_missing, include_invalid=include_invalid)
     except HbenchError as exc:
         _fail(str(exc))
     text = markdown(result)

@@ -9,6 +9,7 @@ import warnings
 
 import click
 
+from analysis.run_validity import INCLUDE_INVALID_HELP
 from hbench.flag_types import PATH
 
 
@@ -16,8 +17,7 @@ from hbench.flag_types import PATH
 @click.argument("results_dir", type=PATH)
 @click.option("-o", "--out", type=PATH, default=None,
               help="Output file (default: RESULTS_DIR/report.html).")
-@click.option("--include-invalid", is_flag=True,
-              help="Keep contrasts whose arms are not valid in their Holm families.")
+@click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 def report(results_dir, out, include_invalid):
     """Write one HTML file with every table and figure of RESULTS_DIR.
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from analysis.run_validity import INCLUDE_INVALID_HELP
 from common.errors import HbenchError, HbenchFailure
 from hbench.executors import EXECUTORS
 from hbench.flag_types import INT, PATH
@@ -27,10 +28,11 @@ def _print_table(console: Console, title: str, table) -> None:
         console.print(f"{title}: the study published no number for this design (see analysis/report.md)")
         return
     t = Table(title=title)
-    for h in ("published figure", "study", "hbench [95% CI]", "n", "direction", "CI covers", "ratio"):
+    for h in ("published figure", "study", "study note", "hbench [95% CI]", "n", "direction", "CI covers",
+              "ratio", "hbench p Holm", "hbench verdict"):
         t.add_column(h, overflow="fold")
     for r in display_rows(table):
-        t.add_row(r[1], r[2], f"{r[3]} {r[4]}", r[5], r[6], r[7], r[8])
+        t.add_row(r[1], r[2], r[3], f"{r[4]} {r[5]}", r[6], r[7], r[8], r[9], r[10], r[11])
     console.print(t)
 
 
@@ -47,7 +49,8 @@ DESIGN_NAMES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9")
 @click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
 @click.option("--no-figures", is_flag=True, help="Skip rendering figures.")
-def reproduce(name, quick, out, jobs, executor, no_figures):
+@click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
+def reproduce(name, quick, out, jobs, executor, no_figures, include_invalid):
     """Reproduce design NAME of the study (q1..q9, or all).
 
     \b
@@ -57,7 +60,10 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
     Finished cells are reused, so an interrupted reproduction continues where
     it stopped. Prints, and writes to reproduce.md / reproduce.csv, one row
     per published figure: the study's value, hbench's with its 95% CI,
-    whether the direction and the magnitude agree.
+    whether the direction and the magnitude agree, hbench's Holm p and
+    verdict. Contrasts with arms that are not valid are left out of their
+    Holm families (verdict "arms not valid") unless --include-invalid; the
+    runs that are not valid are counted and named below the table.
     """
     import pandas as pd
 
@@ -92,8 +98,10 @@ def reproduce(name, quick, out, jobs, executor, no_figures):
                                                                         highlight=False))
         if result.failed:
             raise HbenchFailure(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
-        rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures)
+        rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures,
+                              include_invalid=include_invalid)
         _print_table(Console(width=max(Console().width, 160)), f"{d.title}  ({len(rep.runs)} runs{', quick' if quick else ''})", rep.table)
+        click.echo(rep.validity.sentence("Holm families"))
         click.echo(f"wrote {root}/reproduce.md, reproduce.csv and analysis/")
         tables.append(rep.table)
     if len(names) > 1:

@@ -79,7 +79,38 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
     console.print(t)
     for line in failed_details(summary):
         console.print(f"  {line}", highlight=False)
+    step = next_step(summary, cfg)
+    if step:
+        console.print(step, highlight=False, soft_wrap=True)
     console.print(f"results: {run_dir}")
+
+
+#: Checks a lower arrival rate can fix: the queue kept growing, or the
+#: delivered load or its process was not the one asked for.
+_LOAD_CHECKS = ("overload", "arrival_rate", "arrival_process")
+
+
+def next_step(summary: dict, cfg: dict) -> str:
+    """One line for a run that is not valid: why, and the command to run
+    next ("" for a valid run). A load the arm cannot carry points at
+    ``hbench capacity`` with the same organization, budget and run length,
+    over rates up to this one."""
+    v = summary.get("validity") or {}
+    reasons = list(v.get("reasons", []))
+    if v.get("valid", True) or not reasons:
+        return ""
+    why = f"not valid ({', '.join(reasons)})"
+    if not any(r in _LOAD_CHECKS for r in reasons):
+        return f"{why}: its numbers do not describe the configuration; fix the checks above and rerun"
+    rate = float(cfg["rate"])
+    rates = ",".join(f"{rate * k / 4:g}" for k in range(1, 5))
+    cmd = (f"hbench capacity --org {cfg['org']} --budget {cfg['budget']} --rates {rates} --seeds 1-3 "
+           f"--requests {cfg['requests']}")
+    if cfg.get("workload_kind", "sharegpt") != "sharegpt":
+        cmd += f" --set workload_kind={cfg['workload_kind']}"
+    what = (f"{cfg['rate']} req/s is more than {cfg['org'].upper()} at {cfg['budget']} sustains in a "
+            "steady state" if "overload" in reasons else "the load it got is not the load it asked for")
+    return f"{why}: {what}; find a rate that is valid with: {cmd}"
 
 
 @click.command(context_settings={"max_content_width": 100})
