@@ -283,6 +283,25 @@ class VllmEngine(ServedEngine):
         if config.launch and self.cpu and config.cap > (step := self.step_tokens(config)):
             raise HbenchError(f"--cap {config.cap} exceeds the CPU step size {step} "
                               "tokens (vLLM needs max-num-seqs <= max-num-batched-tokens)")
+        if config.launch:
+            self.check_blocks_hold_one_sequence(config)
+
+    def check_blocks_hold_one_sequence(self, config) -> None:
+        """vLLM refuses to start (its engine core fails to initialize) when its
+        blocks cannot hold one sequence of --max-model-len: say so before
+        launching. The bound is a lower one: the attention blocks of a full
+        sequence, one Mamba state and vLLM's null block."""
+        blocks, page = self.block_count(config), self.page(config)
+        if blocks is None or page is None:
+            return
+        length = model_max_len(config.model, config.max_model_len)
+        need = -(-length // page["block_tokens"]) + 2
+        if blocks < need:
+            raise HbenchError(
+                f"budget {config.budget} gives vLLM {blocks} blocks of {page['block_tokens']} "
+                f"tokens; one sequence of --max-model-len {length} needs at least {need} "
+                "(its attention blocks, a Mamba state and the null block): raise the budget "
+                "or lower --max-model-len")
 
     def check_plugin(self, config) -> None:
         org = config.org

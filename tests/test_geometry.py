@@ -161,7 +161,7 @@ def test_jamba_offset_must_be_inside_period():
 def test_json_that_is_not_an_object_is_rejected(tmp_path):
     p = tmp_path / "config.json"
     p.write_text(json.dumps([1, 2]))
-    with pytest.raises(HbenchError, match="does not hold a JSON object"):
+    with pytest.raises(HbenchError, match="holds a JSON list, not an object"):
         load_config(tmp_path)  # a folder resolves to its config.json
 
 

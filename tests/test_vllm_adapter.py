@@ -446,3 +446,18 @@ def test_plugin_counters_become_hbenchs_invalidations_slab_occupancy_and_d0_memo
     # pages in use: 0, 6 + 3 = 9, 3 + 7 = 10 -> 10 pages x 1000 B x 2 layers
     assert counters == {} and peak == {"kv_pool": 10 * 1000 * 2}
     assert plugin_state([{"kv_usage": 0.5}], None, None, 2) == ({}, {})   # stock S0: nothing
+
+
+def test_a_budget_too_small_for_one_sequence_is_refused_before_launching(tmp_path):
+    """vLLM's engine core fails to start when its blocks cannot hold one
+    sequence of --max-model-len; hbench says so, naming both numbers."""
+    model = tmp_path / "prop"
+    model.mkdir()
+    (model / "config.json").write_text(Path(proportional_config(tmp_path)).read_text())
+    eng = engine()
+    fits = s0(model=str(model), budget="b8", max_model_len=4096, launch=True, server_cmd=cmd())
+    eng.check_config(fits)             # 7 blocks of 1664 tokens >= ceil(4096 / 1664) + 2
+    short = s0(model=str(model), budget="b4", max_model_len=8192, launch=True, server_cmd=cmd())
+    with pytest.raises(HbenchError, match=r"gives vLLM 3 blocks of 1664 tokens; one sequence of "
+                                          r"--max-model-len 8192 needs at least 7"):
+        eng.check_config(short)

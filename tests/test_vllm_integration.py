@@ -173,8 +173,10 @@ def served(tmp_path_factory):
 
     model = tmp_path_factory.mktemp("tiny")
     vllm_tiny_model(model, "--arch", "falcon_h1")
+    # a roomy budget: the tiny model's b83 is 12 blocks of 128 tokens, short of
+    # one 2048-token sequence (hbench refuses it before launching)
     config = RunConfig(org="s0", engine="vllm", model=str(model), cap=8, max_model_len=2048,
-                       max_output=16, launch=True)
+                       max_output=16, launch=True, budget="1GiB")
     engine = VllmEngine(python=VLLM_PYTHON, log_dir=model)
     port = free_port()
     server = ServerProcess(engine.launch_argv(config, port), Endpoint("127.0.0.1", port),
