@@ -130,8 +130,16 @@ def answer(diag: pd.DataFrame, *, org: str, shared_tokens: int, grid: int, block
     elif top == "shorter_than_block":
         text += f" The shared prefix is {shared_tokens} tokens, an attention block {block}."
     elif top == "checkpoint_evicted":
-        text += (" Attention outlived the checkpoint (R_max below J): the budget evicts checkpoints "
-                 "first; retention or more checkpoint memory would close the R_max vs J_adopt gap.")
+        more = "a smaller --d0-attn-fraction" if org.lower() == "d0" else "a larger budget"
+        text += (" Attention up to the target survived but the deepest checkpoint left (R_max) "
+                 "lies below it, so reuse stopped at R_max: checkpoints were evicted first. "
+                 f"Retention (keeping published checkpoints) or more checkpoint memory ({more}) "
+                 "would raise R_max to the target.")
+    elif top == "attention_evicted":
+        more = "a larger --d0-attn-fraction" if org.lower() == "d0" else "a larger budget"
+        text += (" A checkpoint at the target survived but the attention before it did not "
+                 f"(attention depth below the target): more attention memory ({more}) would "
+                 "let the checkpoint be used.")
     elif top == "first_of_group":
         text += " These are cold misses: the first request of each group computes what the others reuse."
     elif top == "producer_computing":

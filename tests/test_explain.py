@@ -90,3 +90,20 @@ def test_explain_names_isolate(tmp_path):
 def test_explain_refuses_a_directory_that_is_not_a_run(tmp_path):
     res = CliRunner().invoke(cli, ["explain", str(tmp_path)])
     assert res.exit_code == 2 and res.output.startswith("Error: ")
+
+
+def test_the_advice_names_the_gap_it_would_close():
+    """checkpoint_evicted: reuse stopped at R_max below the target (J_adopt
+    equals R_max there), so the advice is about R_max vs the target; the
+    attention-evicted case is about attention depth; D0's knob is its fraction."""
+    from analysis.explain import answer
+
+    def diag(reason):
+        return pd.DataFrame({"reason": [reason, reason, ""]})
+
+    ckpt = answer(diag("checkpoint_evicted"), org="s2", shared_tokens=3000, grid=512, block=512)
+    assert "raise R_max to the target" in ckpt and "J_adopt gap" not in ckpt
+    assert "smaller --d0-attn-fraction" in answer(diag("checkpoint_evicted"), org="d0",
+                                                  shared_tokens=3000, grid=1792, block=16)
+    attn = answer(diag("attention_evicted"), org="d0", shared_tokens=3000, grid=1792, block=16)
+    assert "attention depth below the target" in attn and "larger --d0-attn-fraction" in attn
