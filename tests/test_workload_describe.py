@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from workloads.describe import history_growth, sharing_structure
+from workloads.describe import all_turns, history_growth, sharing_structure
 from workloads.multiturn.session import Session, Turn
 from workloads.workload import Workload, WorkloadRequest
 
@@ -48,7 +48,13 @@ def test_a_later_turn_can_reuse_the_whole_previous_turn():
     assert s["shareable_tokens"] == 1000 + 1070
     assert s["orgs"]["s1"]["reusable_tokens"] == 512 + 1024
     assert [g["prompt_mean"] for g in history_growth(w)] == [600, 1050, 1100]
+    assert [g["history_mean"] for g in history_growth(w)] == [0, 1000, 1070]
     assert history_growth(Workload(requests=(req(0, 10),))) == []
+    # every turn counted: 600 + 1050 + 1100 prompt tokens, 2070 of them history
+    assert all_turns(w) == {"turns": 3, "later_turns": 2, "prompt_tokens": 2750,
+                            "output_tokens": 425, "history_tokens": 2070,
+                            "history_fraction": 2070 / 2750}
+    assert all_turns(Workload(requests=(req(0, 10),))) is None
 
 
 def test_grids_come_from_the_organizations_layouts():

@@ -85,12 +85,39 @@ def history_growth(w: Workload) -> list[dict]:
     if not w.sessions:
         return []
     by_turn: dict[int, list[int]] = {}
+    history: dict[int, list[int]] = {}
     for s in w.sessions:
         by_turn.setdefault(0, []).append(w.requests[s.first_request].prompt_len)
+        history.setdefault(0, []).append(0)
         for k, t in enumerate(s.turns, start=1):
             by_turn.setdefault(k, []).append(t.prompt_len)
+            history.setdefault(k, []).append(_history_tokens(t))
     return [{"turn": k, "sessions": len(v), "prompt_mean": float(np.mean(v)),
-             "prompt_max": int(max(v))} for k, v in sorted(by_turn.items())]
+             "prompt_max": int(max(v)), "history_mean": float(np.mean(history[k]))}
+            for k, v in sorted(by_turn.items())]
+
+
+def _history_tokens(t) -> int:
+    """The part of a later turn's planned prompt that is the conversation so
+    far (every earlier prompt and answer): reusable from the previous turn."""
+    return int(t.prompt_len - len(t.user_token_ids))
+
+
+def all_turns(w: Workload) -> dict | None:
+    """Totals over every turn of a multi-turn workload (None for a single-turn
+    one): the first turns are the open-loop requests, the later ones are made
+    by the closed loop at run time, with their planned prompt lengths."""
+    if not w.sessions:
+        return None
+    later = [t for s in w.sessions for t in s.turns]
+    prompt = sum(r.prompt_len for r in w.requests) + sum(t.prompt_len for t in later)
+    history = sum(_history_tokens(t) for t in later)
+    return {"turns": len(w.requests) + len(later), "later_turns": len(later),
+            "prompt_tokens": int(prompt),
+            "output_tokens": int(sum(r.output_len for r in w.requests)
+                                 + sum(t.output_len for t in later)),
+            "history_tokens": int(history),
+            "history_fraction": history / prompt if prompt else float("nan")}
 
 
 def sharing_figure(summary: dict):

@@ -78,10 +78,10 @@ def summarize(w: Workload, grids: dict[str, int] | None = None) -> dict:
     per_s = (lambda total: total / duration) if duration > 0 else (lambda total: float("nan"))
     extra = {}
     if grids:
-        from workloads.describe import history_growth, sharing_structure
+        from workloads.describe import all_turns, history_growth, sharing_structure
 
         extra = {"sharing": sharing_structure(w, grids), "history_growth": history_growth(w),
-                 "total_requests": w.total_requests}
+                 "total_requests": w.total_requests, "all_turns": all_turns(w)}
     return {
         "requests": len(w),
         "input_tokens": dist(inputs),
@@ -269,6 +269,12 @@ def describe(path, png, sharing_png, model, as_json):
                         f"(think {m.get('think')} mean {m.get('think_time_s')} s, "
                     f"{'replayed' if m.get('replay_answers') else 'generated'} answers, "
                     f"{'ISOLATE' if m.get('isolate') else 'SHARE'})")
+    if s.get("all_turns"):
+        a = s["all_turns"]
+        lines.insert(3, f"all turns         {a['turns']:,} turns: {a['prompt_tokens']:,} planned "
+                        f"prompt tokens ({a['history_tokens']:,} = {a['history_fraction']:.1%} "
+                        f"history from earlier turns), {a['output_tokens']:,} output tokens; "
+                        "the lengths and load above are the first turns (open loop)")
     if png:
         lines.append(f"histogram         {png}")
     for line in lines:
@@ -288,11 +294,11 @@ def describe(path, png, sharing_png, model, as_json):
     console.print(grid_table)
     if s["history_growth"]:
         growth = Table(title="history growth per session")
-        for col in ("turn", "sessions", "mean prompt", "max prompt"):
+        for col in ("turn", "sessions", "mean prompt", "max prompt", "mean history"):
             growth.add_column(col, justify="right")
         for g in s["history_growth"]:
             growth.add_row(str(g["turn"]), str(g["sessions"]), f"{g['prompt_mean']:.0f}",
-                           str(g["prompt_max"]))
+                           str(g["prompt_max"]), f"{g['history_mean']:.0f}")
         console.print(growth)
     if sharing_png:
         click.echo(f"sharing figure    {sharing_png}")
