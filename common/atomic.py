@@ -138,7 +138,8 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (its entries) by path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -184,7 +185,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             made = _make_parents(target.parent)
             remove_stale_temps(target)
             yield tmp
-            _fsync_file(tmp)
+            fsync_path(tmp)
             os.replace(tmp, target)
             fsync_dir(target.parent)
         except BaseException:

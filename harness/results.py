@@ -51,6 +51,7 @@ from common.atomic import (
     TMP_PREFIX,
     atomic_write_text,
     disk_error,
+    fsync_path,
     new_dirs_removed_on_error,
     pid_alive,
 )
@@ -159,14 +160,6 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(text + "\n", encoding="utf-8")
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------- write
 
 def write_run(
@@ -255,7 +248,7 @@ def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: di
         # The completion marker, last: what every other file must still be.
         _write_json(tmp / MANIFEST, {**manifest, FILES: {n: _file_record(tmp / n) for n in CHECKED_FILES}})
         for name in RUN_FILES:
-            _fsync(tmp / name)
+            fsync_path(tmp / name)
         if final.exists():
             raise HbenchError(f"run directory {final} already exists; refusing to overwrite it")
         try:
@@ -270,7 +263,7 @@ def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: di
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _fsync(out_root)
+    fsync_path(out_root)
 
 
 # ---------------------------------------------------- completeness, cleanup

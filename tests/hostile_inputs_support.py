@@ -15,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from hbench.cli import cli
@@ -113,3 +114,12 @@ def make_results_tree(root: Path) -> Path:
                                    "--out", str(root), "--json"])
     assert res.exit_code == 0, res.output
     return root
+
+
+@pytest.fixture(autouse=True)
+def in_a_scratch_directory(tmp_path, monkeypatch):
+    """Each case runs in its own empty working directory, so an output that
+    silently falls back to ``.`` is caught by the nothing-written check."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)

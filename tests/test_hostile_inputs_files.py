@@ -15,6 +15,7 @@ import pytest
 from hostile_inputs_support import (
     deep_json,
     deep_object,
+    in_a_scratch_directory,  # noqa: F401  (autouse fixture)
     make_results_tree,
     profile_text,
     refused,
@@ -26,13 +27,6 @@ from workloads.io import save_workload
 SMALL = ["--requests", "8", "--rate", "4", "--seed", "3"]
 
 
-@pytest.fixture(autouse=True)
-def _in_a_scratch_directory(tmp_path, monkeypatch):
-    """Each case runs in its own empty working directory, so an output that
-    silently falls back to ``.`` is caught by the nothing-written check."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
 
 
 @pytest.fixture(scope="module")

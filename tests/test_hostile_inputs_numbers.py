@@ -7,7 +7,7 @@ another cell), infinities spelled ``1e400``, values out of range."""
 from __future__ import annotations
 
 import pytest
-from hostile_inputs_support import refused
+from hostile_inputs_support import in_a_scratch_directory, refused  # noqa: F401 (autouse fixture)
 
 from common.errors import HbenchError
 from common.numbers import MAX_NUMBER_CHARS, parse_float, parse_int
@@ -16,13 +16,6 @@ HUGE = "9" * 5000
 SMALL = ["--requests", "12", "--rate", "4", "--seed", "3"]
 
 
-@pytest.fixture(autouse=True)
-def _in_a_scratch_directory(tmp_path, monkeypatch):
-    """Each case runs in its own empty working directory, so an output that
-    silently falls back to ``.`` is caught by the nothing-written check."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    monkeypatch.chdir(work)
 
 # (flag, value, words the error holds) for `hbench run`.
 RUN_FLAGS = [

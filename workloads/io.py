@@ -148,17 +148,23 @@ def _schema_metadata(path: Path, schema: pa.Schema) -> dict:
     return md
 
 
+def _read_parquet(path: Path, read):
+    """``read(path)`` (the footer or the table) of a workload file; HbenchError
+    for a missing file or one that is not Parquet."""
+    if not path.is_file():
+        raise HbenchError(f"workload file not found: {path}")
+    try:
+        return read(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise HbenchError(f"{path}: not a Parquet workload ({str(exc).splitlines()[0]})") from None
+
+
 def stored_size(path: str | Path) -> tuple[int, int, dict]:
     """(requests, prompt tokens, meta) of a workload file, from its Parquet
     footer alone (the row count and the token-id column's value count), so
     its size is known before any row is read."""
     path = Path(path)
-    if not path.is_file():
-        raise HbenchError(f"workload file not found: {path}")
-    try:
-        footer = pq.read_metadata(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise HbenchError(f"{path}: not a Parquet workload ({str(exc).splitlines()[0]})") from None
+    footer = _read_parquet(path, pq.read_metadata)
     md = _schema_metadata(path, footer.schema.to_arrow_schema())
     tokens = 0
     for g in range(footer.num_row_groups):
@@ -177,12 +183,7 @@ def stored_size(path: str | Path) -> tuple[int, int, dict]:
 def load_workload(path: str | Path) -> Workload:
     """Read a file written by `save_workload`; a user error for anything else."""
     path = Path(path)
-    if not path.is_file():
-        raise HbenchError(f"workload file not found: {path}")
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowException) as exc:
-        raise HbenchError(f"{path}: not a Parquet workload ({str(exc).splitlines()[0]})") from None
+    table = _read_parquet(path, pq.read_table)
     md = _schema_metadata(path, table.schema)
     if any(table.column(c).null_count for c in _COLUMNS if c != "salt"):
         raise HbenchError(f"{path}: a request has a missing value")
