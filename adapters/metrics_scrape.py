@@ -14,6 +14,7 @@ names differ; `METRIC_MAPS` maps each engine's names onto one set of columns.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -111,6 +112,87 @@ def info_labels(samples: list[Sample], engine: str) -> dict:
     return {}
 
 
+# The server's own latency histograms, read beside the client's numbers: a
+# client that is late, or a stream that arrives in bursts, shows up as a gap
+# between the two. name in the summary -> histogram family per engine.
+HISTOGRAMS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "ttft": "vllm:time_to_first_token_seconds",
+        "itl": "vllm:inter_token_latency_seconds",
+        "tpot": "vllm:request_time_per_output_token_seconds",
+        "e2e": "vllm:e2e_request_latency_seconds",
+    },
+    "sglang": {
+        "ttft": "sglang:time_to_first_token_seconds",
+        "itl": "sglang:inter_token_latency_seconds",
+        "e2e": "sglang:e2e_request_latency_seconds",
+    },
+}
+SERVER_QUANTILES = (50, 99)
+
+
+def histogram_buckets(samples: list[Sample], family: str) -> dict[float, float]:
+    """Cumulative bucket counts of one histogram family, ``upper bound -> count``,
+    summed over its label sets (engines label by model and engine index)."""
+    buckets: dict[float, float] = {}
+    name = family + "_bucket"
+    for s in samples:
+        if s.name == name and "le" in s.labels:
+            try:
+                le = float(s.labels["le"])
+            except ValueError:
+                continue
+            buckets[le] = buckets.get(le, 0.0) + s.value
+    return buckets
+
+
+def bucket_delta(first: dict[float, float], last: dict[float, float]) -> dict[float, float]:
+    """What a histogram counted between two scrapes (a bucket absent at the first
+    scrape counted nothing before it)."""
+    return {le: count - first.get(le, 0.0) for le, count in last.items()}
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float:
+    """The q-quantile (0..1) of a cumulative histogram, as Prometheus's
+    ``histogram_quantile`` computes it: linear inside the bucket that holds
+    the rank, the lowest bucket starting at 0, and the highest finite bound
+    when the rank falls in the ``+Inf`` bucket. NaN with no observations."""
+    bounds = sorted(buckets)
+    if not bounds or not math.isinf(bounds[-1]) or buckets[bounds[-1]] <= 0:
+        return math.nan
+    total = buckets[bounds[-1]]
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            if count == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return lower
+
+
+def server_latency(first: list[Sample] | None, last: list[Sample] | None,
+                   engine: str) -> dict[str, float]:
+    """``server_<name>_p50_s`` / ``_p99_s`` from the server's own histograms,
+    over what they counted between the first and the last scrape of a run
+    (so earlier traffic on a reused server is left out). A histogram the
+    server does not publish, or that counted nothing, is absent."""
+    out: dict[str, float] = {}
+    if first is None or last is None:
+        return out
+    for name, family in HISTOGRAMS.get(engine, {}).items():
+        delta = bucket_delta(histogram_buckets(first, family), histogram_buckets(last, family))
+        for q in SERVER_QUANTILES:
+            value = histogram_quantile(q / 100, delta)
+            if not math.isnan(value):
+                out[f"server_{name}_p{q}_s"] = value
+    return out
+
+
 class MetricsScraper:
     """Background thread sampling ``/metrics`` every ``interval_s`` seconds.
 
@@ -135,6 +217,9 @@ class MetricsScraper:
         # hbench's vLLM plugin logs its counters (its process's registry is not
         # the one /metrics serves); each row also gets the latest of them
         self._plugin_log = PluginLogFollower(log_path) if log_path is not None else None
+        # the first and the latest parsed scrape, for the server's histograms
+        self._first_samples: list[Sample] | None = None
+        self._last_samples: list[Sample] | None = None
 
     def scrape_once(self) -> dict | None:
         try:
@@ -148,6 +233,9 @@ class MetricsScraper:
             self.last_error = f"HTTP {status}"
             return None
         samples = parse_prometheus(body.decode(errors="replace"))
+        if self._first_samples is None:
+            self._first_samples = samples
+        self._last_samples = samples
         if not self.info:
             self.info = info_labels(samples, self.engine)
         row = {"time_s": self.clock() - self._t0, **extract(samples, self.engine)}
@@ -175,6 +263,10 @@ class MetricsScraper:
         while not self._stop.is_set():
             self.scrape_once()
             self._stop.wait(self.interval_s)
+
+    def server_latency(self) -> dict[str, float]:
+        """The server's own latency quantiles over this run (`server_latency`)."""
+        return server_latency(self._first_samples, self._last_samples, self.engine)
 
     def counter_delta(self, column: str) -> float | None:
         """Last minus first value of a counter column over the run (None if unseen)."""
@@ -228,7 +320,8 @@ def plugin_state(rows: list[dict], resolved: dict | None, final: dict | None,
     peak_memory): the run's final ``invalidations_checkpoint`` and, for D0,
     its peak memory from the pages in use (attention blocks plus private
     checkpoint blocks held), because vLLM's usage gauge counts D0's whole
-    private pool as used from the start.
+    private pool as used from the start; for S1/S2 also the peaks of member
+    pages and (S2) slab pages the plugin held.
     """
     resolved = resolved or {}
     counters: dict = {}
@@ -244,6 +337,9 @@ def plugin_state(rows: list[dict], resolved: dict | None, final: dict | None,
     if final and final.get("org") in ("s1", "s2"):
         counters["invalidations_checkpoint"] = (final.get("invalidations_member", 0)
                                                 + final.get("invalidations_carrier", 0))
+        for key in ("member_pages_peak", "slab_pages_peak"):   # pages beyond the carrier
+            if key in final:
+                counters[key] = final[key]
     if resolved.get("org") == "d0" and pool_layers and resolved.get("attention_blocks"):
         used = [(resolved["attention_blocks"] - r["plugin_attention_free"])
                 + (r["plugin_checkpoint_blocks"] - r["plugin_checkpoint_free"])

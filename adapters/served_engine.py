@@ -164,6 +164,7 @@ class ServedEngine:
         info["device_peak_bytes"] = max(device) if device else None
         own_counters, own_peak = self.state_rows(scraper.rows, info)
         counters.update(own_counters)
+        counters.update(scraper.server_latency())
         peak.update(own_peak)
         return EngineRun(requests=result.records, steps=scraper.rows,
                          window_start_s=result.window_start_s, window_end_s=result.window_end_s,

@@ -5,7 +5,10 @@ a results directory); `per_request_table` turns it into one row per request
 (``requests.parquet``). Analysis code reads these keys by name, so
 `SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
 A multi-turn run (records with a ``turn`` index) adds `TURN_SUMMARY_KEYS` to
-its summary and `TURN_COLUMNS` to its per-request table (`turn_history`).
+its summary and `TURN_COLUMNS` to its per-request table (`turn_history`). A
+run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
+from the actual send beside TTFT from the scheduled arrival, the server's own
+latency histograms beside the client's numbers, and the plugin's page peaks.
 
 Which requests count where:
 
@@ -126,6 +129,17 @@ TURN_SUMMARY_KEYS = (
     "history_tokens", "history_reused_tokens", "history_reuse_fraction",
     "history_recomputed_tokens", "history_survived_fraction", "delivered_session_rate",
 )
+
+# Served runs (`is_served`) add these: ``ttft_send_*`` is TTFT from the moment
+# the client sent the request (``ttft_*`` is from the scheduled arrival, so the
+# two differ by the dispatch lag); ``server_*`` are the server's own
+# histograms over the run (`adapters.metrics_scrape.server_latency`; they
+# count warm-up requests too); the page peaks are hbench's vLLM plugin's
+# (S1/S2 member pages, S2 slab pages). Null where the server does not say.
+SERVER_LATENCY_KEYS = tuple(f"server_{name}_p{q}_s" for name in ("ttft", "itl", "tpot", "e2e")
+                            for q in (50, 99))
+SERVED_SUMMARY_KEYS = ("ttft_send_p50_s", "ttft_send_p99_s", *SERVER_LATENCY_KEYS,
+                       "member_pages_peak", "slab_pages_peak")
 
 NAN = float("nan")
 
@@ -426,9 +440,23 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     summary.update(_validity(run, measured, rows, lags, summary, config))
     summary.update(_attribution(run, tables))
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
+    if served:
+        summary.update(served_summary(run, finished))
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
     return summary
+
+
+def served_summary(run: EngineRun, finished: list[RequestRecord]) -> dict:
+    """`SERVED_SUMMARY_KEYS` of a served run: TTFT from the send over finished
+    measured requests, and what the engine reported in ``run.counters``."""
+    sends = [_diff(r.first_token_s, r.dispatch_s) for r in finished
+             if r.first_token_s is not None and r.dispatch_s is not None]
+    out = {"ttft_send_p50_s": percentile(sends, 50), "ttft_send_p99_s": percentile(sends, 99)}
+    for key in SERVED_SUMMARY_KEYS[2:]:
+        value = run.counters.get(key)
+        out[key] = NAN if value is None else value
+    return out
 
 
 def _grid(run: EngineRun) -> int:

@@ -47,6 +47,11 @@ SUMMARY_ROWS = [
     ("peak_mem_ssm_bytes", "peak SSM state", 2**-30, "GiB"),
     ("slab_occupancy_mean", "slab occupancy (mean)", 100, "%"),
     ("finished", "finished", 1, ""), ("failed", "failed", 1, ""), ("cancelled", "cancelled", 1, ""),
+    # served runs only: from the send, and the server's own histograms
+    ("ttft_send_p99_s", "TTFT p99 from the send", 1e3, "ms"),
+    ("server_ttft_p99_s", "TTFT p99, server's histogram", 1e3, "ms"),
+    ("server_itl_p50_s", "ITL p50, server's histogram", 1e3, "ms"),
+    ("member_pages_peak", "peak member pages (plugin)", 1, ""),
     # multi-turn runs only
     ("later_turn_ttft_p50_s", "TTFT p50, turns after the first", 1e3, "ms"),
     ("history_reuse_fraction", "history served from cache", 100, "%"),
