@@ -62,7 +62,8 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     the capacity is the largest grid rate at which the SLO holds there and at
     every lower rate; the table gives the mean over seeds and its CI. Also
     prints where one organization's goodput (requests per second meeting the
-    SLO) overtakes another's, and writes the winner map (budget x rate).
+    SLO) overtakes another's, and writes the winner map (budget x rate) and
+    report.html (answers first, then figures and tables).
     """
     from rich.console import Console
     from rich.table import Table
@@ -110,4 +111,4 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     if shaky:
         console.print(f"note: {len(shaky)} runs at a found capacity are not valid (their SLO held in a "
                       f"transient): {', '.join(shaky)}", highlight=False)
-    console.print(f"wrote {out}/capacity.json and {out}/winner_map.png")
+    console.print(f"wrote {out}/capacity.json, {out}/winner_map.png and {out}/report.html")
