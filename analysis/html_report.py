@@ -6,7 +6,7 @@ asked and what the data say (`analysis.headlines`: sentences generated from
 the contrasts, with CIs, Holm p values and the runs that are not valid),
 then the capacity search (when a ``capacity.json`` from `hbench capacity`
 lies under the root) and the study-vs-hbench table (for `hbench
-reproduce`), then every figure the data support (`analysis.figures.figure_set`,
+reproduce`), then every figure the data support (`analysis.figure_set.figure_set`,
 the figures ``analyze`` writes as files, plus the TTFT attribution), then
 the contrast tables, and the per-run tables last, folded
 (`analysis.html_sections`).
@@ -122,8 +122,8 @@ def build_html(root, runs: pd.DataFrame, contrasts: pd.DataFrame | None = None, 
     contrasted (default: the contrasts' own); ``study``: the study-vs-hbench
     table of `analysis.reproduce.compare`; ``asked``: the question the runs
     answer (default: built from what they vary); ``figures``: the
-    `analysis.figures.figure_set` already drawn (default: drawn here)."""
-    from analysis.figures import figure_set
+    `analysis.figure_set.figure_set` already drawn (default: drawn here)."""
+    from analysis.figure_set import figure_set
 
     root = Path(root)
     if metrics is None:

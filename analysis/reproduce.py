@@ -251,7 +251,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
 
     from analysis import contrasts as C
     from analysis.designs import design, selected_headroom_contrasts
-    from analysis.figures import render_figures
+    from analysis.figure_set import render_figures
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import write_outputs

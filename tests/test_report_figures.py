@@ -9,6 +9,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from analysis import capacity as C
+from analysis import figure_set as FS
 from analysis import figures
 from analysis.answer_figures import attribution_figure, winner_map_figure
 from analysis.headlines import capacity_headlines, contrast_sentence
@@ -162,9 +163,9 @@ def test_attribution_titles_do_not_overlap_with_one_organization(spread_runs):
 
 def test_memory_figure_shows_the_run_with_the_highest_peak(spread_runs):
     # the factory's steps peak at the same bytes; the tie goes to the first run id
-    row, steps = figures.peak_memory_run(spread_runs)
+    row, steps = FS.peak_memory_run(spread_runs)
     assert row["run_id"] == "d0-0.0-2"
-    (stem, caption, fig) = next(f for f in figures.figure_set(spread_runs) if f[0].startswith("memory_"))
+    (stem, caption, fig) = next(f for f in FS.figure_set(spread_runs) if f[0].startswith("memory_"))
     assert stem == "memory_d0-0.0-2" and "highest peak" in caption and "highest peak" in fig.axes[0].get_title()
 
 

@@ -41,7 +41,8 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
     from rich.console import Console
 
     from analysis import contrasts as C
-    from analysis.figures import figure_set, save
+    from analysis.figure_set import figure_set
+    from analysis.figures import save
     from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
