@@ -6,6 +6,8 @@ matplotlib `Figure` (Agg canvas, no global pyplot state).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -22,15 +24,25 @@ CAUSE_LABELS = {"wait_memory": "waiting: memory short", "wait_cap": "waiting: ru
                 "recompute": "recompute after preemption"}
 
 
+def _lead(r) -> str:
+    """A second line ``S2 ahead, p 0.31`` for a tie whose means differ ("" for equal means)."""
+    leader = r.get("leader", None if r["winner"] == "tie" else r["winner"])
+    if leader is None or (isinstance(leader, float) and math.isnan(leader)):
+        return ""
+    p = r.get("p", math.nan)
+    return f"\n{str(leader).upper()} ahead, p " + ("n/a" if p is None or math.isnan(p) else f"{p:.2f}")
+
+
 def winner_map_figure(wmap: pd.DataFrame, title: str) -> Figure:
     """Budget (rows) x rate (columns); a cell takes the colour of the
     organization that wins it (best mean goodput, significantly ahead of the
-    runner-up) or the tie colour, and is labelled with the winner (or "tie")
-    and the best mean goodput in req/s. Text is black or white by the cell's
+    runner-up) or the tie colour, and is labelled with the winner (or "tie",
+    naming the organization ahead and the p value when the means differ) and
+    the best mean goodput in req/s. Text is black or white by the cell's
     luminance, so it reads on every colour."""
     budgets = sorted(wmap["budget"].unique(), key=budget_order)
     rates = sorted(wmap["rate"].unique())
-    fig = Figure(figsize=(1.25 * len(rates) + 3.2, 0.85 * len(budgets) + 1.7), layout="constrained")
+    fig = Figure(figsize=(1.6 * len(rates) + 3.2, 0.85 * len(budgets) + 1.7), layout="constrained")
     ax = fig.subplots()
     winners = set()
     for _, r in wmap.iterrows():
@@ -39,7 +51,7 @@ def winner_map_figure(wmap: pd.DataFrame, title: str) -> Figure:
         colour = org_color(r["winner"]) if won else TIE_COLOR
         winners.add(r["winner"] if won else None)
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=1.5))
-        word = str(r["winner"]).upper() if won else "tie"
+        word = str(r["winner"]).upper() if won else "tie" + _lead(r)
         ax.text(j, i, f"{word}\n{r['goodput']:.2f} req/s", ha="center", va="center",
                 color=text_color_on(colour), fontsize=8)
     ax.set_xlim(-0.5, len(rates) - 0.5)

@@ -61,7 +61,8 @@ def test_not_significant_lead_is_a_tie_and_a_significant_one_wins():
     assert wmap.loc[1.0, "winner"] == "tie" and wmap.loc[1.0, "leader"] == "s2" and wmap.loc[1.0, "p"] > 0.05
     assert wmap.loc[2.0, "winner"] == "d0" and wmap.loc[2.0, "significant"]
     fig = winner_map_figure(wmap.reset_index(), "t")
-    assert _cell_labels(fig) == ["tie\n1.40 req/s", "D0\n2.10 req/s"]
+    p = wmap.loc[1.0, "p"]
+    assert _cell_labels(fig) == [f"tie\nS2 ahead, p {p:.2f}\n1.40 req/s", "D0\n2.10 req/s"]
     assert _cell_colours(fig) == [TIE_COLOR, ORG_COLORS["d0"]]
     # every cell's text has the colour that reads on its cell, never white on a light cell
     for text, colour in zip(fig.axes[0].texts, _cell_colours(fig), strict=True):
