@@ -30,6 +30,7 @@ from analysis.figures import (
     save,
     turn_figure,
 )
+from common.errors import HbenchError
 from harness.results import read_run
 
 
@@ -75,14 +76,20 @@ def figure_set(runs: pd.DataFrame, metrics: Sequence[str] = ("throughput_ledger_
                contrasts: pd.DataFrame | None = None) -> list[tuple[str, str, Figure | None]]:
     """Every figure the data support as (file stem, caption, figure or None),
     in the order a report shows them: the answers first (contrasts, ratios,
-    headroom), then the mechanisms (memory, depth, latency, turns)."""
+    headroom), then the mechanisms (memory, depth, latency, turns). A ratio
+    figure whose runs cannot be paired (several runs for one seed) is None
+    with a caption that says why."""
     figs: list[tuple[str, str, Figure | None]] = [
         ("contrasts_forest", "Every contrast: effect with its 95% CI; red: significant after Holm.",
          forest_figure(contrasts))]
     for m in metrics:
         for x in ("budget", "rate"):
-            figs.append((f"d0_s2_ratio_vs_{x}_{m}", f"D0/S2 ratio of {_label(m)} by {x}.",
-                         ratio_figure(runs, x, metric=m)))
+            caption = f"D0/S2 ratio of {_label(m)} by {x}."
+            try:
+                fig = ratio_figure(runs, x, metric=m)
+            except HbenchError as e:   # runs that cannot be paired: the report says why
+                fig, caption = None, f"The D0/S2 ratio by {x} is not drawn: {e}"
+            figs.append((f"d0_s2_ratio_vs_{x}_{m}", caption, fig))
         figs.append((f"headroom_{m}", f"{_label(m)} against admission headroom, per budget.",
                      headroom_figure(runs, m)))
     chosen = peak_memory_run(runs)

@@ -40,6 +40,10 @@ GIB = 1024**3
 DEPTH_METRICS = (("j_adopt_mean", "J_adopt (tokens)"), ("r_max_mean", "R_max (tokens)"),
                  ("attn_depth_mean", "attention depth (tokens)"))
 LINESTYLES = ("-", "--", ":", "-.")
+# Colours that are no organization's (common.palette): state kinds, and the
+# series of a ratio figure, which are design cells, not organizations.
+MEMORY_COLORS = {"mem_attention_bytes": "#76b7b2", "mem_ssm_bytes": "#b07aa1", "mem_conv_bytes": "#9c755f"}
+SERIES_COLORS = ("#222222", "#9c755f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7")
 MEMORY_KINDS = (("mem_attention_bytes", "attention KV"), ("mem_ssm_bytes", "SSM state"),
                 ("mem_conv_bytes", "conv state"))
 METRIC_LABELS = {
@@ -170,7 +174,8 @@ def ratio_figure(
         pos = [(order.index(p[0]) if categorical else p[0]) + shift for p in pts]
         yerr = np.array([p[2] for p in pts]).T
         label = _series_label(dict(zip(others, key, strict=True))) or f"{num_org.upper()}/{den_org.upper()}"
-        ax.errorbar(pos, [p[1] for p in pts], yerr=yerr, marker="o", capsize=4, label=label)
+        ax.errorbar(pos, [p[1] for p in pts], yerr=yerr, marker="o", capsize=4, label=label,
+                    color=SERIES_COLORS[i % len(SERIES_COLORS)])
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     if categorical:
         ax.set_xticks(range(len(order)), [str(o) for o in order])
@@ -317,7 +322,7 @@ def memory_figure(steps: pd.DataFrame, title: str) -> Figure | None:
     ax = fig.subplots()
     ax.stackplot(steps["time_s"].to_numpy(dtype=float),
                  *[steps[c].to_numpy(dtype=float) / GIB for c, _ in kinds],
-                 labels=[lab for _, lab in kinds], alpha=0.85)
+                 labels=[lab for _, lab in kinds], colors=[MEMORY_COLORS[c] for c, _ in kinds], alpha=0.85)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("memory in use (GiB)")
     ax.set_title(title)

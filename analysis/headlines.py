@@ -142,9 +142,12 @@ def invalid_runs_sentence(runs: pd.DataFrame) -> str:
 
 def question(runs: pd.DataFrame, metrics: Sequence[str]) -> str:
     """What the runs asked, from what they vary."""
+    from analysis.figures import budget_order
+
     def values(key: str, fmt=str) -> str:
         vals = runs[key].dropna().unique() if key in runs.columns else []
-        return ", ".join(fmt(v) for v in sorted(vals, key=str)) or "-"
+        order = budget_order if key == "budget" else (lambda v: (isinstance(v, str), v))
+        return ", ".join(fmt(v) for v in sorted(vals, key=order)) or "-"
     labels = ", ".join(_metric_label(m) for m in metrics)
     return (f"How do organizations {values('org', lambda v: str(v).upper())} compare on {labels}, "
             f"paired by seed, at budgets {values('budget')} and arrival rates "
@@ -155,9 +158,12 @@ def capacity_headlines(doc: Mapping) -> list[str]:
     """Capacity per arm with its interval, and how many winner-map cells are ties."""
     out = []
     slo = ", ".join(doc["slo"])
+    top = max(doc.get("rates") or [math.inf])
     for c in doc["capacity"]:
         n = len(str(c["per_seed"]).split(", "))
-        out.append(f"{str(c['org']).upper()} at {c['budget']} sustains {c['capacity_req_s']:.2f} req/s "
+        at_top = c["ci_low"] >= top    # every seed held the SLO at the grid's highest rate
+        out.append(f"{str(c['org']).upper()} at {c['budget']} sustains "
+                   + ("at least the grid's top rate, " if at_top else "") + f"{c['capacity_req_s']:.2f} req/s "
                    f"within {slo} (interval [{c['ci_low']:.2f}, {c['ci_high']:.2f}] req/s over {n} seeds; "
                    f"per seed {c['per_seed']}).")
     cells = doc.get("winner_map") or []

@@ -33,7 +33,8 @@ from common.errors import HbenchError
 STYLE = """body{font-family:sans-serif;margin:24px auto;max-width:1150px;padding:0 12px;color:#222}
 h1{font-size:22px;overflow-wrap:anywhere}h2{margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:8px 0 18px;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;overflow-wrap:anywhere}th{background:#eee}
+td,th{border:1px solid #ccc;padding:3px 7px;text-align:right;overflow-wrap:anywhere}
+th{background:#eee;overflow-wrap:normal}
 td:first-child,th:first-child{text-align:left}.bad{color:#b00;font-weight:bold}
 tr.group th{background:#f6f6f6;text-align:left}div.scroll{overflow-x:auto;max-width:100%}
 img{max-width:100%;height:auto;display:block;margin:8px 0 4px;border:1px solid #ddd}
@@ -107,7 +108,8 @@ def _capacity_section(docs: Sequence[tuple[Path, dict]]) -> str:
 def _figures_section(runs: pd.DataFrame, figures: Sequence[tuple[str, str, Figure | None]]) -> str:
     from analysis.answer_figures import attribution_figure
 
-    parts = [_img(fig, stem, caption) for stem, caption, fig in figures]
+    parts = [_img(fig, stem, caption) if fig is not None or " not drawn: " not in caption
+             else f"<p class='note'>{html.escape(caption)}</p>" for stem, caption, fig in figures]
     parts.append(_img(attribution_figure(runs), "ttft_attribution",
                       "TTFT by cause: mean parts of the requests around TTFT p50 and in the top 2 %, "
                       "per organization."))

@@ -182,3 +182,14 @@ def test_sentences_say_not_significant_when_the_ci_contains_zero():
     bad = {**row, "verdict": "arms not valid", "arms_invalid": "seed 1: run abc not valid"}
     assert contrast_sentence(bad) == ("S2 vs S0 at budget b83, 2 req/s is not tested: its arms are not "
                                       "valid (seed 1: run abc not valid).")
+
+
+def test_capacity_sentence_says_when_every_seed_held_at_the_grid_top():
+    doc = {"slo": ["ttft_p99<=2s"], "rates": [1.0, 3.0, 6.0], "capacity": [
+        {"org": "s2", "budget": "b83", "capacity_req_s": 6.0, "ci_low": 6.0, "ci_high": 6.0, "per_seed": "1: 6, 2: 6"},
+        {"org": "d0", "budget": "b83", "capacity_req_s": 4.5, "ci_low": 3.0, "ci_high": 6.0, "per_seed": "1: 3, 2: 6"}]}
+    assert capacity_headlines(doc) == [
+        "S2 at b83 sustains at least the grid's top rate, 6.00 req/s within ttft_p99<=2s (interval [6.00, 6.00] "
+        "req/s over 2 seeds; per seed 1: 6, 2: 6).",
+        "D0 at b83 sustains 4.50 req/s within ttft_p99<=2s (interval [3.00, 6.00] req/s over 2 seeds; "
+        "per seed 1: 3, 2: 6)."]
