@@ -29,7 +29,8 @@ hb() { "$PYTHON" -m hbench.cli "$@"; }
 
 hb sweep --org s2,d0 --budget b83,b108 --rate 3 --seeds 1-3 --requests 40 --jobs "$JOBS" \
     --out "$WORK/root/sweep" >/dev/null
-hb capacity --org s2,d0 --budget b83,b108 --rates 1,3,6 --seeds 1-2 --requests 30 --jobs "$JOBS" \
+hb capacity --org s2,d0 --budget b63,b108 --rates 1,2,4 --seeds 1-3 --requests 60 --set cap=63 \
+    --jobs "$JOBS" \
     --slo 'ttft_p99<=2s,tpot_p99<=100ms' --out "$WORK/root/capacity" >/dev/null
 hb report "$WORK/root" -o "$WORK/report.html" >/dev/null
 hb analyze "$WORK/root/sweep" --out "$WORK/analysis" --no-figures >/dev/null
