@@ -70,9 +70,14 @@ def _metric_label(metric: str) -> str:
     return METRIC_PHRASES[metric][1] if metric in METRIC_PHRASES else _label(metric)
 
 
+def pct(x: float) -> str:
+    """Signed percent with one decimal; a value that rounds to zero is +0.0, never -0.0."""
+    return f"{round(float(x), 1) + 0.0:+.1f}"
+
+
 def _stats(r: Mapping) -> str:
     ci = ("no CI (one seed)" if _nan(r["effect_ci_low"])
-          else f"95 % CI [{r['effect_ci_low']:+.1f}, {r['effect_ci_high']:+.1f}] %")
+          else f"95 % CI [{pct(r['effect_ci_low'])}, {pct(r['effect_ci_high'])}] %")
     return f"{ci}, Holm p {fmt_p(r['p_holm'])}, {int(r['n'])} paired seeds"
 
 
@@ -98,7 +103,7 @@ def contrast_sentence(r: Mapping, alpha: float = 0.05) -> str:
     why = ("the CI contains 0" if _nan(lo) or lo <= 0 <= hi
            else f"the CI excludes 0 but Holm p is not below {alpha:g}")
     return (f"{a} and {b} {where} do not differ significantly on {_metric_label(metric)}: "
-            f"{eff:+.1f} % ({_stats(r)}; {why}).")
+            f"{pct(eff)} % ({_stats(r)}; {why}).")
 
 
 def contrast_headlines(contrasts: pd.DataFrame | None, alpha: float = 0.05) -> list[tuple[str, str]]:

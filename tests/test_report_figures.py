@@ -179,6 +179,8 @@ def test_sentences_say_not_significant_when_the_ci_contains_zero():
     null = {**row, "effect_ci_low": -3.0, "p_holm": 0.4, "significant": False, "verdict": "not significant"}
     assert contrast_sentence(null).endswith("3 paired seeds; the CI contains 0).")
     assert "do not differ significantly" in contrast_sentence(null)
+    tiny = {**null, "effect_pct": -0.3, "effect_ci_low": -0.6, "effect_ci_high": -0.04}
+    assert "-0.3 % (95 % CI [-0.6, +0.0] %" in contrast_sentence(tiny)
     bad = {**row, "verdict": "arms not valid", "arms_invalid": "seed 1: run abc not valid"}
     assert contrast_sentence(bad) == ("S2 vs S0 at budget b83, 2 req/s is not tested: its arms are not "
                                       "valid (seed 1: run abc not valid).")
