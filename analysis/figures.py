@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analysis import stats
 from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
@@ -305,7 +306,11 @@ def turn_figure(requests: Mapping[tuple[str, str], pd.DataFrame]) -> Figure | No
         ax_ttft.set_title(f"budget {budget}: TTFT p50", fontsize=9)
         ax_ttft.set_ylabel("TTFT p50 (ms, log scale)")
         ax_ttft.set_yscale("log")
+        # plain numbers (20, 50, 100 ms) on the log axis, not 2 x 10^1
+        for axis_formatter in (ax_ttft.yaxis.set_major_formatter, ax_ttft.yaxis.set_minor_formatter):
+            axis_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         for ax in (ax_reuse, ax_ttft):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("turn index (0 = first turn)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
