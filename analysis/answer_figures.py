@@ -17,8 +17,9 @@ from analysis.figures import budget_order
 from common.palette import TIE_COLOR, org_color, text_color_on
 from harness.attribution import CAUSES
 
-CAUSE_COLOURS = {"wait_memory": "#e15759", "wait_cap": "#f28e2b", "wait_budget": "#edc948",
-                 "prefill": "#4e79a7", "recompute": "#b07aa1"}
+# No organization's colour (common.palette): the bars' x axis lists organizations.
+CAUSE_COLOURS = {"wait_memory": "#b07aa1", "wait_cap": "#edc948", "wait_budget": "#ff9da7",
+                 "prefill": "#76b7b2", "recompute": "#9c755f"}
 CAUSE_LABELS = {"wait_memory": "waiting: memory short", "wait_cap": "waiting: running cap full",
                 "wait_budget": "waiting: token budget", "prefill": "prefill compute",
                 "recompute": "recompute after preemption"}
@@ -84,6 +85,8 @@ def attribution_figure(breakdowns: pd.DataFrame) -> Figure | None:
     orgs = list(data.index)
     fig = Figure(figsize=(max(6.4, 2.5 + 1.6 * len(orgs)), 4.2), layout="constrained")
     axes = fig.subplots(1, 2, squeeze=False, sharey=True)[0]
+    tallest = max(float(data[[f"ttft_{b}_{c}_s" for c in CAUSES]].fillna(0).sum(axis=1).max())
+                  for b in ("p50", "p99"))
     for ax, band in zip(axes, ("p50", "p99"), strict=True):
         bottom = np.zeros(len(orgs))
         for c in CAUSES:
@@ -95,6 +98,7 @@ def attribution_figure(breakdowns: pd.DataFrame) -> Figure | None:
         ax.set_xlabel("organization")
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("mean part of TTFT (s)")
+    axes[0].set_ylim(0, 1.08 * tallest if tallest > 0 else 1.0)   # room above the tallest bar
     fig.suptitle("TTFT by cause (mean over each organization's runs)", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=7)

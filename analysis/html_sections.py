@@ -91,7 +91,8 @@ def memory_given_section(runs: pd.DataFrame) -> str:
     if "allocated_bytes" not in runs.columns or runs["allocated_bytes"].isna().all():
         return ""
     keys = [k for k in ("engine", "paging", "budget", "org") if k in runs.columns]
-    given = (runs.dropna(subset=["allocated_bytes"]).groupby(keys, sort=True)["allocated_bytes"]
+    # dropna=False: a run without a paging mode (None) still has its row
+    given = (runs.dropna(subset=["allocated_bytes"]).groupby(keys, sort=True, dropna=False)["allocated_bytes"]
              .agg(["min", "max"]).reset_index())
     given = given.sort_values(["budget", "org"], key=lambda s: s.map(budget_order) if s.name == "budget" else s)
     rows = [[*(r[k] for k in keys), f"{r['min'] / 2**20:,.2f}"

@@ -195,3 +195,21 @@ def test_capacity_sentence_says_when_every_seed_held_at_the_grid_top():
         "req/s over 2 seeds; per seed 1: 6, 2: 6).",
         "D0 at b83 sustains 4.50 req/s within ttft_p99<=2s (interval [3.00, 6.00] req/s over 2 seeds; "
         "per seed 1: 3, 2: 6)."]
+
+
+def test_memory_given_lists_runs_without_a_paging_mode(tmp_path):
+    from analysis.html_sections import memory_given_section
+
+    runs = pd.DataFrame({"engine": "sim", "paging": [None, None], "budget": "b83", "org": ["s2", "d0"],
+                         "allocated_bytes": [5 * 2**30, 5 * 2**30]})
+    text = memory_given_section(runs)
+    assert text.count("5,120.00") == 2, text
+
+
+def test_attribution_bars_leave_room_above_the_tallest_and_use_no_organization_colour(spread_runs):
+    from analysis.answer_figures import CAUSE_COLOURS
+
+    assert not set(CAUSE_COLOURS.values()) & set(ORG_COLORS.values())
+    fig = attribution_figure(spread_runs)
+    tops = [p.get_y() + p.get_height() for ax in fig.axes for p in ax.patches]
+    assert max(tops) < fig.axes[0].get_ylim()[1]
