@@ -6,51 +6,66 @@ matplotlib `Figure` (Agg canvas, no global pyplot state).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
-from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from analysis.figures import budget_order
+from common.palette import TIE_COLOR, org_color, text_color_on
 from harness.attribution import CAUSES
 
-ORG_COLOURS = {"s0": "#8c8c8c", "s1": "#f28e2b", "s2": "#4e79a7", "d0": "#e15759"}
-CAUSE_COLOURS = {"wait_memory": "#e15759", "wait_cap": "#f28e2b", "wait_budget": "#edc948",
-                 "prefill": "#4e79a7", "recompute": "#b07aa1"}
+# No organization's colour (common.palette): the bars' x axis lists organizations.
+CAUSE_COLOURS = {"wait_memory": "#b07aa1", "wait_cap": "#edc948", "wait_budget": "#ff9da7",
+                 "prefill": "#76b7b2", "recompute": "#9c755f"}
 CAUSE_LABELS = {"wait_memory": "waiting: memory short", "wait_cap": "waiting: running cap full",
                 "wait_budget": "waiting: token budget", "prefill": "prefill compute",
                 "recompute": "recompute after preemption"}
 
 
+def _lead(r) -> str:
+    """A second line ``S2 ahead, p 0.31`` for a tie whose means differ ("" for equal means)."""
+    leader = r.get("leader", None if r["winner"] == "tie" else r["winner"])
+    if leader is None or (isinstance(leader, float) and math.isnan(leader)):
+        return ""
+    p = r.get("p", math.nan)
+    return f"\n{str(leader).upper()} ahead, p " + ("n/a" if p is None or math.isnan(p) else f"{p:.2f}")
+
+
 def winner_map_figure(wmap: pd.DataFrame, title: str) -> Figure:
-    """Budget (rows) x rate (columns); colour = organization with the best mean
-    goodput; hatched where its lead over the runner-up is not significant."""
+    """Budget (rows) x rate (columns); a cell takes the colour of the
+    organization that wins it (best mean goodput, significantly ahead of the
+    runner-up) or the tie colour, and is labelled with the winner (or "tie",
+    naming the organization ahead and the p value when the means differ) and
+    the best mean goodput in req/s. Text is black or white by the cell's
+    luminance, so it reads on every colour."""
     budgets = sorted(wmap["budget"].unique(), key=budget_order)
     rates = sorted(wmap["rate"].unique())
-    orgs = sorted(wmap["winner"].unique())
-    colours = [ORG_COLOURS.get(o, "#59a14f") for o in orgs]
-    grid = np.full((len(budgets), len(rates)), np.nan)
-    fig = Figure(figsize=(1.1 * len(rates) + 2.5, 0.8 * len(budgets) + 1.6), layout="constrained")
+    fig = Figure(figsize=(1.6 * len(rates) + 3.2, 0.85 * len(budgets) + 1.7), layout="constrained")
     ax = fig.subplots()
+    winners = set()
     for _, r in wmap.iterrows():
         i, j = budgets.index(r["budget"]), rates.index(r["rate"])
-        grid[i, j] = orgs.index(r["winner"])
-    ax.imshow(grid, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(orgs) - 0.5, aspect="auto")
-    for _, r in wmap.iterrows():
-        i, j = budgets.index(r["budget"]), rates.index(r["rate"])
-        if not r["significant"]:
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//",
-                                   edgecolor="white", linewidth=0))
-        ax.text(j, i, f"{r['goodput']:.2f}", ha="center", va="center", color="white", fontsize=8)
+        won = bool(r["significant"]) and r["winner"] != "tie"
+        colour = org_color(r["winner"]) if won else TIE_COLOR
+        winners.add(r["winner"] if won else None)
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=1.5))
+        word = str(r["winner"]).upper() if won else "tie" + _lead(r)
+        ax.text(j, i, f"{word}\n{r['goodput']:.2f} req/s", ha="center", va="center",
+                color=text_color_on(colour), fontsize=8)
+    ax.set_xlim(-0.5, len(rates) - 0.5)
+    ax.set_ylim(len(budgets) - 0.5, -0.5)
     ax.set_xticks(range(len(rates)), [f"{r:g}" for r in rates])
     ax.set_yticks(range(len(budgets)), budgets)
     ax.set_xlabel("arrival rate (req/s)")
-    ax.set_ylabel("budget")
+    ax.set_ylabel("budget (label)")
     ax.set_title(title, fontsize=9)
-    handles = [Patch(facecolor=c, label=o.upper()) for o, c in zip(orgs, colours, strict=True)]
-    handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="not significant"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    handles = [Patch(facecolor=org_color(o), label=o.upper()) for o in sorted(w for w in winners if w)]
+    handles.append(Patch(facecolor=TIE_COLOR, label="tie: equal, or not significant"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
+              title="cell: winner, best goodput", title_fontsize=8)
     return fig
 
 
@@ -68,8 +83,10 @@ def attribution_figure(breakdowns: pd.DataFrame) -> Figure | None:
     if data[keys].isna().all().all():
         return None
     orgs = list(data.index)
-    fig = Figure(figsize=(3 + 1.2 * len(orgs), 3.8), layout="constrained")
-    axes = fig.subplots(1, 2, squeeze=False)[0]
+    fig = Figure(figsize=(max(6.4, 2.5 + 1.6 * len(orgs)), 4.2), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False, sharey=True)[0]
+    tallest = max(float(data[[f"ttft_{b}_{c}_s" for c in CAUSES]].fillna(0).sum(axis=1).max())
+                  for b in ("p50", "p99"))
     for ax, band in zip(axes, ("p50", "p99"), strict=True):
         bottom = np.zeros(len(orgs))
         for c in CAUSES:
@@ -77,7 +94,12 @@ def attribution_figure(breakdowns: pd.DataFrame) -> Figure | None:
             ax.bar([o.upper() for o in orgs], v, bottom=bottom, color=CAUSE_COLOURS[c],
                    label=CAUSE_LABELS[c])
             bottom += v
-        ax.set_title(f"TTFT {band} by cause")
-        ax.set_ylabel("seconds")
-    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.set_title(f"TTFT {band}", fontsize=10)
+        ax.set_xlabel("organization")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("mean part of TTFT (s)")
+    axes[0].set_ylim(0, 1.08 * tallest if tallest > 0 else 1.0)   # room above the tallest bar
+    fig.suptitle("TTFT by cause (mean over each organization's runs)", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=7)
     return fig

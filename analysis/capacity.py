@@ -15,12 +15,17 @@ requests take to drain.
 **Capacity** of an arm (organization x budget) for one seed: the largest
 grid rate r such that the SLO holds at r and at every lower grid rate; the
 next grid step above it fails (or r is the top of the grid). The arm's
-capacity is the mean over seeds with a t interval. The **crossover** rate of
-two organizations at one budget is the lowest grid rate from which the
-first's mean goodput stays above the second's. The **winner map** colours
-each (budget, rate) by the organization with the best mean goodput and is
-hatched where the seed-paired goodput difference to the runner-up is not
-significant (paired t test, p >= alpha, or fewer than two seeds).
+capacity is the mean over seeds with a percentile bootstrap interval of that
+mean: it lies between the lowest and highest seed's capacity by construction,
+so it never leaves the grid (a t interval on three seeds can reach below
+0 req/s). The **crossover** rate of two organizations at one budget is the
+lowest grid rate from which the first's mean goodput stays above the
+second's. The **winner map** names, at each (budget, rate), the organization
+with the best mean goodput when its seed-paired goodput difference to the
+runner-up is significant (paired t test, p < alpha, at least two seeds), and
+``tie`` otherwise: equal means (an SLO nobody meets gives every organization
+goodput 0) and differences the seeds cannot tell apart are ties, never a win
+decided by the organizations' names.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ _SLO_TERM = re.compile(r"^\s*(ttft|tpot|itl|e2e)_(p50|p90|p99)\s*<=\s*([0-9.]+(?
 #: Longest latency limit an SLO may name (one day): a larger one is a typo,
 #: and 1e400s would read as infinity.
 MAX_SLO_SECONDS = 86_400.0
+#: The winner map's word for a cell no organization wins.
+TIE = "tie"
 # per-request column that stands for each metric family in goodput
 REQUEST_COLUMN = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_p99_s", "e2e": "e2e_s"}
 
@@ -125,14 +132,17 @@ def seed_capacity(rates_ok: Mapping[float, bool]) -> tuple[float, float | None]:
 
 def capacity_table(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """One row per arm (org, budget) from ``cells`` (columns org, budget, rate,
-    seed, meets): per-seed capacities, their mean and t interval."""
+    seed, meets): per-seed capacities, their mean and its percentile bootstrap
+    interval (within the per-seed range; the mean itself for one seed or no
+    spread)."""
     rows = []
     for (org, budget), g in cells.groupby(["org", "budget"], sort=False):
         per_seed = {}
         for seed, s in g.groupby("seed"):
             per_seed[int(seed)] = seed_capacity(dict(zip(s["rate"], s["meets"], strict=True)))[0]
         caps = np.array(list(per_seed.values()), dtype=float)
-        lo, hi = stats.t_interval(caps, 1 - alpha) if caps.size >= 2 and np.ptp(caps) > 0 else (caps.mean(),) * 2
+        lo, hi = (stats.bootstrap_interval(caps, stats.bootstrap_rng(), level=1 - alpha)
+                  if caps.size >= 2 and np.ptp(caps) > 0 else (caps.mean(),) * 2)
         rows.append({"org": org, "budget": budget, "capacity_req_s": float(caps.mean()),
                      "ci_low": float(lo), "ci_high": float(hi),
                      "per_seed": ", ".join(f"{s}: {c:g}" for s, c in sorted(per_seed.items()))})
@@ -150,19 +160,24 @@ def _paired_p(a: Mapping[int, float], b: Mapping[int, float]) -> float:
 
 
 def winner_map(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """One row per (budget, rate): the organization with the best mean goodput,
-    the runner-up, the paired p of their difference and ``significant``."""
+    """One row per (budget, rate): ``leader`` and ``runner_up`` (best and second
+    mean goodput; ``leader`` None when the two means are equal), the paired p
+    of their difference, ``significant`` and ``winner``: the leader when
+    significant, else ``"tie"``. Organizations are ordered by mean goodput
+    alone, never by name."""
     rows = []
     for (budget, rate), g in cells.groupby(["budget", "rate"], sort=False):
         by_org = {org: dict(zip(s["seed"].astype(int), s["goodput"], strict=True))
                   for org, s in g.groupby("org", sort=False)}
-        means = sorted(((float(np.mean(list(v.values()))), org) for org, v in by_org.items()), reverse=True)
-        best = means[0][1]
-        second = means[1][1] if len(means) > 1 else None
+        means = sorted(((float(np.mean(list(v.values()))), org) for org, v in by_org.items()),
+                       key=lambda m: m[0], reverse=True)
+        best, second = means[0][1], (means[1][1] if len(means) > 1 else None)
+        equal = second is not None and means[0][0] == means[1][0]
         p = _paired_p(by_org[best], by_org[second]) if second else math.nan
-        rows.append({"budget": budget, "rate": float(rate), "winner": best, "runner_up": second,
-                     "goodput": means[0][0], "p": p,
-                     "significant": bool(second and not math.isnan(p) and p < alpha)})
+        significant = bool(second and not equal and not math.isnan(p) and p < alpha)
+        rows.append({"budget": budget, "rate": float(rate), "winner": best if significant else TIE,
+                     "leader": None if equal else best, "runner_up": second,
+                     "goodput": means[0][0], "p": p, "significant": significant})
     return pd.DataFrame(rows)
 
 

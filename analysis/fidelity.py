@@ -173,6 +173,8 @@ def fidelity_figure(table: pd.DataFrame):
     """Simulated against real, one panel per metric, one point per cell, the identity line."""
     from matplotlib.figure import Figure
 
+    from common.palette import org_color
+
     metrics = [m for m in METRICS if m.name in set(table["metric"])]
     cols = 4
     rows = -(-len(metrics) // cols)
@@ -184,7 +186,8 @@ def fidelity_figure(table: pd.DataFrame):
         sub = table[table["metric"] == m.name]
         for org in orgs:
             pts = sub[sub["org"] == org]
-            ax.scatter(pts["real"], pts["sim"], marker=markers[org], label=org, s=22, alpha=0.8)
+            ax.scatter(pts["real"], pts["sim"], marker=markers[org], label=org, s=22, alpha=0.8,
+                       color=org_color(org))
         vals = pd.concat([sub["real"], sub["sim"]]).replace([math.inf], math.nan).dropna()
         lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 1.0)
         if hi == lo:

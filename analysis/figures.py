@@ -2,37 +2,49 @@
 
 Each ``*_figure`` function takes tables and returns a matplotlib `Figure`
 (or None when the data lack the variation the figure needs, e.g. a headroom
-plot from runs at one headroom); `save` writes it. `render_figures` draws
-every figure the data support and returns the written paths. Figures are
+plot from runs at one headroom); `save` writes it. `analysis.figure_set` chooses
+the figures a result set gets and renders them. Figures are
 built on bare `matplotlib.figure.Figure` objects (Agg canvas), never through
 pyplot's global state, so analysis can run in threads and tests.
 
-Error bars are 95% intervals over seeds, the same intervals the tables
-report: t intervals on absolute means, and for ratios the geometric mean
-with the back-transformed t interval of the mean log ratio. Every axis
-carries its unit (a ratio says it is unitless, a category axis names what it
-lists). `forest_figure` draws whatever contrasts a result set holds.
+Error bars are 95% intervals over seeds that stay inside the quantity's
+bounds by construction: a positive quantity (a throughput, a latency) is
+drawn as the geometric mean of its seeds with the back-transformed t
+interval of the mean log, so it never reaches below zero; a quantity that
+can be zero (a depth) as the mean with a percentile bootstrap interval,
+which lies between its smallest and largest seed; ratios as the geometric
+mean ratio with the back-transformed t interval of the mean log ratio.
+Every axis carries its unit (a ratio says it is unitless, a category axis
+names what it lists). Each organization has one colour in every figure
+(`common.palette`). `forest_figure` draws whatever contrasts a result set
+holds.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analysis import stats
 from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
 from common.atomic import atomic_path
-from harness.results import read_run
+from common.palette import org_color
 
 GIB = 1024**3
 DEPTH_METRICS = (("j_adopt_mean", "J_adopt (tokens)"), ("r_max_mean", "R_max (tokens)"),
                  ("attn_depth_mean", "attention depth (tokens)"))
+LINESTYLES = ("-", "--", ":", "-.")
+# Colours that are no organization's (common.palette): state kinds, and the
+# series of a ratio figure, which are design cells, not organizations.
+MEMORY_COLORS = {"mem_attention_bytes": "#76b7b2", "mem_ssm_bytes": "#b07aa1", "mem_conv_bytes": "#9c755f"}
+SERIES_COLORS = ("#222222", "#9c755f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7")
 MEMORY_KINDS = (("mem_attention_bytes", "attention KV"), ("mem_ssm_bytes", "SSM state"),
                 ("mem_conv_bytes", "conv state"))
 METRIC_LABELS = {
@@ -60,12 +72,24 @@ def _label(metric: str) -> str:
     return f"{metric} ({unit})"
 
 
-def _mean_ci(values) -> tuple[float, float]:
-    """Mean and half-width of its 95% t interval (0 for a single run)."""
-    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna().to_numpy()
-    lo, hi = stats.t_interval(v)
-    half = 0.0 if math.isnan(lo) else (hi - lo) / 2
-    return stats.mean_over_seeds(v), half
+def centre_ci(values) -> tuple[float, float, float]:
+    """(centre, lower error, upper error) of a non-negative quantity over seeds,
+    the interval inside its bounds by construction: all values positive ->
+    geometric mean and back-transformed t interval of the mean log; any zero
+    -> mean and percentile bootstrap interval (within [min, max]). Errors
+    are 0 for a single value."""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna().to_numpy(dtype=float)
+    if not v.size:
+        return math.nan, 0.0, 0.0
+    if np.all(v > 0):
+        centre = float(np.exp(np.log(v).mean()))
+        lo, hi = stats.log_t_interval(v)
+    else:
+        centre = float(v.mean())
+        lo, hi = stats.bootstrap_interval(v, stats.bootstrap_rng()) if v.size > 1 else (centre, centre)
+    if math.isnan(lo):
+        return centre, 0.0, 0.0
+    return centre, max(centre - lo, 0.0), max(hi - centre, 0.0)
 
 
 def _series_label(parts: Mapping) -> str:
@@ -92,17 +116,21 @@ def headroom_figure(runs: pd.DataFrame, metric: str = "throughput_ledger_tok_s")
     axes = fig.subplots(1, len(budgets), squeeze=False, sharey=True)[0]
     for ax, budget in zip(axes, budgets, strict=True):
         sub = runs[runs["budget"] == budget]
+        styles = {}
         for where, line in sorted(cells(sub, ["org", *others]), key=lambda c: str(c[0])):
-            pts = sorted((h, *_mean_ci(g[metric])) for h, g in line.groupby("headroom"))
-            h, m, e = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
+            pts = sorted((h, *centre_ci(g[metric])) for h, g in line.groupby("headroom"))
+            h, m, lo, hi = (np.array(c, dtype=float) for c in zip(*pts, strict=True))
             label = _series_label(where) if others else where["org"].upper()
-            ax.errorbar(h, m, yerr=e, marker="o", capsize=3, label=label)
+            rest = tuple(where[k] for k in others)
+            ls = styles.setdefault(rest, LINESTYLES[len(styles) % len(LINESTYLES)])
+            ax.errorbar(h, m, yerr=[lo, hi], marker="o", capsize=3, label=label,
+                        color=org_color(where["org"]), ls=ls)
         ax.set_title(f"budget {budget}")
         ax.set_xlabel("admission headroom f (fraction of budget)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(_label(metric))
     axes[-1].legend(fontsize=8)
-    fig.suptitle(f"{_label(metric)} vs headroom (mean, 95% CI over seeds)")
+    fig.suptitle(f"{_label(metric)} vs headroom (geometric mean, 95% log-t CI over seeds)")
     return fig
 
 
@@ -147,7 +175,8 @@ def ratio_figure(
         pos = [(order.index(p[0]) if categorical else p[0]) + shift for p in pts]
         yerr = np.array([p[2] for p in pts]).T
         label = _series_label(dict(zip(others, key, strict=True))) or f"{num_org.upper()}/{den_org.upper()}"
-        ax.errorbar(pos, [p[1] for p in pts], yerr=yerr, marker="o", capsize=4, label=label)
+        ax.errorbar(pos, [p[1] for p in pts], yerr=yerr, marker="o", capsize=4, label=label,
+                    color=SERIES_COLORS[i % len(SERIES_COLORS)])
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     if categorical:
         ax.set_xticks(range(len(order)), [str(o) for o in order])
@@ -168,15 +197,15 @@ def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
     fig = Figure(figsize=(3.6 * len(present), 3.4), layout="constrained")
     axes = fig.subplots(1, len(present), squeeze=False)[0]
     for ax, (m, lab) in zip(axes, present, strict=True):
-        mc = [_mean_ci(runs.loc[runs["org"] == o, m]) for o in orgs]
-        ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[v[1] for v in mc], capsize=4,
-               color=[f"C{i}" for i in range(len(orgs))])
+        mc = [centre_ci(runs.loc[runs["org"] == o, m]) for o in orgs]
+        ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[[v[1] for v in mc], [v[2] for v in mc]],
+               capsize=4, color=[org_color(o) for o in orgs])
         ax.set_xticks(range(len(orgs)), [o.upper() for o in orgs])
         ax.set_xlabel("organization")
         ax.set_title(lab)
         ax.set_ylabel("mean per request (tokens)")
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("joint depth by organization (mean over runs, 95% CI)")
+    fig.suptitle("joint depth by organization (geometric mean over runs, or mean where one is 0; 95% CI)")
     return fig
 
 
@@ -213,10 +242,10 @@ def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
     return fig
 
 
-def _cdf(ax, values: np.ndarray, label: str):
+def _cdf(ax, values: np.ndarray, label: str, color: str):
     v = np.sort(values[np.isfinite(values)])
     if v.size:
-        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label)
+        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label, color=color)
 
 
 def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | None:
@@ -229,7 +258,7 @@ def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | 
         allv = []
         for org, req in sorted(requests_by_org.items()):
             v = pd.to_numeric(req[col], errors="coerce").to_numpy(dtype=float)
-            _cdf(ax, v, org.upper())
+            _cdf(ax, v, org.upper(), org_color(org))
             allv.append(v[np.isfinite(v)])
         v = np.concatenate(allv) if allv else np.array([])
         if v.size and v.min() > 0 and v.max() / v.min() > 50:
@@ -244,33 +273,48 @@ def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | 
     return fig
 
 
-def turn_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | None:
-    """Multi-turn runs: history reuse fraction and TTFT p50 by turn index, one
-    line per organization (`harness.metrics.turn_table` over all its runs);
-    None when no run has a turn index."""
+def turn_figure(requests: Mapping[tuple[str, str], pd.DataFrame]) -> Figure | None:
+    """Multi-turn runs: history reuse fraction and TTFT p50 by turn index, a
+    column of panels per budget (budgets are never pooled) and one line per
+    organization (`harness.metrics.turn_table` over its runs at that budget);
+    TTFT on a log axis, since later turns can wait orders of magnitude longer.
+    ``requests`` maps (org, budget) to the requests of those runs. None when
+    no run has a turn index."""
     from harness.metrics import turn_table
 
-    tables = {org: turn_table(req) for org, req in sorted(requests_by_org.items())
+    tables = {key: turn_table(req) for key, req in sorted(requests.items(), key=lambda kv: str(kv[0]))
               if "turn" in req.columns}
-    tables = {org: t for org, t in tables.items() if not t.empty}
+    tables = {key: t for key, t in tables.items() if not t.empty}
     if not tables:
         return None
-    fig = Figure(figsize=(9.5, 3.6), layout="constrained")
-    ax_reuse, ax_ttft = fig.subplots(1, 2)
-    for org, t in tables.items():
-        later = t[t["turn"] >= 1]
-        ax_reuse.plot(later["turn"], 100 * later["reuse_fraction"], marker="o", label=org.upper())
-        ax_ttft.plot(t["turn"], 1e3 * t["ttft_p50_s"], marker="o", label=org.upper())
-    ax_reuse.set_title("history served from cache")
-    ax_reuse.set_ylabel("reused / previous-turn tokens (%)")
-    ax_reuse.set_ylim(0, 102)
-    ax_ttft.set_title("TTFT p50")
-    ax_ttft.set_ylabel("TTFT p50 (ms)")
-    for ax in (ax_reuse, ax_ttft):
-        ax.set_xlabel("turn index (0 = first turn)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("multi-turn sessions by turn index (all runs per organization)")
+    budgets = sorted({b for _, b in tables}, key=budget_order)
+    fig = Figure(figsize=(4.4 * len(budgets) + 1.0, 6.2), layout="constrained")
+    axes = fig.subplots(2, len(budgets), squeeze=False)
+    for j, budget in enumerate(budgets):
+        ax_reuse, ax_ttft = axes[0][j], axes[1][j]
+        for (org, b), t in tables.items():
+            if b != budget:
+                continue
+            later = t[t["turn"] >= 1]
+            ax_reuse.plot(later["turn"], 100 * later["reuse_fraction"], marker="o", label=org.upper(),
+                          color=org_color(org))
+            ttft = 1e3 * t["ttft_p50_s"].where(t["ttft_p50_s"] > 0)
+            ax_ttft.plot(t["turn"], ttft, marker="o", label=org.upper(), color=org_color(org))
+        ax_reuse.set_title(f"budget {budget}: history served from cache", fontsize=9)
+        ax_reuse.set_ylabel("reused / previous-turn tokens (%)")
+        ax_reuse.set_ylim(0, 102)
+        ax_ttft.set_title(f"budget {budget}: TTFT p50", fontsize=9)
+        ax_ttft.set_ylabel("TTFT p50 (ms, log scale)")
+        ax_ttft.set_yscale("log")
+        # plain numbers (20, 50, 100 ms) on the log axis, not 2 x 10^1
+        for axis_formatter in (ax_ttft.yaxis.set_major_formatter, ax_ttft.yaxis.set_minor_formatter):
+            axis_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        for ax in (ax_reuse, ax_ttft):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlabel("turn index (0 = first turn)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("multi-turn sessions by turn index (all runs per organization and budget)")
     return fig
 
 
@@ -283,50 +327,10 @@ def memory_figure(steps: pd.DataFrame, title: str) -> Figure | None:
     ax = fig.subplots()
     ax.stackplot(steps["time_s"].to_numpy(dtype=float),
                  *[steps[c].to_numpy(dtype=float) / GIB for c, _ in kinds],
-                 labels=[lab for _, lab in kinds], alpha=0.85)
+                 labels=[lab for _, lab in kinds], colors=[MEMORY_COLORS[c] for c, _ in kinds], alpha=0.85)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("memory in use (GiB)")
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
     return fig
-
-
-def _requests_by_org(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    out: dict[str, list] = {}
-    for _, r in runs.iterrows():
-        run = read_run(r["path"])
-        if run.has_table("requests"):
-            out.setdefault(r["org"], []).append(run.table("requests"))
-    return {o: pd.concat(frames, ignore_index=True) for o, frames in out.items()}
-
-
-def render_figures(
-    runs: pd.DataFrame, out_dir, metrics: Sequence[str] = ("throughput_ledger_tok_s",),
-    contrasts: pd.DataFrame | None = None,
-) -> list[Path]:
-    """Draw every figure the data support under ``out_dir`` (the forest plot
-    of ``contrasts`` when given); return the paths."""
-    figs: list[tuple[str, Figure | None]] = [("contrasts_forest", forest_figure(contrasts))]
-    for m in metrics:
-        figs.append((f"headroom_{m}", headroom_figure(runs, m)))
-        for x in ("budget", "rate"):
-            figs.append((f"d0_s2_ratio_vs_{x}_{m}", ratio_figure(runs, x, metric=m)))
-    figs.append(("joint_depth", joint_depth_figure(runs)))
-    by_org = _requests_by_org(runs)
-    figs.append(("latency_cdf", latency_cdf_figure(by_org)))
-    figs.append(("multiturn_by_turn", turn_figure(by_org)))
-    # The memory timeline is per run: draw the first run (by id) that has steps.
-    with_steps = [(r, run) for _, r in runs.sort_values("run_id").iterrows()
-                  if (run := read_run(r["path"])).has_table("steps")]
-    if with_steps:
-        first, run = with_steps[0]
-        figs.append(("memory_" + re.sub(r"[^A-Za-z0-9_.-]", "_", str(first["run_id"])),
-                     memory_figure(run.table("steps"),
-                                   f"memory by state kind: {str(first['org']).upper()} @ "
-                                   f"{first['budget']}, seed {first['seed']}")))
-    paths: list[Path] = []
-    for stem, fig in figs:
-        if fig is not None:
-            paths.extend(save(fig, out_dir, stem))
-    return paths

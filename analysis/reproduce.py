@@ -251,7 +251,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
 
     from analysis import contrasts as C
     from analysis.designs import design, selected_headroom_contrasts
-    from analysis.figures import render_figures
+    from analysis.figure_set import render_figures
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import write_outputs
@@ -280,8 +280,11 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     out = root / "analysis"
     figs = render_figures(runs, out / "figures", metrics, table) if figures else []
     write_outputs(out, root, table, inter, arms, figs, validity)
-    write_report(root, out / "report.html", runs=runs, contrasts=table)
     comparison = compare(name, table, inter, runs)
+    write_report(root, out / "report.html", runs=runs, contrasts=table, metrics=metrics,
+                 interactions=inter, study=comparison, title=f"hbench reproduction: {d.title}",
+                 asked=f"Does hbench reproduce the study's {d.title}? ({len(comparison)} published "
+                       "numbers, compared with hbench's paired-seed estimates from these runs.)")
     with atomic_path(root / "reproduce.csv") as tmp:
         comparison.to_csv(tmp, index=False)
     notes = [d.notes, validity.sentence("Holm families"),

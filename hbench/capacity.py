@@ -5,7 +5,7 @@
 already ran some of these cells in the same ``out``, reuses them), judges
 each run against the SLO and evaluates the grid with `analysis.capacity`
 (capacity per arm, crossovers, the winner map), and writes ``capacity.json``
-and ``winner_map.png`` into ``out``.
+``winner_map.png`` and the HTML report (`analysis.html_report`) into ``out``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
                  alpha: float = 0.05, jobs: int = 1, on_cell=None, on_rerun=None,
                  include_invalid: bool = False) -> CapacityResult:
     """`search` the grid, evaluate it at significance level ``alpha`` and write
-    ``out/capacity.json`` and ``out/winner_map.png``."""
+    ``out/capacity.json``, ``out/winner_map.png`` and ``out/report.html``."""
     from analysis.answer_figures import winner_map_figure
     from analysis.capacity import capacity_table, crossovers, invalid_at_capacity, winner_map
     from analysis.run_validity import RunValidity
@@ -96,4 +96,13 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
            "crossovers": cross, "winner_map": wmap.to_dict("records"), "validity": validity.as_dict(),
            "cells": cells.drop(columns=["run_dir"]).to_dict("records")}
     atomic_write_text(out / "capacity.json", json.dumps(doc, indent=1, default=float) + "\n")
+    from analysis.html_report import write_report
+    from analysis.load import load_runs
+
+    runs = load_runs(out)
+    runs = runs[runs["run_id"].isin(set(cells["run_id"]))].reset_index(drop=True)
+    write_report(out, out / "report.html", runs=runs, title=f"hbench capacity: {out}",
+                 asked=f"What arrival rate does each organization sustain within {', '.join(map(str, limits))}, "
+                       f"and which one serves more goodput at each budget and rate (seeds "
+                       f"{', '.join(map(str, seeds))})?")
     return CapacityResult(cells, table, cross, invalid_at_capacity(cells), doc, validity)

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import figures
+from analysis import figure_set, figures
 from analysis.contrasts import auto_contrasts, evaluate
 from analysis.load import load_runs
 from harness.results import read_run
@@ -93,13 +93,13 @@ def test_latency_cdfs_and_memory(runs, tmp_path):
 
 
 def test_render_figures_writes_every_supported_figure(runs, tmp_path):
-    paths = figures.render_figures(runs[runs["rate"] == 3.0], tmp_path)
+    paths = figure_set.render_figures(runs[runs["rate"] == 3.0], tmp_path)
     stems = sorted({p.stem for p in paths})
     assert stems == ["d0_s2_ratio_vs_budget_" + METRIC, "headroom_" + METRIC, "joint_depth", "latency_cdf",
                      "memory_d0-b63-0.0-0"]
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     table = evaluate(runs, auto_contrasts(runs))
-    with_forest = figures.render_figures(runs[runs["rate"] == 3.0], tmp_path / "f", contrasts=table)
+    with_forest = figure_set.render_figures(runs[runs["rate"] == 3.0], tmp_path / "f", contrasts=table)
     assert "contrasts_forest" in {p.stem for p in with_forest}
 
 

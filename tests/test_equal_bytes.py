@@ -99,6 +99,6 @@ def test_a_vllm_paging_sweep_report_shows_the_bytes_each_organization_was_given(
     res = CliRunner().invoke(cli, ["report", str(out), "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
     text = re.sub(r"<[^>]+>", " ", (tmp_path / "r.html").read_text())
-    section = text[text.index("Memory given"):text.index("Contrasts")]
+    section = text[text.index("Memory given"):text.index("TTFT attribution", text.index("Memory given"))]
     mib = f"{runs['allocated_bytes'].iloc[0] / 2**20:,.2f}"
     assert section.count(mib) == 4, section        # one row per organization, the same bytes

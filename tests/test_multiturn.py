@@ -225,17 +225,27 @@ def test_cli_runs_a_multiturn_workload(tmp_path):
     assert (later.loc[later["history_survived"] == 1.0, "reused_tokens"] >= 512).all()
 
 
-def test_turn_figure_draws_reuse_and_ttft_by_turn_per_organization(served):
+def test_turn_figure_draws_reuse_and_ttft_by_turn_per_organization_and_budget(served):
     from analysis.figures import turn_figure
+    from common.palette import org_color
 
-    tables = {org: per_request_table(run) for org, (_, run) in served.items()}
+    tables = {(org, "b83"): per_request_table(run) for org, (_, run) in served.items()}
     fig = turn_figure(tables)
     reuse_ax, ttft_ax = fig.axes
     assert [line.get_label() for line in reuse_ax.get_lines()] == ["D0", "S0", "S1", "S2"]
-    s1 = turn_table(tables["s1"])
+    assert [line.get_color() for line in reuse_ax.get_lines()] == [org_color(o) for o in ("d0", "s0", "s1", "s2")]
+    s1 = turn_table(tables[("s1", "b83")])
     x, y = ttft_ax.get_lines()[2].get_data()
     assert list(x) == list(s1["turn"]) and np.allclose(y, 1e3 * s1["ttft_p50_s"])
-    single = {org: t.drop(columns=["turn"]) for org, t in tables.items()}
+    assert ttft_ax.get_yscale() == "log" and ttft_ax.get_title() == "budget b83: TTFT p50"
+    # a second budget gets its own column of panels: budgets are never pooled into one line
+    two = {**tables, ("s1", "b108"): tables[("s1", "b83")]}
+    fig2 = turn_figure(two)
+    assert [a.get_title() for a in fig2.axes] == ["budget b83: history served from cache",
+                                                   "budget b108: history served from cache",
+                                                   "budget b83: TTFT p50", "budget b108: TTFT p50"]
+    assert [line.get_label() for line in fig2.axes[1].get_lines()] == ["S1"]
+    single = {key: t.drop(columns=["turn"]) for key, t in tables.items()}
     assert turn_figure(single) is None
 
 

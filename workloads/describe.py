@@ -127,13 +127,16 @@ def sharing_figure(summary: dict):
     (multi-turn) or the shareable tokens lost beyond the last grid point."""
     from matplotlib.figure import Figure
 
+    from common.palette import org_color
+
     sh = summary["sharing"]
     orgs = list(sh["orgs"])
-    fig = Figure(figsize=(10, 3.8))
+    # constrained layout keeps the long right-hand y label inside the canvas
+    fig = Figure(figsize=(10, 4.0), layout="constrained")
     ax, ax2 = fig.subplots(1, 2)
     labels = ["best case", *(f"{o} (grid {sh['orgs'][o]['grid_tokens']})" for o in orgs)]
     values = [sh["shareable_fraction"], *(sh["orgs"][o]["reusable_fraction"] for o in orgs)]
-    ax.bar(range(len(values)), [100 * v for v in values], color=["#7f7f7f"] + ["#4472c4"] * len(orgs))
+    ax.bar(range(len(values)), [100 * v for v in values], color=["#bab0ac"] + [org_color(o) for o in orgs])
     ax.set_xticks(range(len(values)), labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("prompt tokens reusable (%)")
     ax.set_title("reusable prefix, best case vs checkpoint grid", fontsize=9)
@@ -144,11 +147,10 @@ def sharing_figure(summary: dict):
         ax2.set_ylabel("mean prompt (tokens)")
         ax2.set_title("history growth per session", fontsize=9)
     else:
-        ax2.bar(orgs, [sh["orgs"][o]["beyond_grid_mean"] for o in orgs], color="#ed7d31")
+        ax2.bar(orgs, [sh["orgs"][o]["beyond_grid_mean"] for o in orgs], color=[org_color(o) for o in orgs])
         ax2.set_xlabel("organization")
-        ax2.set_ylabel("shareable tokens beyond the last grid point (tokens/request)")
+        ax2.set_ylabel("shareable tokens beyond the last\ngrid point (tokens/request)")
         ax2.set_title("shared prefix the grid cannot reach", fontsize=9)
-    fig.tight_layout()
     return fig
 
 

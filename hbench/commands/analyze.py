@@ -41,7 +41,8 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
     from rich.console import Console
 
     from analysis import contrasts as C
-    from analysis.figures import render_figures
+    from analysis.figure_set import figure_set
+    from analysis.figures import save
     from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
@@ -69,9 +70,12 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
         out = out_dir if out_dir is not None else results_dir / "analysis"
         # The HTML reads every run's tables: built first, a corrupt one fails
         # before any output is written.
-        html = build_html(results_dir, runs, table)
+        drawn = figure_set(runs, used, table)
+        html = build_html(results_dir, runs, table, metrics=used, interactions=inter, figures=drawn,
+                          alpha=alpha)
         with new_dirs_removed_on_error(out):   # a failed write leaves no empty folder
-            figures = [] if no_figures else render_figures(runs, out / "figures", used, table)
+            figures = [] if no_figures else [p for stem, _, fig in drawn if fig is not None
+                                             for p in save(fig, out / "figures", stem)]
             write_outputs(out, results_dir, table, inter, arms, figures, validity)
             atomic_write_text(out / "report.html", html)
     for w in caught:

@@ -60,9 +60,11 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
 
     Every (org, budget, rate, seed) is one sweep cell under --out. Per seed,
     the capacity is the largest grid rate at which the SLO holds there and at
-    every lower rate; the table gives the mean over seeds and its CI. Also
+    every lower rate; the table gives the mean over seeds and its percentile
+    bootstrap interval (within the per-seed capacities). Also
     prints where one organization's goodput (requests per second meeting the
-    SLO) overtakes another's, and writes the winner map (budget x rate).
+    SLO) overtakes another's, and writes the winner map (budget x rate) and
+    report.html (answers first, then figures and tables).
     """
     from rich.console import Console
     from rich.table import Table
@@ -94,7 +96,8 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     console = Console(width=max(Console().width, 120))
     t = Table(title=f"capacity within {', '.join(map(str, limits))} "
                     f"(rates {', '.join(f'{r:g}' for r in grid_rates)} req/s, seeds {seeds})")
-    for h in ("org", "budget", "capacity req/s", f"{1 - alpha:.0%} CI", "per seed"):
+    for h in ("org", "budget", "capacity req/s", f"{1 - alpha:.0%} interval (percentile bootstrap)",
+              "per seed"):
         t.add_column(h)
     for _, r in table.iterrows():
         t.add_row(r["org"], r["budget"], f"{r['capacity_req_s']:.2f}",
@@ -110,4 +113,4 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     if shaky:
         console.print(f"note: {len(shaky)} runs at a found capacity are not valid (their SLO held in a "
                       f"transient): {', '.join(shaky)}", highlight=False)
-    console.print(f"wrote {out}/capacity.json and {out}/winner_map.png")
+    console.print(f"wrote {out}/capacity.json, {out}/winner_map.png and {out}/report.html")

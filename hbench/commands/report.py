@@ -21,10 +21,13 @@ from hbench.flag_types import PATH
 def report(results_dir, out, include_invalid):
     """Write one HTML file with every table and figure of RESULTS_DIR.
 
-    Runs with their validity verdicts, paired-seed contrasts, TTFT
-    attribution, the capacity search (if RESULTS_DIR holds a capacity.json)
-    and shared-prefix diagnostics; figures are inlined, so the file opens
-    offline.
+    It opens with the answers: what the runs asked and what the data say,
+    as sentences with CIs, Holm p values and the runs that are not valid;
+    then the capacity search (if RESULTS_DIR holds a capacity.json), every
+    figure `analyze` draws plus the TTFT attribution, the contrast tables,
+    memory given, TTFT attribution and shared-prefix diagnostics per run,
+    and the runs with their validity verdicts last (folded). Figures are
+    inlined, so the file opens offline.
     """
     from analysis.html_report import auto_contrasts_table, write_report
     from analysis.load import load_runs
