@@ -62,7 +62,7 @@ from adapters.metrics_scrape import plugin_report, plugin_state
 from adapters.registry import check_expressible, check_paging
 from adapters.served_engine import ServedEngine
 from adapters.server_process import installed_distribution, split_command
-from adapters.vllm_plugin.plan import PLUGIN_ORGS, VLLM_VERSION, Plan
+from adapters.vllm_plugin.plan import ORG_EXPRESSION, PLUGIN_ORGS, VLLM_VERSION, Plan
 from common.errors import HbenchError
 from harness.layout import vllm_block_tokens
 
@@ -388,8 +388,11 @@ class VllmEngine(ServedEngine):
         and what those blocks are in vLLM's own padded pages (``vllm_pool``:
         `vllm_page` plus ``pages`` and total ``bytes``), so the mapping and
         its padding can be read beside ``resolved``; on CPU also the
-        VLLM_CPU_KVCACHE_SPACE it is launched with."""
+        VLLM_CPU_KVCACHE_SPACE it is launched with. ``org_expression`` says
+        what the organization is inside vLLM (`ORG_EXPRESSION`), for every
+        table and report that names it."""
         info = super().requested_info(config)
+        info["org_expression"] = ORG_EXPRESSION.get(config.org)
         pool = s0_pool(config)
         info["ssm_state_dtype"] = config.ssm_state_dtype
         info["s0_pool"] = None if pool is None else {"page_bytes": pool.page_bytes,

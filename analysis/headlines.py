@@ -145,6 +145,18 @@ def invalid_runs_sentence(runs: pd.DataFrame) -> str:
     return f"{len(bad)} of {len(runs)} runs are not valid: {named}."
 
 
+def expression_sentences(runs: pd.DataFrame) -> list[str]:
+    """One sentence per (engine, organization) whose runs say they are not the
+    study's organization (`analysis.load.org_expression`), e.g. vLLM's S1:
+    what the name means in these runs."""
+    if "org_expression" not in runs.columns:
+        return []
+    named = runs.dropna(subset=["org_expression"])
+    pairs = sorted({(str(r["engine"]), str(r["org"]), str(r["org_expression"]))
+                    for _, r in named.iterrows() if str(r["org"]) != "s0"})
+    return [f"{org.upper()} on {engine} is {text}." for engine, org, text in pairs]
+
+
 def question(runs: pd.DataFrame, metrics: Sequence[str]) -> str:
     """What the runs asked, from what they vary."""
     from analysis.figures import budget_order

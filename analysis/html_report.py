@@ -67,6 +67,7 @@ def _answers_section(runs: pd.DataFrame, contrasts: pd.DataFrame | None, asked: 
     items += headlines.contrast_headlines(contrasts, alpha)
     valid = runs["valid"].astype(bool).all() if "valid" in runs.columns else True
     items.append(("summary" if valid else "untested", headlines.invalid_runs_sentence(runs)))
+    items += [("summary", t) for t in headlines.expression_sentences(runs)]
     lis = "".join(f"<li class='{c}'>{html.escape(t)}</li>" for c, t in items)
     return (f"<h2>Answers</h2><p class='asked'><b>Asked:</b> {html.escape(asked)}</p>"
             f"<p><b>What the data say:</b></p><ul class='answers'>{lis}</ul>")

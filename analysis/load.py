@@ -22,13 +22,13 @@ import pandas as pd
 from analysis.run_validity import reasons
 from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.results import Run, RunSkipped, iter_runs
+from harness.results import Run, RunSkipped, iter_runs, org_expression
 from harness.validity import describe_validity, run_is_valid
 
 __all__ = ["IDENTITY_COLUMNS", "RunSkipped", "config_keys", "load_runs", "run_row"]
 
 IDENTITY_COLUMNS = ("run_id", "workload_hash", "path", "git_commit", "engine", "engine_version",
-                    "schema_version", "created_utc", "allocated_bytes")
+                    "schema_version", "created_utc", "allocated_bytes", "org_expression")
 
 
 def run_row(run: Run) -> dict:
@@ -47,8 +47,10 @@ def run_row(run: Run) -> dict:
     row.update(run_id=run.run_id, workload_hash=run.workload_hash, path=str(run.path),
                git_commit=run.git_commit, engine=run.engine, engine_version=run.engine_version,
                schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"),
-               allocated_bytes=_allocated_bytes(run.manifest))
+               allocated_bytes=_allocated_bytes(run.manifest),
+               org_expression=org_expression(run.manifest))
     return row
+
 
 
 def _allocated_bytes(manifest: dict) -> int | None:

@@ -23,6 +23,7 @@ from adapters.metrics_scrape import (
     plugin_state,
     server_latency,
 )
+from harness.config import RunConfig
 from harness.metrics import SERVED_SUMMARY_KEYS, SUMMARY_KEYS, summarize
 from harness.records import EngineRun, RequestRecord
 from workloads.workload import Workload, WorkloadRequest
@@ -116,3 +117,26 @@ def test_a_run_against_a_server_reads_its_histograms():
     assert s["server_ttft_p99_s"] == pytest.approx(1.0)
     assert math.isnan(s["server_itl_p50_s"])    # not published by this server: unknown
     assert 0 < s["ttft_send_p50_s"] <= s["ttft_p50_s"]
+
+
+def test_vllm_runs_say_what_their_organization_is_inside_vllm():
+    """S1/S2 through the plugin are the study's allocator policy at vLLM's page
+    size: the manifest says so, and every report's answers repeat it."""
+    import pandas as pd
+
+    from analysis.headlines import expression_sentences
+    from harness.results import org_expression
+
+    eng = engine()
+    infos = {org: eng.requested_info(RunConfig(org=org, engine="vllm", model="/m", launch=True))
+             for org in ("s0", "s1", "s2", "d0")}
+    assert all("allocator policy at vLLM's page size" in infos[o]["org_expression"]
+               for o in ("s1", "s2"))
+    assert org_expression({"engine_info": {"requested": infos["s1"]}}) == infos["s1"]["org_expression"]
+    assert org_expression({"engine_info": {}}) is None     # the simulator: the study's own
+    runs = pd.DataFrame([
+        {"engine": "vllm", "org": o, "org_expression": infos[o]["org_expression"]}
+        for o in ("s0", "s1", "s1", "s2")] + [{"engine": "sim", "org": "s1", "org_expression": None}])
+    sentences = expression_sentences(runs)
+    assert len(sentences) == 2                          # S1 and S2 on vllm, once each; no S0, no sim
+    assert sentences[0].startswith("S1 on vllm is allocator policy at vLLM's page size")

@@ -43,6 +43,23 @@ from harness.layout import slots_per_slab
 VLLM_VERSION = "0.32.0"
 #: organizations the plugin expresses (S0 is stock vLLM: no plugin needed)
 PLUGIN_ORGS = ("s1", "s2", "d0")
+#: What each organization is inside vLLM 0.32, in the words every report uses.
+#: vLLM gives all KV-cache groups one page size with the attention page at least
+#: a whole Mamba state, and its Mamba layers read one state per block id, so
+#: the plugin's S1/S2 charge the study's page counts in vLLM-sized pages while
+#: the kernel reads the state from the carrier block (docs/engines.md, "Why the
+#: plugin's S1/S2 are not physical").
+ORG_EXPRESSION = {
+    "s0": "stock vLLM: one shared pool of equal pages",
+    "s1": "allocator policy at vLLM's page size: carrier + member pages, each a whole vLLM "
+          "block; the Mamba kernel reads the state from the carrier (not the study's "
+          "small-page S1)",
+    "s2": "allocator policy at vLLM's page size: carrier + member pages + a slab slot, each "
+          "page a whole vLLM block; the Mamba kernel reads the state from the carrier (not "
+          "the study's small-page S2)",
+    "d0": "two static pools as disjoint block-id ranges of vLLM's one pool, at vLLM's block "
+          "size (not 16-token attention blocks)",
+}
 DEFAULT_GRID_TOKENS = 512
 DEFAULT_D0_ATTN_FRACTION = 0.5
 

@@ -68,6 +68,7 @@ def _fmt(v, scale) -> str:
 
 
 def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> None:
+    from harness.results import org_expression
     from harness.validity import describe_validity, failed_details
 
     cfg = manifest["config"]
@@ -82,6 +83,10 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
         t.add_row(label, _fmt(summary.get(key), scale), unit)
     t.add_row("validity", describe_validity(summary, detail=False), "")
     console.print(t)
+    expression = org_expression(manifest)
+    if expression and cfg["org"] != "s0":
+        console.print(f"{cfg['org'].upper()} on {cfg['engine']} is {expression}.",
+                      highlight=False, soft_wrap=True)
     for line in failed_details(summary):
         console.print(f"  {line}", highlight=False)
     step = next_step(summary, cfg)
@@ -121,7 +126,9 @@ def next_step(summary: dict, cfg: dict) -> str:
 @click.command(context_settings={"max_content_width": 100})
 @click.option("--org", type=click.Choice(ORG_NAMES), default=D.org, show_default=True,
               help="Memory organization: s0 coarse shared pages, s1 paged checkpoints, "
-                   "s2 conv-slot packing, d0 native dual pools.")
+                   "s2 conv-slot packing, d0 native dual pools."
+                   " On --engine vllm, s1/s2 are the study's allocator policy at vLLM's page "
+                   "size (docs/engines.md).")
 @click.option("--budget", default=D.budget, show_default=True,
               help="State memory: bN = N checkpoint-sized pages per layer (b63, b83, b108), "
                    "Np = N of the organization's pages (254p), or a whole-model size (12GiB).")
