@@ -105,6 +105,10 @@ class OrgLayout:
     slot_bytes: int = 0
     slab_slots: int = 0
     dual_pool: bool = False
+    #: The two pools are the two ends of one region (u0): a budget gives the
+    #: region as one count of attention pages, and the organization splits it
+    #: while serving (`harness.orgs.u0`).
+    one_region: bool = False
     #: vLLM's align mode: the running state at a block edge *is* the state of
     #: that edge, published where it is if vLLM keeps it
     #: (`harness.orgs.publication.kept_edges`); a new state object is taken when the

@@ -48,12 +48,18 @@ class Organization(ReadOnlyViews):
     def layout_for(geom) -> OrgLayout:
         raise NotImplementedError
 
+    @staticmethod
+    def make_pools(layout: OrgLayout, pool_pages: tuple[int, ...]) -> list:
+        """The pools of ``layout`` with ``pool_pages`` pages (`pools_for`); an
+        organization whose pools change size while serving builds its own."""
+        return pools_for(layout, pool_pages)
+
     def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
         self.layout = layout
         self.attn_block_tokens = layout.attn_block_tokens
         self.grid = layout.grid_tokens
         assert self.grid % self.attn_block_tokens == 0, (self.attn_block_tokens, self.grid)
-        self.pools = pools_for(layout, pool_pages)
+        self.pools = self.make_pools(layout, pool_pages)
         slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
         self.table = EntryTable(self.name, self.pools, slabs)
         self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)
