@@ -5,7 +5,8 @@ a results directory); `per_request_table` turns it into one row per request
 (``requests.parquet``). Analysis code reads these keys by name, so
 `SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
 A multi-turn run (records with a ``turn`` index) adds `TURN_SUMMARY_KEYS` to
-its summary and `TURN_COLUMNS` to its per-request table (`turn_history`).
+its summary and `TURN_COLUMNS` to its per-request table (`turn_history`); a
+run of u0 or e0 adds `REGION_SUMMARY_KEYS`.
 
 Which requests count where:
 
@@ -125,6 +126,17 @@ TURN_SUMMARY_KEYS = (
     "sessions", "later_turns", "turn0_ttft_p50_s", "later_turn_ttft_p50_s",
     "history_tokens", "history_reused_tokens", "history_reuse_fraction",
     "history_recomputed_tokens", "history_survived_fraction", "delivered_session_rate",
+)
+
+#: An organization whose two pools share one region (u0, e0;
+#: `harness.orgs.region`) adds those of these its engine counted, whole run
+#: (warm-up included): allocations refused, those refused with the region's
+#: free bytes at least the bytes asked, the largest free bytes such a refusal
+#: could not use, and e0's capacity moves and bytes moved.
+REGION_SUMMARY_KEYS = (
+    "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak",
+    "capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
+    "capacity_moved_to_checkpoint_bytes",
 )
 
 NAN = float("nan")
@@ -428,6 +440,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
+    summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
     return summary
 
 

@@ -30,6 +30,9 @@ from harness.orgs.values import (
 
 ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0,
                                                  "u0": U0, "e0": E0}
+#: Organizations whose pools keep their sizes (an engine that preallocates
+#: tensors from `Organization.capacity` can serve exactly these).
+FIXED_POOL_ORGS = tuple(name for name, cls in ORGANIZATIONS.items() if cls.fixed_pools)
 
 
 def _organization(org: str) -> type[Organization]:
@@ -65,5 +68,5 @@ def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...]) -> Organi
     return cls(layout, tuple(pool_pages))
 
 
-__all__ = ["ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
+__all__ = ["FIXED_POOL_ORGS", "ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
            "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]

@@ -37,12 +37,17 @@ from harness.orgs.views import ReadOnlyViews
 
 
 class Organization(ReadOnlyViews):
-    """One organization; subclasses only name themselves and define their layout."""
+    """One organization; subclasses name themselves and define their layout
+    (u0 and e0 also how their pools share one region: `harness.orgs.region`)."""
 
     name = "base"
     #: what a preemption pins under ``paging="vllm"`` (`OrgLayout.preempt_pin`):
     #: hbench's vLLM plugin serves the organization and pins its joint hit
     vllm_preempt_pin = "joint"
+    #: the pools keep their sizes for the organization's life, so an engine can
+    #: preallocate them from `capacity()` (False for u0 and e0, whose split of
+    #: one region changes while serving: `harness.orgs.region`)
+    fixed_pools = True
 
     @staticmethod
     def layout_for(geom) -> OrgLayout:

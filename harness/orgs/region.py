@@ -29,9 +29,15 @@ Counters (`region_counters`): allocations refused (``alloc_refusals``), those
 refused although the region's free bytes were at least the bytes asked for
 (``alloc_refusals_with_room``), and at such a refusal the free bytes the
 refused kind could not use (``fragmented_bytes_peak``, the largest seen).
-Refusals are counted where `allocate` (or a batch allocation) answers False:
-a running request's chunk the scheduler then shortens or preempts for;
-asking (an admission that waits) is not an allocation and is not counted.
+Refusals are counted where one request's allocation (`allocate`, or
+`next_blocks` of one request) answers False: a running request's chunk or
+block the scheduler then shortens or preempts for. The same allocation
+refused again with no page changed in between counts once; a batch answered
+False all at once (`allocate_all`, `next_blocks` of several: a stretch of
+decode steps asking whether all fit) is not counted, since the scheduler
+then allocates request by request, as it plans a step without stretches,
+and those calls count. Asking (an admission that waits) is not an
+allocation and is not counted.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class RegionOrganization(Organization):
     `_apply`, `reach` and may give `_settle`."""
 
     region_bytes = 0
+    fixed_pools = False
 
     def __init__(self, layout, pool_pages):
         super().__init__(layout, pool_pages)
@@ -100,6 +107,7 @@ class RegionOrganization(Organization):
         self.refusals_with_room = 0
         self.fragmented_peak = 0          # bytes per pool layer
         self.adopting: tuple = (None, 0)  # (keys, J) of the allocation being staged
+        self._last_refusal: tuple = ()    # (state version, demand) of the last one counted
 
     # ---- what a subclass defines ----------------------------------------------
     def unassigned_bytes(self) -> int:
@@ -151,6 +159,10 @@ class RegionOrganization(Organization):
         return True
 
     def _refused(self, demand: tuple[int, ...]) -> None:
+        key = (self.version(), demand)
+        if key == self._last_refusal:
+            return            # asked again with nothing changed: the same refusal
+        self._last_refusal = key
         self.refusals += 1
         free = self.free_bytes()
         asked = sum(d * b for d, b in zip(demand, self.page_bytes, strict=True))
@@ -182,14 +194,24 @@ class RegionOrganization(Organization):
         return True
 
     def allocate_all(self, requests) -> bool:
-        """`Organization.allocate_all`: all of them or none; the pages of all
-        are staged at once, so what one takes from the region the others'
-        plan already counted."""
+        """`Organization.allocate_all`: all of them or none. Asked for all at
+        once; when none needs a checkpoint-sized object, acted request by
+        request as `allocate` acts (so a stretch of decode steps takes the
+        same pages as steps planned one by one; for one kind of page, what
+        fits together fits one after another). Otherwise (in place, an edge
+        crossed) the pages of all are staged at once, so what one takes from
+        the region the others' plan already counted."""
         needs = [self.pages_needed(rid, end, prefill_until).pages
                  for rid, end, prefill_until in requests]
         total = tuple(map(sum, zip(*needs, strict=True))) if needs else (0, 0)
-        if not self._stage(total, total):
-            return False
+        if self._plan(total, total) is None:
+            return False      # not a refusal: each request's own call is (module docstring)
+        if not total[CKPT_POOL]:
+            for rid, end, prefill_until in requests:
+                assert self.allocate(rid, end, prefill_until), \
+                    f"{self.name}: {rid} did not fit after all of them did"
+            return True
+        self._apply(self._plan(total, total))
         for rid, end, prefill_until in requests:
             assert Organization.allocate(self, rid, end, prefill_until), \
                 f"{self.name}: staged pages did not serve {rid}"
@@ -197,9 +219,14 @@ class RegionOrganization(Organization):
         return True
 
     def next_blocks(self, rids) -> bool:
-        if not self._stage((len(rids), 0), (len(rids), 0)):
+        """`Organization.next_blocks`: asked for all, acted one by one (as
+        `allocate_all`)."""
+        if self._plan((len(rids), 0), (len(rids), 0)) is None:
+            if len(rids) == 1:
+                self._refused((1, 0))
             return False
-        assert super().next_blocks(rids)
+        for rid in rids:
+            assert self._stage((1, 0), (1, 0)) and super().next_blocks([rid])
         self._settle()
         return True
 
