@@ -15,7 +15,8 @@ from matplotlib.patches import Patch, Rectangle
 from analysis.figures import budget_order
 from harness.attribution import CAUSES
 
-ORG_COLOURS = {"s0": "#8c8c8c", "s1": "#f28e2b", "s2": "#4e79a7", "d0": "#e15759"}
+ORG_COLOURS = {"s0": "#8c8c8c", "s1": "#f28e2b", "s2": "#4e79a7", "d0": "#e15759",
+               "u0": "#76b7b2", "e0": "#b07aa1"}
 CAUSE_COLOURS = {"wait_memory": "#e15759", "wait_cap": "#f28e2b", "wait_budget": "#edc948",
                  "prefill": "#4e79a7", "recompute": "#b07aa1"}
 CAUSE_LABELS = {"wait_memory": "waiting: memory short", "wait_cap": "waiting: running cap full",

@@ -53,8 +53,8 @@ class ElasticPool(PagePool):
     """A `PagePool` of ``ids`` page ids of which ``pages`` are in the pool.
 
     The others are ``outside``: free, of no kind, in neither free list, with
-    no dependents (`PagePool.check` holds them to that). `grow` brings the
-    lowest outside id (the most recently retired first) into the empty set;
+    no dependents (`PagePool.check` holds them to that). `grow` brings an
+    outside id into the empty set (the most recently retired, else the lowest);
     `retire` takes a free page with no content out. ``num_pages`` is the
     pool's size now, so usage and invariants read it as any pool's."""
 
