@@ -160,3 +160,33 @@ def test_the_torch_engine_refuses_u0_and_e0():
         with pytest.raises(HbenchError, match=f"{org} is not expressible on torch; "
                                               "engines that can run it: sim"):
             check_expressible("torch", TorchEngine.supported_orgs, org)
+
+
+def test_e0_never_gives_up_the_pages_an_allocation_adopts():
+    """b adopts p's prefix (112 cached blocks at the front of the LRU queue
+    and p's checkpoint) and needs a live state while the checkpoint pool's
+    only free unit is that checkpoint: 98 attention pages move, taken from
+    x's cached blocks behind p's, never from the blocks b adopts."""
+    org = build_organization(layout_for("e0", GEOM), (213, 2))
+    p_tokens = list(range(1800))
+    kp = chain_keys(p_tokens)
+    assert org.allocate(0, 1800, 1800, kp, None)      # 113 blocks, live + spare
+    assert org.commit(0, kp, 1800, 1800) == [1792]
+    org.finish(0)                                     # 112 blocks and P cached
+    kx = chain_keys(list(range(50_000, 51_600)))
+    assert org.allocate(1, 1600, 1600, kx, None)      # 100 blocks from the empty pages
+    org.commit(1, kx, 1600, 1600)
+    org.finish(1)
+    assert org.allocate(2, 16, 16)                    # z: the last empty block and unit
+    assert org.usage().pages == {"attention": {"referenced": 1, "cached": 212, "free": 0},
+                                 "checkpoint": {"referenced": 1, "cached": 1, "free": 0}}
+    kb = chain_keys(p_tokens[:1792] + list(range(90_000, 90_016)))
+    hit = org.lookup(kb, 1807)
+    assert hit.j_adopt == 1792
+    assert org.allocate(3, 1808, 1808, kb, hit)
+    org.check_invariants()
+    assert [(c.reason, c.position) for c in org.copies()] == [("adopt", 1792)]
+    assert org.region_counters(1)["capacity_moved_to_checkpoint_bytes"] == 98 * A
+    assert pages(org) == (213 - 98, 3)
+    assert org.invalidations_by_kind == {"attention": 99, "checkpoint": 0}   # x's blocks only
+    assert org.lookup(kb, 1807).j_adopt == 1792
