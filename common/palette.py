@@ -8,9 +8,10 @@ wins.
 
 from __future__ import annotations
 
-ORG_COLORS = {"s0": "#7f7f7f", "s1": "#f28e2b", "s2": "#4e79a7", "d0": "#e15759"}
+ORG_COLORS = {"s0": "#7f7f7f", "s1": "#f28e2b", "s2": "#4e79a7", "d0": "#e15759",
+              "u0": "#59a14f", "e0": "#9467bd"}
 #: An organization not in ORG_COLORS (a fifth one registered later).
-OTHER_COLOR = "#59a14f"
+OTHER_COLOR = "#17becf"
 #: Cells where no organization wins (equal, or the difference is not significant).
 TIE_COLOR = "#d9d9d9"
 

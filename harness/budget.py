@@ -18,8 +18,11 @@ Conversion per organization (page sizes from the layout, never re-derived):
 
     s0        pages = floor(bytes / S0 page)
     s1, s2    pages = floor(bytes / A)
-    d0        M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
+    d0, e0    M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
               the rest of the bytes -> floor(rest / C) checkpoint units
+              (e0 then moves capacity between the two while serving)
+    u0        one region of floor(bytes / A16) 16-token blocks' bytes, split
+              between its two ends while serving (pool "region")
 
 Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
 floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`). Every organization
@@ -35,7 +38,8 @@ every organization the same block count, the one hbench hands vLLM as
 
     blocks = floor(bytes / vLLM page)     (block 0 is vLLM's null block)
     s0, s1, s2   pages = blocks - 1
-    d0           attention = floor(f x (blocks - 1)), checkpoint = the rest
+    u0           region = blocks - 1
+    d0, e0       attention = floor(f x (blocks - 1)), checkpoint = the rest
 
 Falcon-H1-7B at b83: floor(83 x 1,594,368 / 1,703,936) = 77 blocks for every
 organization. S1 and S2 then spend whole vLLM blocks on each member page of
@@ -235,6 +239,11 @@ def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
         return _resolve_in_vllm_blocks(text, layout, geom, d0_attn_fraction)
     org = layout.org
     target, label = parse_budget_bytes(text, geom, org)
+    if layout.one_region:
+        region = PoolCapacity("region", layout.attn_page_bytes,
+                              target // layout.attn_page_bytes, target)
+        _check_one_region(org, label, layout, region.pages)
+        return OrgBudget(org, label, target, (region,), None, geom.pool_layers)
     if layout.dual_pool:
         if not 0.0 < d0_attn_fraction < 1.0:
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
@@ -259,6 +268,14 @@ def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
     return OrgBudget(org, label, target, (shared,), None, geom.pool_layers)
 
 
+def _check_one_region(org: str, label: str, layout, pages: int) -> None:
+    need = layout.attn_page_bytes + layout.ckpt_page_bytes   # one block and one checkpoint
+    if pages * layout.attn_page_bytes < need:
+        raise HbenchError(f"budget {label} gives {org} a region of {pages} pages of "
+                          f"{layout.attn_page_bytes:,} B; one request needs {need:,} B "
+                          "(an attention block and a checkpoint): raise the budget")
+
+
 def _check_one_request(org: str, label: str, layout, pages: int) -> None:
     need = 1 + layout.ckpt_pages + (1 if layout.conv_slots else 0)  # attention + checkpoint (+slab)
     if pages < need:
@@ -275,6 +292,12 @@ def _resolve_in_vllm_blocks(text: str, layout: OrgLayout, geom: ModelGeometry,
     target, label = parse_budget_bytes(text, geom, org)
     page = layout.attn_page_bytes
     blocks = vllm_blocks(text, org, geom)
+    if layout.one_region:
+        if blocks < 3:
+            raise HbenchError(f"{org} needs at least 3 vLLM blocks (the null block, one per "
+                              f"end of its region); the budget gives {blocks}: raise the budget")
+        return OrgBudget(org, label, target, (PoolCapacity("region", page, blocks - 1, target),),
+                         None, geom.pool_layers, "vllm")
     if layout.dual_pool:
         if not 0.0 < d0_attn_fraction < 1.0:
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")

@@ -2,7 +2,7 @@
 
 An `OrgLayout` turns a `ModelGeometry` into page sizes and member counts
 (DESIGN.md section 2). Each organization defines its own layout in its module
-(`harness.orgs.s0` .. `harness.orgs.d0`, method ``layout_for``); this module
+(`harness.orgs.s0` .. `harness.orgs.e0`, method ``layout_for``); this module
 holds the shared value type and the shared constants; `harness.orgs.layout_for`
 finds an organization's layout through the registry. Budgets
 (harness/budget.py), the allocation ledger (harness/ledger.py) and the
@@ -17,6 +17,8 @@ Sizes are bytes per pool layer (see harness/geometry.py). For Falcon-H1-7B
     S1   1 page of A              ceil(SSM/A) + ceil(conv/A)     512
     S2   1 page of A              ceil(SSM/A) pages + 1 slot     512
     D0   16-token block (A/32)    1 unit of C (own pool)         1792
+    U0   as D0, both pools the two ends of one region            1792
+    E0   as D0, capacity moved between the pools on demand       1792
 
 Those are the study's pages (``paging="study"``). vLLM 0.32 cannot shrink a
 page: every block of its pool is one page whose attention part holds
@@ -105,6 +107,10 @@ class OrgLayout:
     slot_bytes: int = 0
     slab_slots: int = 0
     dual_pool: bool = False
+    #: The two pools are the two ends of one region (u0): a budget gives the
+    #: region as one count of attention pages, and the organization splits it
+    #: while serving (`harness.orgs.u0`).
+    one_region: bool = False
     #: vLLM's align mode: the running state at a block edge *is* the state of
     #: that edge, published where it is if vLLM keeps it
     #: (`harness.orgs.publication.kept_edges`); a new state object is taken when the

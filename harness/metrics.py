@@ -9,6 +9,7 @@ its summary and `TURN_COLUMNS` to its per-request table (`turn_history`). A
 run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
 from the actual send beside TTFT from the scheduled arrival, the server's own
 latency histograms beside the client's numbers, and the plugin's page peaks.
+A run of u0 or e0 adds `REGION_SUMMARY_KEYS`.
 
 Which requests count where:
 
@@ -140,6 +141,17 @@ SERVER_LATENCY_KEYS = tuple(f"server_{name}_p{q}_s" for name in ("ttft", "itl", 
                             for q in (50, 99))
 SERVED_SUMMARY_KEYS = ("ttft_send_p50_s", "ttft_send_p99_s", *SERVER_LATENCY_KEYS,
                        "member_pages_peak", "slab_pages_peak")
+
+#: An organization whose two pools share one region (u0, e0;
+#: `harness.orgs.region`) adds those of these its engine counted, whole run
+#: (warm-up included): allocations refused, those refused with the region's
+#: free bytes at least the bytes asked, the largest free bytes such a refusal
+#: could not use, and e0's capacity moves and bytes moved.
+REGION_SUMMARY_KEYS = (
+    "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak",
+    "capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
+    "capacity_moved_to_checkpoint_bytes",
+)
 
 NAN = float("nan")
 
@@ -444,6 +456,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
         summary.update(served_summary(run, finished))
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
+    summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
     return summary
 
 

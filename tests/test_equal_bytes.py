@@ -2,7 +2,8 @@
 
 A budget label (``bN`` or a whole-model size) is one byte target per pool
 layer; each organization turns it into its own whole pages and keeps its own
-rounding loss (harness/budget.py). So what an engine is given
+rounding loss (harness/budget.py); u0's one region is whole attention
+blocks, e0 starts from D0's split. So what an engine is given
 (`OrgBudget.allocated_bytes`: the whole pages, and vLLM's null block) never
 exceeds the target and falls short of it by less than the organization's
 largest page: any two organizations' allocations differ by less than one
@@ -21,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.budget import applicable_orgs, resolve_all, vllm_blocks
+from harness.config import ORG_NAMES
 from harness.layout import PAGINGS
 from harness.model_configs import PRESETS, preset
 from hbench.cli import cli
@@ -68,7 +70,7 @@ def test_a_run_manifest_records_the_bytes_the_engine_was_given(tmp_path):
     """The simulator at --paging vllm serves what a vLLM server at the same
     label is given: every organization the same allocated bytes."""
     allocated = {}
-    for org in ("s0", "s1", "s2", "d0"):
+    for org in ORG_NAMES:
         out = tmp_path / org
         res = CliRunner().invoke(cli, ["run", "--org", org, "--budget", "b83", "--paging", "vllm",
                                        "--requests", "6", "--rate", "4", "--out", str(out), "--json"])

@@ -57,15 +57,17 @@ from harness.orgs.keys import chain_keys, extend_keys
 from harness.orgs.values import ConvInline, ConvPages, ConvSlot, PageRef
 
 GEOM = preset("falcon-h1-7b")
-POOLS = {"s0": (14,), "s1": (40,), "s2": (40,), "d0": (420, 6)}
+POOLS = {"s0": (14,), "s1": (40,), "s2": (40,), "d0": (420, 6),
+         "u0": (1003,), "e0": (420, 6)}   # u0's region: d0's bytes in 16 KiB pages
 #: in vLLM's 1,664-token blocks: every object one block, so fewer pages bind
-VLLM_POOLS = {"s0": (8,), "s1": (20,), "s2": (18,), "d0": (6, 4)}
+VLLM_POOLS = {"s0": (8,), "s1": (20,), "s2": (18,), "d0": (6, 4), "u0": (10,), "e0": (6, 4)}
 #: token budgets left for a chunk (`Scheduler._chunk_end`'s room)
 ROOMS = [512, 1024, 1664, 1792, 2048, 3328, 4096]
 PREFIXES = [[1000 * (p + 1) + i for i in range(4000)] for p in range(3)]
 
 
-CONV_KIND = {"s0": ConvInline, "s1": ConvPages, "s2": ConvSlot, "d0": ConvInline}
+CONV_KIND = {"s0": ConvInline, "s1": ConvPages, "s2": ConvSlot, "d0": ConvInline,
+             "u0": ConvInline, "e0": ConvInline}
 
 
 def snapshot(org, rids):

@@ -56,14 +56,13 @@ from pathlib import Path
 
 from common.errors import HbenchError
 from harness import __version__
-from harness.config import ORG_NAMES
 from harness.engine.clock import WallClock
 from harness.engine.fits import check_fits
 from harness.engine.info import engine_info
 from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.engine.shape import StepShape
-from harness.orgs import build_organization
+from harness.orgs import FIXED_POOL_ORGS, build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
 
@@ -141,7 +140,10 @@ def check_geometry(model, geom) -> None:
 
 class TorchEngine:
     name = "torch"
-    supported_orgs = ORG_NAMES   # it builds every registered organization
+    # it builds every registered organization whose pools keep their sizes: its
+    # pools are tensors preallocated from `capacity()`; u0 and e0 split one
+    # region while serving, which these tensors cannot follow
+    supported_orgs = FIXED_POOL_ORGS
 
     def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False,
                  kernels: bool | None = None):

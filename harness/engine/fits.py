@@ -29,9 +29,16 @@ def check_fits(org, workload, config, label: str) -> None:
             f"for {org.name} with headroom {config.headroom} even alone: raise the budget, "
             "lower the headroom or lower --token-budget")
     one_boundary = min(prompt, org.grid)
-    need = org.pages_needed(-1, total, one_boundary).pages
-    for pool, n in zip(org.capacity().pools, need, strict=True):
-        if n > pool.pages:
+    demand = org.pages_needed(-1, total, one_boundary)
+    # what each pool could give one kind alone (its pages, or for u0 and e0
+    # the whole region's in that kind's pages), then both kinds together
+    for pool, reach, n in zip(org.capacity().pools, org.available_pages(), demand.pages,
+                              strict=True):
+        if n > reach:
             raise HbenchError(
-                f"budget {label} gives {org.name} {pool.pages} {pool.name} pages, but the "
+                f"budget {label} gives {org.name} {reach} {pool.name} pages, but the "
                 f"longest request ({total} tokens) alone needs {n}: raise the budget")
+    if not org.can_allocate(demand):
+        raise HbenchError(
+            f"budget {label} cannot hold the longest request ({total} tokens) alone for "
+            f"{org.name}: its {demand.pages} pages do not fit together: raise the budget")

@@ -213,7 +213,8 @@ class StepRecorder:
         """The whole run's counters (bytes whole model); ``budget_rounding_bytes`` is
         the budget's rounding loss per pool layer. Invalidations are cumulative
         entries by kind; ``rounding_waste_bytes`` is the budget's loss plus the
-        largest per-step total page waste."""
+        largest per-step total page waste; an organization of one region (u0,
+        e0) adds its `region_counters` (whole run)."""
         by_kind = self.org.invalidations_by_kind
         return {
             "invalidations_attention": by_kind["attention"],
@@ -222,4 +223,5 @@ class StepRecorder:
             "checkpoints_published": self.org.published_count,
             "rounding_waste_bytes": {"budget": budget_rounding_bytes * self.layers,
                                      "pages": self.waste_peak},
+            **self.org.region_counters(self.layers),   # u0, e0: refusals, moves
         }

@@ -12,9 +12,11 @@ from __future__ import annotations
 from harness.layout import PAGINGS, OrgLayout, vllm_block_tokens
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
+from harness.orgs.e0 import E0
 from harness.orgs.s0 import S0
 from harness.orgs.s1 import S1
 from harness.orgs.s2 import S2
+from harness.orgs.u0 import U0
 from harness.orgs.values import (
     Capacity,
     Demand,
@@ -26,7 +28,11 @@ from harness.orgs.values import (
     Usage,
 )
 
-ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0}
+ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0,
+                                                 "u0": U0, "e0": E0}
+#: Organizations whose pools keep their sizes (an engine that preallocates
+#: tensors from `Organization.capacity` can serve exactly these).
+FIXED_POOL_ORGS = tuple(name for name, cls in ORGANIZATIONS.items() if cls.fixed_pools)
 
 
 def _organization(org: str) -> type[Organization]:
@@ -53,14 +59,14 @@ def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
 
 def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...]) -> Organization:
     """An organization of ``layout`` (`layout_for`, or a run's `RunSetup.layout`)
-    with the given pages per pool (one count for s0/s1/s2; attention then
-    checkpoint pool for d0)."""
+    with the given pages per pool (one count for s0/s1/s2, and u0's region of
+    attention pages; attention then checkpoint pool for d0 and e0)."""
     cls = _organization(layout.org)
-    want = 2 if layout.dual_pool else 1
+    want = 2 if layout.dual_pool and not layout.one_region else 1
     if len(pool_pages) != want:
         raise ValueError(f"{layout.org} takes {want} pool size(s), got {pool_pages}")
     return cls(layout, tuple(pool_pages))
 
 
-__all__ = ["ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
+__all__ = ["FIXED_POOL_ORGS", "ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
            "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]

@@ -55,7 +55,7 @@ class AttentionIndex:
         self.step = block_tokens // KEY_TOKENS   # keys per block
         self.map: dict[int, int] = {}            # prefix key -> page of the registered block
         self.pool = table.pools[0]
-        n = self.pool.num_pages
+        n = len(self.pool.ref)                   # page ids (an elastic pool's, all of them)
         self.block_id = [-1] * n                 # per page: the id of its block, -1: none
         self.key: list[int | None] = [None] * n  # per page: its block's key, None: private
         self.built = [0] * n                     # per page: its generation when the block was built

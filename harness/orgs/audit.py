@@ -20,9 +20,9 @@ def check_invariants(org) -> None:
     """Raise AssertionError with the broken values if any invariant fails."""
     for p in org.pools:
         p.check()
-    refs = [[0] * p.num_pages for p in org.pools]
-    holds = [[0] * p.num_pages for p in org.pools]
-    deps = [[set() for _ in range(p.num_pages)] for p in org.pools]
+    refs = [[0] * len(p.ref) for p in org.pools]     # per page id (an elastic pool's
+    holds = [[0] * len(p.ref) for p in org.pools]    # ids outside it included)
+    deps = [[set() for _ in range(len(p.ref))] for p in org.pools]
     entries, slabs = org.table.entries, org.table.slabs
     for eid, e in entries.items():
         assert e.valid and e.id == eid, f"{org.name}: bad entry record {e}"

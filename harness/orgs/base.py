@@ -37,23 +37,34 @@ from harness.orgs.views import ReadOnlyViews
 
 
 class Organization(ReadOnlyViews):
-    """One organization; subclasses only name themselves and define their layout."""
+    """One organization; subclasses name themselves and define their layout
+    (u0 and e0 also how their pools share one region: `harness.orgs.region`)."""
 
     name = "base"
     #: what a preemption pins under ``paging="vllm"`` (`OrgLayout.preempt_pin`):
     #: hbench's vLLM plugin serves the organization and pins its joint hit
     vllm_preempt_pin = "joint"
+    #: the pools keep their sizes for the organization's life, so an engine can
+    #: preallocate them from `capacity()` (False for u0 and e0, whose split of
+    #: one region changes while serving: `harness.orgs.region`)
+    fixed_pools = True
 
     @staticmethod
     def layout_for(geom) -> OrgLayout:
         raise NotImplementedError
+
+    @staticmethod
+    def make_pools(layout: OrgLayout, pool_pages: tuple[int, ...]) -> list:
+        """The pools of ``layout`` with ``pool_pages`` pages (`pools_for`); an
+        organization whose pools change size while serving builds its own."""
+        return pools_for(layout, pool_pages)
 
     def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
         self.layout = layout
         self.attn_block_tokens = layout.attn_block_tokens
         self.grid = layout.grid_tokens
         assert self.grid % self.attn_block_tokens == 0, (self.attn_block_tokens, self.grid)
-        self.pools = pools_for(layout, pool_pages)
+        self.pools = self.make_pools(layout, pool_pages)
         slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
         self.table = EntryTable(self.name, self.pools, slabs)
         self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)

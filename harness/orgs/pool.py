@@ -51,6 +51,10 @@ class PagePool:
         # empty pages (insertion-ordered set), popped from the end: page 0 goes first
         self.empty: dict[int, None] = dict.fromkeys(range(num_pages - 1, -1, -1))
         self.lru: OrderedDict[int, None] = OrderedDict()
+        # page ids that are not part of the pool's capacity now (an elastic
+        # pool's, `harness.orgs.region.ElasticPool`; a fixed pool has none):
+        # free, of no kind, in neither free list
+        self.outside: dict[int, None] = {}
         self.kind_pages = dict.fromkeys(KINDS, 0)    # pages with content, by kind
         self.cached_pages = dict.fromkeys(KINDS, 0)  # of those, in the LRU queue
 
@@ -145,10 +149,15 @@ class PagePool:
 
     def check(self) -> None:
         """Pool-local invariants; the organization checks the cross-links."""
-        n = self.num_pages
+        n = len(self.ref)   # the page ids; `outside` ones are not in the pool now
         empty = set(self.empty)
         lru = set(self.lru)
         assert not (empty & lru), f"pool {self.name}: pages both empty and cached: {empty & lru}"
+        assert not (set(self.outside) & (empty | lru)), (
+            f"pool {self.name}: pages outside the pool yet free in it: "
+            f"{set(self.outside) & (empty | lru)}")
+        assert n - len(self.outside) == self.num_pages, (
+            f"pool {self.name}: {n} ids - {len(self.outside)} outside != {self.num_pages} pages")
         for p in range(n):
             assert self.ref[p] >= 0 and self.hold[p] >= 0, (
                 f"pool {self.name}: page {p} ref={self.ref[p]} hold={self.hold[p]}")
@@ -161,6 +170,10 @@ class PagePool:
                 assert free and self.dependents[p], (
                     f"pool {self.name}: cached page {p} ref={self.ref[p]} hold={self.hold[p]} "
                     f"deps={self.dependents[p]}")
+            elif p in self.outside:
+                assert free and not self.dependents[p] and self.kind[p] == EMPTY, (
+                    f"pool {self.name}: page {p} outside the pool ref={self.ref[p]} "
+                    f"hold={self.hold[p]} deps={self.dependents[p]} kind={self.kind[p]}")
             else:
                 assert not free, f"pool {self.name}: page {p} is free but in no free list"
         counts = dict.fromkeys(KINDS, 0)

@@ -91,6 +91,12 @@ class ReadOnlyViews:
         by_kind = self.table.invalidations_by_kind
         return {"attention": by_kind[ATTN_ENTRY], "checkpoint": by_kind[CKPT_ENTRY]}
 
+    def region_counters(self, layers: int) -> dict:
+        """Counters of an organization whose pools share one region (u0, e0:
+        `harness.orgs.region`), bytes whole model for ``layers`` pool layers;
+        none for fixed pools."""
+        return {}
+
     @property
     def published_count(self) -> int:
         return self.ckpts.published_count

@@ -97,7 +97,9 @@ def ledger_report(geom, x_a: int, x_r: int, x_a16: int, budget_text: str | None,
     orgs = applicable_orgs(geom)
     rep: dict = {"model": geom.name, "x_a": x_a, "x_r": x_r, "x_a16": x_a16, "orgs": {}}
     for org in orgs:
-        rep["orgs"][org] = allocation(org, layout_for(org, geom), x_a16 if org == "d0" else x_a, x_r)
+        lay = layout_for(org, geom)   # d0, u0, e0 count 16-token blocks, the rest 512-token ones
+        rep["orgs"][org] = allocation(org, lay, x_a if lay.attn_block_tokens == BLOCK_TOKENS
+                                      else x_a16, x_r)
     ratio = break_even_ratio(geom)
     rep["break_even_ratio"] = ratio
     rep["delta01_kib"] = delta01_kib(geom, x_a, x_r)
@@ -191,6 +193,7 @@ def ledger(model, config_path, dtype, ssm_dtype, xa, xr, xa16, budget_text, d0_a
       S1  512 x_A + 2048 x_R          checkpoint = 3 SSM pages + 1 conv page
       S2  512 x_A + 1536 x_R + 512 m  conv in 32 KiB slots, m = ceil(x_R/16) slabs
       D0  16 x_A16 + 1557 x_R         two pools; feasible iff each holds its part
+    U0, E0  as D0: one region split between the two kinds while serving
     Waste columns: attention = page bytes beyond a 512-token block (S0);
     checkpoint = page beyond a one-page checkpoint; ssm / conv = member pages or
     slots beyond the state; slab_spare = unused slots of allocated slabs.
