@@ -6,7 +6,8 @@ sent it, so nothing earlier can pollute it):
     warm:  P                      (a whole prompt, one output token)
     probe: P + [one fresh token]  -> reused(L) tokens, L = len(P)
 
-``reused(L)`` is read from the evidence (`adapters.client.probe_evidence`).
+``reused(L)`` is read from the evidence (`adapters.client.probe_evidence`);
+on TTFT evidence it is the median of three pairs, each on its own prefix.
 A block-aligned cache gives a staircase: reused(L) is the deepest reusable
 position the warm prompt left at or below L (vLLM's hybrid ``align`` mode
 keeps one state where a prompt's last chunk starts: floor((L - 1) / B) x B).
@@ -46,6 +47,7 @@ LEN_MARGIN = 16
 HISTORY_OUTPUT = 8
 HISTORY_USER = 4
 SURVIVAL_MAX_K = 1 << 12
+TTFT_REPEATS = 3
 
 
 @dataclass
@@ -142,6 +144,14 @@ class Probe:
                              "ttft_ms": None if shot.ttft_s is None else round(shot.ttft_s * 1e3, 2)})
         return r
 
+    def measure(self, length: int, what: str) -> int:
+        """reused(``length``): one pair on exact evidence; the median of
+        `TTFT_REPEATS` pairs (each on its own fresh prefix) on TTFT, so one
+        delayed first token cannot move a step or flip a hit."""
+        if self.ev is None or self.ev.source != "ttft":
+            return self.pair(length, what)
+        return sorted(self.pair(length, what) for _ in range(TTFT_REPEATS))[TTFT_REPEATS // 2]
+
     # -- the sequences ---------------------------------------------------------------------
     def run(self) -> Findings:
         try:
@@ -167,7 +177,7 @@ class Probe:
         self._send(self.c.fresh(min(16, self.top)))
 
     def _cache_on(self) -> bool:
-        r = self.pair(self.top, "cache on?")
+        r = self.measure(self.top, "cache on?")
         self.f.reused_at_top = r
         self.f.cache_on = r > 0
         if not self.f.cache_on:
@@ -182,7 +192,7 @@ class Probe:
     def _unit(self) -> None:
         c1 = self.f.reused_at_top
         hit_at = {self.top: c1}      # L -> reused(L)
-        c2 = self.pair(c1 - 1, "step") if c1 > 1 else 0
+        c2 = self.measure(c1 - 1, "step") if c1 > 1 else 0
         if c1 > 1:
             hit_at[c1 - 1] = c2
         if c2 > 0 and c1 > c2:
@@ -196,7 +206,7 @@ class Probe:
             guess = c2 % self.f.step or self.f.step if c2 else c1
             for L in (guess, guess + 1):   # a staircase hits at r (or r + 1, warm prompt past it)
                 if lo < L < hi:
-                    r = self.pair(L, "smallest")
+                    r = self.measure(L, "smallest")
                     hit_at[L] = r
                     if r > 0:
                         hi = L
@@ -204,7 +214,7 @@ class Probe:
                     lo = L
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            r = self.pair(mid, "smallest")
+            r = self.measure(mid, "smallest")
             hit_at[mid] = r
             lo, hi = (lo, mid) if r > 0 else (mid, hi)
         self.f.shortest_hit_len = hi
@@ -221,7 +231,7 @@ class Probe:
         L = m + step // 2 + 1
         if L >= self.top:
             return
-        r = self.pair(L, "inside a block?")
+        r = self.measure(L, "inside a block?")
         on_grid = r == 0 or (r >= m and (r - m) % step == 0)
         self.f.stops_inside_block = not on_grid
 
