@@ -81,8 +81,12 @@ def reason(row: dict, findings: dict, reused_before: bool) -> str:
     return "evicted_after_reuse" if reused_before else "evicted_before_reuse"
 
 
-def verdict(rows: list[dict], findings: dict) -> dict:
-    """Per-request reasons, totals by reason (requests and tokens lost) and one sentence."""
+def verdict(rows: list[dict], findings: dict, metrics_reused: int | None = None) -> dict:
+    """Per-request reasons, totals by reason (requests and tokens lost) and one sentence.
+
+    ``metrics_reused`` is how far the server's hit counter rose during the
+    replay (None without one): the total when no request's own count is known.
+    """
     out, reused_groups = [], set()
     for row in sorted(rows, key=lambda r: r["request_id"]):
         root = row["sharer"]
@@ -102,6 +106,7 @@ def verdict(rows: list[dict], findings: dict) -> dict:
     totals = {"requests": len(out), "shareable": sum(r["shareable"] for r in out),
               "reused": sum(r["reused"] for r in known),
               "estimated": any(r["estimated"] for r in known) or len(known) < len(out),
+              "unknown": len(out) - len(known), "metrics_reused": metrics_reused,
               "failed": sum(1 for r in out if r["status"] != "finished")}
     by_reason = {k: {"requests": n[k], "tokens": lost[k], "words": PROBE_REASONS[k]}
                  for k in PROBE_REASONS if n[k]}
@@ -113,6 +118,12 @@ def advice(by_reason: dict, totals: dict, findings: dict) -> str:
     """One sentence: what to change, for the reason that lost the most tokens."""
     if totals["shareable"] == 0:
         return "No request of the workload shares a prefix with an earlier one: nothing to reuse."
+    if totals["unknown"] == totals["requests"]:
+        counted = totals["metrics_reused"]
+        return ("The server reports no request's own reuse and the probe has no prefill fit, so "
+                "no shortfall can be attributed"
+                + ("." if counted is None else f"; its hit counter rose by {counted} tokens "
+                   f"against {totals['shareable']} shareable."))
     if not by_reason:
         return (f"The server reused all {totals['reused']} of the {totals['shareable']} "
                 "shareable tokens: nothing to change.")
@@ -204,7 +215,10 @@ def html_section(report: dict) -> str:
         t = rep["totals"]
         parts.append(f"<h3>Workload replay: {html.escape(str(report.get('workload')))}</h3>")
         parts.append(f"<p>{t['requests']} requests; shareable {t['shareable']} tokens, reused "
-                     f"{t['reused']}{' (estimated)' if t['estimated'] else ''}.</p>")
+                     f"{t['reused']}{' (estimated)' if t['estimated'] else ''}"
+                     + ("" if t["metrics_reused"] is None
+                        else f"; the server's hit counter rose by {t['metrics_reused']}")
+                     + ".</p>")
         parts.append(table_html(["reason", "requests", "tokens not reused"],
                                 [[v["words"], v["requests"], v["tokens"]]
                                  for v in rep["by_reason"].values()]))

@@ -36,9 +36,13 @@ def probe_report(url: str, *, model: str | None, max_requests: int, max_seconds:
     if workload is not None:
         from adapters.client.http import DEFAULT_TIMEOUTS
         from adapters.client.probe_replay import replay_rows
+        from adapters.client.probe_wire import prefix_hits
         from analysis.probe_verdict import verdict
 
         fit = probe.ev.fit if probe.ev is not None else None
+        before = prefix_hits(endpoint) if facts.has_metrics else None
         rows = replay_rows(endpoint, facts.model, workload, timeouts=DEFAULT_TIMEOUTS, fit=fit)
-        report["replay"] = verdict(rows, report["findings"])
+        after = prefix_hits(endpoint) if before is not None else None
+        counted = None if before is None or after is None else int(after - before)
+        report["replay"] = verdict(rows, report["findings"], metrics_reused=counted)
     return report

@@ -66,6 +66,18 @@ def test_a_cache_that_keeps_every_block_reuses_a_prefix_inside_a_longer_prompt()
     assert f.evicted_by_fillers is None and f.survived_fillers >= 4 and f.requests <= 40
 
 
+def test_a_token_granular_cache_lets_a_hit_stop_anywhere():
+    # every token boundary is stored: 1024 positions per filler, so 10,000 stored positions
+    # keep the warm prefix through 8 fillers of 1024 tokens and lose it to 16
+    with FakeCacheServer(block=1, ends_only=False) as s:
+        f = probe(s)
+    assert (f.step, f.smallest, f.shortest_hit_len) == (1, 1, 1)
+    assert f.reused_at_top == 1024 and f.stops_inside_block is True
+    assert f.branch_reused == f.branch_prefix == 2
+    assert f.history_reused == f.history_prompt == 3     # this cache keeps no generated token
+    assert (f.survived_fillers, f.evicted_by_fillers) == (8, 16)
+
+
 def test_metrics_counter_is_the_evidence_without_cached_tokens():
     with FakeCacheServer(block=64, report_cached=False, metrics=True) as s:
         f = probe(s, max_requests=30)
@@ -83,7 +95,12 @@ def test_time_to_first_token_is_the_evidence_without_any_count():
     assert abs(f.prefill_fit["per_token_us"] - 400) < 80
     assert f.cache_on is True
     assert abs(f.shortest_hit_len - 65) <= 4 and abs(f.smallest - 64) <= 12
-    assert f.step is not None and abs(f.step - 64) <= 12
+    # a loaded machine delays some first tokens by tens of ms (tens of tokens here): the
+    # step is right, or the probe says its repeated pairs disagreed
+    if f.confidence == "low":
+        assert "disagreed" in f.confidence_why or "noise" in f.confidence_why
+    else:
+        assert f.step is not None and abs(f.step - 64) <= 12
 
 
 def test_cache_off_is_found_and_reported_from_cache_config_info():
@@ -235,3 +252,17 @@ def test_a_missing_workload_or_model_is_refused_before_any_request(tmp_path):
                                        "(it serves fake-hybrid)")
         assert s.completions == 0
     assert not out.exists()
+
+
+def test_replay_without_per_request_counts_gives_the_servers_counter_total(tmp_path):
+    w = Workload((_req(0, 0.0, _ids(300, 1)), _req(1, 0.2, _ids(310, 1))))
+    path = save_workload(w, tmp_path / "w.parquet")
+    with FakeCacheServer(block=64, report_cached=False, metrics=True) as s:
+        res = CliRunner().invoke(cli, ["probe", "--endpoint", s.url, "--workload", str(path),
+                                       "--max-requests", "12", "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)["replay"]
+    assert [r["reused"] for r in rep["requests"]] == [None, None]
+    assert rep["totals"]["unknown"] == 2 and rep["totals"]["metrics_reused"] == 256
+    assert rep["by_reason"] == {}
+    assert rep["advice"].endswith("its hit counter rose by 256 tokens against 300 shareable.")

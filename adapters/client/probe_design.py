@@ -15,7 +15,8 @@ The sequences, in order (each stops cleanly when the budget is spent):
 
 1. **cache on?** reused(L_top) at the longest probe length; > 0 means on.
 2. **reuse unit.** ``step`` = reused(L_top) - reused(reused(L_top) - 1): the
-   distance between the two deepest reusable positions. ``smallest`` (the
+   distance between the two deepest reusable positions (on TTFT the second
+   length is lowered by the estimate's resolution). ``smallest`` (the
    shortest prefix the server ever reuses) and ``shortest_hit_len`` (the
    shortest warm prompt that produced a hit): first a guess from the
    staircase, checked by two pairs, else bisection over L.
@@ -150,7 +151,10 @@ class Probe:
         delayed first token cannot move a step or flip a hit."""
         if self.ev is None or self.ev.source != "ttft":
             return self.pair(length, what)
-        return sorted(self.pair(length, what) for _ in range(TTFT_REPEATS))[TTFT_REPEATS // 2]
+        got = sorted(self.pair(length, what) for _ in range(TTFT_REPEATS))
+        if got[-1] > 0:
+            self.ev.spreads.append(got[-1] - got[0])
+        return got[TTFT_REPEATS // 2]
 
     # -- the sequences ---------------------------------------------------------------------
     def run(self) -> Findings:
@@ -169,7 +173,8 @@ class Probe:
             self.f.seconds = round(self.c.budget.elapsed(), 2)
             if self.ev is not None:
                 self.f.evidence = self.ev.source
-                self.f.confidence, self.f.confidence_why = self.ev.confidence()
+                unit = self.f.step or self.f.smallest
+                self.f.confidence, self.f.confidence_why = self.ev.confidence(unit)
         return self.f
 
     def _start(self) -> None:
@@ -192,9 +197,12 @@ class Probe:
     def _unit(self) -> None:
         c1 = self.f.reused_at_top
         hit_at = {self.top: c1}      # L -> reused(L)
-        c2 = self.measure(c1 - 1, "step") if c1 > 1 else 0
-        if c1 > 1:
-            hit_at[c1 - 1] = c2
+        # one token below the deepest position (less the estimate's resolution on TTFT,
+        # where a count is known only within a few tokens)
+        below = c1 - 1 - self.ev.resolution()
+        c2 = self.measure(below, "step") if below >= 1 else 0
+        if below >= 1:
+            hit_at[below] = c2
         if c2 > 0 and c1 > c2:
             self.f.step = c1 - c2
         elif c1 == 1:

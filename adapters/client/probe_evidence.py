@@ -16,6 +16,7 @@ Three sources, best first, chosen once from the probe's first shots:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from adapters.client.probe_ttft import PrefillFit
@@ -35,6 +36,7 @@ class Evidence:
     source: str
     fit: PrefillFit | None = None
     separations: list[float] = field(default_factory=list)
+    spreads: list[int] = field(default_factory=list)   # max - min of repeated estimates
 
     def reused(self, shot: Shot) -> int:
         if self.source == "usage" and shot.cached is not None:
@@ -48,8 +50,16 @@ class Evidence:
             self.separations.append(self.fit.separation(shot.prompt_len, r))
         return r
 
-    def confidence(self) -> tuple[str, str]:
-        """(``high``/``medium``/``low``, why)."""
+    def resolution(self) -> int:
+        """Tokens within which a reuse count is known: 0 for a count the server
+        gives; on TTFT, three residual deviations of the fit in tokens."""
+        if self.source != "ttft" or self.fit is None or self.fit.per_token_s <= 0:
+            return 0
+        return math.ceil(3 * self.fit.sigma_s / self.fit.per_token_s)
+
+    def confidence(self, unit: int | None = None) -> tuple[str, str]:
+        """(``high``/``medium``/``low``, why); on TTFT, ``low`` too when repeated
+        pairs at one length disagreed by more than a quarter of ``unit``."""
         if self.source == "usage":
             return "high", "the server counts the tokens it reused in every response"
         if self.source == "metrics":
@@ -58,9 +68,14 @@ class Evidence:
         if not self.separations:
             return "low", "no shot saved more time than the fit's noise allows calling a hit"
         worst = min(self.separations)
+        spread = max(self.spreads, default=0)
+        if unit and spread > unit / 4:
+            return "low", (f"three pairs at one length disagreed by {spread} tokens, more than "
+                           f"a quarter of the {unit}-token unit: the step and the reuse counts "
+                           "are uncertain (the server's timing is noisy)")
         level = "medium" if worst >= 8 else "low"
         return level, (f"the smallest hit called saved {worst:.1f} residual deviations of "
-                       "the prefill fit; estimates are within a fraction of the reuse unit")
+                       f"the prefill fit; repeated pairs agreed within {spread} tokens")
 
 
 def choose_source(shot: Shot) -> str:

@@ -60,7 +60,9 @@ def replay_rows(endpoint: Endpoint, model: str, workload, *, timeouts: Timeouts,
     result = run_open_loop(endpoint, model, workload, timeouts=timeouts)
     by_id = {rec.request_id: (rec, o) for rec, o in zip(result.records, result.outcomes,
                                                         strict=True)}
-    turn_of = {(rec.session, rec.turn): rec for rec in result.records if rec.session is not None}
+    # a record outside any session has session and turn -1 (harness.records)
+    turn_of = {(rec.session, rec.turn): rec for rec in result.records
+               if rec.session is not None and rec.session >= 0}
     wl = {r.request_id: r for r in workload.requests}
     firsts = first_turn_sharers(workload)
     rows = []
@@ -77,7 +79,8 @@ def replay_rows(endpoint: Endpoint, model: str, workload, *, timeouts: Timeouts,
         else:
             reused, estimated = None, True
         shareable, sharer = 0, None
-        if rec.turn:
+        in_session = rec.session is not None and rec.session >= 0
+        if in_session and rec.turn > 0:
             prev = turn_of.get((rec.session, rec.turn - 1))
             if prev is not None:
                 shareable, sharer = prev.prompt_tokens + prev.output_tokens, prev
@@ -88,7 +91,8 @@ def replay_rows(endpoint: Endpoint, model: str, workload, *, timeouts: Timeouts,
         sharer_salt = (wl[sharer.request_id].salt if sharer is not None and sharer.request_id in wl
                        else salt)
         rows.append({
-            "request_id": rec.request_id, "session": rec.session, "turn": rec.turn,
+            "request_id": rec.request_id, "session": rec.session if in_session else None,
+            "turn": rec.turn if in_session else None,
             "status": rec.status, "prompt_tokens": rec.prompt_tokens,
             "shareable": min(shareable, max(rec.prompt_tokens - 1, 0)) if shareable else 0,
             "reused": reused, "estimated": estimated,

@@ -131,13 +131,13 @@ class ProbeClient:
         return shot
 
     def _hits(self) -> float | None:
-        try:
-            status, body = http_get(self.endpoint, "/metrics", timeout_s=5.0)
-        except OSError:
-            return None
-        if status != 200:
-            return None
-        return extract(parse_prometheus(body.decode(errors="replace")), "vllm").get("prefix_hits")
+        return prefix_hits(self.endpoint)
+
+
+def prefix_hits(endpoint: Endpoint) -> float | None:
+    """The server's prefix-cache hit counter (tokens) now, or None."""
+    samples = _metrics(endpoint)
+    return None if samples is None else extract(samples, "vllm").get("prefix_hits")
 
 
 def server_facts(endpoint: Endpoint, wanted_model: str | None) -> ServerFacts:
@@ -174,7 +174,7 @@ def server_facts(endpoint: Endpoint, wanted_model: str | None) -> ServerFacts:
 
 def _metrics(endpoint: Endpoint) -> list[Sample] | None:
     try:
-        status, body = http_get(endpoint, "/metrics", timeout_s=10.0)
+        status, body = http_get(endpoint, "/metrics", timeout_s=5.0)
     except OSError:
         return None
     return parse_prometheus(body.decode(errors="replace")) if status == 200 else None

@@ -103,7 +103,9 @@ def _print(report: dict) -> None:
     tot = rep["totals"]
     t = Table(title=f"replay of {report['workload']}: {tot['requests']} requests, "
                     f"{tot['shareable']} shareable tokens, {tot['reused']} reused"
-                    + (" (estimated)" if tot["estimated"] else ""))
+                    + (" (estimated)" if tot["estimated"] else "")
+                    + ("" if tot["metrics_reused"] is None
+                       else f"; the server's hit counter rose by {tot['metrics_reused']}"))
     for col in ("request", "session", "turn", "prompt", "shareable", "reused", "reason"):
         t.add_column(col, justify="left" if col == "reason" else "right")
     for r in rep["requests"]:
