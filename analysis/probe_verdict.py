@@ -191,7 +191,7 @@ def summary_lines(f: dict) -> list[tuple[str, str]]:
         lines.append(("cached prefix survival", text))
     if f["server_block_size"] is not None:
         lines.append(("server's resolved block (cache_config_info)", f"{f['server_block_size']} tokens"))
-    lines.append(("probe cost", f"{f['requests']} requests, {f['seconds']} s"
+    lines.append(("probe cost", f"{f['requests']} requests, {f['seconds']} s, seed {f['seed']}"
                                 + (f" ({f['budget_spent']})" if f["budget_spent"] else "")))
     for note in f["notes"]:
         lines.append(("note", note))

@@ -57,6 +57,7 @@ class Findings:
 
     model: str
     probe_len: int                      # L_top
+    seed: int = 0                       # of the random prefixes
     evidence: str = ""
     confidence: str = ""
     confidence_why: str = ""
@@ -96,7 +97,7 @@ class Probe:
         facts = client.facts
         top = MAX_PROBE_LEN if facts.max_model_len is None else facts.max_model_len - LEN_MARGIN
         self.top = max(2, min(MAX_PROBE_LEN, top))
-        self.f = Findings(model=facts.model, probe_len=self.top)
+        self.f = Findings(model=facts.model, probe_len=self.top, seed=client.seed)
         self.ev: Evidence | None = None
         cfg = facts.cache_config
         keep = ("block_size", "mamba_block_size", "mamba_cache_mode", "enable_prefix_caching",

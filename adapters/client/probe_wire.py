@@ -95,6 +95,7 @@ class ProbeClient:
         self.endpoint = endpoint
         self.facts = facts
         self.budget = budget
+        self.seed = seed
         self.rng = random.Random(seed)
         self.timeouts = timeouts or Timeouts(first_byte_s=120.0, idle_s=60.0, total_s=300.0)
         self.shots: list[Shot] = []

@@ -25,7 +25,7 @@ from hbench.flag_types import PATH, Float, Int
               help="A saved hbench workload to replay after the probe: shareable vs reused "
                    "tokens per request, and why each shortfall.")
 @click.option("--seed", type=Int(lo=0), default=None,
-              help="Seed of the probe's random prefixes (default: a fresh one, printed in the "
+              help="Seed of the probe's random prefixes (default: a fresh one, shown in the "
                    "report). A seed used before against the same server meets its own "
                    "cached prefixes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
