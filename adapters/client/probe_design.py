@@ -51,6 +51,10 @@ SURVIVAL_MAX_K = 1 << 12
 TTFT_REPEATS = 3
 
 
+class ProbeFailed(Exception):
+    """The server answered a probe request with an error."""
+
+
 @dataclass
 class Findings:
     """What the probe found; None where it could not tell (see ``notes``)."""
@@ -212,7 +216,8 @@ class Probe:
         lo = max([L for L, r in hit_at.items() if r == 0], default=0)
         hi = min(L for L, r in hit_at.items() if r > 0)
         if self.f.step:
-            guess = c2 % self.f.step or self.f.step if c2 else c1
+            # the staircase's lowest step: c2 less whole steps (c1 when c2 found nothing)
+            guess = (c2 % self.f.step or self.f.step) if c2 else c1
             for L in (guess, guess + 1):   # a staircase hits at r (or r + 1, warm prompt past it)
                 if lo < L < hi:
                     r = self.measure(L, "smallest")
@@ -291,11 +296,3 @@ class Probe:
                 return
             self.f.survived_fillers = k
             k = 1 if k == 0 else 2 * k
-
-
-class ProbeFailed(Exception):
-    """The server answered a probe request with an error."""
-
-
-def probe_server(client: ProbeClient) -> Findings:
-    return Probe(client).run()
