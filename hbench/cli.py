@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("hbench.commands.report", "report"),
     "calibrate": ("hbench.commands.calibrate", "calibrate"),
     "fidelity": ("hbench.commands.fidelity", "fidelity"),
+    "probe": ("hbench.commands.probe", "probe"),
 }
 
 

@@ -139,7 +139,8 @@ def test_one_colour_per_organization_in_every_figure(spread_runs):
     four = figures.latency_cdf_figure({o: pd.DataFrame({"ttft_s": [0.1, 0.2], "itl_mean_s": [0.01, 0.02]})
                                        for o in ("s0", "s1", "s2", "d0")})
     assert {ln.get_label(): to_hex(ln.get_color()) for ln in four.axes[0].get_lines()} == \
-        {o.upper(): c for o, c in ORG_COLORS.items()}
+        {o.upper(): ORG_COLORS[o] for o in ("s0", "s1", "s2", "d0")}
+    assert len(set(ORG_COLORS.values())) == len(ORG_COLORS)   # no two organizations share one
 
 
 def _overlap(a, b) -> bool:
