@@ -45,10 +45,6 @@ def _requests_by(runs: pd.DataFrame, keys: Sequence[str]) -> dict:
     return {k: pd.concat(frames, ignore_index=True) for k, frames in out.items()}
 
 
-def _requests_by_org(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    return _requests_by(runs, ["org"])
-
-
 def peak_memory_run(runs: pd.DataFrame):
     """(row, steps table) of the run with the highest peak of memory in use
     (attention + SSM + conv over its steps; ties broken by run id), or None
@@ -101,9 +97,10 @@ def figure_set(runs: pd.DataFrame, metrics: Sequence[str] = ("throughput_ledger_
                      f"Memory in use over time of run {row['run_id']}, chosen as the run with the "
                      f"highest peak in use ({peak:.2f} GiB).",
                      memory_figure(steps, memory_title(row, peak))))
-    figs.append(("joint_depth", "Joint depth per organization.", joint_depth_figure(runs)))
-    figs.append(("latency_cdf", "TTFT and ITL distributions per organization.",
-                 latency_cdf_figure(_requests_by_org(runs))))
+    figs.append(("joint_depth", "Joint depth per organization (and budget).",
+                 joint_depth_figure(runs)))
+    figs.append(("latency_cdf", "TTFT and ITL distributions per organization (and budget).",
+                 latency_cdf_figure(_requests_by(runs, ["org", "budget"]))))
     figs.append(("multiturn_by_turn", "Multi-turn sessions by turn index, per budget.",
                  turn_figure(_requests_by(runs, ["org", "budget"]))))
     return figs

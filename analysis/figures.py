@@ -189,24 +189,54 @@ def ratio_figure(
 
 
 def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
-    """Per-org means over runs of J_adopt, R_max and attention depth."""
+    """Per-org means over runs of J_adopt, R_max and attention depth; one bar
+    per (budget, organization) where the runs have several budgets (budgets
+    are never pooled: depth depends on how much a budget can keep)."""
     present = [(m, lab) for m, lab in DEPTH_METRICS if m in runs.columns and runs[m].notna().any()]
     if not present:
         return None
-    orgs = sorted(runs["org"].unique())
-    fig = Figure(figsize=(3.6 * len(present), 3.4), layout="constrained")
+    budgets = (sorted(runs["budget"].dropna().unique(), key=budget_order)
+               if "budget" in runs.columns else [])
+    if len(budgets) > 1:
+        arms = [(b, o) for b in budgets for o in sorted(runs.loc[runs["budget"] == b, "org"].unique())]
+        labels = [f"{o.upper()}\n{b}" for b, o in arms]
+        masks = [(runs["budget"] == b) & (runs["org"] == o) for b, o in arms]
+        orgs = [o for _, o in arms]
+    else:
+        orgs = sorted(runs["org"].unique())
+        labels = [o.upper() for o in orgs]
+        masks = [runs["org"] == o for o in orgs]
+    fig = Figure(figsize=(max(3.6, 0.9 * len(orgs) + 1.2) * len(present), 3.4), layout="constrained")
     axes = fig.subplots(1, len(present), squeeze=False)[0]
     for ax, (m, lab) in zip(axes, present, strict=True):
-        mc = [centre_ci(runs.loc[runs["org"] == o, m]) for o in orgs]
+        mc = [centre_ci(runs.loc[mask, m]) for mask in masks]
         ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[[v[1] for v in mc], [v[2] for v in mc]],
                capsize=4, color=[org_color(o) for o in orgs])
-        ax.set_xticks(range(len(orgs)), [o.upper() for o in orgs])
-        ax.set_xlabel("organization")
+        _clip_tall_intervals(ax, [v[0] for v in mc], [v[0] + v[2] for v in mc])
+        ax.set_xticks(range(len(orgs)), labels)
+        ax.set_xlabel("organization, budget (label)" if len(budgets) > 1 else "organization")
         ax.set_title(lab)
         ax.set_ylabel("mean per request (tokens)")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("joint depth by organization (geometric mean over runs, or mean where one is 0; 95% CI)")
     return fig
+
+
+def _clip_tall_intervals(ax, centres: list[float], tops: list[float], factor: float = 3.0) -> None:
+    """Keep the bars readable when an interval (few seeds) reaches far above
+    every bar: the axis stops at 1.6 x the tallest bar and each interval cut
+    off there is labelled with its true upper end."""
+    finite = [c for c in centres if np.isfinite(c)]
+    tallest = max(finite, default=0.0)
+    if tallest <= 0 or not any(np.isfinite(t) and t > factor * tallest for t in tops):
+        return
+    limit = 1.6 * tallest
+    ax.set_ylim(0, limit)
+    for x, t in enumerate(tops):
+        if np.isfinite(t) and t > limit:
+            ax.annotate(f"CI to\n{t:,.0f}", (x, limit), xytext=(4, -3), textcoords="offset points",
+                        ha="left", va="top", fontsize=7,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
 
 
 def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
@@ -242,23 +272,36 @@ def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
     return fig
 
 
-def _cdf(ax, values: np.ndarray, label: str, color: str):
+def _cdf(ax, values: np.ndarray, label: str, color: str, style: str = "-"):
     v = np.sort(values[np.isfinite(values)])
     if v.size:
-        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label, color=color)
+        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=label, color=color,
+                linestyle=style)
 
 
-def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | None:
-    """TTFT and ITL (per-request mean) CDFs, one line per organization."""
+#: Line styles that tell budgets apart where one figure has several (colour is the organization's).
+BUDGET_STYLES = ("-", "--", ":", "-.")
+
+
+def latency_cdf_figure(requests_by_org: Mapping) -> Figure | None:
+    """TTFT and ITL (per-request mean) CDFs, one line per organization; keys
+    are organizations, or (organization, budget) pairs, in which case each
+    budget is its own line (never pooled), in the organization's colour and
+    the budget's line style."""
     if not requests_by_org:
         return None
+    keyed = {(k, None) if isinstance(k, str) else tuple(k): v for k, v in requests_by_org.items()}
+    budgets = sorted({b for _, b in keyed if b is not None}, key=budget_order)
     fig = Figure(figsize=(9.5, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, col, title in ((axes[0], "ttft_s", "TTFT"), (axes[1], "itl_mean_s", "ITL (per-request mean)")):
         allv = []
-        for org, req in sorted(requests_by_org.items()):
+        for (org, budget), req in sorted(keyed.items(),
+                                         key=lambda kv: (str(kv[0][0]), budget_order(kv[0][1] or ""))):
             v = pd.to_numeric(req[col], errors="coerce").to_numpy(dtype=float)
-            _cdf(ax, v, org.upper(), org_color(org))
+            label = org.upper() if len(budgets) < 2 else f"{org.upper()} @ {budget}"
+            style = BUDGET_STYLES[budgets.index(budget) % len(BUDGET_STYLES)] if len(budgets) > 1 else "-"
+            _cdf(ax, v, label, org_color(org), style)
             allv.append(v[np.isfinite(v)])
         v = np.concatenate(allv) if allv else np.array([])
         if v.size and v.min() > 0 and v.max() / v.min() > 50:
@@ -269,7 +312,8 @@ def latency_cdf_figure(requests_by_org: Mapping[str, pd.DataFrame]) -> Figure | 
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("latency CDFs by organization (all requests of all runs)")
+    fig.suptitle("latency CDFs by organization" + (" and budget" if len(budgets) > 1 else "")
+                 + " (all requests of the runs)")
     return fig
 
 

@@ -130,7 +130,8 @@ def _lookup(p: Published, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
     vals = pd.to_numeric(select(runs, p.where)[p.metric], errors="coerce").dropna().to_numpy()
     if vals.size == 0:
         return nan, nan, nan, 0, nan, "no runs"
-    lo, hi = stats.t_interval(vals)
+    # every arm-mean quantity of the designs is non-negative: its interval stays >= 0
+    lo, hi = stats.bounded_t_interval(vals) if (vals >= 0).all() else stats.t_interval(vals)
     return stats.mean_over_seeds(vals), lo, hi, int(vals.size), nan, "arm mean"
 
 
@@ -199,7 +200,8 @@ def markdown(table: pd.DataFrame, title: str, notes: Sequence[str] = ()) -> str:
               "runs of this directory. Relative effects are geometric means of the within-seed ratios as % "
               "with the 95% t interval of the mean log ratio (interactions: differences in pp with a t "
               "interval; K_ret as a geometric mean in %); arm means are arithmetic means over seeds with "
-              "t intervals. The last column is the arithmetic mean of the within-seed ratios, the study's "
+              "t intervals (cut at 0 for quantities that cannot be negative). The last column is the "
+              "arithmetic mean of the within-seed ratios, the study's "
               "estimator, for comparison. magnitude ratio = hbench / study. \"study note\" is what the "
               "study reported beside its number (its own p values); \"hbench p Holm\" and \"hbench "
               "verdict\" are hbench's.", ""]

@@ -138,6 +138,14 @@ def t_interval(values, level: float = LEVEL) -> Interval:
     return (m - half, m + half)
 
 
+def bounded_t_interval(values, lower: float = 0.0, level: float = LEVEL) -> Interval:
+    """`t_interval` of a quantity that cannot go below ``lower`` (throughput,
+    token and preemption counts): an end past the bound is cut at it, so an
+    interval never claims values the quantity cannot take."""
+    lo, hi = t_interval(values, level)
+    return (lo if math.isnan(lo) else max(lo, lower), hi)
+
+
 def log_t_interval(ratios, level: float = LEVEL) -> Interval:
     """t interval on the mean log ratio, back-transformed (CI of the geometric mean)."""
     lo, hi = t_interval(np.log(np.asarray(ratios, dtype=float)), level)

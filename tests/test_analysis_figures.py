@@ -73,7 +73,11 @@ def test_ratio_figures_vs_budget_and_rate(runs):
 def test_joint_depth_figure(runs):
     fig = figures.joint_depth_figure(runs)
     assert [a.get_title() for a in fig.axes] == ["J_adopt (tokens)", "R_max (tokens)", "attention depth (tokens)"]
-    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["D0", "S2"]
+    # three budgets: one bar per (budget, organization), never pooled
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == \
+        [f"{o}\n{b}" for b in ("b63", "b83", "b108") for o in ("D0", "S2")]
+    one = figures.joint_depth_figure(runs[runs["budget"] == "b83"])
+    assert [t.get_text() for t in one.axes[0].get_xticklabels()] == ["D0", "S2"]
 
 
 def test_latency_cdfs_and_memory(runs, tmp_path):

@@ -39,6 +39,15 @@ def test_t_interval_matches_scipy():
     assert all(math.isnan(v) for v in stats.t_interval([1.0]))  # n = 1: no interval
 
 
+def test_bounded_t_interval_cuts_only_what_crosses_the_bound():
+    spread = [0.0, 1.0, 30.0]                              # a t interval crossing 0
+    lo, hi = stats.t_interval(spread)
+    assert lo < 0
+    assert stats.bounded_t_interval(spread) == (0.0, hi)
+    assert stats.bounded_t_interval(RATIOS) == stats.t_interval(RATIOS)   # nothing to cut
+    assert all(math.isnan(v) for v in stats.bounded_t_interval([1.0]))
+
+
 def test_log_t_interval_is_back_transformed_log_interval():
     logs = np.log(RATIOS)
     ref = sps.t.interval(0.95, logs.size - 1, loc=logs.mean(), scale=sps.sem(logs))

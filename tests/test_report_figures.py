@@ -229,3 +229,34 @@ def test_a_ratio_figure_of_runs_that_cannot_be_paired_is_named_not_drawn(tmp_pat
     from analysis.html_report import build_html
 
     assert "The D0/S2 ratio by budget is not drawn: " in build_html(tmp_path, runs)
+
+
+def test_budgets_are_never_pooled_in_the_depth_and_latency_figures(spread_runs):
+    """Two budgets: a bar per (budget, organization) and a CDF line per
+    (organization, budget), in the organization's colour, the budget's style."""
+    two = spread_runs.copy()
+    two.loc[two["headroom"] == 0.19, "budget"] = "b108"
+    fig = figures.joint_depth_figure(two)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["D0\nb83", "S2\nb83", "D0\nb108", "S2\nb108"]
+    req = pd.DataFrame({"ttft_s": [0.1, 0.2], "itl_mean_s": [0.01, 0.02]})
+    cdf = figures.latency_cdf_figure({("s2", "b83"): req, ("s2", "b108"): req * 3, ("d0", "b83"): req})
+    lines = {ln.get_label(): (to_hex(ln.get_color()), ln.get_linestyle()) for ln in cdf.axes[0].get_lines()}
+    assert lines == {"D0 @ b83": (org_color("d0"), "-"), "S2 @ b108": (org_color("s2"), "--"),
+                     "S2 @ b83": (org_color("s2"), "-")}
+    one = figures.latency_cdf_figure({("s2", "b83"): req, ("d0", "b83"): req})   # one budget: as before
+    assert sorted(ln.get_label() for ln in one.axes[0].get_lines()) == ["D0", "S2"]
+
+
+def test_an_interval_far_above_every_bar_is_cut_and_labelled():
+    """Two seeds far apart give S2 a 95% interval reaching far above every bar:
+    the axis stays at the bars' scale and the cut interval names its true end."""
+    runs = pd.DataFrame({"org": ["s2", "s2", "d0", "d0"], "budget": ["b83"] * 4,
+                         "j_adopt_mean": [10.0, 1000.0, 500.0, 510.0]})
+    ax = figures.joint_depth_figure(runs).axes[0]
+    tallest = max(p.get_height() for p in ax.patches)
+    assert ax.get_ylim()[1] == pytest.approx(1.6 * tallest)
+    notes = [t.get_text() for t in ax.texts]
+    assert len(notes) == 1 and notes[0].startswith("CI to")
+    calm = pd.DataFrame({"org": ["s2", "s2"], "budget": ["b83"] * 2, "j_adopt_mean": [500.0, 510.0]})
+    assert not figures.joint_depth_figure(calm).axes[0].texts    # nothing cut, nothing said
