@@ -20,10 +20,14 @@ run: install
 	$(BIN)/hbench run --org s2 --budget b83 --rate 2
 
 ## The import layers (pyproject.toml's [tool.importlinter]), then the whole
-## test suite (the command CI runs).
+## test suite (the command CI runs), on TEST_WORKERS processes. Each test file
+## runs whole on one worker (its module fixtures, e.g. a vLLM server, are made
+## once); much of the suite waits on servers and subprocesses, so two workers
+## halve its wall time on two cores.
+TEST_WORKERS ?= 2
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: install
 	$(BIN)/ruff check .

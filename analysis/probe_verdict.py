@@ -200,7 +200,7 @@ def summary_lines(f: dict) -> list[tuple[str, str]]:
 
 def html_section(report: dict) -> str:
     """The probe as one self-contained HTML section (tables only, no scripts)."""
-    from analysis.html_report import table_html
+    from analysis.html_sections import table_html
 
     f = report["findings"]
     parts = [f"<h2>Probe of {html.escape(str(report['endpoint']))} "

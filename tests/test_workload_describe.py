@@ -60,7 +60,8 @@ def test_a_later_turn_can_reuse_the_whole_previous_turn():
 def test_grids_come_from_the_organizations_layouts():
     from hbench.commands.workload import org_grids
 
-    assert org_grids() == {"s0": 512, "s1": 512, "s2": 512, "d0": 1792}
+    # the unified and elastic pools keep D0's checkpoint interval
+    assert org_grids() == {"s0": 512, "s1": 512, "s2": 512, "d0": 1792, "u0": 1792, "e0": 1792}
 
 
 @pytest.mark.parametrize("kind", ["sharegpt", "multiturn"])
