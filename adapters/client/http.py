@@ -104,8 +104,9 @@ def http_get(endpoint: Endpoint, path: str, timeout_s: float = 5.0) -> tuple[int
         conn.close()
 
 
-def served_models(endpoint: Endpoint, timeout_s: float = 5.0) -> list[str]:
-    """Model ids the server serves (GET /v1/models), or a one-line HbenchError.
+def model_entries(endpoint: Endpoint, timeout_s: float = 5.0) -> list[dict]:
+    """The model entries the server lists (GET /v1/models; each has an ``id``,
+    vLLM's also ``max_model_len``), or a one-line HbenchError.
 
     Called before any request is sent so a wrong or dead endpoint fails fast.
     """
@@ -117,9 +118,16 @@ def served_models(endpoint: Endpoint, timeout_s: float = 5.0) -> list[str]:
         raise HbenchError(f"{endpoint.url}/v1/models answered HTTP {status}")
     try:
         data = json.loads(body)["data"]
-        return [m["id"] for m in data]
+        if not all(isinstance(m, dict) and "id" in m for m in data):
+            raise TypeError("an entry without an id")
+        return list(data)
     except (ValueError, KeyError, TypeError):
         raise HbenchError(f"{endpoint.url}/v1/models did not return an OpenAI model list") from None
+
+
+def served_models(endpoint: Endpoint, timeout_s: float = 5.0) -> list[str]:
+    """Model ids the server serves (`model_entries`)."""
+    return [m["id"] for m in model_entries(endpoint, timeout_s)]
 
 
 def server_version(endpoint: Endpoint) -> str | None:

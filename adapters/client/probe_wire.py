@@ -26,7 +26,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from adapters.client.http import Endpoint, Timeouts, http_get
+from adapters.client.http import Endpoint, Timeouts, http_get, model_entries
 from adapters.client.stream import completion_body, stream_completion
 from adapters.metrics_scrape import Sample, extract, info_labels, parse_prometheus
 from common.errors import HbenchError
@@ -145,19 +145,7 @@ def server_facts(endpoint: Endpoint, wanted_model: str | None) -> ServerFacts:
     """The served model, its max length, and whether ``/metrics`` has prefix-cache
     counters; a one-line HbenchError when the server cannot be reached or does
     not serve ``wanted_model``."""
-    import json
-
-    try:
-        status, body = http_get(endpoint, "/v1/models", timeout_s=10.0)
-    except OSError as exc:
-        raise HbenchError(f"cannot reach {endpoint.url}: {exc}") from None
-    if status != 200:
-        raise HbenchError(f"{endpoint.url}/v1/models answered HTTP {status}")
-    try:
-        data = json.loads(body)["data"]
-        models = {m["id"]: m for m in data}
-    except (ValueError, KeyError, TypeError):
-        raise HbenchError(f"{endpoint.url}/v1/models did not return an OpenAI model list") from None
+    models = {m["id"]: m for m in model_entries(endpoint, timeout_s=10.0)}
     if wanted_model is not None and wanted_model not in models:
         raise HbenchError(f"{endpoint.url} does not serve {wanted_model!r} "
                           f"(it serves {', '.join(models) or 'no model'})")
