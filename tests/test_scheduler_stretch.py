@@ -101,6 +101,16 @@ def test_stretches_identical_under_pressure(org):
 
 
 @pytest.mark.parametrize("org", ORG_NAMES)
+@pytest.mark.parametrize("publish, evict", [("marconi", "utility"), ("every-k", "lru")])
+def test_stretches_identical_under_checkpoint_policies(org, publish, evict):
+    """The checkpoint policies (`harness.orgs.policies`) under pressure."""
+    config = RunConfig(org=org, budget="b40", rate=20.0, q=0.5, retention=True, requests=24,
+                       seed=7, ckpt_publish=publish, ckpt_evict=evict)
+    slow, fast = run_both(config)
+    assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("org", ORG_NAMES)
 def test_stretches_keep_invariants(org):
     """The organization's invariants hold after every step a stretch takes."""
     config = RunConfig(org=org, budget="b63", rate=10.0, requests=10, max_output=200,
