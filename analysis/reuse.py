@@ -41,6 +41,9 @@ def reuse_metrics(requests: pd.DataFrame, geometry) -> dict[str, float]:
     }
 
 
+#: summary keys a reuse table shows beside them
+SUMMARY_COLUMNS = ("j_adopt_mean", "invalidations_checkpoint", "ttft_p99_s",
+                   "throughput_ledger_tok_s")
 #: configuration fields a reuse table groups by (those that vary are shown)
 ARM_KEYS = ("org", "budget", "ckpt_publish", "ckpt_every_k", "ckpt_evict", "utility_alpha",
             "workload_kind", "q", "rate", "paging", "retention", "isolate")
@@ -48,7 +51,7 @@ ARM_KEYS = ("org", "budget", "ckpt_publish", "ckpt_every_k", "ckpt_evict", "util
 
 def reuse_table(runs) -> pd.DataFrame:
     """One row per run (`harness.results.Run` objects): its arm's varying
-    configuration fields, seed, `REUSE_KEYS`, mean J_adopt and throughput."""
+    configuration fields, seed, `REUSE_KEYS` and `SUMMARY_COLUMNS`."""
     rows, geoms = [], {}
     for run in runs:
         config = RunConfig.from_dict(dict(run.config))
@@ -58,20 +61,19 @@ def reuse_table(runs) -> pd.DataFrame:
         row = {k: run.config.get(k) for k in ARM_KEYS}
         row["seed"] = run.config.get("seed")
         row.update(reuse_metrics(run["requests"], geoms[gkey]))
-        row["j_adopt_mean"] = run.summary.get("j_adopt_mean")
-        row["throughput_ledger_tok_s"] = run.summary.get("throughput_ledger_tok_s")
+        row.update({k: run.summary.get(k) for k in SUMMARY_COLUMNS})
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
     keep = [k for k in ARM_KEYS if df[k].astype(str).nunique() > 1]
-    return df[[*keep, "seed", *REUSE_KEYS, "j_adopt_mean", "throughput_ledger_tok_s"]]
+    return df[[*keep, "seed", *REUSE_KEYS, *SUMMARY_COLUMNS]]
 
 
 def arm_means(table: pd.DataFrame) -> pd.DataFrame:
     """`reuse_table`'s rows averaged over seeds within each arm (``runs``: how many)."""
     keys = [c for c in table.columns if c in ARM_KEYS]
-    values = [*REUSE_KEYS, "j_adopt_mean", "throughput_ledger_tok_s"]
+    values = [*REUSE_KEYS, *SUMMARY_COLUMNS]
     if not keys:
         out = table[values].mean().to_frame().T
         out.insert(0, "runs", len(table))

@@ -35,6 +35,7 @@ def test_arm_means_average_over_seeds_within_an_arm():
     table = pd.DataFrame({"ckpt_publish": ["every", "every", "marconi"], "seed": [1, 2, 1],
                           "token_hit_rate": [0.2, 0.4, 0.5], "request_hit_rate": [0.5, 1.0, 1.0],
                           "flops_saved": [1.0, 3.0, 5.0], "j_adopt_mean": [10.0, 30.0, 50.0],
+                          "invalidations_checkpoint": [0, 2, 4], "ttft_p99_s": [1.0, 2.0, 3.0],
                           "throughput_ledger_tok_s": [100.0, 200.0, 300.0]})
     out = arm_means(table).set_index("ckpt_publish")
     assert out.loc["every", "runs"] == 2 and out.loc["every", "token_hit_rate"] == pytest.approx(0.3)

@@ -2,7 +2,7 @@
 
 Thin: reads the runs under DIR (`harness.results.iter_runs`) and prints
 `analysis.reuse`'s table, the numbers Marconi reports, beside J_adopt and
-throughput, averaged over seeds within each arm (every run with --per-run).
+checkpoint invalidations, TTFT p99 and throughput, averaged over seeds within each arm (every run with --per-run).
 """
 
 from __future__ import annotations
