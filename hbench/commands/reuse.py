@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import click
 
@@ -35,7 +36,11 @@ def reuse(results_dir, per_run, as_json):
 
     if not results_dir.is_dir():
         raise HbenchError(f"{results_dir} is not a directory")
-    table = reuse_table(iter_runs(results_dir))
+    with warnings.catch_warnings(record=True) as caught:   # runs skipped as incomplete
+        warnings.simplefilter("always")
+        table = reuse_table(iter_runs(results_dir))
+    for w in caught:
+        click.echo(f"warning: {w.message}", err=True)
     if table.empty:
         raise HbenchError(f"no complete runs under {results_dir}")
     rows = table if per_run else arm_means(table)
