@@ -28,6 +28,8 @@ from dataclasses import dataclass, fields
 from common.errors import HbenchError
 from harness.layout import PAGINGS
 from harness.orgs import ORGANIZATIONS
+from harness.orgs.evict_policy import EVICT_POLICIES
+from harness.orgs.publish_policy import PUBLISH_POLICIES
 from workloads.bounds import expected_requests
 from workloads.spec import WorkloadSpec
 
@@ -74,6 +76,11 @@ class RunConfig:
     retention_threshold: int = 2           # distinct requests demanding a prefix
     admission: str = "first-chunk"         # first-chunk (the study) or whole-input (vLLM's default)
     isolate: bool = False
+    # checkpoint policies (harness/orgs/publish_policy.py, evict_policy.py)
+    ckpt_publish: str = "every"            # where checkpoints are published: every, every-k, marconi
+    ckpt_every_k: int = 2                  # every-k: publish at every k-th grid boundary
+    ckpt_evict: str = "lru"                # which cached checkpoint is evicted: lru, utility
+    utility_alpha: float = 1.0             # utility: weight of FLOPs saved per byte against recency
     # workload recipe
     rate: float = 3.0
     arrival: str = "poisson"
@@ -124,6 +131,12 @@ class RunConfig:
              f"unknown --paging {self.paging!r}; choose from {', '.join(PAGINGS)}"),
             (self.admission in ADMISSIONS,
              f"unknown --admission {self.admission!r}; choose from {', '.join(ADMISSIONS)}"),
+            (self.ckpt_publish in PUBLISH_POLICIES,
+             f"unknown --ckpt-publish {self.ckpt_publish!r}; choose from {', '.join(PUBLISH_POLICIES)}"),
+            (self.ckpt_every_k >= 1, f"--ckpt-every-k must be >= 1, got {self.ckpt_every_k}"),
+            (self.ckpt_evict in EVICT_POLICIES,
+             f"unknown --ckpt-evict {self.ckpt_evict!r}; choose from {', '.join(EVICT_POLICIES)}"),
+            (self.utility_alpha >= 0.0, f"--utility-alpha must be >= 0, got {self.utility_alpha}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.device == "cpu" or self.device.startswith("cuda"),
              f"--device must be cpu or cuda[:N], got {self.device!r}"),

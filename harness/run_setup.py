@@ -69,10 +69,31 @@ def validate(config: RunConfig) -> RunSetup:
     if config.token_budget < grid:
         raise HbenchError(f"--token-budget {config.token_budget} is smaller than {config.org}'s "
                           f"grid of {grid} tokens; the minimum for {config.org} is {grid}")
+    check_policies(config, setup.layout)
     requests, mean_prompt = run_requests(config)
     pages = budget.total_pages if config.engine == "sim" else 0
     check_memory(requests, mean_prompt, pages)
     return setup
+
+
+#: Engines whose organization hbench builds, hence takes the checkpoint policies.
+POLICY_ENGINES = ("sim", "torch")
+
+
+def check_policies(config: RunConfig, layout: OrgLayout) -> None:
+    """Refuse checkpoint policies (``--ckpt-publish``, ``--ckpt-evict``) other
+    than the study's where they cannot apply: on a served engine (the server
+    decides) and, for a publish policy, under in-place publication (vLLM's
+    pages publish at the edges vLLM keeps)."""
+    if config.ckpt_publish == "every" and config.ckpt_evict == "lru":
+        return
+    if config.engine not in POLICY_ENGINES:
+        raise HbenchError(f"--ckpt-publish {config.ckpt_publish} / --ckpt-evict {config.ckpt_evict}: "
+                          f"checkpoint policies apply to the engines {', '.join(POLICY_ENGINES)}, "
+                          f"not {config.engine} (its server decides)")
+    if config.ckpt_publish != "every" and layout.publish_in_place:
+        raise HbenchError(f"--ckpt-publish {config.ckpt_publish} needs the study's pages; "
+                          f"--paging vllm publishes in place at the edges vLLM keeps")
 
 
 def run_requests(config: RunConfig) -> tuple[float, float]:

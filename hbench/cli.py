@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("hbench.commands.tiny_model", "tiny_model"),
     "verify": ("hbench.commands.verify", "verify"),
     "analyze": ("hbench.commands.analyze", "analyze"),
+    "reuse": ("hbench.commands.reuse", "reuse"),
     "regress": ("hbench.commands.regress", "regress"),
     "hardware": ("hbench.commands.hardware", "hardware"),
     "workload": ("hbench.commands.workload", "workload"),

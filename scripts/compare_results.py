@@ -13,6 +13,12 @@ equal tables (same columns, dtypes and values, NaN equal to NaN). Version
 strings (engine version, git commit, package versions, times) are not
 compared.
 
+A configuration key that only one tree's runs have (a knob added between the
+two versions) is left out of the matching if it holds one value in every run
+of that tree (the new knob at its default, which must be the old behaviour);
+the keys left out are printed. A key with several values there is compared,
+so those runs stay unmatched.
+
 Exit status: 0 identical, 1 some run differs or is unmatched, 2 bad input.
 A refactor of the simulator, its organizations or its metrics is "pure"
 when this prints ``identical`` for the CI smoke sweep and
@@ -31,22 +37,45 @@ import pandas as pd
 TABLES = ("requests.parquet", "steps.parquet")
 
 
-def run_key(manifest: dict) -> str:
-    """What a run ran: its configuration and its workload's content hash."""
-    return json.dumps({"config": manifest.get("config"),
-                       "workload": manifest.get("workload_hash")}, sort_keys=True)
+def run_key(manifest: dict, ignore: frozenset = frozenset()) -> str:
+    """What a run ran: its configuration (less the ``ignore`` keys) and its
+    workload's content hash."""
+    config = manifest.get("config")
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in ignore}
+    return json.dumps({"config": config, "workload": manifest.get("workload_hash")},
+                      sort_keys=True)
 
 
-def collect(root: Path) -> dict[str, Path]:
-    runs: dict[str, Path] = {}
-    for manifest_path in sorted(root.rglob("manifest.json")):
-        manifest = json.loads(manifest_path.read_text())
-        key = run_key(manifest)
-        if key in runs:
+def manifests(root: Path) -> list[tuple[Path, dict]]:
+    return [(p.parent, json.loads(p.read_text())) for p in sorted(root.rglob("manifest.json"))]
+
+
+def config_keys(runs: list[tuple[Path, dict]]) -> dict[str, set]:
+    """Every configuration key of ``runs`` with the values it takes (as JSON)."""
+    keys: dict[str, set] = {}
+    for _, m in runs:
+        for k, v in (m.get("config") or {}).items():
+            keys.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
+    return keys
+
+
+def one_sided_keys(a: list, b: list) -> frozenset:
+    """Keys only one side's runs have, each with a single value there."""
+    ka, kb = config_keys(a), config_keys(b)
+    return frozenset(k for k in ka.keys() ^ kb.keys() if len(ka.get(k) or kb.get(k)) == 1)
+
+
+def collect(runs: list[tuple[Path, dict]], root: Path,
+            ignore: frozenset = frozenset()) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for run_dir, manifest in runs:
+        key = run_key(manifest, ignore)
+        if key in out:
             raise SystemExit(f"error: {root} holds two runs of the same configuration: "
-                             f"{runs[key]} and {manifest_path.parent}")
-        runs[key] = manifest_path.parent
-    return runs
+                             f"{out[key]} and {run_dir}")
+        out[key] = run_dir
+    return out
 
 
 def _same(a, b) -> bool:
@@ -94,7 +123,12 @@ def main(argv: list[str]) -> int:
         if not root.is_dir():
             print(f"error: {root} is not a directory", file=sys.stderr)
             return 2
-    runs_a, runs_b = collect(before), collect(after)
+    ma, mb = manifests(before), manifests(after)
+    ignore = one_sided_keys(ma, mb)
+    if ignore:
+        print(f"config keys on one side only, one value each, not matched on: "
+              f"{', '.join(sorted(ignore))}")
+    runs_a, runs_b = collect(ma, before, ignore), collect(mb, after, ignore)
     if not runs_a:
         print(f"error: no runs under {before}", file=sys.stderr)
         return 2

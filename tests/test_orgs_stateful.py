@@ -34,6 +34,10 @@ pages the pool counts as used, S2 slots always real slots, S1 checkpoints of
 3 SSM + 1 conv page at the 7B geometry, a published checkpoint apart from the
 new live object).
 
+The same machine runs each organization under the checkpoint policies
+(``--ckpt-publish every-k`` and ``marconi``, each with ``--ckpt-evict
+utility``; `harness.orgs.policies`), in the study's pages.
+
 The same machine runs each organization in vLLM's blocks (``paging="vllm"``,
 1,664-token blocks), where a block edge's state is published in place: there
 the running state at an edge may be the edge's checkpoint (read-only until
@@ -45,6 +49,7 @@ may share storage with that one live state.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import hypothesis.strategies as st
 import pytest
@@ -52,9 +57,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from harness.model_configs import preset
-from harness.orgs import ORGANIZATIONS, build_organization, layout_for
+from harness.orgs import ORGANIZATIONS, CheckpointPolicy, build_organization, layout_for
 from harness.orgs.keys import chain_keys, extend_keys
 from harness.orgs.values import ConvInline, ConvPages, ConvSlot, PageRef
+from harness.prefix_flops import prefix_flops
 
 GEOM = preset("falcon-h1-7b")
 POOLS = {"s0": (14,), "s1": (40,), "s2": (40,), "d0": (420, 6),
@@ -91,11 +97,13 @@ def claims(place):
 class OrgMachine(RuleBasedStateMachine):
     org_name = "s2"
     paging = "study"
+    policy = CheckpointPolicy()
 
     @initialize()
     def setup(self):
         pools = (VLLM_POOLS if self.paging == "vllm" else POOLS)[self.org_name]
-        self.org = build_organization(layout_for(self.org_name, GEOM, self.paging), pools)
+        self.org = build_organization(layout_for(self.org_name, GEOM, self.paging), pools,
+                                      self.policy)
         self.in_place = self.paging == "vllm"    # vLLM's blocks publish edges in place
         self.reqs: dict[int, dict] = {}
         self.next_id = 0
@@ -366,4 +374,24 @@ def test_random_histories_keep_invariants(org_name, paging):
     machine = type(f"Machine_{org_name}_{paging}", (OrgMachine,),
                    {"org_name": org_name, "paging": paging})
     machine.TestCase.settings = SETTINGS
+    machine.TestCase().runTest()
+
+
+#: checkpoint policies (`harness.orgs.policies`) beside the study's (every
+#: boundary, LRU, above): each publish policy, with the utility eviction
+POLICIES = {
+    "every-k+utility": dict(publish="every-k", every_k=2, evict="utility", alpha=1.0),
+    "marconi+utility": dict(publish="marconi", evict="utility", alpha=0.5),
+}
+POLICY_SETTINGS = settings(SETTINGS, max_examples=max(SETTINGS.max_examples // 4, 1))
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("org_name", list(ORGANIZATIONS))
+def test_random_histories_keep_invariants_under_policies(org_name, policy):
+    flops = partial(prefix_flops, GEOM)
+    machine = type(f"Machine_{org_name}_{policy}", (OrgMachine,),
+                   {"org_name": org_name, "policy": CheckpointPolicy(**POLICIES[policy],
+                                                                     flops=flops)})
+    machine.TestCase.settings = POLICY_SETTINGS
     machine.TestCase().runTest()

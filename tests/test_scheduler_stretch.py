@@ -100,6 +100,17 @@ def test_stretches_identical_under_pressure(org):
     assert_identical(slow, fast)
 
 
+@pytest.mark.parametrize("org, publish, evict",
+                         [(org, "marconi", "utility") for org in ORG_NAMES]
+                         + [("s2", "every-k", "lru"), ("d0", "every-k", "utility")])
+def test_stretches_identical_under_checkpoint_policies(org, publish, evict):
+    """The checkpoint policies (`harness.orgs.policies`) under pressure."""
+    config = RunConfig(org=org, budget="b40", rate=20.0, q=0.5, retention=True, requests=24,
+                       seed=7, ckpt_publish=publish, ckpt_evict=evict)
+    slow, fast = run_both(config)
+    assert_identical(slow, fast)
+
+
 @pytest.mark.parametrize("org", ORG_NAMES)
 def test_stretches_keep_invariants(org):
     """The organization's invariants hold after every step a stretch takes."""

@@ -42,6 +42,7 @@ from adapters.sim.hardware import Hardware
 from common.errors import HbenchError
 from common.numbers import check_physical
 from harness.engine.shape import StepShape
+from harness.prefix_flops import idle_expert_params, ssm_flops_per_token
 
 
 # --------------------------------------------------------------------------
@@ -155,49 +156,7 @@ def param_counts(g) -> ParamCounts:
     b = g.param_breakdown()
     emb, lm = b["embeddings"], b["lm_head"]
     body = sum(b.values()) - emb - lm
-    return ParamCounts(embedding=emb, lm_head=lm, body=body, body_active=body - _idle_experts(g))
-
-
-def _expert_params(g) -> int:
-    mats = 3 if getattr(g, "mlp_gated", True) else 2
-    width = getattr(g, "moe_intermediate_size", 0) or g.intermediate_size
-    return mats * g.hidden_size * width
-
-
-def _idle_experts(g) -> int:
-    """Routed-expert parameters a token does not multiply by.
-
-    The routed count per token is ``extra["num_experts_per_tok"]`` when a
-    builder recorded it, else all experts (an upper bound on compute).
-    """
-    if not g.n_moe_layers or g.n_experts <= 1:
-        return 0
-    routed = g.extra.get("num_experts_per_tok", g.n_experts)
-    return g.n_moe_layers * (g.n_experts - routed) * _expert_params(g)
-
-
-def ssm_flops_per_token(g, chunk_size: int) -> tuple[float, float]:
-    """(prefill, decode) FLOPs of the SSM scan + conv for one token in one layer.
-
-    Mamba-2 prefill uses the SSD chunked algorithm (chunk length Q, state N,
-    head dim P, H heads, G groups); per token, counting a multiply-add as 2:
-    C B^T within the chunk 2GQN, its masked product with X 2HQP, the chunk
-    state B^T X 2HNP and the output from carried states C h 2HNP. Decode is the
-    recurrence h = a h + x B^T, y = C h: about 5 FLOPs per state element (HPN).
-    Mamba-1 scans recurrently in both phases: about 7 FLOPs per state element
-    (d_inner x N): exp(dt A) 2, a h + (dt B) x 3, C h accumulate 2.
-    The causal conv adds 2 x channels x d_conv to both.
-    """
-    n = g.ssm_d_state
-    if g.ssm_kind == "mamba1":
-        conv = 2 * g.ssm_d_inner * g.ssm_d_conv
-        scan = 7 * g.ssm_d_inner * n + conv
-        return float(scan), float(scan)
-    h, p, q, grp = g.ssm_n_heads, g.ssm_head_dim, chunk_size, g.ssm_n_groups
-    conv = 2 * (g.ssm_d_inner + 2 * grp * n) * g.ssm_d_conv
-    prefill = 2 * (grp * q * n + h * q * p + 2 * h * n * p) + conv
-    decode = 5 * h * p * n + conv
-    return float(prefill), float(decode)
+    return ParamCounts(embedding=emb, lm_head=lm, body=body, body_active=body - idle_expert_params(g))
 
 
 # --------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from harness.engine.info import engine_info
 from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.layout import PAGINGS
-from harness.orgs import build_organization
+from harness.orgs import CheckpointPolicy, build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
 
@@ -57,7 +57,8 @@ class SimEngine:
 
     def build(self, setup):
         """The organization a resolved run serves with (its pools from the budget)."""
-        return build_organization(setup.layout, tuple(p.pages for p in setup.budget.pools))
+        return build_organization(setup.layout, tuple(p.pages for p in setup.budget.pools),
+                                  CheckpointPolicy.from_config(setup.config, setup.geometry))
 
     def run(self, workload, setup, progress=None) -> EngineRun:
         config, geom, budget = setup.config, setup.geometry, setup.budget

@@ -62,7 +62,7 @@ from harness.engine.info import engine_info
 from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.engine.shape import StepShape
-from harness.orgs import FIXED_POOL_ORGS, build_organization
+from harness.orgs import FIXED_POOL_ORGS, CheckpointPolicy, build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
 
@@ -189,7 +189,8 @@ class TorchEngine:
         config, geom, budget = setup.config, setup.geometry, setup.budget
         model = self.model or load_model(config.model, device, dtype)
         check_geometry(model, geom)
-        org = build_organization(setup.layout, tuple(p.pages for p in budget.pools))
+        org = build_organization(setup.layout, tuple(p.pages for p in budget.pools),
+                                 CheckpointPolicy.from_config(config, geom))
         check_fits(org, workload, config, budget.label)
         pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
         kernels = use_kernels(device, self.kernels)

@@ -13,6 +13,7 @@ from harness.layout import PAGINGS, OrgLayout, vllm_block_tokens
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.e0 import E0
+from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.s0 import S0
 from harness.orgs.s1 import S1
 from harness.orgs.s2 import S2
@@ -57,16 +58,18 @@ def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
     raise ValueError(f"unknown paging {paging!r}; choose from {', '.join(PAGINGS)}")
 
 
-def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...]) -> Organization:
+def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...],
+                       policy: CheckpointPolicy = DEFAULT_POLICY) -> Organization:
     """An organization of ``layout`` (`layout_for`, or a run's `RunSetup.layout`)
     with the given pages per pool (one count for s0/s1/s2, and u0's region of
-    attention pages; attention then checkpoint pool for d0 and e0)."""
+    attention pages; attention then checkpoint pool for d0 and e0), publishing
+    and evicting checkpoints as ``policy`` says (`harness.orgs.policies`)."""
     cls = _organization(layout.org)
     want = 2 if layout.dual_pool and not layout.one_region else 1
     if len(pool_pages) != want:
         raise ValueError(f"{layout.org} takes {want} pool size(s), got {pool_pages}")
-    return cls(layout, tuple(pool_pages))
+    return cls(layout, tuple(pool_pages), policy)
 
 
-__all__ = ["FIXED_POOL_ORGS", "ORGANIZATIONS", "Capacity", "Demand", "Organization", "PageRef", "PoolInfo",
+__all__ = ["DEFAULT_POLICY", "FIXED_POOL_ORGS", "ORGANIZATIONS", "Capacity", "CheckpointPolicy", "Demand", "Organization", "PageRef", "PoolInfo",
            "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]

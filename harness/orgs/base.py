@@ -10,6 +10,10 @@ is the physical layer):
     Publication      how live states become checkpoints: spares or in place (publication.py)
     Pins             what preemptions pinned, as a `PinPolicy` chose it (pins.py)
 
+and the run's checkpoint policies (`CheckpointPolicy`, policies.py): the
+publish policy the publication mode follows and the eviction policy the
+entry table reclaims by.
+
 The layout (`OrgLayout`, from each organization's module ``s0.py`` ..
 ``d0.py``) chooses the publication mode and the pin policy. The coordinator
 holds the request table, does the per-pool page arithmetic (`pages_needed`,
@@ -29,6 +33,7 @@ from harness.orgs.entries import EntryTable, RequestState
 from harness.orgs.keys import key_at
 from harness.orgs.lookup import PrefixLookup
 from harness.orgs.pins import Pins, pin_policy_for
+from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.pool import pools_for
 from harness.orgs.publication import publication_for
 from harness.orgs.slabs import SlabTable
@@ -59,16 +64,20 @@ class Organization(ReadOnlyViews):
         organization whose pools change size while serving builds its own."""
         return pools_for(layout, pool_pages)
 
-    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
+    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...],
+                 policy: CheckpointPolicy = DEFAULT_POLICY):
         self.layout = layout
+        self.policy = policy
         self.attn_block_tokens = layout.attn_block_tokens
         self.grid = layout.grid_tokens
         assert self.grid % self.attn_block_tokens == 0, (self.attn_block_tokens, self.grid)
         self.pools = self.make_pools(layout, pool_pages)
         slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
         self.table = EntryTable(self.name, self.pools, slabs)
+        self.table.evict = policy.evict_policy()
         self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)
-        self.publication = publication_for(layout, self.table, self.ckpts)
+        self.publication = publication_for(layout, self.table, self.ckpts,
+                                           policy.publish_policy())
         self.in_place = self.publication.in_place
         self.retiring = self.publication.retiring   # rids whose edge `end_step` releases
         self.attn = AttentionIndex(self.table, layout.attn_block_tokens,
@@ -97,7 +106,7 @@ class Organization(ReadOnlyViews):
         have_blocks = start // self.attn_block_tokens if st is None else len(st.attn)
         blocks = -(-end // self.attn_block_tokens) - have_blocks
         pages[0] += blocks if blocks > 0 else 0
-        states = self.publication.states_needed(st, start, end, prefill_until)
+        states = self.publication.states_needed(st, start, end, prefill_until, rid, keys)
         if states:
             pages[-1] += self.ckpts.pages_for(states, adopted_slabs)
         return Demand(tuple(pages))
@@ -146,7 +155,8 @@ class Organization(ReadOnlyViews):
                 self.table.ref(st.adopted)
             st.computed = st.reserved_until = j
             st.live = self.ckpts.new()
-            self.publication.admit(st, hit, prefill_until if prompt_len is None else prompt_len)
+            self.publication.admit(st, hit, prefill_until if prompt_len is None else prompt_len,
+                                   rid, keys, prefill_until)
             if st.adopted is not None:
                 self._copies = (("adopt", j, st.adopted, st.live),)
             self.pins.release(rid)

@@ -32,6 +32,7 @@ from harness.geometry import ModelGeometry
 from harness.layout import OrgLayout
 from harness.orgs.d0 import D0
 from harness.orgs.keys import KEY_TOKENS, key_at
+from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, ElasticPool, RegionOrganization
 
 
@@ -52,8 +53,8 @@ class E0(RegionOrganization):
                 ElasticPool("checkpoint", region // layout.ckpt_page_bytes, c,
                             layout.ckpt_page_bytes)]
 
-    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
-        super().__init__(layout, pool_pages)
+    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...], policy=DEFAULT_POLICY):
+        super().__init__(layout, pool_pages, policy)
         self.region_bytes = sum(p.num_pages * p.page_bytes for p in self.pools)
         self.leftover = 0                 # bytes of moves no whole page held
         self.moves = 0

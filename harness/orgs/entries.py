@@ -111,14 +111,17 @@ class EntryTable:
         self.invalidations = 0
         self.invalidations_by_kind = {ATTN_ENTRY: 0, CKPT_ENTRY: 0}
         self.watch: list | None = None   # when a list, invalidated entries (and blocks) go here
+        # the eviction policy (`harness.orgs.evict_policy`); None: the pool's LRU victim
+        self.evict = None
 
     def take_page(self, pool_idx: int) -> int:
-        """An empty page, else the least recently released cached one (reclaimed)."""
+        """An empty page, else the least recently released cached one, or the one
+        the eviction policy (``evict``) picks (reclaimed)."""
         pool = self.pools[pool_idx]
         page = pool.take_empty()
         if page is not None:
             return page
-        page = pool.lru_victim()
+        page = pool.lru_victim() if self.evict is None else self.evict.victim(self, pool_idx)
         if page is None:
             raise AssertionError(f"{self.name}: pool {pool.name} exhausted after can_allocate")
         assert pool.is_free(page), f"{self.name}: evicting referenced or held page {page}"

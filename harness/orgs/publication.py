@@ -7,6 +7,8 @@ two modes (`publication_for` picks it from `OrgLayout.publish_in_place`):
   prompt, a spare checkpoint-sized object is reserved for it; at the
   boundary the live object becomes the published checkpoint and the request
   continues in the spare. Every boundary of the prompt is published.
+  `SelectiveSpares` does the same at the boundaries a publish policy keeps
+  (``--ckpt-publish``, `harness.orgs.publish_policy`) and none elsewhere.
 - `InPlace` (vLLM's align mode, ``--paging vllm``): no spares. At a block
   edge the live state *is* the edge's state; it is published where it is
   only at the edges vLLM keeps (`kept_edges`), and the request takes a new
@@ -25,6 +27,8 @@ invalidate-before-free and reference rules as everything else.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
 
 from harness.layout import OrgLayout
 from harness.orgs.checkpoints import CheckpointStore
@@ -69,18 +73,20 @@ class Publication:
         self.retiring: list = []    # rids whose edge `end_step` releases (in place only)
 
     def states_needed(self, st: RequestState | None, start: int, end: int,
-                      prefill_until: int) -> int:
+                      prefill_until: int, rid=None, keys=None) -> int:
         """Checkpoint-sized objects a request takes to reach ``end`` (``st``: None
         for one not admitted yet, which starts at ``start`` and needs its live
-        state too)."""
+        state too; ``rid`` and its prefix ``keys`` then say where it would publish)."""
         raise NotImplementedError
 
     def needs_state(self, st: RequestState, end: int, prefill_until: int) -> bool:
         """True iff the admitted request takes a checkpoint-sized object to reach ``end``."""
         raise NotImplementedError
 
-    def admit(self, st: RequestState, hit: PrefixHit | None, prompt_len: int) -> None:
-        """The request was just admitted (its live state taken)."""
+    def admit(self, st: RequestState, hit: PrefixHit | None, prompt_len: int,
+              rid=None, keys=None, prefill_until: int | None = None) -> None:
+        """The request ``rid`` (prefix ``keys``, prefill up to ``prefill_until``)
+        was just admitted (its live state taken)."""
 
     def reserve(self, rid, st: RequestState, end: int, prefill_until: int) -> tuple:
         """Allocation's last part: the objects for reaching ``end``; returns the
@@ -108,7 +114,7 @@ class Publication:
 class Spares(Publication):
     """The study: a spare for every grid boundary of the prompt, all published."""
 
-    def states_needed(self, st, start, end, prefill_until):
+    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None):
         if st is None:
             reserved, live = start, 1
         else:
@@ -160,12 +166,72 @@ class Spares(Publication):
         return published, tuple(copies)
 
 
+class SelectiveSpares(Spares):
+    """The study's spares at the grid boundaries a publish policy
+    (`harness.orgs.publish_policy`) keeps, chosen once at admission
+    (``st.keep``); at a boundary left out the live state continues, and a
+    checkpoint someone else published there is still on the request's path."""
+
+    def __init__(self, table: EntryTable, ckpts: CheckpointStore, grid: int, policy):
+        super().__init__(table, ckpts, grid)
+        self.policy = policy
+
+    @staticmethod
+    def _between(keep: tuple[int, ...], lo: int, hi: int) -> int:
+        """Kept boundaries j with lo < j <= hi."""
+        return bisect_right(keep, hi) - bisect_right(keep, lo) if hi > lo else 0
+
+    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None):
+        last = end if end < prefill_until else prefill_until
+        if st is None:
+            keep = self.policy.kept(rid, keys, start, prefill_until, self.grid)
+            return self._between(keep, start, last) + 1
+        return self._between(st.keep, st.reserved_until, last)
+
+    def needs_state(self, st, end, prefill_until):
+        return self._between(st.keep, st.reserved_until, min(end, prefill_until)) > 0
+
+    def admit(self, st, hit, prompt_len, rid=None, keys=None, prefill_until=None):
+        until = prompt_len if prefill_until is None else prefill_until
+        st.keep = self.policy.kept(rid, keys, st.computed, until, self.grid)
+        self.policy.admitted(rid, keys, until, self.grid)
+
+    def reserve(self, rid, st, end, prefill_until):
+        last = min(end, prefill_until)
+        for _ in range(self._between(st.keep, st.reserved_until, last)):
+            st.spares.append(self.ckpts.new())
+        st.reserved_until = max(st.reserved_until, last // self.grid * self.grid)
+        return ()
+
+    def _publish(self, st, keys, j, last):
+        published, copies = [], []
+        ckpts, keep = self.ckpts, st.keep
+        while j <= last:
+            k = key_at(keys, j)
+            if j not in keep:
+                cached = ckpts.map.get(k)
+                if cached is not None:
+                    st.on_path.append(cached)
+            elif k in ckpts.map:
+                self.table.drop_owned(st.spares.pop(0))   # published by someone already
+                st.on_path.append(ckpts.map[k])
+            else:
+                ck, spare = st.live, st.spares.pop(0)
+                ckpts.publish(ck, k, j)
+                st.published.append(ck)
+                st.live = spare
+                published.append(j)
+                copies.append(("publish", j, ck, spare))
+            j += self.grid
+        return published, tuple(copies)
+
+
 class InPlace(Publication):
     """vLLM's align mode: the live state at a block edge is the edge's state."""
 
     in_place = True
 
-    def states_needed(self, st, start, end, prefill_until):
+    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None):
         if st is None:
             return 1
         return 1 if st.at_edge and end > st.computed else 0
@@ -173,7 +239,7 @@ class InPlace(Publication):
     def needs_state(self, st, end, prefill_until):
         return st.at_edge and end > st.computed
 
-    def admit(self, st, hit, prompt_len):
+    def admit(self, st, hit, prompt_len, rid=None, keys=None, prefill_until=None):
         st.keep = kept_edges(prompt_len, hit, self.grid)
 
     def reserve(self, rid, st, end, prefill_until):
@@ -249,7 +315,15 @@ class InPlace(Publication):
             self.table.drop_owned(e)
 
 
-def publication_for(layout: OrgLayout, table: EntryTable, ckpts: CheckpointStore) -> Publication:
-    """The publication mode ``layout`` says (`OrgLayout.publish_in_place`)."""
+def publication_for(layout: OrgLayout, table: EntryTable, ckpts: CheckpointStore,
+                    policy=None) -> Publication:
+    """The publication mode ``layout`` says (`OrgLayout.publish_in_place`);
+    with a publish ``policy`` (`harness.orgs.publish_policy`, None for every
+    boundary) the study's spares at the boundaries it keeps."""
+    if policy is not None:
+        if layout.publish_in_place:
+            raise ValueError("a publish policy needs the study's pages (spares), not in-place "
+                             "publication (--paging vllm)")
+        return SelectiveSpares(table, ckpts, layout.grid_tokens, policy)
     mode = InPlace if layout.publish_in_place else Spares
     return mode(table, ckpts, layout.grid_tokens)

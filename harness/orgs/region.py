@@ -43,6 +43,7 @@ allocation and is not counted.
 from __future__ import annotations
 
 from harness.orgs.base import Organization
+from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.pool import PagePool
 from harness.orgs.values import Demand
 
@@ -100,8 +101,8 @@ class RegionOrganization(Organization):
     region_bytes = 0
     fixed_pools = False
 
-    def __init__(self, layout, pool_pages):
-        super().__init__(layout, pool_pages)
+    def __init__(self, layout, pool_pages, policy=DEFAULT_POLICY):
+        super().__init__(layout, pool_pages, policy)
         self.page_bytes = tuple(p.page_bytes for p in self.pools)
         self.refusals = 0
         self.refusals_with_room = 0

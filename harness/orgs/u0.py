@@ -32,6 +32,7 @@ from dataclasses import replace
 from harness.geometry import ModelGeometry
 from harness.layout import OrgLayout
 from harness.orgs.d0 import D0
+from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, CKPT_POOL, ElasticPool, RegionOrganization
 
 
@@ -52,8 +53,8 @@ class U0(RegionOrganization):
                 ElasticPool("checkpoint", region // layout.ckpt_page_bytes, 0,
                             layout.ckpt_page_bytes)]
 
-    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...]):
-        super().__init__(layout, pool_pages)
+    def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...], policy=DEFAULT_POLICY):
+        super().__init__(layout, pool_pages, policy)
         self.region_bytes = pool_pages[0] * layout.attn_page_bytes
 
     def unassigned_bytes(self) -> int:

@@ -41,8 +41,14 @@ def _rates(text: str) -> list[float]:
               help="Rate grid in req/s (the search's steps).")
 @click.option("--seeds", default="1-3", show_default=True, help="Paired seeds, e.g. 1-3 or 1,2,5.")
 @click.option("--requests", type=INT, default=120, show_default=True, help="Requests per run.")
+@click.option("--ckpt-publish", default="every", show_default=True,
+              help="Where checkpoints are published for every run: every, every-k, marconi "
+                   "(see hbench run --help).")
+@click.option("--ckpt-evict", default="lru", show_default=True,
+              help="Which cached checkpoint every run evicts: lru or utility.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE",
-              help="Any other RunConfig field for every run (repeatable), e.g. --set cap=63.")
+              help="Any other RunConfig field for every run (repeatable), e.g. --set cap=63 "
+                   "or --set utility_alpha=2.")
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
               help="Significance level of the winner map and the CI level (1 - alpha).")
 @click.option("--out", type=PATH, default=Path("results/capacity"), show_default=True,
@@ -50,7 +56,8 @@ def _rates(text: str) -> list[float]:
 @click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json instead of tables.")
-def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs, include_invalid, as_json):
+def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evict, extra, alpha, out,
+             jobs, include_invalid, as_json):
     """Largest arrival rate each organization x budget sustains within --slo.
 
     \b
@@ -79,7 +86,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, extra, alpha, out, jobs
     limits = parse_slo(slo)
     grid_rates = _rates(rates)
     seed_list = [int(s) for s in parse_values("seed", seeds)]
-    base = {"requests": requests}
+    base = {"requests": requests, "ckpt_publish": ckpt_publish, "ckpt_evict": ckpt_evict}
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

@@ -20,6 +20,8 @@ from adapters.registry import ENGINES
 from common.errors import HbenchError, HbenchFailure
 from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
 from harness.layout import PAGINGS
+from harness.orgs.evict_policy import EVICT_POLICIES
+from harness.orgs.publish_policy import PUBLISH_POLICIES
 from hbench.commands.workload import multiturn_options
 from hbench.flag_types import FLOAT, INT
 from hbench.paths import check_writable_dir
@@ -182,6 +184,19 @@ def next_step(summary: dict, cfg: dict) -> str:
 @click.option("--retention-threshold", type=INT, default=D.retention_threshold, show_default=True,
               help="Distinct requests that must want a prefix before it is retained.")
 @click.option("--isolate", is_flag=True, help="ISOLATE: a unique cache salt per request.")
+@click.option("--ckpt-publish", type=click.Choice(tuple(PUBLISH_POLICIES)), default=D.ckpt_publish,
+              show_default=True,
+              help="Where checkpoints are published: every grid boundary (the study), every "
+                   "k-th (--ckpt-every-k), or marconi: a prefix's branch point among the "
+                   "requests seen so far and each request's last boundary.")
+@click.option("--ckpt-every-k", type=INT, default=D.ckpt_every_k, show_default=True,
+              help="With --ckpt-publish every-k: publish at every k-th grid boundary.")
+@click.option("--ckpt-evict", type=click.Choice(tuple(EVICT_POLICIES)), default=D.ckpt_evict,
+              show_default=True,
+              help="Which cached checkpoint is evicted: lru (the study) or utility (Marconi: "
+                   "alpha x normalized FLOPs saved per byte + normalized recency, lowest first).")
+@click.option("--utility-alpha", type=FLOAT, default=D.utility_alpha, show_default=True,
+              help="With --ckpt-evict utility: the weight alpha of FLOPs saved against recency.")
 @click.option("--seed", type=INT, default=D.seed, show_default=True)
 @click.option("--workload", "workload_path", type=click.Path(), default=None,
               help="Serve a saved workload (hbench workload build) instead of building one; "
