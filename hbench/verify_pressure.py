@@ -44,7 +44,6 @@ from hbench.verify import PromptCheck, complete, verify_endpoint
 
 #: Requests served at once: the binding budget holds CAP - 1 of them at their peak.
 CAP = 4
-HIT_OUTPUT_LEN = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +55,7 @@ class PressureDesign:
     cap: int = CAP
     n_prompts: int = 6
     n_hit_prompts: int = 4
+    hit_output_len: int = 16
     seed: int = 5
 
     def __post_init__(self):
@@ -86,7 +86,7 @@ class PressureDesign:
     @property
     def max_model_len(self) -> int:
         longest = max(self.prompt_tokens + self.output_tokens,
-                      self.hit_prompt_tokens + HIT_OUTPUT_LEN)
+                      self.hit_prompt_tokens + self.hit_output_len)
         return math.ceil(longest / self.block_tokens) * self.block_tokens
 
     def _ids(self, rng: random.Random, n: int) -> list[int]:
@@ -230,7 +230,8 @@ class PressureReport:
 
 
 def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, log_dir: Path,
-                    alias_ids: bool = False, hit_check: bool = True) -> ServedRun:
+                    alias_ids: bool = False, hit_check: bool = True,
+                    server_cmd: str | None = None) -> ServedRun:
     """Launch vLLM for ``org`` at ``blocks`` blocks, serve the designed
     traffic (and the hit-vs-recompute prompts), read its counters, stop it."""
     from adapters.client.http import Endpoint, http_get, served_models
@@ -244,7 +245,7 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
     frac = d0_fraction(design, blocks) if org == "d0" else 0.5
     config = RunConfig(org=org, engine="vllm", model=model, cap=design.cap,
                        max_model_len=design.max_model_len, max_output=design.output_tokens,
-                       launch=True, d0_attn_fraction=frac)
+                       launch=True, d0_attn_fraction=frac, server_cmd=server_cmd)
     engine.check_config(config)
     if run_geometry(config) is None:
         raise HbenchError(f"hbench knows no geometry for {model}")
@@ -260,7 +261,7 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
         prompts = design.prompts()
         outputs = concurrent_greedy(ep, model_id, prompts, design.output_tokens)
         outputs += concurrent_greedy(ep, model_id, prompts[::2], design.output_tokens)
-        checks = (verify_endpoint(ep, model_id, design.hit_prompts(), HIT_OUTPUT_LEN)
+        checks = (verify_endpoint(ep, model_id, design.hit_prompts(), design.hit_output_len)
                   if hit_check else [])
         status, body = http_get(ep, "/metrics")
         if status != 200:
@@ -294,7 +295,8 @@ def concurrent_greedy(ep, model_id: str, prompts: list[list[int]],
     return [out[i] for i in range(len(prompts))]
 
 
-def model_design(model: str, n_hit_prompts: int = 4) -> tuple[PressureDesign, object]:
+def model_design(model: str, n_hit_prompts: int = 4,
+                 hit_output_len: int = 16) -> tuple[PressureDesign, object]:
     """The design for ``model``'s vLLM block on CPU (`vllm_page`) and its geometry in
     the dtype the CPU server runs (float32)."""
     from adapters.vllm import CPU_BLOCK_SIZE, run_geometry, vllm_page
@@ -309,29 +311,31 @@ def model_design(model: str, n_hit_prompts: int = 4) -> tuple[PressureDesign, ob
     page = vllm_page(geom, True, CPU_BLOCK_SIZE)
     design = PressureDesign(block_tokens=page["block_tokens"],
                             vocab_size=int(vocab or geom.vocab_size),
-                            n_hit_prompts=n_hit_prompts)
+                            n_hit_prompts=n_hit_prompts, hit_output_len=hit_output_len)
     return design, dataclasses.replace(geom, dtype="fp32", ssm_state_dtype="fp32")
 
 
 def verify_pressure(model: str, orgs: tuple[str, ...] = ("s1", "s2", "d0"),
                     blocks: int | None = None, control: bool = True,
                     log_dir: str | Path = "/tmp", n_hit_prompts: int = 4,
+                    hit_output_len: int = 16, server_cmd: str | None = None,
                     on_run=None) -> PressureReport:
     """Stock vLLM, then each of ``orgs``, then (``control``) the aliased D0,
     each on its own server at its binding block count (``blocks`` for all
-    when given). ``on_run(run)`` is called as each server finishes."""
+    when given; ``server_cmd`` as `hbench run --server-cmd`). ``on_run(run)``
+    is called as each server finishes."""
     from adapters.vllm_plugin.plan import PLUGIN_ORGS
 
     bad = [o for o in orgs if o not in PLUGIN_ORGS]
     if bad:
         raise HbenchError(f"--org {bad[0]} is not a plugin organization; choose from "
                           f"{', '.join(PLUGIN_ORGS)} (stock vLLM, s0, is always served)")
-    design, geom = model_design(model, n_hit_prompts)
+    design, geom = model_design(model, n_hit_prompts, hit_output_len)
     log_dir = Path(log_dir)
 
     def run(org, alias=False, hit_check=True):
         n = blocks if blocks is not None else binding_blocks(design, org, geom)
-        result = serve_and_check(model, org, design, n, log_dir, alias, hit_check)
+        result = serve_and_check(model, org, design, n, log_dir, alias, hit_check, server_cmd)
         if on_run is not None:
             on_run(result)
         return result

@@ -69,8 +69,8 @@ def report(stock=None, orgs=None, control="diverges"):
 def test_a_bound_matching_run_with_a_diverging_control_proves_something():
     r = report()
     assert not r.divergent() and r.shortfalls() == []
-    assert "negative control d0 (aliased ids) at 19 blocks: 1 preemptions: 1/2 outputs changed" \
-        in "\n".join(r.lines())
+    assert ("negative control d0 (aliased ids) at 19 blocks: 1 preemptions: 1/2 outputs "
+            "changed") in "\n".join(r.lines())
 
 
 def test_a_different_output_or_a_hit_unlike_its_recompute_diverges():

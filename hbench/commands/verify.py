@@ -49,10 +49,13 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 @click.option("--launch", is_flag=True, help="Start the server (needs --model DIR), stop it after.")
 @click.option("--model", default=None, help="Model directory (with --launch) or served model id.")
 @click.option("--server-cmd", default=None, help="Server command for --launch ({port} {model}).")
-@click.option("--prompts", "n_prompts", default=4, show_default=True, type=Int(1, 64))
-@click.option("--output-len", default=16, show_default=True, type=Int(1, 4096))
+@click.option("--prompts", "n_prompts", default=4, show_default=True, type=Int(1, 64),
+              help="Hit-vs-recompute prompts (per server with vllm --launch).")
+@click.option("--output-len", default=16, show_default=True, type=Int(1, 4096),
+              help="Tokens each hit-vs-recompute request generates.")
 @click.option("--prompt-chars", default=2500, show_default=True, type=Int(100),
-              help="Characters per prompt; raise it for models with large cache blocks.")
+              help="Characters per text prompt; raise it for models with large cache blocks "
+                   "(vllm --launch sends token-id prompts of 1.5 blocks instead).")
 def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, launch, model,
            server_cmd, n_prompts, output_len, prompt_chars):
     """Greedy outputs served with prefix-cache hits must equal clean recomputes.
@@ -78,7 +81,8 @@ def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, l
         verify_torch(orgs[0] if orgs else "s2", model, budget, device, seed)
         return
     if engine_name == "vllm" and launch:
-        verify_vllm_pressure(model, endpoint, orgs, blocks, control, n_prompts)
+        verify_vllm_pressure(model, endpoint, orgs, blocks, control, n_prompts, output_len,
+                             server_cmd)
         return
     if blocks is not None:
         raise HbenchError("--blocks needs --engine vllm --launch")
@@ -98,7 +102,8 @@ def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, l
 
 
 def verify_vllm_pressure(model: str | None, endpoint: str | None, orgs: tuple[str, ...],
-                         blocks: int | None, control: bool, n_prompts: int) -> None:
+                         blocks: int | None, control: bool, n_prompts: int, output_len: int,
+                         server_cmd: str | None) -> None:
     """`hbench.verify_pressure` behind the CLI: one line per server as it
     finishes, then the comparisons; exit 1 on any divergence, an error when
     the run proved nothing."""
@@ -110,6 +115,7 @@ def verify_vllm_pressure(model: str | None, endpoint: str | None, orgs: tuple[st
         raise HbenchError("give exactly one of --endpoint URL or --launch --model DIR")
     orgs = tuple(o for o in orgs if o != "s0") if orgs else ("s1", "s2", "d0")
     report = verify_pressure(model, orgs, blocks, control, n_hit_prompts=n_prompts,
+                             hit_output_len=output_len, server_cmd=server_cmd,
                              on_run=lambda r: click.echo(f"served {r.describe()}; log "
                                                          f"{r.log_path}"))
     for line in report.lines():
