@@ -229,16 +229,11 @@ class PressureReport:
         return out
 
 
-def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, log_dir: Path,
-                    alias_ids: bool = False, hit_check: bool = True,
-                    server_cmd: str | None = None) -> ServedRun:
-    """Launch vLLM for ``org`` at ``blocks`` blocks, serve the designed
-    traffic (and the hit-vs-recompute prompts), read its counters, stop it."""
-    from adapters.client.http import Endpoint, http_get, served_models
-    from adapters.metrics_scrape import extract, parse_prometheus, plugin_report
-    from adapters.server_process import ServerProcess, free_port
-    from adapters.vllm import VllmEngine, run_geometry
-    from adapters.vllm_plugin.plan import ENV_D0_ALIAS
+def launch_config(model: str, org: str, design: PressureDesign, blocks: int,
+                  server_cmd: str | None = None):
+    """(engine, config) for serving ``org`` at ``blocks`` blocks; HbenchError,
+    before any server starts, for what this vLLM cannot serve."""
+    from adapters.vllm import VllmEngine
     from harness.config import RunConfig
 
     engine = VllmEngine(num_blocks=blocks, cpu_block_size=design.block_tokens)
@@ -247,8 +242,20 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
                        max_model_len=design.max_model_len, max_output=design.output_tokens,
                        launch=True, d0_attn_fraction=frac, server_cmd=server_cmd)
     engine.check_config(config)
-    if run_geometry(config) is None:
-        raise HbenchError(f"hbench knows no geometry for {model}")
+    return engine, config
+
+
+def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, log_dir: Path,
+                    alias_ids: bool = False, hit_check: bool = True,
+                    server_cmd: str | None = None) -> ServedRun:
+    """Launch vLLM for ``org`` at ``blocks`` blocks, serve the designed
+    traffic (and the hit-vs-recompute prompts), read its counters, stop it."""
+    from adapters.client.http import Endpoint, http_get, served_models
+    from adapters.metrics_scrape import extract, parse_prometheus, plugin_report
+    from adapters.server_process import ServerProcess, free_port
+    from adapters.vllm_plugin.plan import ENV_D0_ALIAS
+
+    engine, config = launch_config(model, org, design, blocks, server_cmd)
     env = engine.launch_env(config)
     if alias_ids:
         env[ENV_D0_ALIAS] = "1"
@@ -333,9 +340,21 @@ def verify_pressure(model: str, orgs: tuple[str, ...] = ("s1", "s2", "d0"),
     design, geom = model_design(model, n_hit_prompts, hit_output_len)
     log_dir = Path(log_dir)
 
+    least = design.max_model_len // design.block_tokens + 2
+    if blocks is not None and blocks < least:
+        raise HbenchError(f"--blocks {blocks} cannot hold one request of this traffic "
+                          f"({design.max_model_len} tokens: {least - 2} attention blocks, a "
+                          f"Mamba state and the null block); give at least {least}")
+
+    def count(org):
+        return blocks if blocks is not None else binding_blocks(design, org, geom)
+
+    for org in ("s0", *orgs, *(("d0",) if control else ())):
+        launch_config(model, org, design, count(org), server_cmd)   # refuse before serving
+
     def run(org, alias=False, hit_check=True):
-        n = blocks if blocks is not None else binding_blocks(design, org, geom)
-        result = serve_and_check(model, org, design, n, log_dir, alias, hit_check, server_cmd)
+        result = serve_and_check(model, org, design, count(org), log_dir, alias, hit_check,
+                                 server_cmd)
         if on_run is not None:
             on_run(result)
         return result

@@ -105,3 +105,11 @@ def test_bad_verify_flags_are_one_error_line(args, needle):
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("Error:"), res.output
     assert needle in lines[0], lines[0]
+
+
+def test_a_budget_no_server_can_serve_is_refused_before_any_starts(model_dir):
+    res = CliRunner().invoke(cli, ["verify", "--launch", "--model", str(model_dir),
+                                   "--blocks", "3"])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("Error:"), res.output
+    assert "--blocks 3 cannot hold one request" in lines[0] and "give at least 4" in lines[0]
