@@ -80,8 +80,15 @@ def default_prompts(n: int = 4, chars: int = 2500) -> list[str]:
     return out
 
 
-def _complete(endpoint, model: str, prompt: str, output_len: int, salt: str | None, timeouts):
+def complete(endpoint, model: str, prompt: str | list[int], output_len: int, salt: str | None,
+             timeouts=None):
+    """One greedy completion of exactly ``output_len`` tokens with ``logprobs=1``
+    and its token ids; (outcome, prompt tokens the server reused). HbenchError
+    when it failed."""
+    from adapters.client.http import DEFAULT_TIMEOUTS
     from adapters.client.stream import completion_body, stream_completion
+
+    timeouts = timeouts or DEFAULT_TIMEOUTS
 
     body = completion_body(model, prompt, output_len, salt,
                            {"logprobs": 1, "return_token_ids": True})
@@ -92,17 +99,18 @@ def _complete(endpoint, model: str, prompt: str, output_len: int, salt: str | No
     return out, cached
 
 
-def verify_endpoint(endpoint, model: str, prompts: list[str], output_len: int = 16,
-                    timeouts=None) -> list[PromptCheck]:
-    """Hit-vs-recompute comparison of every prompt (sequential, one request at a time)."""
+def verify_endpoint(endpoint, model: str, prompts: list[str] | list[list[int]],
+                    output_len: int = 16, timeouts=None) -> list[PromptCheck]:
+    """Hit-vs-recompute comparison of every prompt, text or token ids
+    (sequential, one request at a time)."""
     from adapters.client.http import DEFAULT_TIMEOUTS
 
     timeouts = timeouts or DEFAULT_TIMEOUTS
     checks = []
     for i, prompt in enumerate(prompts):
-        _complete(endpoint, model, prompt, output_len, None, timeouts)
-        hit, hit_cached = _complete(endpoint, model, prompt, output_len, None, timeouts)
-        miss, miss_cached = _complete(endpoint, model, prompt, output_len,
+        complete(endpoint, model, prompt, output_len, None, timeouts)
+        hit, hit_cached = complete(endpoint, model, prompt, output_len, None, timeouts)
+        miss, miss_cached = complete(endpoint, model, prompt, output_len,
                                       f"hbench-verify-{uuid.uuid4().hex}", timeouts)
         if len(hit.token_ids) != output_len or len(miss.token_ids) != output_len:
             raise HbenchError(f"the server returned {len(hit.token_ids)} and "

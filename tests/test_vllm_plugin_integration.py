@@ -7,23 +7,28 @@ Falcon-H1 with Falcon-H1-7B's state proportions (``hbench tiny-model
 holds a Mamba state, and at the study's 512-token grid an S1 checkpoint is 4
 pages, an S2 one 3 pages plus a 1/16 slab.
 
-Each organization serves the same greedy requests as stock vLLM under a
-block budget too small for the concurrency (so requests are preempted and
-cached checkpoints evicted, asserted from the plugin's counters), must give
-token-identical outputs, and passes the hit-vs-recompute check of ``hbench
-verify``. The negative control (D0 whose private pool reuses attention's block
-ids, i.e. the same bytes) must be detected by the same comparison. About one
-server start per organization plus stock (~30 s each on an idle machine).
+The runs are the product's (`hbench.verify_pressure.verify_pressure`, what
+``hbench verify --engine vllm --launch`` serves), made once per module and
+asserted here in detail: each organization serves the same greedy requests
+as stock vLLM under a block budget too small for the concurrency (so
+requests are preempted and cached checkpoints evicted, asserted from the
+plugin's counters), must give token-identical outputs, and passes the
+hit-vs-recompute check. The negative control (D0 whose private pool reuses
+attention's block ids, i.e. the same bytes) must be detected by the same
+comparison. About one server start per organization plus stock and the
+control (~1 min each on the 2-core machine), and one or more for the pin test.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import threading
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import VLLM_PYTHON, requires_vllm, vllm_tiny_model
@@ -32,10 +37,8 @@ from waiting import wait_until
 from adapters.metrics_scrape import plugin_report
 from harness.config import RunConfig
 
-BLOCKS = 20          # vLLM blocks (1664 tokens each): two requests fit, three outgrow them
 BLOCK_TOKENS = 1664  # vLLM's block for the proportional model (attention page >= Mamba state)
-# admitted within one block, then decode crosses the 1664-token block edge together
-N_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 6, 1500, 300
+OUTPUT_LEN = 300     # the pin test's generated tokens
 
 pytestmark = requires_vllm("the vLLM plugin integration test")
 
@@ -47,39 +50,110 @@ def model(tmp_path_factory):
     return out
 
 
-def prompts() -> list[list[int]]:
-    """Token-id prompts; even ones share their first half (prefix hits)."""
-    rng = random.Random(5)
-    shared = [rng.randrange(10, 2000) for _ in range(PROMPT_LEN // 2)]
-    return [(shared if i % 2 == 0 else []) +
-            [rng.randrange(10, 2000) for _ in range(PROMPT_LEN - (PROMPT_LEN // 2 if i % 2 == 0
-                                                                   else 0))]
-            for i in range(N_PROMPTS)]
+@pytest.fixture(scope="module")
+def report(model, monkeypatch_module):
+    """`hbench verify --engine vllm --launch`'s runs: stock vLLM, S1, S2, D0
+    and the aliased-D0 control, each on its own server at its binding budget."""
+    from hbench.verify_pressure import verify_pressure
+
+    return verify_pressure(str(model), ("s1", "s2", "d0"), log_dir=model, n_hit_prompts=2)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    """The launched servers import this checkout's plugin, not an installed copy."""
+    mp = pytest.MonkeyPatch()
+    root = str(Path(__file__).resolve().parents[1])
+    mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    yield mp
+    mp.undo()
+
+
+def test_the_design_binds_at_the_proportional_models_block(report):
+    """Prompts admitted within one block whose decode crosses its edge: two
+    attention blocks each at the end; the budgets hold three of four."""
+    d = report.design
+    assert (d.block_tokens, d.prompt_tokens, d.output_tokens) == (BLOCK_TOKENS, 1497, 299)
+    assert d.peak_attention_blocks == 2
+    assert {org: run.blocks for org, run in report.orgs.items()} == {"s1": 19, "s2": 16, "d0": 19}
+    assert report.stock.blocks == 10 and report.stock.resolved is None
+    assert report.stock.preemptions > 0
+    assert not report.shortfalls() and not report.divergent(), report.lines()
+
+
+def verified(run) -> None:
+    for c in run.checks:
+        assert c.hit_cached_tokens >= BLOCK_TOKENS and c.miss_cached_tokens == 0, c.describe()
+        assert c.identical, c.describe()
+
+
+@pytest.mark.parametrize("org, pages", [("s1", 4), ("s2", 3)])
+def test_shared_pool_orgs_match_stock_under_preemption(report, org, pages):
+    """S2 needs fewer pages per request than S1, so it gets fewer blocks to be
+    under the same pressure."""
+    run = report.orgs[org]
+    resolved, c, blocks = run.resolved, run.counters, run.blocks
+    assert resolved is not None, "the plugin did not load in the engine core"
+    assert run.outputs == report.stock.outputs
+    # the organization's arithmetic at the proportional model: 1664-token
+    # blocks, 512-token grid page, checkpoint 801,792 B = 4 S1 pages / 3 S2 + slot
+    assert resolved["block_size"] == BLOCK_TOKENS and resolved["grid_page_bytes"] == 512 * 512
+    assert resolved["pages_per_checkpoint"] == pages
+    assert c["member_pages"] == c["checkpoints_live"] * (pages - 1)
+    assert c["member_pages_peak"] >= 2 * (pages - 1)
+    assert c["checkpoints_allocated"] > c["checkpoints_live"]
+    # the budget bound: requests were preempted and cached checkpoints evicted
+    assert c["preemptions"] > 0 and run.preemptions > 0, c
+    assert c.get("pins_released", 0) == c.get("pins_taken", 0) and c["pins_held"] == 0, c
+    assert c.get("invalidations_member", 0) + c.get("invalidations_carrier", 0) > 0, c
+    if org == "s2":
+        assert resolved["slab_slots"] == 16 and resolved["slot_bytes"] == 16384
+        assert c["slab_pages_peak"] >= 1
+        assert c["slab_slots_used"] <= 16 * c["slab_pages"]
+        assert c["slab_pages"] >= math.ceil(c["slab_slots_used"] / 16)
+    # idle: every page is free or an evictable cached one, except held slabs
+    assert c["free_pages"] == blocks - 1 - c["slab_pages"], c
+    verified(run)
+
+
+def test_d0_private_pool_matches_stock_and_its_ids_never_alias(report):
+    # 6 attention blocks: four requests crossing their first block edge need 8
+    run = report.orgs["d0"]
+    resolved, c = run.resolved, run.counters
+    assert run.outputs == report.stock.outputs
+    attn, ckpt = resolved["attention_blocks"], resolved["checkpoint_blocks"]
+    assert (attn, ckpt) == (6, 12) and resolved["alias_ids"] is False
+    assert resolved["checkpoint_block_ids"] == [attn + 1, run.blocks - 1]
+    assert c["preemptions"] > 0, c
+    assert c["checkpoint_free"] == ckpt and c["attention_free"] == attn, c
+    verified(run)
+    verified(report.stock)
+
+
+def test_d0_without_a_separate_region_is_detected(report):
+    run = report.control
+    assert run.resolved["alias_ids"] is True and run.resolved["checkpoint_block_ids"][0] == 1
+    assert run.outputs != report.stock.outputs, \
+        "aliased D0 pools left outputs intact: the check cannot fail"
 
 
 @contextmanager
-def serve(model, org, blocks=None, alias_ids=False, d0_attn_fraction=0.5):
+def serve(model, org, blocks):
     from adapters.client.http import Endpoint
     from adapters.server_process import ServerProcess, free_port
     from adapters.vllm import VllmEngine
-    from adapters.vllm_plugin.plan import ENV_D0_ALIAS
 
     # Admission by the first chunk (the study's rule), not vLLM's whole-prompt
     # reservation, and steps of one whole block (vLLM's own block size for this
-    # model; the CPU Mamba kernel takes chunks up to one block): several requests
-    # prefill and decode together, outgrow the budget and get preempted.
-    engine = VllmEngine(python=VLLM_PYTHON, num_blocks=blocks, cpu_block_size=BLOCK_TOKENS,
-                        extra_args=("--no-scheduler-reserve-full-isl",))
+    # model; the CPU Mamba kernel takes chunks up to one block).
+    engine = VllmEngine(python=VLLM_PYTHON, num_blocks=blocks, cpu_block_size=BLOCK_TOKENS)
     config = RunConfig(org=org, engine="vllm", model=str(model), cap=4, max_model_len=8192,
-                       max_output=16, launch=True, d0_attn_fraction=d0_attn_fraction)
+                       max_output=16, launch=True)
     engine.check_config(config)
-    env = engine.launch_env(config)
-    if alias_ids:
-        env[ENV_D0_ALIAS] = "1"
     port = free_port()
-    log = model / f"server-{org}{'-alias' if alias_ids else ''}.log"
-    with ServerProcess(engine.launch_argv(config, port), Endpoint("127.0.0.1", port), log,
-                       env=env, ready_timeout_s=600) as server:
+    with ServerProcess(engine.launch_argv(config, port), Endpoint("127.0.0.1", port),
+                       model / f"server-{org}.log", env=engine.launch_env(config),
+                       ready_timeout_s=600) as server:
         yield server
 
 
@@ -112,19 +186,6 @@ def server_model(server) -> str:
     return served_models(server.endpoint)[0]
 
 
-def traffic(server) -> list[list[int]]:
-    """All prompts at once, then the shared-prefix ones again (cache hits)."""
-    ps = prompts()
-    first = greedy(server, ps)
-    return first + greedy(server, ps[::2])
-
-
-@pytest.fixture(scope="module")
-def stock(model):
-    with serve(model, "s0") as server:
-        return traffic(server)
-
-
 def generated_tokens(server) -> float:
     """The server's count of generated tokens so far (``/metrics``)."""
     from adapters.client.http import http_get
@@ -141,68 +202,7 @@ def counters_of(server) -> tuple[dict, dict]:
     return report["resolved"], report["counters"]
 
 
-def verified(server, model) -> None:
-    from hbench.verify import default_prompts, verify_endpoint
-
-    checks = verify_endpoint(server.endpoint, server_model(server),
-                             default_prompts(2, 9000), output_len=OUTPUT_LEN)
-    for c in checks:
-        assert c.hit_cached_tokens >= BLOCK_TOKENS and c.miss_cached_tokens == 0, c.describe()
-        assert c.identical, c.describe()
-
-
-@pytest.mark.parametrize("org, pages, blocks", [("s1", 4, BLOCKS), ("s2", 3, 16)])
-def test_shared_pool_orgs_match_stock_under_preemption(model, stock, org, pages, blocks):
-    """S2 needs fewer pages per request than S1, so it gets fewer blocks to be
-    under the same pressure."""
-    with serve(model, org, blocks) as server:
-        outputs = traffic(server)
-        resolved, c = counters_of(server)
-        assert outputs == stock
-        # the organization's arithmetic at the proportional model: 1664-token
-        # blocks, 512-token grid page, checkpoint 801,792 B = 4 S1 pages / 3 S2 + slot
-        assert resolved["block_size"] == BLOCK_TOKENS and resolved["grid_page_bytes"] == 512 * 512
-        assert resolved["pages_per_checkpoint"] == pages
-        assert c["member_pages"] == c["checkpoints_live"] * (pages - 1)
-        assert c["member_pages_peak"] >= 2 * (pages - 1)
-        assert c["checkpoints_allocated"] > c["checkpoints_live"]
-        # the budget bound: requests were preempted and cached checkpoints evicted
-        assert c["preemptions"] > 0, c
-        assert c.get("pins_released", 0) == c.get("pins_taken", 0) and c["pins_held"] == 0, c
-        assert c.get("invalidations_member", 0) + c.get("invalidations_carrier", 0) > 0, c
-        if org == "s2":
-            assert resolved["slab_slots"] == 16 and resolved["slot_bytes"] == 16384
-            assert c["slab_pages_peak"] >= 1
-            assert c["slab_slots_used"] <= 16 * c["slab_pages"]
-            assert c["slab_pages"] >= math.ceil(c["slab_slots_used"] / 16)
-        # idle: every page is free or an evictable cached one, except held slabs
-        assert c["free_pages"] == blocks - 1 - c["slab_pages"], c
-        verified(server, model)
-
-
-def test_d0_private_pool_matches_stock_and_its_ids_never_alias(model, stock):
-    # 6 attention blocks: four requests crossing their first block edge need 8
-    with serve(model, "d0", BLOCKS, d0_attn_fraction=0.35) as server:
-        outputs = traffic(server)
-        resolved, c = counters_of(server)
-        assert outputs == stock
-        attn, ckpt = resolved["attention_blocks"], resolved["checkpoint_blocks"]
-        assert (attn, ckpt) == (6, 13) and resolved["d0_attn_fraction"] == 0.35
-        assert resolved["checkpoint_block_ids"] == [attn + 1, BLOCKS - 1]
-        assert c["preemptions"] > 0, c
-        assert c["checkpoint_free"] == ckpt and c["attention_free"] == attn, c
-        verified(server, model)
-
-
-def test_d0_without_a_separate_region_is_detected(model, stock):
-    with serve(model, "d0", BLOCKS, alias_ids=True) as server:
-        outputs = traffic(server)
-        resolved, _ = counters_of(server)
-        assert resolved["alias_ids"] is True and resolved["checkpoint_block_ids"][0] == 1
-        assert outputs != stock, "aliased D0 pools left outputs intact: the check cannot fail"
-
-
-def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model):
+def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model, monkeypatch_module):
     """A pin actually taken and used. One prompt of 1,700 tokens caches the
     joint hit at 1,664 (an attention block and the Mamba state at its end).
     Then a short request A (100 tokens) starts, and a moment later B: the

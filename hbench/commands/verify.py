@@ -1,11 +1,15 @@
 """``hbench verify``: does prefix reuse change what a real engine generates?
 
-Thin: flags -> `hbench.verify.verify_server` (a served engine: each prompt as
-a prefix-cache hit and as a clean recompute, compared token by token) or
+Thin: flags -> `hbench.verify_pressure.verify_pressure` (``--engine vllm
+--launch``: stock vLLM and each plugin organization at a binding block
+budget, compared token for token, plus the aliased-D0 negative control),
+`hbench.verify.verify_server` (a running server, or another engine launched:
+each prompt as a prefix-cache hit and as a clean recompute) or
 `adapters.torch.continuation.verify_continuation` (the in-process torch
 engine against cold runs) -> one line per check. Exit 0 when everything is
-identical, 1 when anything diverges. A run where the hit did not reuse
-anything proves nothing and is an error.
+identical, 1 when anything diverges. A run that proved nothing (the hit
+reused nothing, memory did not bind, the negative control did not diverge)
+is an error.
 """
 
 from __future__ import annotations
@@ -25,9 +29,16 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 @click.option("--engine", "engine_name", default="vllm", show_default=True,
               type=click.Choice(REAL_ENGINES),
               help="Engine to check: a real server, or the in-process torch engine.")
-@click.option("--org", type=click.Choice(ORG_NAMES), default=None,
-              help="Organization to serve with: torch engine (default s2), or the server "
-                   "--launch starts (default: the engine's first, s0 on vLLM).")
+@click.option("--org", "orgs", type=click.Choice(ORG_NAMES), multiple=True,
+              help="torch engine: the organization (default s2). vllm --launch: the plugin "
+                   "organizations compared with stock vLLM (repeat; default s1, s2, d0; s0 "
+                   "alone: stock only). Another engine's --launch: the one it serves.")
+@click.option("--blocks", type=Int(3), default=None,
+              help="vllm --launch: vLLM blocks for every server (default: per organization, "
+                   "the count at which 3 of the 4 concurrent requests fit at their peak).")
+@click.option("--control/--no-control", default=True, show_default=True,
+              help="vllm --launch: also serve D0 with aliased block ids, which must change "
+                   "outputs (else the check cannot fail).")
 @click.option("--budget", default=None,
               help="torch engine: budget label (default: the organization's verify point, "
                    "scaled to the model: the smallest page count at which the simulator "
@@ -38,12 +49,15 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 @click.option("--launch", is_flag=True, help="Start the server (needs --model DIR), stop it after.")
 @click.option("--model", default=None, help="Model directory (with --launch) or served model id.")
 @click.option("--server-cmd", default=None, help="Server command for --launch ({port} {model}).")
-@click.option("--prompts", "n_prompts", default=4, show_default=True, type=Int(1, 64))
-@click.option("--output-len", default=16, show_default=True, type=Int(1, 4096))
+@click.option("--prompts", "n_prompts", default=4, show_default=True, type=Int(1, 64),
+              help="Hit-vs-recompute prompts (per server with vllm --launch).")
+@click.option("--output-len", default=16, show_default=True, type=Int(1, 4096),
+              help="Tokens each hit-vs-recompute request generates.")
 @click.option("--prompt-chars", default=2500, show_default=True, type=Int(100),
-              help="Characters per prompt; raise it for models with large cache blocks.")
-def verify(engine_name, org, budget, device, seed, endpoint, launch, model, server_cmd,
-           n_prompts, output_len, prompt_chars):
+              help="Characters per text prompt; raise it for models with large cache blocks "
+                   "(vllm --launch sends token-id prompts of 1.5 blocks instead).")
+def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, launch, model,
+           server_cmd, n_prompts, output_len, prompt_chars):
     """Greedy outputs served with prefix-cache hits must equal clean recomputes.
 
     \b
@@ -51,12 +65,28 @@ def verify(engine_name, org, budget, device, seed, endpoint, launch, model, serv
     (adoptions, preemptions, pages poisoned when freed) and compares every
     request with a cold contiguous run of the same prompt, e.g.
       hbench verify --engine torch --org s2 --model ./tiny-prop
-    With --engine vllm: sends each prompt twice (a prefix-cache hit) and once
-    with a unique cache salt (a recompute) to a running or launched server.
+    With --engine vllm --launch --model DIR: stock vLLM and the plugin serving
+    each organization (s1, s2, d0) take the same concurrent greedy prompts at
+    a block budget small for them (preemptions and evictions, read from the
+    servers' counters); outputs must equal stock's token for token, each
+    server passes the hit-vs-recompute check, and D0 with aliased block ids
+    must change outputs, e.g.
+      hbench verify --engine vllm --launch --model ./tiny-prop
+    With --endpoint URL: sends each prompt twice (a prefix-cache hit) and once
+    with a unique cache salt (a recompute) to the running server.
     """
+    if len(orgs) > 1 and not (engine_name == "vllm" and launch):
+        raise HbenchError("--org is given once except with --engine vllm --launch")
     if engine_name == "torch":
-        verify_torch(org or "s2", model, budget, device, seed)
+        verify_torch(orgs[0] if orgs else "s2", model, budget, device, seed)
         return
+    if engine_name == "vllm" and launch:
+        verify_vllm_pressure(model, endpoint, orgs, blocks, control, n_prompts, output_len,
+                             server_cmd)
+        return
+    if blocks is not None:
+        raise HbenchError("--blocks needs --engine vllm --launch")
+    org = orgs[0] if orgs else None
     from hbench.verify import refuse_vacuous, verify_server
 
     checks = verify_server(engine_name, endpoint=endpoint, launch=launch, model=model, org=org,
@@ -69,6 +99,38 @@ def verify(engine_name, org, budget, device, seed, endpoint, launch, model, serv
     click.echo(f"{len(checks) - len(divergent)}/{len(checks)} prompts identical with and without "
                "prefix reuse")
     raise SystemExit(1 if divergent else 0)
+
+
+def verify_vllm_pressure(model: str | None, endpoint: str | None, orgs: tuple[str, ...],
+                         blocks: int | None, control: bool, n_prompts: int, output_len: int,
+                         server_cmd: str | None) -> None:
+    """`hbench.verify_pressure` behind the CLI: one line per server as it
+    finishes, then the comparisons; exit 1 on any divergence, an error when
+    the run proved nothing."""
+    from hbench.verify_pressure import verify_pressure
+
+    if not model:
+        raise HbenchError("--launch needs --model DIR")
+    if endpoint:
+        raise HbenchError("give exactly one of --endpoint URL or --launch --model DIR")
+    orgs = tuple(o for o in orgs if o != "s0") if orgs else ("s1", "s2", "d0")
+    report = verify_pressure(model, orgs, blocks, control, n_hit_prompts=n_prompts,
+                             hit_output_len=output_len, server_cmd=server_cmd,
+                             on_run=lambda r: click.echo(f"served {r.describe()}; log "
+                                                         f"{r.log_path}"))
+    for line in report.lines():
+        click.echo(line)
+    if report.divergent():
+        click.echo("FAIL: outputs differ from stock vLLM or between hit and recompute")
+        raise SystemExit(1)
+    if why := report.shortfalls():
+        for line in why[1:]:
+            click.echo(f"proved nothing: {line}")
+        raise HbenchError(f"the check proved nothing: {why[0]}")
+    click.echo(f"every organization ({', '.join(orgs) or 'stock only'}) matched stock vLLM "
+               "under preemption, and the negative control diverged" if control else
+               "every organization matched stock vLLM under preemption (no negative control)")
+    raise SystemExit(0)
 
 
 def verify_torch(org: str, model: str | None, budget: str | None, device: str, seed: int) -> None:

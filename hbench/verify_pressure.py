@@ -1,0 +1,365 @@
+"""``hbench verify --launch`` on vLLM: every organization against stock vLLM, memory bound.
+
+One check that can fail, in three parts, all on the same designed traffic
+(`PressureDesign`, sized from the model's vLLM block, so any tiny model works):
+
+    1. stock vLLM (S0) and the plugin serving each organization (S1, S2, D0)
+       serve the same greedy, concurrent token-id prompts at a block budget
+       small for the concurrency (`binding_blocks`): ``cap - 1`` requests at
+       their peak fit, ``cap`` do not, so requests are preempted and cached
+       states evicted. Every organization's outputs must equal stock's, token
+       for token; each server also passes `hbench.verify`'s hit-vs-recompute
+       check on prompts of one and a half blocks;
+    2. the pressure is asserted, never assumed: each server's preemptions
+       (``vllm:num_preemptions`` on ``/metrics``) and, for S1/S2, the
+       plugin's checkpoint invalidations (its counters line in the server
+       log); a run where memory did not bind proved nothing (`shortfalls`);
+    3. the negative control: D0 whose private pool numbers its blocks from 1
+       (``HBENCH_D0_ALIAS_IDS=1``: the attention pool's bytes) serves the same
+       traffic and must change some output, or the comparison cannot fail.
+
+The traffic: ``n_prompts`` prompts of 0.9 blocks (the even ones share their
+first half: prefix hits), admitted together within one block; decode carries
+them all across the block edge at once, where each needs another attention
+block. Then the shared-prefix prompts again (cache hits).
+
+    block:    |<------------- B tokens ------------->|<---- next block
+    request:  [======= prompt 0.9 B =======][== output 0.18 B ==]
+                                                     ^ every request needs
+                                                       a new block here
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import HbenchError
+from hbench.verify import PromptCheck, complete, verify_endpoint
+
+#: Requests served at once: the binding budget holds CAP - 1 of them at their peak.
+CAP = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class PressureDesign:
+    """Traffic sized from vLLM's block of ``block_tokens`` tokens."""
+
+    block_tokens: int
+    vocab_size: int
+    cap: int = CAP
+    n_prompts: int = 6
+    n_hit_prompts: int = 4
+    hit_output_len: int = 16
+    seed: int = 5
+
+    def __post_init__(self):
+        if self.block_tokens < 20 or self.vocab_size < 20:
+            raise HbenchError(f"a pressure verify needs a block of at least 20 tokens and a "
+                              f"vocabulary of at least 20 ids; got {self.block_tokens} and "
+                              f"{self.vocab_size}")
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.block_tokens * 9 // 10
+
+    @property
+    def output_tokens(self) -> int:
+        """Enough to cross the first block edge (prompt + output > one block)."""
+        return max(self.block_tokens * 9 // 50, self.block_tokens - self.prompt_tokens + 2)
+
+    @property
+    def peak_attention_blocks(self) -> int:
+        """Attention blocks one request holds at its end."""
+        return math.ceil((self.prompt_tokens + self.output_tokens) / self.block_tokens)
+
+    @property
+    def hit_prompt_tokens(self) -> int:
+        """One and a half blocks: a hit reuses one whole block."""
+        return self.block_tokens + self.block_tokens // 2
+
+    @property
+    def max_model_len(self) -> int:
+        longest = max(self.prompt_tokens + self.output_tokens,
+                      self.hit_prompt_tokens + self.hit_output_len)
+        return math.ceil(longest / self.block_tokens) * self.block_tokens
+
+    def _ids(self, rng: random.Random, n: int) -> list[int]:
+        return [rng.randrange(10, min(self.vocab_size, 2000)) for _ in range(n)]
+
+    def prompts(self) -> list[list[int]]:
+        """Token-id prompts; the even ones share their first half."""
+        rng = random.Random(self.seed)
+        half = self.prompt_tokens // 2
+        shared = self._ids(rng, half)
+        return [shared + self._ids(rng, self.prompt_tokens - half) if i % 2 == 0
+                else self._ids(rng, self.prompt_tokens) for i in range(self.n_prompts)]
+
+    def hit_prompts(self) -> list[list[int]]:
+        rng = random.Random(self.seed + 1)
+        return [self._ids(rng, self.hit_prompt_tokens) for _ in range(self.n_hit_prompts)]
+
+
+def state_pages(org: str, geom, grid_tokens: int = 512) -> int:
+    """Shared-pool blocks one request's Mamba state takes: a vLLM page for
+    stock (S0), the organization's pages per checkpoint for S1/S2
+    (`PageLayout`), none for D0 (its states live in the private pool)."""
+    from adapters.vllm_plugin.plan import PageLayout
+
+    if org == "s0":
+        return 1
+    if org == "d0":
+        return 0
+    return PageLayout(org, geom.ssm_state_bytes, geom.conv_state_bytes,
+                      geom.attn_bytes_per_token, grid_tokens).pages_per_checkpoint
+
+
+def binding_blocks(design: PressureDesign, org: str, geom) -> int:
+    """vLLM blocks at which ``cap - 1`` requests at their peak fit and ``cap``
+    outgrow them: the null block plus ``cap - 1`` requests' attention blocks
+    and states. D0 gets the S1 count (equal memory); what binds there is its
+    attention pool, which `d0_fraction` sizes the same way."""
+    per_request = design.peak_attention_blocks + state_pages("s1" if org == "d0" else org, geom)
+    return 1 + (design.cap - 1) * per_request
+
+
+def d0_fraction(design: PressureDesign, blocks: int) -> float:
+    """D0's attention fraction giving its attention pool ``cap - 1``
+    requests' peak attention blocks (`harness.budget.vllm_d0_split` floors)."""
+    want = (design.cap - 1) * design.peak_attention_blocks
+    usable = blocks - 1
+    if not 0 < want < usable:
+        raise HbenchError(f"d0 at {blocks} blocks cannot give attention {want} blocks and keep "
+                          "a checkpoint pool; raise --blocks")
+    return (want + 0.5) / usable
+
+
+@dataclass(frozen=True)
+class ServedRun:
+    """One server's answers: its outputs on the designed traffic, its
+    preemptions (``/metrics``), the plugin's layout and last counters (None
+    for stock) and its hit-vs-recompute checks."""
+
+    org: str
+    blocks: int
+    alias_ids: bool
+    outputs: tuple[tuple[int, ...], ...]
+    preemptions: int
+    resolved: dict | None
+    counters: dict | None
+    checks: tuple[PromptCheck, ...]
+    log_path: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.org}{' (aliased ids)' if self.alias_ids else ''} at {self.blocks} blocks"
+
+    @property
+    def invalidations(self) -> int:
+        c = self.counters or {}
+        return c.get("invalidations_member", 0) + c.get("invalidations_carrier", 0)
+
+    def describe(self) -> str:
+        line = f"{self.label}: {self.preemptions} preemptions"
+        if self.org in ("s1", "s2"):
+            line += f", {self.invalidations} checkpoint invalidations"
+        return line
+
+
+@dataclass(frozen=True)
+class PressureReport:
+    design: PressureDesign
+    stock: ServedRun
+    orgs: dict[str, ServedRun]
+    control: ServedRun | None
+
+    def mismatches(self, run: ServedRun) -> list[int]:
+        """Indices of the requests whose outputs differ from stock's."""
+        return [i for i, (a, b) in enumerate(zip(run.outputs, self.stock.outputs, strict=True))
+                if a != b]
+
+    def lines(self) -> list[str]:
+        d = self.design
+        out = [f"traffic: {d.n_prompts} prompts of {d.prompt_tokens} tokens, "
+               f"{d.output_tokens} generated each, {d.cap} at once, "
+               f"vLLM block {d.block_tokens} tokens; then the shared-prefix prompts again"]
+        for run in (self.stock, *self.orgs.values()):
+            out.append(run.describe())
+            out += [f"  {c.describe()}" for c in run.checks]
+        for org, run in self.orgs.items():
+            bad = self.mismatches(run)
+            n = len(run.outputs)
+            out.append(f"{org} vs stock: {n - len(bad)}/{n} outputs identical"
+                       + (f"; DIVERGE: requests {bad}" if bad else ""))
+        if self.control is not None:
+            bad = self.mismatches(self.control)
+            out.append(f"negative control {self.control.describe()}: {len(bad)}/"
+                       f"{len(self.control.outputs)} outputs changed (must be > 0)")
+        return out
+
+    def divergent(self) -> bool:
+        return (any(self.mismatches(r) for r in self.orgs.values())
+                or any(not c.identical for r in (self.stock, *self.orgs.values())
+                       for c in r.checks))
+
+    def shortfalls(self) -> list[str]:
+        """Why the run proved nothing (empty when it proved something)."""
+        out = []
+        for run in (self.stock, *self.orgs.values()):
+            if run.org != "s0" and run.resolved is None:
+                out.append(f"{run.label}: the plugin did not load (no counters in {run.log_path})")
+            if run.preemptions == 0:
+                out.append(f"{run.label} preempted nothing: memory did not bind; "
+                           "give a smaller --blocks")
+            if run.org in ("s1", "s2") and run.invalidations == 0:
+                out.append(f"{run.label} evicted no cached checkpoint; give a smaller --blocks")
+            if any(c.hit_cached_tokens == 0 for c in run.checks):
+                out.append(f"{run.label}: a cache-hit request reused no prompt tokens")
+            if any(c.miss_cached_tokens for c in run.checks):
+                out.append(f"{run.label}: a salted request reused prompt tokens (no clean "
+                           "recompute)")
+        if self.control is not None and not self.mismatches(self.control):
+            out.append("the negative control (aliased D0 ids) left every output intact: "
+                       "the check cannot fail")
+        return out
+
+
+def launch_config(model: str, org: str, design: PressureDesign, blocks: int,
+                  server_cmd: str | None = None):
+    """(engine, config) for serving ``org`` at ``blocks`` blocks; HbenchError,
+    before any server starts, for what this vLLM cannot serve."""
+    from adapters.vllm import VllmEngine
+    from harness.config import RunConfig
+
+    engine = VllmEngine(num_blocks=blocks, cpu_block_size=design.block_tokens)
+    frac = d0_fraction(design, blocks) if org == "d0" else 0.5
+    config = RunConfig(org=org, engine="vllm", model=model, cap=design.cap,
+                       max_model_len=design.max_model_len, max_output=design.output_tokens,
+                       launch=True, d0_attn_fraction=frac, server_cmd=server_cmd)
+    engine.check_config(config)
+    return engine, config
+
+
+def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, log_dir: Path,
+                    alias_ids: bool = False, hit_check: bool = True,
+                    server_cmd: str | None = None) -> ServedRun:
+    """Launch vLLM for ``org`` at ``blocks`` blocks, serve the designed
+    traffic (and the hit-vs-recompute prompts), read its counters, stop it."""
+    from adapters.client.http import Endpoint, http_get, served_models
+    from adapters.metrics_scrape import extract, parse_prometheus, plugin_report
+    from adapters.server_process import ServerProcess, free_port
+    from adapters.vllm_plugin.plan import ENV_D0_ALIAS
+
+    engine, config = launch_config(model, org, design, blocks, server_cmd)
+    env = engine.launch_env(config)
+    if alias_ids:
+        env[ENV_D0_ALIAS] = "1"
+    port = free_port()
+    log = log_dir / f"hbench-verify-{org}{'-alias' if alias_ids else ''}-{port}.log"
+    ep = Endpoint("127.0.0.1", port)
+    with ServerProcess(engine.launch_argv(config, port), ep, log, env=env,
+                       ready_timeout_s=900) as server:
+        model_id = served_models(ep)[0]
+        prompts = design.prompts()
+        outputs = concurrent_greedy(ep, model_id, prompts, design.output_tokens)
+        outputs += concurrent_greedy(ep, model_id, prompts[::2], design.output_tokens)
+        checks = (verify_endpoint(ep, model_id, design.hit_prompts(), design.hit_output_len)
+                  if hit_check else [])
+        status, body = http_get(ep, "/metrics")
+        if status != 200:
+            raise HbenchError(f"{ep.url}/metrics answered {status}")
+        preemptions = extract(parse_prometheus(body.decode()), "vllm").get("preemptions", 0)
+        report = plugin_report(server.log_text())
+    return ServedRun(org, blocks, alias_ids, tuple(outputs), int(preemptions),
+                     report["resolved"], report["counters"], tuple(checks), str(log))
+
+
+def concurrent_greedy(ep, model_id: str, prompts: list[list[int]],
+                      output_len: int) -> list[tuple[int, ...]]:
+    """All ``prompts`` at once, greedy, exactly ``output_len`` tokens each; the token ids."""
+    out: dict[int, tuple[int, ...]] = {}
+    errors: list[str] = []
+
+    def one(i):
+        try:
+            res, _ = complete(ep, model_id, prompts[i], output_len, None)
+            out[i] = tuple(res.token_ids)
+        except HbenchError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise HbenchError(errors[0])
+    return [out[i] for i in range(len(prompts))]
+
+
+def model_design(model: str, n_hit_prompts: int = 4,
+                 hit_output_len: int = 16) -> tuple[PressureDesign, object]:
+    """The design for ``model``'s vLLM block on CPU (`vllm_page`) and its geometry in
+    the dtype the CPU server runs (float32)."""
+    from adapters.vllm import CPU_BLOCK_SIZE, run_geometry, vllm_page
+    from harness.config import RunConfig
+
+    geom = run_geometry(RunConfig(engine="vllm", model=model, launch=True))
+    if geom is None:
+        raise HbenchError(f"hbench knows no geometry for {model}; give a model directory "
+                          "with a config.json (hbench tiny-model writes one)")
+    cfg = Path(model) / "config.json"
+    vocab = json.loads(cfg.read_text()).get("vocab_size") if cfg.is_file() else None
+    page = vllm_page(geom, True, CPU_BLOCK_SIZE)
+    design = PressureDesign(block_tokens=page["block_tokens"],
+                            vocab_size=int(vocab or geom.vocab_size),
+                            n_hit_prompts=n_hit_prompts, hit_output_len=hit_output_len)
+    return design, dataclasses.replace(geom, dtype="fp32", ssm_state_dtype="fp32")
+
+
+def verify_pressure(model: str, orgs: tuple[str, ...] = ("s1", "s2", "d0"),
+                    blocks: int | None = None, control: bool = True,
+                    log_dir: str | Path = "/tmp", n_hit_prompts: int = 4,
+                    hit_output_len: int = 16, server_cmd: str | None = None,
+                    on_run=None) -> PressureReport:
+    """Stock vLLM, then each of ``orgs``, then (``control``) the aliased D0,
+    each on its own server at its binding block count (``blocks`` for all
+    when given; ``server_cmd`` as `hbench run --server-cmd`). ``on_run(run)``
+    is called as each server finishes."""
+    from adapters.vllm_plugin.plan import PLUGIN_ORGS
+
+    bad = [o for o in orgs if o not in PLUGIN_ORGS]
+    if bad:
+        raise HbenchError(f"--org {bad[0]} is not a plugin organization; choose from "
+                          f"{', '.join(PLUGIN_ORGS)} (stock vLLM, s0, is always served)")
+    design, geom = model_design(model, n_hit_prompts, hit_output_len)
+    log_dir = Path(log_dir)
+
+    least = design.max_model_len // design.block_tokens + 2
+    if blocks is not None and blocks < least:
+        raise HbenchError(f"--blocks {blocks} cannot hold one request of this traffic "
+                          f"({design.max_model_len} tokens: {least - 2} attention blocks, a "
+                          f"Mamba state and the null block); give at least {least}")
+
+    def count(org):
+        return blocks if blocks is not None else binding_blocks(design, org, geom)
+
+    for org in ("s0", *orgs, *(("d0",) if control else ())):
+        launch_config(model, org, design, count(org), server_cmd)   # refuse before serving
+
+    def run(org, alias=False, hit_check=True):
+        result = serve_and_check(model, org, design, count(org), log_dir, alias, hit_check,
+                                 server_cmd)
+        if on_run is not None:
+            on_run(result)
+        return result
+
+    stock = run("s0")
+    served = {org: run(org) for org in orgs}
+    alias = run("d0", alias=True, hit_check=False) if control else None
+    return PressureReport(design, stock, served, alias)
