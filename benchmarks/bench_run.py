@@ -9,7 +9,7 @@ the profiled `SimEngine.run`.
 
     python -m benchmarks.bench_run [--orgs s0,s1,s2,d0] [--requests 240] [--rate 3]
         [--repeats 1] [--cpu 0] [--profile s2] [--top 20] [--json out.json]
-        [--against TREE [--rounds 3]] [--rss 1000,4000]
+        [--against TREE [--rounds 3]] [--rss 1000,4000] [--scale 1000,16000]
 
 ``--against TREE`` compares two versions of the code: it runs this benchmark
 alternately in TREE (another checkout, e.g. made with ``git worktree add``)
@@ -18,6 +18,12 @@ and reports per organization the best ``SimEngine.run`` time of each and this
 checkout's over TREE's. ``--rss N,M`` runs one simulated run of N (then M)
 requests of the first organization in a fresh process each and reports the
 process's peak resident set size (``ru_maxrss``), whole process included.
+``--scale N,M`` asks whether a request costs the same in a long run as in a
+short one: one run of N (then M) requests of each organization in a fresh
+process each, its `SimEngine.run` CPU time per request, that over the first
+count's, and the CPU time of each ``--segment`` requests that end (from the
+engine's progress count), so a cost that grows as the run goes on shows as
+later segments costing more than earlier ones.
 """
 
 from __future__ import annotations
@@ -135,6 +141,51 @@ def rss(args, org: str) -> int:
     return 0
 
 
+def scale_child(args, org: str) -> dict:
+    """One run in this process: its engine CPU time and that of each segment."""
+    config = config_for(org, args)
+    workload = build_run_workload(config)
+    setup = RunSetup.resolve(config)
+    gc.collect()
+    marks = []
+
+    def progress(ended: int) -> None:
+        if ended % args.segment == 0:
+            marks.append(time.process_time())
+
+    t = time.process_time()
+    SimEngine().run(workload, setup, progress)
+    cpu = time.process_time() - t
+    return {"cpu_s": cpu, "segments_s": [b - a for a, b in zip([t, *marks[:-1]], marks, strict=True)]}
+
+
+def scale(args, orgs: list[str]) -> int:
+    """Engine CPU time per request at each request count of ``args.scale``."""
+    counts = [int(x) for x in args.scale.split(",")]
+    print(f"SimEngine.run CPU time per request, {args.rate:g} req/s, budget {args.budget}, "
+          f"seed {args.seed}, one fresh process per run; segments of {args.segment} ended requests")
+    print(f"{'org':4} {'requests':>8} {'CPU s':>7} {'ms/req':>7} {'x first':>7} "
+          f"{'segment ms/req: first':>21} {'min':>6} {'max':>6} {'last':>6}")
+    result = {}
+    for org in orgs:
+        first = None
+        for n in counts:
+            out = subprocess.run([sys.executable, "-m", "benchmarks.bench_run", "--orgs", org,
+                                  "--requests", str(n), "--rate", str(args.rate), "--budget",
+                                  args.budget, "--seed", str(args.seed), "--cpu", str(args.cpu),
+                                  "--segment", str(args.segment), "--scale-child"],
+                                 cwd=ROOT, check=True, capture_output=True, text=True).stdout
+            r = result.setdefault(org, {})[n] = json.loads(out.splitlines()[-1])
+            per = r["cpu_s"] / n * 1e3
+            first = first or per
+            seg = [s / args.segment * 1e3 for s in r["segments_s"]] or [per]
+            print(f"{org:4} {n:8d} {r['cpu_s']:7.2f} {per:7.3f} {per / first:7.2f} "
+                  f"{seg[0]:21.3f} {min(seg):6.3f} {max(seg):6.3f} {seg[-1]:6.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--orgs", default=",".join(ORG_NAMES))
@@ -151,13 +202,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="with --against: runs per checkout")
     ap.add_argument("--rss", help="peak RSS of one run per request count, e.g. 1000,4000")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scale", help="engine CPU time per request per request count, e.g. 1000,16000")
+    ap.add_argument("--segment", type=int, default=1000, help="with --scale: requests per segment")
+    ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     orgs = [o.strip() for o in args.orgs.split(",")]
     if args.rss_child:
         print(peak_rss(args, orgs[0]))
         return 0
+    if args.scale_child:
+        pin_cpu(args.cpu)
+        print(json.dumps(scale_child(args, orgs[0])))
+        return 0
     if args.against:
         return against(args, orgs)
+    if args.scale:
+        return scale(args, orgs)
     if args.rss:
         return rss(args, orgs[0])
 

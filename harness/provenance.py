@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from functools import cache
 from importlib import metadata
 
 # Distributions whose versions can change results. The engine packages are
@@ -56,8 +57,15 @@ def package_versions() -> dict:
     """Versions of Python, hbench and the packages results depend on.
 
     Core packages missing from the environment map to None; optional engine
-    packages (torch, vllm, sglang) appear only when installed.
+    packages (torch, vllm, sglang) appear only when installed. Read once per
+    process (reading the distributions' metadata cost a sweep cell 7.7 ms):
+    a process runs the packages it imported, whatever is installed later.
     """
+    return dict(_package_versions())
+
+
+@cache
+def _package_versions() -> dict:
     from harness import __version__
 
     versions = {"python": platform.python_version(), "hbench": _version("hbench") or __version__}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
@@ -11,6 +12,8 @@ from harness.metrics import (
     REQUEST_COLUMNS,
     SUMMARY_KEYS,
     per_request_table,
+    percentile,
+    percentiles,
     summarize,
     weighted_median,
 )
@@ -366,3 +369,25 @@ def test_a_served_stream_whose_tokens_arrive_in_bursts_is_not_valid():
     assert bad["checks"]["stream"]["status"] == "fail" and "stream" in bad["reasons"]
     assert "bursts" in bad["checks"]["stream"]["detail"]
     assert "stream" not in summarize(make_run(bursty))["validity"]["checks"]
+
+
+PERCENTS = (0, 1, 5, 10, 25, 33.3, 50, 66.7, 90, 95, 99, 99.9, 100)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "exponential", "ties", "wide", "tiny"])
+def test_percentiles_are_numpys_bit_for_bit(kind):
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 4 if kind == "tiny" else 800))
+        sample = {"uniform": rng.random, "exponential": lambda k: rng.exponential(0.03, k),
+                  "ties": lambda k: np.round(rng.random(k), 1),
+                  "wide": lambda k: rng.normal(0, 1e5, k), "tiny": rng.random}[kind](n)
+        want = [np.float64(np.percentile(sample, q)).tobytes() for q in PERCENTS]
+        assert [np.float64(v).tobytes() for v in percentiles(sample, PERCENTS)] == want, n
+        assert np.float64(percentile(list(sample), 99)).tobytes() == want[PERCENTS.index(99)]
+
+
+def test_percentiles_of_nothing_and_of_nan():
+    assert all(math.isnan(v) for v in percentiles([], (50, 99)))
+    assert math.isnan(percentile([1.0, float("nan"), 3.0], 50))
+    assert percentiles([3.0, 1.0, 2.0], (0, 50, 100)) == (1.0, 2.0, 3.0)

@@ -97,6 +97,32 @@ def test_cell_ids_are_stable_and_content_addressed():
     assert other.workload_hash != c0.workload_hash and other.cell_id != c0.cell_id
 
 
+def test_sweep_file_is_the_json_of_its_doc_as_outcomes_change(tmp_path):
+    grid = {"org": "s0,s2", "seed": "1,2"}
+    cells = S.plan(G.expand([grid], dict(TINY)))
+    record = S.SweepFile(tmp_path, [grid], TINY, cells)
+
+    def expected(outcomes):
+        doc = S._sweep_doc([grid], TINY, cells, outcomes)
+        return json.dumps(S.to_jsonable(doc), indent=1) + "\n"
+
+    def same(outcomes):   # the clock may tick between the two renders
+        got, want = record.text(outcomes), expected(outcomes)
+        stamp = '"updated_utc": '
+        strip = [t[:t.index(stamp)] + t[t.index(stamp) + len(stamp) + 22:] for t in (got, want)]
+        return strip[0] == strip[1]
+
+    outcomes = {}
+    assert same(outcomes)
+    outcomes[cells[1].cell_id] = S.CellOutcome(cells[1].cell_id, "ran", 1.25)
+    assert same(outcomes)
+    outcomes[cells[1].cell_id] = S.CellOutcome(cells[1].cell_id, "failed", 2.0, 'no "room"\n')
+    outcomes[cells[3].cell_id] = S.CellOutcome(cells[3].cell_id, "skipped")
+    assert same(outcomes)
+    record.write(outcomes)
+    assert json.loads((tmp_path / S.SWEEP_FILE).read_text())["cells"][1]["status"] == "failed"
+
+
 def test_resume_reruns_only_the_missing_cell_and_cleans_stale_tmp(tmp_path):
     out = tmp_path / "sw"
     configs = G.expand([], {**TINY, "org": "s0,s1,s2", "seed": "1"})
