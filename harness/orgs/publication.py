@@ -150,13 +150,16 @@ class Spares(Publication):
         published, copies = [], []
         ckpts = self.ckpts
         while j <= last:
-            spare = st.spares.pop(0)
             k = key_at(keys, j)
-            if k in ckpts.map:
-                self.table.drop_owned(spare)   # someone published this prefix already
+            if not self._kept(st, j):
+                cached = ckpts.map.get(k)   # not published here; someone else's is on the path
+                if cached is not None:
+                    st.on_path.append(cached)
+            elif k in ckpts.map:
+                self.table.drop_owned(st.spares.pop(0))   # someone published this prefix already
                 st.on_path.append(ckpts.map[k])
             else:
-                ck = st.live
+                ck, spare = st.live, st.spares.pop(0)
                 ckpts.publish(ck, k, j)
                 st.published.append(ck)
                 st.live = spare
@@ -164,6 +167,11 @@ class Spares(Publication):
                 copies.append(("publish", j, ck, spare))
             j += self.grid
         return published, tuple(copies)
+
+    @staticmethod
+    def _kept(st, j: int) -> bool:
+        """Whether boundary ``j`` is one this request publishes at: every one."""
+        return True
 
 
 class SelectiveSpares(Spares):
@@ -203,27 +211,10 @@ class SelectiveSpares(Spares):
         st.reserved_until = max(st.reserved_until, last // self.grid * self.grid)
         return ()
 
-    def _publish(self, st, keys, j, last):
-        published, copies = [], []
-        ckpts, keep = self.ckpts, st.keep
-        while j <= last:
-            k = key_at(keys, j)
-            if j not in keep:
-                cached = ckpts.map.get(k)
-                if cached is not None:
-                    st.on_path.append(cached)
-            elif k in ckpts.map:
-                self.table.drop_owned(st.spares.pop(0))   # published by someone already
-                st.on_path.append(ckpts.map[k])
-            else:
-                ck, spare = st.live, st.spares.pop(0)
-                ckpts.publish(ck, k, j)
-                st.published.append(ck)
-                st.live = spare
-                published.append(j)
-                copies.append(("publish", j, ck, spare))
-            j += self.grid
-        return published, tuple(copies)
+    @staticmethod
+    def _kept(st, j: int) -> bool:
+        """Whether boundary ``j`` is one the policy kept at admission."""
+        return j in st.keep
 
 
 class InPlace(Publication):
