@@ -90,8 +90,9 @@ def new_run_id(config: RunConfig, workload_hash: str, *, now: datetime | None = 
 
     The trailing hash covers the whole config and the workload, so two cells of
     a sweep started in the same second (differing only in, say, headroom) get
-    different ids. Repeating the identical cell within one second collides,
-    and `write_run` then refuses rather than overwrite.
+    different ids. The identical run repeated within one second gets the same
+    id: `free_run_id` gives it the next free one (``-2``, ``-3``, ...), and
+    `write_run` refuses rather than overwrite where two writers still race.
     """
     utc = (now or datetime.now(UTC)).astimezone(UTC)
     short = hashlib.sha256(
@@ -99,6 +100,24 @@ def new_run_id(config: RunConfig, workload_hash: str, *, now: datetime | None = 
     ).hexdigest()[:8]
     parts = [f"{utc:%Y%m%dT%H%M%SZ}", config.engine, config.org, config.budget, f"s{config.seed}"]
     return "-".join(_slug(str(p)) for p in parts) + f"-{short}"
+
+
+def free_run_id(out_root: Path, run_id: str) -> str:
+    """``run_id``, or with ``-2``, ``-3``, ... the first id no entry under
+    ``out_root`` has yet (a finished run, or a writer's ``.tmp-<id>-<pid>``)."""
+    out_root = Path(out_root)
+    taken = {p.name for p in out_root.iterdir()} if out_root.is_dir() else set()
+
+    def used(candidate: str) -> bool:
+        prefix = f"{TMP_PREFIX}{candidate}-"
+        return candidate in taken or any(t.startswith(prefix) and t[len(prefix):].isdigit()
+                                         for t in taken)
+
+    n, candidate = 1, run_id
+    while used(candidate):
+        n += 1
+        candidate = f"{run_id}-{n}"
+    return candidate
 
 
 def _file_sha256(path: str, flag: str) -> str:

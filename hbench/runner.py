@@ -16,7 +16,7 @@ from adapters.client.http import Endpoint
 from adapters.registry import check_expressible, check_paging, make_engine
 from adapters.sim.profile import check_gpu_memory, hardware_for
 from harness.config import RunConfig
-from harness.results import new_run_id, write_run
+from harness.results import free_run_id, new_run_id, write_run
 from harness.run_setup import RunSetup, validate
 from harness.run_workload import build_run_workload, recorded_config
 
@@ -65,7 +65,8 @@ def execute(config: RunConfig, out_root: str | Path = "results", *, workload=Non
     run = engine.run(workload, setup, progress)
     wl_hash = workload.content_hash
     return write_run(
-        Path(out_root), run_id=run_id or new_run_id(config, wl_hash), config=config, run=run,
+        Path(out_root), run_id=run_id or free_run_id(Path(out_root), new_run_id(config, wl_hash)),
+        config=config, run=run,
         workload_hash=wl_hash, workload_meta=dict(workload.meta),
         budget=budget_manifest(setup.budget),
         engine_name=engine.name, engine_version=engine.version(),

@@ -141,3 +141,23 @@ def test_run_serves_a_saved_workload(tmp_path):
     assert data["summary"]["finished"] == 10
     missing = CliRunner().invoke(cli, ["run", "--out", str(out), "--workload", str(tmp_path / "nope")])
     assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_the_same_run_twice_in_one_second_gets_a_second_folder(tmp_path, monkeypatch):
+    """Run ids are second-resolution: repeating the identical run within a
+    second must not throw the finished run away with 'already exists'."""
+    import hbench.runner
+    from harness.results import free_run_id, is_done
+
+    monkeypatch.setattr(hbench.runner, "new_run_id", lambda config, wl_hash: "20260101T000000Z-same")
+    args = ["run", "--org", "s2", "--budget", "b83", "--requests", "20", "--seed", "1",
+            "--out", str(tmp_path)]
+    for _ in range(2):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["20260101T000000Z-same",
+                                                          "20260101T000000Z-same-2"]
+    assert all(is_done(p) for p in tmp_path.iterdir())
+    (tmp_path / ".tmp-20260101T000000Z-same-3-4242").mkdir()    # a writer of -3 at work
+    assert free_run_id(tmp_path, "20260101T000000Z-same") == "20260101T000000Z-same-4"
+    assert free_run_id(tmp_path, "other") == "other"
