@@ -103,6 +103,16 @@ def extract(samples: list[Sample], engine: str) -> dict:
     return row
 
 
+def read_metrics(endpoint: Endpoint, timeout_s: float = 5.0) -> list[Sample] | None:
+    """One scrape of ``/metrics``: its samples, or None when the server cannot
+    be reached or does not answer 200 (a server without the endpoint)."""
+    try:
+        status, body = http_get(endpoint, "/metrics", timeout_s=timeout_s)
+    except OSError:
+        return None
+    return parse_prometheus(body.decode(errors="replace")) if status == 200 else None
+
+
 def info_labels(samples: list[Sample], engine: str) -> dict:
     """Labels of the engine's config-info metric (block_size, num_gpu_blocks, ...)."""
     name = INFO_METRICS.get(engine)
@@ -308,6 +318,14 @@ def plugin_report(log_text: str) -> dict:
     return out
 
 
+def checkpoint_invalidations(counters: dict, prefix: str = "") -> int:
+    """S1/S2 checkpoints the plugin invalidated: a carrier's page or a member
+    page handed out again, each losing its whole checkpoint (``prefix``
+    ``plugin_`` reads the step-row columns)."""
+    return (counters.get(f"{prefix}invalidations_member", 0)
+            + counters.get(f"{prefix}invalidations_carrier", 0))
+
+
 def plugin_state(rows: list[dict], resolved: dict | None, final: dict | None,
                  pool_layers: int | None) -> tuple[dict, dict]:
     """What hbench's vLLM plugin's counters say in hbench's common terms.
@@ -329,14 +347,12 @@ def plugin_state(rows: list[dict], resolved: dict | None, final: dict | None,
     slots = resolved.get("slab_slots") or 0
     for row in rows:
         if "plugin_invalidations_member" in row or "plugin_invalidations_carrier" in row:
-            row["invalidations_checkpoint"] = (row.get("plugin_invalidations_member", 0)
-                                               + row.get("plugin_invalidations_carrier", 0))
+            row["invalidations_checkpoint"] = checkpoint_invalidations(row, "plugin_")
         if slots and row.get("plugin_slab_pages"):
             row["slab_occupancy"] = row.get("plugin_slab_slots_used", 0) / (
                 row["plugin_slab_pages"] * slots)
     if final and final.get("org") in ("s1", "s2"):
-        counters["invalidations_checkpoint"] = (final.get("invalidations_member", 0)
-                                                + final.get("invalidations_carrier", 0))
+        counters["invalidations_checkpoint"] = checkpoint_invalidations(final)
         for key in ("member_pages_peak", "slab_pages_peak"):   # pages beyond the carrier
             if key in final:
                 counters[key] = final[key]

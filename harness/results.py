@@ -297,17 +297,6 @@ def served_nothing(run_dir: Path) -> bool:
     return summary.get("requests", 0) > 0 and summary.get("finished", 0) == 0
 
 
-def org_expression(manifest: dict) -> str | None:
-    """What the organization was inside a real engine, as the engine said
-    (``engine_info.requested.org_expression``, e.g. vLLM's S1/S2: the study's
-    allocator policy at vLLM's page size); None for the simulator and the
-    torch engine, whose organizations are the study's."""
-    info = manifest.get("engine_info")
-    requested = info.get("requested") if isinstance(info, dict) else None
-    value = requested.get("org_expression") if isinstance(requested, dict) else None
-    return value if isinstance(value, str) else None
-
-
 def is_done(run_dir: Path) -> bool:
     """What a sweep skips on resume: a complete run (`is_complete`) that served something."""
     return is_complete(run_dir) and not served_nothing(run_dir)
@@ -622,6 +611,17 @@ def list_runs(root: Path) -> list[Path]:
     if not root.is_dir():
         raise HbenchError(f"no results directory at {root}")
     return sorted(p for p in _run_dirs(root) if is_complete(p))
+
+
+def org_expression(manifest: dict) -> str | None:
+    """What the organization was inside a real engine, as the engine said
+    (``engine_info.requested.org_expression``, e.g. vLLM's S1/S2: the study's
+    allocator policy at vLLM's page size); None for the simulator and the
+    torch engine, whose organizations are the study's."""
+    info = manifest.get("engine_info")
+    requested = info.get("requested") if isinstance(info, dict) else None
+    value = requested.get("org_expression") if isinstance(requested, dict) else None
+    return value if isinstance(value, str) else None
 
 
 # ------------------------------------------------------------ checked metadata

@@ -161,8 +161,9 @@ class ServedRun:
 
     @property
     def invalidations(self) -> int:
-        c = self.counters or {}
-        return c.get("invalidations_member", 0) + c.get("invalidations_carrier", 0)
+        from adapters.metrics_scrape import checkpoint_invalidations
+
+        return checkpoint_invalidations(self.counters or {})
 
     def describe(self) -> str:
         line = f"{self.label}: {self.preemptions} preemptions"
@@ -250,8 +251,8 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
                     server_cmd: str | None = None) -> ServedRun:
     """Launch vLLM for ``org`` at ``blocks`` blocks, serve the designed
     traffic (and the hit-vs-recompute prompts), read its counters, stop it."""
-    from adapters.client.http import Endpoint, http_get, served_models
-    from adapters.metrics_scrape import extract, parse_prometheus, plugin_report
+    from adapters.client.http import Endpoint, served_models
+    from adapters.metrics_scrape import extract, plugin_report, read_metrics
     from adapters.server_process import ServerProcess, free_port
     from adapters.vllm_plugin.plan import ENV_D0_ALIAS
 
@@ -270,10 +271,10 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
         outputs += concurrent_greedy(ep, model_id, prompts[::2], design.output_tokens)
         checks = (verify_endpoint(ep, model_id, design.hit_prompts(), design.hit_output_len)
                   if hit_check else [])
-        status, body = http_get(ep, "/metrics")
-        if status != 200:
-            raise HbenchError(f"{ep.url}/metrics answered {status}")
-        preemptions = extract(parse_prometheus(body.decode()), "vllm").get("preemptions", 0)
+        samples = read_metrics(ep)
+        if samples is None:
+            raise HbenchError(f"{ep.url}/metrics could not be read")
+        preemptions = extract(samples, "vllm").get("preemptions", 0)
         report = plugin_report(server.log_text())
     return ServedRun(org, blocks, alias_ids, tuple(outputs), int(preemptions),
                      report["resolved"], report["counters"], tuple(checks), str(log))

@@ -26,9 +26,9 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from adapters.client.http import Endpoint, Timeouts, http_get, model_entries
+from adapters.client.http import Endpoint, Timeouts, model_entries
 from adapters.client.stream import completion_body, stream_completion
-from adapters.metrics_scrape import Sample, extract, info_labels, parse_prometheus
+from adapters.metrics_scrape import extract, info_labels, read_metrics
 from common.errors import HbenchError
 
 #: Token ids a probe prompt is drawn from: clear of the low ids tokenizers
@@ -137,7 +137,7 @@ class ProbeClient:
 
 def prefix_hits(endpoint: Endpoint) -> float | None:
     """The server's prefix-cache hit counter (tokens) now, or None."""
-    samples = _metrics(endpoint)
+    samples = read_metrics(endpoint)
     return None if samples is None else extract(samples, "vllm").get("prefix_hits")
 
 
@@ -154,16 +154,10 @@ def server_facts(endpoint: Endpoint, wanted_model: str | None) -> ServerFacts:
                           "pass --model with one of them")
     model = wanted_model or next(iter(models))
     max_len = models[model].get("max_model_len")
-    samples = _metrics(endpoint)
+    samples = read_metrics(endpoint)
     has = samples is not None and "prefix_hits" in extract(samples, "vllm")
     return ServerFacts(model=model, max_model_len=int(max_len) if isinstance(max_len, int) else None,
                        has_metrics=has,
                        cache_config=info_labels(samples, "vllm") if samples else {})
 
 
-def _metrics(endpoint: Endpoint) -> list[Sample] | None:
-    try:
-        status, body = http_get(endpoint, "/metrics", timeout_s=5.0)
-    except OSError:
-        return None
-    return parse_prometheus(body.decode(errors="replace")) if status == 200 else None
