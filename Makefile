@@ -40,6 +40,8 @@ bench: install
 	$(BIN)/python -m benchmarks.bench_process
 	$(BIN)/python -m benchmarks.bench_cost
 	$(BIN)/python -m benchmarks.bench_client
+	@if [ -n "$$HBENCH_VLLM_PYTHON" ]; then $(BIN)/python -m benchmarks.bench_client_vllm; \
+	else echo "bench_client_vllm skipped: set HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh)"; fi
 	$(BIN)/python -m benchmarks.bench_torch_model
 	$(BIN)/python -m benchmarks.bench_torch_engine
 
