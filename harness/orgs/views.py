@@ -1,7 +1,8 @@
 """Read-only views of an organization: placement, capacity, usage, invariants.
 
 A real engine keeps every pool of `capacity()` as one preallocated tensor of
-pages; these queries let it map attention blocks, live recurrent states and
+pages (u0's and e0's pools as one region, `region()`, split while serving);
+these queries let it map attention blocks, live recurrent states and
 cached checkpoints to (pool, page, byte range) and learn the state copies
 that `allocate` and `commit` ask of it (see `harness.orgs.protocol` for the
 picture). `usage`, `step_memory` and `check_invariants` delegate to
