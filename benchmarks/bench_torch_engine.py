@@ -40,7 +40,7 @@ from adapters.torch.paging import (
     lay_over_pages,
     scatter_state,
 )
-from harness.orgs import FIXED_POOL_ORGS
+from harness.config import ORG_NAMES
 
 #: The tiny working point (`docs/engines.md`): ~1000-token prompts over four
 #: shared contexts, 32 output tokens, open-loop Poisson arrivals.
@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--budget", default="b8")
     ap.add_argument("--mean-input", type=int, default=WORKING_POINT["mean_input"])
-    ap.add_argument("--orgs", default=",".join(FIXED_POOL_ORGS))   # what the torch engine serves
+    ap.add_argument("--orgs", default=",".join(ORG_NAMES))   # what the torch engine serves: all
     a = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

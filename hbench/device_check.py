@@ -31,9 +31,9 @@ import json
 import time
 from pathlib import Path
 
-from harness.orgs import FIXED_POOL_ORGS
+from harness.config import ORG_NAMES
 
-ORGS = FIXED_POOL_ORGS   # the organizations checked: every one the torch engine builds
+ORGS = ORG_NAMES   # the organizations checked: every one the torch engine builds
 #: Serving runs: a short workload at the study's budget (full size) or at the
 #: tiny working point (small). Same shape: 8 requests, shared prefixes.
 FULL_RUN = dict(budget="b83", requests=8, rate=4.0, mean_input=1500, max_output=16,

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from adapters.registry import check_expressible
-from common.errors import HbenchError
 from harness.model_configs import preset
-from harness.orgs import FIXED_POOL_ORGS, build_organization, layout_for
+from harness.orgs import ORGANIZATIONS, build_organization, layout_for
 from harness.orgs.keys import chain_keys
 
 GEOM = preset("falcon-h1-7b")
@@ -152,14 +151,33 @@ def test_headroom_is_counted_in_bytes_of_the_region(org):
     assert not o.can_allocate(demand, min(0.99, just * 1.01 + 1e-9))
 
 
-def test_the_torch_engine_refuses_u0_and_e0():
+def test_the_region_is_what_an_engine_preallocates():
+    """u0 and e0 name their region (bytes, page ids per pool) and which ids are
+    outside each pool now; the fixed organizations have no region."""
+    u0 = build_organization(layout_for("u0", GEOM), (545,))
+    r = u0.region()
+    assert r.region_bytes == 545 * A
+    assert [(p.name, p.pages, p.page_bytes) for p in r.pools] == \
+        [("attention", 545, A), ("checkpoint", 545 * A // C, C)]
+    assert u0.outside_pages(0) == frozenset(range(545))       # both sides start empty
+    assert u0.allocate(0, 1000, 1000)
+    assert u0.outside_pages(0) == frozenset(range(63, 545))
+    assert u0.outside_pages(1) == frozenset(range(1, 545 * A // C))
+    e0 = build_organization(layout_for("e0", GEOM), (400, 2))
+    assert e0.region().region_bytes == 400 * A + 2 * C
+    assert e0.outside_pages(1) == frozenset(range(2, (400 * A + 2 * C) // C))
+    for name in ORGANIZATIONS:
+        if name not in ("u0", "e0"):
+            org = build_organization(layout_for(name, GEOM), (100, 10) if name == "d0" else (100,))
+            assert org.region() is None and org.outside_pages(0) == frozenset()
+
+
+def test_the_torch_engine_serves_every_organization():
     from adapters.torch.engine import TorchEngine
 
-    assert set(TorchEngine.supported_orgs) == set(FIXED_POOL_ORGS) == {"s0", "s1", "s2", "d0"}
+    assert set(TorchEngine.supported_orgs) == set(ORGANIZATIONS)
     for org in ("u0", "e0"):
-        with pytest.raises(HbenchError, match=f"{org} is not expressible on torch; "
-                                              "engines that can run it: sim"):
-            check_expressible("torch", TorchEngine.supported_orgs, org)
+        check_expressible("torch", TorchEngine.supported_orgs, org)
 
 
 def test_e0_never_gives_up_the_pages_an_allocation_adopts():

@@ -26,7 +26,7 @@ def run_torch(out, model_dir, *args):
                                     "--out", str(out), "--json", *WORKLOAD, *args])
 
 
-@pytest.mark.parametrize("org", ["s0", "s1", "s2", "d0"])
+@pytest.mark.parametrize("org", ["s0", "s1", "s2", "d0", "u0", "e0"])
 def test_every_organization_writes_a_complete_results_directory(tmp_path, model_dir, org):
     res = run_torch(tmp_path, model_dir, "--org", org, "--budget", "b12")
     assert res.exit_code == 0, res.output

@@ -66,6 +66,20 @@ def test_continuation_equals_recomputation_with_the_kernels(model_dir, org, page
     assert all(len(c.tokens) == 3 for c in rep.checks)
 
 
+@pytest.mark.parametrize("org", ["u0", "e0"])
+def test_the_kernels_address_a_region_s_pages(model_dir, org, paged_calls):
+    """U0 and e0 at b5 with 2,000-token prompts (past their 1,792-token grid):
+    the state kernels read live states at the checkpoint end of the region's
+    buffer; e0 moves capacity and the engine relocates pages under them."""
+    config = dataclasses.replace(verify_config(org, str(model_dir), budget="b5"), requests=3,
+                                 max_output=3, mean_input=2000, contexts=1)
+    rep = verify_continuation(config, kernels=True)
+    assert rep.all_identical, [c.describe() for c in rep.checks]
+    assert rep.stats["adopted_requests"] > 0 and paged_calls
+    if org == "e0":
+        assert rep.stats["capacity_moves"] > 0 and rep.stats["region_relocations"] > 0
+
+
 def test_cpu_keeps_the_torch_path_by_default(model_dir, paged_calls):
     config = tiny_config("s2", model_dir)
     engine = TorchEngine()

@@ -83,3 +83,15 @@ def test_without_poison_a_skipped_copy_goes_unnoticed_by_the_engine(model_dir, m
     monkeypatch.setattr(Organization, "copies", lambda self: ())
     engine, run = serve(model_dir, poison=False)
     assert all(r.status == "finished" for r in run.requests)
+
+
+def test_a_region_page_left_behind_by_a_move_is_caught(model_dir, monkeypatch):
+    """E0 at its verify point moves capacity, and the engine relocates pages with
+    content inside the region's buffer. An engine that forgets the copy leaves
+    the page's new slot as the retired page left it, poisoned: NaN logits."""
+    from adapters.torch import region
+    from adapters.torch.continuation import verify_config, verify_continuation
+
+    monkeypatch.setattr(region.RegionSlots, "_copy", lambda self, pool, src, dst: None)
+    with pytest.raises(HbenchError, match="non-finite logits"):
+        verify_continuation(verify_config("e0", str(model_dir)))

@@ -34,6 +34,36 @@ def test_continuation_equals_recomputation(model_dir, org):
     assert n >= 8 and "DIVERGES" not in res.output
 
 
+@pytest.mark.parametrize("org", ["u0", "e0"])
+def test_continuation_equals_recomputation_while_the_region_is_split_anew(model_dir, org):
+    """U0 and e0 at their verify points: requests adopt checkpoints and one is
+    preempted and resumed, each pool of the region grows and gives pages back;
+    e0 also moves capacity and the engine relocates pages in the region's
+    buffer (u0 never relocates); every request equals its cold run."""
+    res = CliRunner().invoke(cli, ["verify", "--engine", "torch", "--org", org,
+                                   "--model", str(model_dir)])
+    assert res.exit_code == 0, res.output
+    lines = res.output.strip().splitlines()
+    summary = next(line for line in lines if line.startswith(f"{org}: ") and "adopted" in line)
+    assert int(summary.split(": ")[1].split()[0]) > 0, summary
+    assert "pages poisoned" in summary and " 0 pages poisoned" not in summary
+    region = next(line for line in lines if line.startswith(f"{org}: region: "))
+    grown = [int(x.split(" pages")[0]) for x in region.split("grew ")[1:]]
+    back = [int(x.split(",")[0]) for x in region.split("gave back ")[1:]]
+    assert len(grown) == len(back) == 2 and min(grown) > 0 and min(back) > 0, region
+    relocated = int(region.split(", ")[-2].split()[0])
+    moves = int(region.split(", ")[-1].split()[0])
+    preemptions = int(summary.split("copies), ")[1].split()[0])
+    assert preemptions > 0, summary
+    if org == "u0":
+        assert relocated == 0 and moves == 0, region
+    else:
+        assert moves > 0 and relocated > 0, region
+    n = len([line for line in lines if line.startswith("request ")])
+    assert lines[-1] == f"{n}/{n} requests identical to a cold run"
+    assert n >= 8 and "DIVERGES" not in res.output
+
+
 def test_a_perturbed_model_is_caught(model_dir):
     """The comparison can fail: a cold run of another model's weights differs."""
     from adapters.torch.model import FalconH1

@@ -69,12 +69,17 @@ class ContinuationReport:
 #: checkpoints and preempts at least once (found with the simulator, which
 #: schedules identically when every request arrives at once: S0 adopts in 4
 #: requests and preempts twice, S1 4 and once, S2 6 and once, D0 3 and once).
-#: D0 checkpoints every 1792 tokens, so its prompts are longer.
+#: D0 checkpoints every 1792 tokens, so its prompts are longer. U0 and e0 share
+#: that grid: u0 adopts in 3 requests and preempts once at D0's point; e0's
+#: capacity moves spare it that preemption, so its 10 requests emit up to 400
+#: tokens each (3 adopt, one preemption, 4 capacity moves).
 VERIFY_POINTS = {
     "s0": ("b8", 1024, 32, 2, 1200, 10),
     "s1": ("b8", 1024, 32, 2, 1200, 10),
     "s2": ("b8", 1024, 32, 2, 1200, 10),
     "d0": ("b12", 8192, 48, 3, 2600, 8),
+    "u0": ("b12", 8192, 48, 3, 2600, 8),
+    "e0": ("b12", 8192, 400, 3, 2600, 10),
 }
 
 

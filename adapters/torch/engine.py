@@ -7,6 +7,7 @@ real tensors and the loop's clock is the wall clock
 (`harness.engine.clock.WallClock`)::
 
     pools = Pools(org.capacity())            # one preallocated tensor per pool
+                                             # (u0, e0: one buffer, `org.region()`)
     loop (wall clock, open loop):
         hand over every request that has arrived
         batch = sched.schedule()             # org calls -> adopt copies, poison
@@ -32,6 +33,13 @@ twice the bf16 bytes the organization accounts). The manifest's
 ``engine_info`` adds the pools' allocated bytes and the process's own peak
 (``ru_maxrss`` on CPU, ``torch.cuda.max_memory_allocated`` on a GPU).
 
+Every organization is served, from the budget's bytes. U0 and e0, which
+split one region between their pools while serving, get one buffer of the
+region's bytes whose two ends hold the two pools' pages
+(`adapters.torch.region`); ``engine_info`` then adds what the region did
+(pages each pool grew into and gave back, pages relocated), and the run's
+counters carry the organization's own (refusals; e0's capacity moves).
+
 State kernels. On a GPU, decode reads and updates every request's SSM and
 conv state where its organization keeps it, through page tables, with the
 Triton kernels of `adapters.torch.kernels` (prefill still gathers a state
@@ -56,13 +64,14 @@ from pathlib import Path
 
 from common.errors import HbenchError
 from harness import __version__
+from harness.config import ORG_NAMES
 from harness.engine.clock import WallClock
 from harness.engine.fits import check_fits
 from harness.engine.info import engine_info
 from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.engine.shape import StepShape
-from harness.orgs import FIXED_POOL_ORGS, CheckpointPolicy, build_organization
+from harness.orgs import CheckpointPolicy, build_organization
 from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
 
@@ -140,10 +149,9 @@ def check_geometry(model, geom) -> None:
 
 class TorchEngine:
     name = "torch"
-    # it builds every registered organization whose pools keep their sizes: its
-    # pools are tensors preallocated from `capacity()`; u0 and e0 split one
-    # region while serving, which these tensors cannot follow
-    supported_orgs = FIXED_POOL_ORGS
+    # every registered organization: fixed pools as one tensor each, a region
+    # (u0, e0) as one buffer whose two ends follow the split (`adapters.torch.region`)
+    supported_orgs = ORG_NAMES
 
     def __init__(self, keep_logits: bool = False, model=None, record_shapes: bool = False,
                  kernels: bool | None = None):
@@ -192,11 +200,12 @@ class TorchEngine:
         org = build_organization(setup.layout, tuple(p.pages for p in budget.pools),
                                  CheckpointPolicy.from_config(config, geom))
         check_fits(org, workload, config, budget.label)
-        pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device)
+        pools = Pools(org.capacity(), model.shapes, geom.dtype_bytes, dtype, device,
+                      region=org.region(), org=org)
         kernels = use_kernels(device, self.kernels)
         tensors = Executor(model, pools, org, keep_logits=self.keep_logits, kernels=kernels)
         poisoner = Poisoner(org, pools) if config.poison else None
-        tracked = TrackedOrg(org, tensors.on_admit, tensors.on_commit, poisoner)
+        tracked = TrackedOrg(org, tensors.on_admit, tensors.on_commit, poisoner, pools)
         sched = Scheduler(tracked, SchedulerPolicy.from_config(config))
         recorder = StepRecorder(org, geom.pool_layers)
         if device.startswith("cuda"):
@@ -223,6 +232,10 @@ class TorchEngine:
             "adopted_requests": sum(1 for r in records if r.j_adopt > 0),
             "steps": len(rows),
         }
+        if pools.slots is not None:     # u0, e0: what the region did, in pages and moves
+            self.stats.update(pools.slots.counters())
+            self.stats.update({k: v for k, v in org.region_counters(1).items()
+                               if not k.endswith("_bytes")})
         info = engine_info(self.name, setup, org)
         info.update({
             "device": device, "dtype": str(dtype).removeprefix("torch."),
@@ -232,6 +245,9 @@ class TorchEngine:
             **self.stats,
         })
         counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
+        for key in org.region_counters(1):          # u0, e0: bytes in the engine's elements
+            if key.endswith("_bytes"):
+                counters[key] = int(counters[key] * scale)
         counters["rounding_waste_bytes"] = {
             "budget": int(counters["rounding_waste_bytes"]["budget"] * scale),
             "pages": max((sum(r[f"waste_{k}_bytes"] for k in ("attention", "ssm", "conv"))

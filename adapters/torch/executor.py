@@ -87,7 +87,7 @@ class Executor:
                             device=self.device)
 
     def _table(self, rid) -> list[int]:
-        return [ref.page for ref in self.org.block_table(rid)]
+        return self.pools.rows(0, [ref.page for ref in self.org.block_table(rid)])
 
     # ---- copies the organization asks for ---------------------------------------------
     def on_admit(self, rid, copies) -> None:

@@ -4,7 +4,11 @@
 one tensor ``[pages, layers, page_elems]`` on the engine's device. Nothing is
 allocated per request afterwards: attention K/V, live recurrent states and
 published checkpoints all live in these pages, where the organization placed
-them.
+them. An organization that splits one region between its pools while
+serving (u0, e0: `region()` is not None) gets one buffer of the region's
+bytes instead, its two pools the two ends of it (`adapters.torch.region`);
+a page id then maps to the row its pool's end holds it in (`rows`), and
+`sync` follows the organization's moves.
 
 Bytes to elements. hbench's geometry counts state bytes in the model's
 storage dtype (bf16, 2 bytes), and an organization's page is ``page_bytes``
@@ -44,7 +48,8 @@ from adapters.torch.paging import (
     lay_over_pages,
     scatter_state,
 )
-from harness.orgs.values import Capacity, ConvInline, ConvPages, ConvSlot
+from adapters.torch.region import RegionSlots, region_views
+from harness.orgs.values import Capacity, ConvInline, ConvPages, ConvSlot, RegionCapacity
 from harness.orgs.values import StatePlacement as OrgPlacement
 
 
@@ -52,19 +57,37 @@ class Pools:
     """Every pool of one organization, preallocated (see the module docstring)."""
 
     def __init__(self, capacity: Capacity, shapes: StateShapes, geometry_dtype_bytes: int,
-                 dtype: torch.dtype, device: str | torch.device):
+                 dtype: torch.dtype, device: str | torch.device,
+                 region: RegionCapacity | None = None, org=None):
         self.capacity = capacity
         self.shapes = shapes
         self.unit = geometry_dtype_bytes
         self.dtype = dtype
         self.device = torch.device(device)
-        self.tensors: list[torch.Tensor] = []
-        for p in capacity.pools:
+        for p in (region or capacity).pools:
             if p.page_bytes % self.unit:
                 raise ValueError(f"pool {p.name}: {p.page_bytes}-byte pages are not whole "
                                  f"{self.unit}-byte elements")
-            self.tensors.append(torch.zeros(p.pages, shapes.n_layers, p.page_bytes // self.unit,
-                                            dtype=dtype, device=self.device))
+        #: what was allocated: one tensor per pool, or the region's one buffer
+        self.storage: list[torch.Tensor] = []
+        self.tensors: list[torch.Tensor] = []
+        #: where the pages of a region organization (``org``) lie; None: page id = row
+        self.slots: RegionSlots | None = None
+        if region is None:
+            for p in capacity.pools:
+                self.tensors.append(torch.zeros(p.pages, shapes.n_layers,
+                                                p.page_bytes // self.unit, dtype=dtype,
+                                                device=self.device))
+            self.storage = list(self.tensors)
+        else:
+            if region.region_bytes % self.unit:
+                raise ValueError(f"a region of {region.region_bytes} B is not whole "
+                                 f"{self.unit}-byte elements")
+            buffer = torch.zeros(region.region_bytes // self.unit * shapes.n_layers,
+                                 dtype=dtype, device=self.device)
+            self.storage = [buffer]
+            self.tensors = region_views(buffer, region, shapes.n_layers, self.unit)
+            self.slots = RegionSlots(org, self.tensors, region)
         self.attn_pool = 0
         self.state_pool = len(self.tensors) - 1
         self.kv = kv_view(self.tensors[0], shapes, capacity.attn_block_tokens)
@@ -72,17 +95,50 @@ class Pools:
     # ---- sizes -------------------------------------------------------------------
     @property
     def physical_bytes(self) -> int:
-        """Bytes the pool tensors really hold (all pools, all layers)."""
-        return sum(t.numel() * t.element_size() for t in self.tensors)
+        """Bytes really allocated for the pools (all pools, all layers)."""
+        return sum(t.numel() * t.element_size() for t in self.storage)
 
     @property
     def byte_scale(self) -> float:
         """Physical bytes per byte the organization accounts (2.0 for float32 pools)."""
         return torch.tensor([], dtype=self.dtype).element_size() / self.unit
 
+    # ---- page ids to rows ----------------------------------------------------------
+    def sync(self) -> None:
+        """Follow a region organization's pool changes (`RegionSlots.sync`)."""
+        if self.slots is not None:
+            self.slots.sync()
+
+    def rows(self, pool: int, pages) -> list[int]:
+        """The rows of ``tensors[pool]`` holding ``pages`` (page ids in the pool)."""
+        if self.slots is None:
+            return list(pages)
+        rows = [self.slots.row(pool, p) for p in pages]
+        if None in rows:
+            raise ValueError(f"pool {pool}: pages {[p for p, r in zip(pages, rows, strict=True) if r is None]} "
+                             "are not in the pool now")
+        return rows
+
+    def _rows_of(self, p: OrgPlacement) -> OrgPlacement:
+        """``p`` with every page id replaced by its row (identity for fixed pools)."""
+        if self.slots is None:
+            return p
+        row = self.rows
+        conv = p.conv
+        if isinstance(conv, ConvInline):
+            conv = ConvInline(row(p.pool, [conv.page])[0], conv.offset)
+        elif isinstance(conv, ConvPages):
+            conv = ConvPages(tuple(row(p.pool, conv.pages)), conv.nbytes)
+        elif isinstance(conv, ConvSlot):
+            conv = ConvSlot(row(p.pool, [conv.slab])[0], conv.slot, conv.slot_bytes)
+        pages = row(p.pool, [page for page, _ in p.ssm])
+        return OrgPlacement(p.pool, tuple((r, n) for r, (_, n) in zip(pages, p.ssm, strict=True)),
+                            conv)
+
     # ---- placements ----------------------------------------------------------------
     def placement(self, p: OrgPlacement) -> StatePlacement:
         """The element extents of an organization's byte placement."""
+        p = self._rows_of(p)
         u, sh = self.unit, self.shapes
         elems = self.tensors[p.pool].shape[-1]
         ssm = lay_over_pages([page for page, _ in p.ssm], sh.ssm_elems, elems)
@@ -118,6 +174,7 @@ class Pools:
             raise ValueError(f"a decode batch's states lie in one pool, not {sorted(pools)}")
         pool = pools.pop()
         sh = self.shapes
+        placements = [None if p is None else self._rows_of(p) for p in placements]
         return self.tensors[pool], build_tables(
             placements, self.capacity.pools[pool].page_bytes, self.unit, sh.ssm_elems,
             sh.conv_elems, self.device)
@@ -127,8 +184,18 @@ class Pools:
         ssm, conv = self.gather(src)
         self.scatter(dst, ssm, conv)
 
-    def poison(self, pool: int, pages: list[int]) -> None:
-        """Fill whole pages with NaN: whoever reads them afterwards computes NaN."""
+    def poison(self, pool: int, pages: list[int]) -> int:
+        """Fill whole pages with NaN: whoever reads them afterwards computes NaN.
+        In a region, pages not in the pool now have no storage and are skipped;
+        how many pages were filled."""
+        if self.slots is not None:
+            pages = [r for r in (self.slots.row(pool, p) for p in pages) if r is not None]
         if pages:
             idx = torch.as_tensor(pages, device=self.device)
             self.tensors[pool][idx] = float("nan")
+        return len(pages)
+
+    def poison_all(self) -> None:
+        """Fill all the storage with NaN."""
+        for t in self.storage:
+            t.fill_(float("nan"))

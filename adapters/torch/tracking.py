@@ -2,8 +2,12 @@
 
 The scheduler talks to the organization exactly as it does in the simulator;
 `TrackedOrg` stands between them and forwards every call unchanged. After
-each action it does two things an engine holding real memory needs:
+each action it does what an engine holding real memory needs:
 
+0. For an organization that splits one region between its pools (u0, e0),
+   the pools' storage follows the pages that joined or left each pool
+   (`Pools.sync`, `adapters.torch.region`), before anything reads or
+   poisons a page.
 1. With a `Poisoner`, it fills with NaN every page that the action freed,
    whose last cached entry it invalidated, or that it handed out again
    (learnt from `page_lifecycle`: empty-set and generation changes). A page
@@ -31,14 +35,19 @@ class Poisoner:
         self.org = org
         self.pools = pools
         self.n_pools = len(pools.tensors)
-        self.poisoned = 0
         self.snap = [org.page_lifecycle(i) for i in range(self.n_pools)]
-        for i, t in enumerate(pools.tensors):
-            self._poison(i, list(range(t.shape[0])))
+        pools.poison_all()
+        self._poisoned = sum(t.shape[0] for t in pools.tensors)
+        if pools.slots is not None:     # a region's pages leaving a pool (`RegionSlots`)
+            pools.slots.poison = True
+
+    @property
+    def poisoned(self) -> int:
+        """Pages filled with NaN so far."""
+        return self._poisoned + (self.pools.slots.poisoned if self.pools.slots else 0)
 
     def _poison(self, pool: int, pages: list[int]) -> None:
-        self.pools.poison(pool, pages)
-        self.poisoned += len(pages)
+        self._poisoned += self.pools.poison(pool, pages)
 
     def sweep(self) -> None:
         """Poison what changed hands since the last sweep."""
@@ -66,16 +75,19 @@ class TrackedOrg:
     """
 
     def __init__(self, org, on_admit: CopyFn, on_commit: CopyFn,
-                 poisoner: Poisoner | None = None):
+                 poisoner: Poisoner | None = None, pools: Pools | None = None):
         self._org = org
         self._on_admit = on_admit
         self._on_commit = on_commit
         self._poisoner = poisoner
+        self._pools = pools     # its storage follows a region organization's pools
 
     def __getattr__(self, name):
         return getattr(self._org, name)
 
     def _moved(self) -> None:
+        if self._pools is not None:
+            self._pools.sync()
         if self._poisoner is not None:
             self._poisoner.sweep()
 
@@ -93,6 +105,20 @@ class TrackedOrg:
         self._moved()
         self._on_commit(rid, self._org.copies())
         return published
+
+    def allocate_all(self, requests) -> bool:
+        ok = self._org.allocate_all(requests)
+        self._moved()
+        return ok
+
+    def next_blocks(self, rids) -> bool:
+        ok = self._org.next_blocks(rids)
+        self._moved()
+        return ok
+
+    def end_step(self) -> None:
+        self._org.end_step()
+        self._moved()
 
     def retain(self, rid, position: int, keys) -> bool:
         return self._org.retain(rid, position, keys)

@@ -24,6 +24,7 @@ from harness.orgs.values import (
     PageRef,
     PoolInfo,
     PrefixHit,
+    RegionCapacity,
     StateCopy,
     StatePlacement,
     Usage,
@@ -31,9 +32,6 @@ from harness.orgs.values import (
 
 ORGANIZATIONS: dict[str, type[Organization]] = {"s0": S0, "s1": S1, "s2": S2, "d0": D0,
                                                  "u0": U0, "e0": E0}
-#: Organizations whose pools keep their sizes (an engine that preallocates
-#: tensors from `Organization.capacity` can serve exactly these).
-FIXED_POOL_ORGS = tuple(name for name, cls in ORGANIZATIONS.items() if cls.fixed_pools)
 
 
 def _organization(org: str) -> type[Organization]:
@@ -71,5 +69,5 @@ def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...],
     return cls(layout, tuple(pool_pages), policy)
 
 
-__all__ = ["DEFAULT_POLICY", "FIXED_POOL_ORGS", "ORGANIZATIONS", "Capacity", "CheckpointPolicy", "Demand", "Organization", "PageRef", "PoolInfo",
-           "PrefixHit", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]
+__all__ = ["DEFAULT_POLICY", "ORGANIZATIONS", "Capacity", "CheckpointPolicy", "Demand", "Organization", "PageRef", "PoolInfo",
+           "PrefixHit", "RegionCapacity", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]

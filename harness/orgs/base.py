@@ -49,10 +49,6 @@ class Organization(ReadOnlyViews):
     #: what a preemption pins under ``paging="vllm"`` (`OrgLayout.preempt_pin`):
     #: hbench's vLLM plugin serves the organization and pins its joint hit
     vllm_preempt_pin = "joint"
-    #: the pools keep their sizes for the organization's life, so an engine can
-    #: preallocate them from `capacity()` (False for u0 and e0, whose split of
-    #: one region changes while serving: `harness.orgs.region`)
-    fixed_pools = True
 
     @staticmethod
     def layout_for(geom) -> OrgLayout:

@@ -33,6 +33,13 @@ inside the single member page, after the SSM state (`ConvInline` with its
 byte offset). `checkpoint_at(keys, J)` places a cached checkpoint the same
 way, or answers None.
 
+U0 and e0 split one region between their two pools while serving
+(`harness.orgs.region`): `region()` gives the region's bytes and each pool's
+page ids, which stay fixed while the pages in each pool change
+(`outside_pages(pool)` names the ids not in it now). An engine preallocates
+the region once and places the pages in it (the torch engine:
+`adapters.torch.region`); `region()` is None for the other organizations.
+
 Copies. After `allocate` and after `commit`, `copies()` lists the state
 copies that call asks of the engine, in order: on admission with J_adopt > 0,
 the adopted checkpoint into the new live state (``"adopt"``); for each
@@ -53,6 +60,7 @@ from harness.orgs.values import (
     Demand,
     PageRef,
     PrefixHit,
+    RegionCapacity,
     StateCopy,
     StatePlacement,
     Usage,
@@ -87,6 +95,8 @@ class OrganizationProtocol(Protocol):
     def copies(self) -> tuple[StateCopy, ...]: ...
     def page_state(self, ref: PageRef) -> str: ...
     def capacity(self) -> Capacity: ...
+    def region(self) -> RegionCapacity | None: ...
+    def outside_pages(self, pool: int) -> frozenset[int]: ...
 
     def usage(self) -> Usage: ...
     def check_invariants(self) -> None: ...

@@ -45,7 +45,7 @@ from __future__ import annotations
 from harness.orgs.base import Organization
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.pool import PagePool
-from harness.orgs.values import Demand
+from harness.orgs.values import Demand, PoolInfo, RegionCapacity
 
 ATTN_POOL, CKPT_POOL = 0, 1
 
@@ -99,7 +99,6 @@ class RegionOrganization(Organization):
     `_apply`, `reach` and may give `_settle`."""
 
     region_bytes = 0
-    fixed_pools = False
 
     def __init__(self, layout, pool_pages, policy=DEFAULT_POLICY):
         super().__init__(layout, pool_pages, policy)
@@ -249,6 +248,10 @@ class RegionOrganization(Organization):
         self._settle()
 
     # ---- views -------------------------------------------------------------------
+    def region(self) -> RegionCapacity:
+        return RegionCapacity(self.region_bytes,
+                              tuple(PoolInfo(p.name, p.ids, p.page_bytes) for p in self.pools))
+
     def region_counters(self, layers: int) -> dict:
         """The refusal counters (module docstring); bytes whole model."""
         return {"alloc_refusals": self.refusals,

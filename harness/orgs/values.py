@@ -70,6 +70,21 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class RegionCapacity:
+    """One region of ``region_bytes`` per pool layer that an organization splits
+    between its two pools while serving (u0, e0: `harness.orgs.region`).
+
+    ``pools[i].pages`` is how many page ids pool ``i`` has: the whole region's
+    worth of its pages, of which the pool holds some now
+    (`Organization.outside_pages` names the others). An engine preallocates
+    the region once and places each pool's pages in it (the torch engine:
+    `adapters.torch.region`)."""
+
+    region_bytes: int
+    pools: tuple[PoolInfo, ...]
+
+
+@dataclass(frozen=True)
 class PageRef:
     """Page ``page`` of pool ``pool`` (an index into `Capacity.pools`)."""
 

@@ -1,7 +1,8 @@
 """Read-only views of an organization: placement, capacity, usage, invariants.
 
 A real engine keeps every pool of `capacity()` as one preallocated tensor of
-pages; these queries let it map attention blocks, live recurrent states and
+pages (u0's and e0's pools as one region, `region()`, split while serving);
+these queries let it map attention blocks, live recurrent states and
 cached checkpoints to (pool, page, byte range) and learn the state copies
 that `allocate` and `commit` ask of it (see `harness.orgs.protocol` for the
 picture). `usage`, `step_memory` and `check_invariants` delegate to
@@ -15,7 +16,15 @@ from __future__ import annotations
 from harness.orgs import audit
 from harness.orgs.entries import ATTN_ENTRY, CKPT_ENTRY
 from harness.orgs.keys import KEY_TOKENS, key_at
-from harness.orgs.values import Capacity, PageRef, PoolInfo, StateCopy, StatePlacement, Usage
+from harness.orgs.values import (
+    Capacity,
+    PageRef,
+    PoolInfo,
+    RegionCapacity,
+    StateCopy,
+    StatePlacement,
+    Usage,
+)
 
 
 class ReadOnlyViews:
@@ -60,9 +69,21 @@ class ReadOnlyViews:
         return tuple(p.generation), frozenset(p.empty)
 
     def capacity(self) -> Capacity:
-        """The pools to preallocate and the token grids (fixed for the org's life)."""
+        """The pools now and the token grids: the pools to preallocate when
+        `region` is None (their sizes are then fixed for the org's life)."""
         return Capacity(tuple(PoolInfo(p.name, p.num_pages, p.page_bytes) for p in self.pools),
                         self.attn_block_tokens, self.grid)
+
+    def region(self) -> RegionCapacity | None:
+        """The one region whose split between the pools changes while serving
+        (u0, e0: `harness.orgs.region`), what an engine preallocates instead of
+        `capacity`'s pools; None when the pools keep their sizes."""
+        return None
+
+    def outside_pages(self, pool: int) -> frozenset[int]:
+        """Page ids of pool ``pool`` that are not in it now (an elastic pool's,
+        `harness.orgs.region.ElasticPool`; none for a pool of fixed size)."""
+        return frozenset(self.pools[pool].outside)
 
     @property
     def invalidations(self) -> int:

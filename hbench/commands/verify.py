@@ -150,6 +150,12 @@ def verify_torch(org: str, model: str | None, budget: str | None, device: str, s
     click.echo(f"{org}: {st['adopted_requests']} requests adopted a checkpoint "
                f"({st['adopt_copies']} adopt copies, {st['publish_copies']} publish copies), "
                f"{st['preemptions']} preemptions, {st['poisoned_pages']} pages poisoned")
+    if "region_relocations" in st:
+        grown, back = st["region_pages_grown"], st["region_pages_given_back"]
+        click.echo(f"{org}: region: " + ", ".join(
+            f"{pool} pool grew {grown[pool]} pages and gave back {back[pool]}" for pool in grown)
+            + f", {st['region_relocations']} pages relocated, "
+            f"{st.get('capacity_moves', 0)} capacity moves")
     if not st["adopted_requests"]:
         raise HbenchError("no request adopted a cached checkpoint, so continuation was not "
                           "tested; use longer shared prompts or a larger budget")
