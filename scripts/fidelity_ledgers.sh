@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The fidelity ledgers docs/fidelity.md quotes: the torch engine (all four
-# organizations, tiny working point) and vLLM's CPU build (S0 stock, S1/S2/D0
-# through hbench's plugin, at a budget that binds), each calibrated first on
-# the same machine. Writes OUT/{torch-cpu,vllm-cpu}/{profile.json,
-# calibrate.txt, ledger.csv, fidelity.json, fidelity.png, runs/}.
+# organizations, tiny working point) and vLLM's CPU build at equal bytes (b10:
+# 8 blocks for every organization; S0 stock and D0 through hbench's plugin:
+# the plugin's S1/S2 cannot serve this workload in 8 blocks, docs/fidelity.md),
+# each calibrated first on the same machine. Writes OUT/{torch-cpu,vllm-cpu-b10}/
+# {profile.json, calibrate.txt, ledger.csv, fidelity.json, fidelity.png, runs/}.
 #
 #   OUT=results/fidelity bash scripts/fidelity_ledgers.sh            # both
 #   ENGINES=torch OUT=/tmp/fid bash scripts/fidelity_ledgers.sh      # one
@@ -26,11 +27,13 @@ for engine in $ENGINES; do
   if [ "$engine" = torch ]; then
     cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0-1 --requests 60 --rate 4)
   else
+    dir="$OUT/vllm-cpu-b10"
+    mkdir -p "$dir"
     # one 1664-token vLLM block per step; the simulator in vLLM's blocks
     # (--paging vllm, set by fidelity); shared contexts of ~2,900 tokens, so a
     # hit at the 1,664 edge exists; decode across the 3,328 edge with no free
     # block preempts
-    cells=(--org s0,s1,s2,d0 --budget b8 --seeds 0-1 --requests 16 --rate 50
+    cells=(--org s0,d0 --budget b10 --seeds 0-1 --requests 16 --rate 50
            --mean-input 3000 --max-output 400 --contexts 2 --max-model-len 4096 --cap 16)
   fi
   "${HB[@]}" calibrate --engine "$engine" --model "$MODEL" --samples "$dir/samples.csv" \
