@@ -212,7 +212,8 @@ class MetricsScraper:
     """
 
     def __init__(self, endpoint: Endpoint, engine: str, interval_s: float = 0.5,
-                 clock: Callable[[], float] = time.perf_counter, log_path=None):
+                 clock: Callable[[], float] = time.perf_counter, log_path=None,
+                 stall_s: float | None = None, on_stall: Callable[[str], None] | None = None):
         if engine not in METRIC_MAPS:
             raise ValueError(f"no metric map for engine {engine!r}")
         self.endpoint, self.engine, self.interval_s, self.clock = endpoint, engine, interval_s, clock
@@ -230,6 +231,11 @@ class MetricsScraper:
         # the first and the latest parsed scrape, for the server's histograms
         self._first_samples: list[Sample] | None = None
         self._last_samples: list[Sample] | None = None
+        # a server that runs nothing while requests wait, for stall_s seconds,
+        # will not admit them: on_stall(reason) is called once
+        self.stall_s, self.on_stall = stall_s, on_stall
+        self._stalled_since: float | None = None
+        self.stalled = False
 
     def scrape_once(self) -> dict | None:
         try:
@@ -254,7 +260,21 @@ class MetricsScraper:
         if self._nvml is not None:
             row["device_mem_bytes"] = float(self._nvml[0].nvmlDeviceGetMemoryInfo(self._nvml[1]).used)
         self.rows.append(row)
+        self._watch_stall(row)
         return row
+
+    def _watch_stall(self, row: dict) -> None:
+        if self.stall_s is None or self.on_stall is None or self.stalled:
+            return
+        if row.get("running") == 0 and row.get("waiting", 0) > 0:
+            if self._stalled_since is None:
+                self._stalled_since = row["time_s"]
+            elif row["time_s"] - self._stalled_since >= self.stall_s:
+                self.stalled = True
+                self.on_stall(f"the server ran no request for {row['time_s'] - self._stalled_since:.0f} s "
+                              f"while {row['waiting']:.0f} waited: it cannot admit them at this budget")
+        else:
+            self._stalled_since = None
 
     def start(self, t0: float) -> MetricsScraper:
         self._t0 = t0

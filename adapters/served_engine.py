@@ -17,13 +17,18 @@ import os
 import time
 from pathlib import Path
 
-from adapters.client.dispatch import run_open_loop
+from adapters.client.dispatch import Abort, run_open_loop
 from adapters.client.http import DEFAULT_TIMEOUTS, Endpoint, Timeouts, served_models, server_version
 from adapters.metrics_scrape import MetricsScraper
 from adapters.registry import check_expressible, check_paging
 from adapters.server_process import ServerProcess, free_port
 from common.errors import HbenchError
 from harness.records import EngineRun
+
+#: seconds a server may run no request while requests wait before the run is
+#: stopped: such a server cannot admit them (a budget too small for the
+#: organization), and waiting out each request's timeout would take far longer
+STALL_S = 120.0
 
 
 class ServedEngine:
@@ -41,8 +46,10 @@ class ServedEngine:
     extra_body: dict = {}  # engine-specific request fields
 
     def __init__(self, timeouts: Timeouts = DEFAULT_TIMEOUTS, ready_timeout_s: float = 900.0,
-                 scrape_interval_s: float = 0.5, log_dir: str | Path | None = None):
+                 scrape_interval_s: float = 0.5, log_dir: str | Path | None = None,
+                 stall_s: float = STALL_S):
         self.timeouts = timeouts
+        self.stall_s = stall_s
         self.ready_timeout_s = ready_timeout_s
         self.scrape_interval_s = scrape_interval_s
         self.log_dir = Path(log_dir) if log_dir else None
@@ -121,13 +128,16 @@ class ServedEngine:
         model = pick_model(models, config.model, endpoint)
         if config.isolate:
             workload = salted(workload, config.seed)
+        abort = Abort()
         scraper = MetricsScraper(endpoint, self.metrics, self.scrape_interval_s,
-                                 log_path=self.server.log_path if self.server else None)
+                                 log_path=self.server.log_path if self.server else None,
+                                 stall_s=self.stall_s, on_stall=abort.trip)
         t0 = time.perf_counter()
         scraper.start(t0)
         try:
             result = run_open_loop(endpoint, model, workload, timeouts=self.timeouts,
-                                   extra_body=self.extra_body, progress=progress, t0=t0)
+                                   extra_body=self.extra_body, progress=progress, t0=t0,
+                                   abort=abort)
         finally:
             scraper.stop()
         log_text = self.server.log_text() if self.server else ""
@@ -144,6 +154,7 @@ class ServedEngine:
             "resolved": self.resolved_info(scraper.info, log_text),
             "metrics_scrapes": len(scraper.rows),
             "metrics_scrape_failures": scraper.failures,
+            "stopped": abort.reason,   # why the run was stopped early, or None
         }
         counters = {}
         for column in ("prefix_queries", "prefix_hits", "preemptions", "prompt_tokens_cached",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -461,3 +462,41 @@ def test_a_budget_too_small_for_one_sequence_is_refused_before_launching(tmp_pat
     with pytest.raises(HbenchError, match=r"gives vLLM 3 blocks of 1664 tokens; one sequence of "
                                           r"--max-model-len 8192 needs at least 7"):
         eng.check_config(short)
+
+
+def stalled_metrics() -> str:
+    return (
+        'vllm:num_requests_running{engine="0",model_name="/tmp/tiny"} 0.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="/tmp/tiny"} 2.0\n' + INFO)
+
+
+def test_a_server_that_runs_nothing_while_requests_wait_stops_the_run():
+    """A budget too small for the organization: the server queues every request
+    and runs none. The run stops once it has run nothing for `stall_s` seconds,
+    each request failed with the reason, instead of waiting out its timeout."""
+    wl = Workload(tuple(WorkloadRequest(i, 0.3 * i, f"p{i}", np.arange(3, dtype=np.int64), 4)
+                        for i in range(3)) + (
+        WorkloadRequest(3, 30.0, "late", np.arange(3, dtype=np.int64), 4),))
+    eng = VllmEngine(python=sys.executable, cpu=True, align=True, ssm_cache_dtype=True,
+                     scrape_interval_s=0.05, stall_s=1.0)
+    t = time.perf_counter()
+    with ScriptedServer(Script(first_delay_s=60.0), metrics_text=stalled_metrics()) as srv:
+        run = eng.run(wl, setup_for(s0(endpoint=srv.endpoint.url)))
+        sent = len(srv.bodies)
+    took = time.perf_counter() - t
+    assert took < 20, took                       # not the 60 s first byte, nor the late arrival
+    assert [r.status for r in run.requests] == ["failed"] * 4
+    assert all(r.error.startswith("stopped: the server ran no request for ") for r in run.requests)
+    assert "while 2 waited" in run.engine_info["stopped"]
+    assert sent == 3                             # the late request was never sent
+    assert run.requests[3].dispatch_s is None
+
+
+def test_a_server_that_runs_requests_is_never_stopped():
+    scrapes = iter([metrics(0.0, 0.0)] + [metrics(256.0, 900.0)] * 1000)
+    wl = Workload((WorkloadRequest(0, 0.0, "p", np.arange(3, dtype=np.int64), 4),))
+    eng = VllmEngine(python=sys.executable, cpu=True, align=True, ssm_cache_dtype=True,
+                     scrape_interval_s=0.05, stall_s=0.1)
+    with ScriptedServer(Script(first_delay_s=0.5), metrics_text=lambda: next(scrapes)) as srv:
+        run = eng.run(wl, setup_for(s0(endpoint=srv.endpoint.url)))
+    assert run.requests[0].status == "finished" and run.engine_info["stopped"] is None

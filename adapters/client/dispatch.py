@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import http.client
 import json
+import socket
 import sys
 import threading
 import time
@@ -53,6 +54,35 @@ from workloads.multiturn.session import SessionLoop
 SWITCH_INTERVAL_S = 1e-4
 PREPARE_LEAD_S = 0.05   # a request's thread starts and connects this long before its arrival
 SPIN_S = 0.001          # the dispatcher sleeps until this close to a send time, then spins
+SLEEP_SLICE_S = 0.25    # a long sleep wakes this often to see whether the run was stopped
+
+
+class Abort:
+    """A run stopped from outside: a watcher (the metrics scraper, when the
+    server admits nothing for a long time) calls `trip` with the reason; the
+    client then fails every request still in flight or not yet sent with that
+    reason instead of waiting out each one's timeout."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self._lock = threading.Lock()
+        self._hooks: list = []
+
+    def is_set(self) -> bool:
+        return self.reason is not None
+
+    def on_trip(self, hook) -> None:
+        with self._lock:
+            self._hooks.append(hook)
+
+    def trip(self, reason: str) -> None:
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+            hooks = list(self._hooks)
+        for hook in hooks:
+            hook()
 
 
 class ConnectionSlot:
@@ -73,6 +103,7 @@ class ConnectionSlot:
         self.connected = threading.Event()
         self.sent = threading.Event()
         self.send_error: Exception | None = None
+        self.sock = None   # the socket the request went out on (shut down by an abort)
 
     def connect_and_wait(self) -> None:
         """Reader side (the ``send`` step of `stream_exchange`): connect, wait for
@@ -91,11 +122,23 @@ class ConnectionSlot:
             self.send_error = OSError("not connected by the send time")
         elif self.conn.sock is not None:   # None: the connect failed, the reader reports it
             self.out.dispatch_s = clock() - t0
+            self.sock = self.conn.sock
             try:
                 post_json(self.conn, self.path, self.payload)
             except IO_ERRORS as exc:
                 self.send_error = exc
         self.sent.set()
+
+    def cancel(self, reason: str) -> None:
+        """Abort side: an unsent request is not sent; a sent one's stream ends."""
+        if not self.sent.is_set():
+            self.send_error = OSError(reason)
+            self.sent.set()
+        elif self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass   # already closed
 
 
 @dataclass
@@ -109,7 +152,7 @@ class OpenLoopResult:
 def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeouts = DEFAULT_TIMEOUTS,
                   extra_body: dict | None = None, progress: ProgressFn | None = None,
                   clock: Clock = time.perf_counter,
-                  t0: float | None = None) -> OpenLoopResult:
+                  t0: float | None = None, abort: Abort | None = None) -> OpenLoopResult:
     """Replay ``workload`` open-loop (later turns of its sessions closed-loop);
     one `RequestRecord` per request served, in request-id order.
 
@@ -121,6 +164,9 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     ``arrival - PREPARE_LEAD_S`` it starts the request's reader thread, which
     connects and waits; at ``arrival`` (slept to within ``SPIN_S``, then spun)
     it writes the request on that open socket itself.
+
+    ``abort``, once tripped, fails every request not yet finished with its
+    reason: unsent ones are not sent, open streams are shut down.
     """
     loop = SessionLoop(workload) if workload.sessions else None
     requests = list(workload.requests)   # grows: a session's next turn is appended when made
@@ -142,6 +188,8 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                                       clock)
         except Exception as exc:  # a client bug must fail one request, not lose it silently
             outcome = failed(slot.out, f"client error {type(exc).__name__}: {exc}", clock() - t0)
+        if abort is not None and abort.is_set() and not outcome.success:
+            outcome.error = f"stopped: {abort.reason} ({outcome.error})"
         nxt = None
         if loop is not None and outcome.success:
             nxt = loop.next_turn(requests[i], outcome.token_ids, outcome.finish_s, outcome.text)
@@ -161,6 +209,9 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     for i, r in enumerate(requests):
         plan(i, r)
     threads = []
+    made: list[ConnectionSlot] = []
+    if abort is not None:
+        abort.on_trip(lambda: [slot.cancel(abort.reason) for slot in list(made)])
     # Many reader threads share the GIL; a short switch interval lets the
     # dispatcher take it back within ~0.1 ms of its deadline instead of 5 ms.
     switch = sys.getswitchinterval()
@@ -179,8 +230,18 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                     cond.wait(left)   # woken early when a finished turn plans an earlier one
                     continue
                 heapq.heappop(timeline)
+            if abort is not None and abort.is_set():
+                if kind == 0:   # never prepared: failed here, not sent
+                    with cond:
+                        outcomes[i] = failed(StreamOutcome(), f"stopped: {abort.reason} "
+                                             "(not sent)", clock() - t0)
+                        completed[0] += 1
+                        unfinished[0] -= 1
+                else:
+                    slots.pop(i).cancel(abort.reason)
+                continue
             if kind == 0:
-                _sleep_until(t0 + at, clock)
+                _sleep_until(t0 + at, clock, abort)
                 r = requests[i]
                 # a request without text (a calibration cell) goes as its token ids
                 prompt = r.prompt_text or [int(t) for t in r.prompt_token_ids]
@@ -191,11 +252,18 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                                       name=f"hbench-req-{i}")
                 th.start()
                 threads.append(th)
+                made.append(slots[i])
+                if abort is not None and abort.is_set():
+                    slots[i].cancel(abort.reason)   # tripped while it was being made
             else:
-                _sleep_until(t0 + at - SPIN_S, clock)
+                _sleep_until(t0 + at - SPIN_S, clock, abort)
                 while clock() < t0 + at:
                     pass
-                slots.pop(i).dispatch(t0, clock, timeouts.connect_s)
+                slot = slots.pop(i)
+                if abort is not None and abort.is_set():
+                    slot.cancel(abort.reason)
+                else:
+                    slot.dispatch(t0, clock, timeouts.connect_s)
         for th in threads:
             th.join()
     finally:
@@ -209,10 +277,13 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
     return OpenLoopResult(records, [outcomes[i] for i in order], 0.0, end)
 
 
-def _sleep_until(deadline: float, clock: Clock) -> None:
-    """Sleep until ``deadline``; the final ``SPIN_S`` before a send is spun by the caller."""
+def _sleep_until(deadline: float, clock: Clock, abort: Abort | None = None) -> None:
+    """Sleep until ``deadline`` (or an abort); the final ``SPIN_S`` before a
+    send is spun by the caller."""
     while (left := deadline - clock()) > 0:
-        time.sleep(left)
+        if abort is not None and abort.is_set():
+            return
+        time.sleep(min(left, SLEEP_SLICE_S))
 
 
 def request_record(r, o: StreamOutcome) -> RequestRecord:
