@@ -146,11 +146,12 @@ SERVED_SUMMARY_KEYS = ("ttft_send_p50_s", "ttft_send_p99_s", *SERVER_LATENCY_KEY
 #: `harness.orgs.region`) adds those of these its engine counted, whole run
 #: (warm-up included): allocations refused, those refused with the region's
 #: free bytes at least the bytes asked, the largest free bytes such a refusal
-#: could not use, and e0's capacity moves and bytes moved.
+#: could not use, and e0's capacity moves, bytes moved and the seconds the
+#: simulator charged for remapping them (``capacity_move_s``, docs/cost-model.md).
 REGION_SUMMARY_KEYS = (
     "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak",
     "capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
-    "capacity_moved_to_checkpoint_bytes",
+    "capacity_moved_to_checkpoint_bytes", "capacity_move_s",
 )
 
 NAN = float("nan")

@@ -98,6 +98,13 @@ class ReadOnlyViews:
         return {}
 
     @property
+    def moved_capacity_bytes(self) -> int:
+        """Bytes per pool layer moved between pools so far (e0; 0 for pools
+        that never move capacity). An engine that prices moves reads it
+        before and after planning a step."""
+        return 0
+
+    @property
     def published_count(self) -> int:
         return self.ckpts.published_count
 
