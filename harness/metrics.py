@@ -154,6 +154,11 @@ REGION_SUMMARY_KEYS = (
     "capacity_moved_to_checkpoint_bytes", "capacity_move_s",
 )
 
+#: A run that tunes the utility eviction's alpha (``--utility-alpha auto``,
+#: `harness.orgs.alpha_tuning`) adds the alpha it chose (null if the run ended
+#: before its bootstrap window did) and the requests admitted when it chose.
+POLICY_SUMMARY_KEYS = ("utility_alpha_tuned", "utility_alpha_tuned_at")
+
 NAN = float("nan")
 
 
@@ -492,6 +497,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
+    summary.update({k: counters[k] for k in POLICY_SUMMARY_KEYS if k in counters})
     return summary
 
 

@@ -86,6 +86,7 @@ class SimEngine:
         counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
         if "capacity_moves" in counters:      # an organization that moves capacity (e0)
             counters.update(pricing.counters())
+        counters.update(org.policy_counters())   # --utility-alpha auto: the tuned alpha
         return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
                          counters=counters)

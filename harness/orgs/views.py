@@ -97,6 +97,13 @@ class ReadOnlyViews:
         none for fixed pools."""
         return {}
 
+    def policy_counters(self) -> dict:
+        """What the checkpoint policies decided over the run: with
+        ``--utility-alpha auto`` the tuned alpha and when
+        (`harness.orgs.alpha_tuning.AlphaTuner.counters`); none otherwise."""
+        tuner = getattr(self.table.evict, "tuner", None)
+        return {} if tuner is None else tuner.counters()
+
     @property
     def moved_capacity_bytes(self) -> int:
         """Bytes per pool layer moved between pools so far (e0; 0 for pools
