@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis import stats
 from analysis.designs import (
     BEYOND_BUDGETS,
     BEYOND_ORGS,
@@ -69,6 +70,21 @@ def _values(runs, wl, b, pol, org, metric) -> np.ndarray:
     return pd.to_numeric(sel[metric], errors="coerce").dropna().to_numpy(dtype=float)
 
 
+def arm_centre(values, metric: str) -> tuple[float, float, float]:
+    """(centre, lower error, upper error) of an arm over seeds: a rate in [0, 1]
+    (the token hit rate) as the mean with its t interval cut to [0, 1]; any
+    other positive quantity as `analysis.figures.centre_ci` draws it."""
+    v = np.asarray(values, dtype=float)
+    if metric != TOKEN_HIT_RATE or v.size == 0:
+        return centre_ci(v)
+    centre = float(v.mean())
+    if v.size < 2:
+        return centre, 0.0, 0.0
+    lo, hi = stats.t_interval(v)
+    lo, hi = max(lo, 0.0), min(hi, 1.0)
+    return centre, max(centre - lo, 0.0), max(hi - centre, 0.0)
+
+
 def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
     """Grouped bars: rows are workloads, columns budgets; in each panel the
     policies along x, one bar per organization (module docstring)."""
@@ -85,7 +101,7 @@ def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
             for k, org in enumerate(BEYOND_ORGS):
                 centres, lows, highs = [], [], []
                 for pol in pols:
-                    c, lo, hi = centre_ci(_values(runs, wl, b, pol, org, metric))
+                    c, lo, hi = arm_centre(_values(runs, wl, b, pol, org, metric), metric)
                     centres.append(c)
                     lows.append(lo)
                     highs.append(hi)
@@ -98,10 +114,16 @@ def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
             ax.set_ylabel(LABELS.get(metric, _label(metric)), fontsize=9)
             ax.set_xlabel("checkpoint policy (publish / evict)", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend(title="organization", fontsize=8, ncol=len(BEYOND_ORGS))
+            if metric in LOWER_IS_BETTER:     # latencies span orders of magnitude across cells
+                ax.set_yscale("log")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="organization", loc="lower center", ncol=len(BEYOND_ORGS),
+               fontsize=9, bbox_to_anchor=(0.5, -0.04))
     better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
+    how = ("mean over seeds, 95% t CI cut to [0, 1]" if metric == TOKEN_HIT_RATE
+           else "geometric mean over seeds, 95% CI")
     fig.suptitle(f"{LABELS.get(metric, _label(metric))} by organization and checkpoint policy "
-                 f"({better}; bars: geometric mean over seeds, 95% CI)", fontsize=11)
+                 f"({better}; bars: {how})", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -122,20 +144,21 @@ def effects_figure(contrasts: pd.DataFrame) -> Figure | None:
             jitter = np.linspace(-0.3, 0.3, len(rows))
             for dy, (_, r) in zip(jitter, rows.iterrows(), strict=True):
                 sig = bool(r["significant"])
-                ax.errorbar(r["effect_pct"], y + dy,
-                            xerr=[[r["effect_pct"] - r["effect_ci_low"]],
-                                  [r["effect_ci_high"] - r["effect_pct"]]],
+                g = r["geo_mean_ratio"]
+                ax.errorbar(g, y + dy, xerr=[[g - r["ci_low"]], [r["ci_high"] - g]],
                             fmt="o", ms=4, color=color,
                             mfc=color if sig else "white", elinewidth=0.8, alpha=0.9)
-        ax.axvline(0, color="black", linewidth=0.8)
+        ax.axvline(1, color="black", linewidth=0.8)
+        ax.set_xscale("log")
         ax.set_yticks(range(len(fams)))
         ax.set_yticklabels([f"{f}\n(n={len(contrasts[contrasts['family'] == f'{f} ({tag})'])})"
                             for f, _ in fams])
-        ax.set_xlabel(f"{tag}: effect (%), geometric mean ratio with 95% CI")
+        ax.set_xlabel(f"{tag} ratio to the reference arm\n(unitless, log scale; "
+                      "geometric mean, 95% CI)")
         ax.set_title(f"{tag}: organization vs policy effects", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle("Which moves the metric more, the layout or the checkpoint policy? "
-                 "(filled: significant after Holm)", fontsize=11)
+    fig.suptitle("Which moves the metric more, the layout or the checkpoint policy? (filled: "
+                 "significant after Holm; hollow: not, or arms not valid)", fontsize=11)
     fig.tight_layout()
     return fig
 

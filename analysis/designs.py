@@ -289,7 +289,7 @@ def _beyond() -> ExperimentDesign:
         "beyond", "Beyond the study: organization x checkpoint policy at b63 and b108, "
                   "shared contexts and multi-turn sessions",
         grids=_beyond_grids(False), quick_grids=_beyond_grids(True),
-        seeds=(1, 2, 3), quick_seeds=(1, 2),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2),
         contrasts=tuple(contrasts), interactions=tuple(inter),
         metrics=(THROUGHPUT, "ttft_p99_s", "ttft_p50_s", TOKEN_HIT_RATE, "capacity_move_s"),
         notes="Policies: every/lru (the study), marconi/lru (Marconi's admission), every/utility "

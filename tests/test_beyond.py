@@ -22,9 +22,9 @@ def config_table(quick: bool = False) -> pd.DataFrame:
 def test_the_grid_crosses_orgs_policies_budgets_and_workloads():
     d = D.DESIGNS["beyond"]
     full, quick = config_table(), config_table(quick=True)
-    assert len(full) == 4 * 4 * 2 * 2 * 3 and len(quick) == 4 * 4 * 2 * 2 * 2
+    assert len(full) == 4 * 4 * 2 * 2 * 6 and len(quick) == 4 * 4 * 2 * 2 * 2
     assert set(full["org"]) == {"d0", "u0", "e0", "s2"} and set(full["budget"]) == {"b63", "b108"}
-    assert set(full["seed"]) == {1, 2, 3} and set(quick["seed"]) == {1, 2}
+    assert set(full["seed"]) == set(range(1, 7)) and set(quick["seed"]) == {1, 2}
     by_kind = full.groupby("workload_kind")["requests"].unique().to_dict()
     assert list(by_kind["sharegpt"]) == [D.FULL_REQUESTS] and list(by_kind["multiturn"]) == [60]
     assert set(quick.groupby("workload_kind")["requests"].first()) == {D.QUICK_REQUESTS, 30}
@@ -39,7 +39,7 @@ def test_every_contrast_selects_one_run_per_seed_on_each_side():
     for c in d.contrasts:
         for side in (c.numerator, c.denominator):
             arm = select(runs, side)
-            assert len(arm) == 3 and sorted(arm["seed"]) == [1, 2, 3], (c.name, side)
+            assert len(arm) == 6 and sorted(arm["seed"]) == [1, 2, 3, 4, 5, 6], (c.name, side)
         num, den = select(runs, c.numerator), select(runs, c.denominator)
         assert not set(num.index) & set(den.index), c.name
     names = {c.name for c in d.contrasts}
@@ -79,7 +79,7 @@ def test_best_combinations_and_factor_spread():
     assert thr["org_max_abs_pct"] == pytest.approx(20.0) and thr["org_max_name"].startswith("U0/D0")
     assert abs(thr["policy_max_abs_pct"]) == pytest.approx(5.0)   # marconi/lru +5, every/utility -5
     hits = table[table["family"] == "Marconi cross-check (token hit rate)"]
-    assert len(hits) == 8 and (hits["effect_pct"] > 80).all()
+    assert len(hits) == 8 and (hits["effect_pct"] > 70).all()   # reused tokens doubled
 
 
 def test_write_beyond_writes_the_findings_without_figures(tmp_path):
