@@ -175,7 +175,7 @@ def best_combinations(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
                 for pol in BEYOND_POLICIES:
                     v = _values(runs, wl, b, pol, org, metric)
                     if v.size:
-                        c, lo, hi = centre_ci(v)
+                        c, lo, hi = arm_centre(v, metric)
                         arms.append((c, c - lo, c + hi, org, pol, v.size))
             if not arms:
                 continue
@@ -218,6 +218,10 @@ def _fmt(x: float, metric: str = "") -> str:
     return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.2f}"
 
 
+def _p(x) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3g}"
+
+
 def _ci(r, metric) -> str:
     return f"[{_fmt(r['ci_low'], metric)}, {_fmt(r['ci_high'], metric)}]"
 
@@ -240,8 +244,9 @@ def write_beyond(root, runs: pd.DataFrame, contrasts: pd.DataFrame,
             figs.extend(save(fig, out, stem))
     parts = ["# Beyond the study: organization x checkpoint policy", "",
              "Arm values are geometric means over seeds with 95% t intervals of the mean log "
-             "(analysis/figures.py, centre_ci); effects are paired-seed geometric-mean ratios "
-             "with Holm within each family (analysis/report.md has every contrast).", ""]
+             "(token hit rates: means with t intervals cut to [0, 1]); effects are paired-seed "
+             "geometric-mean ratios with the 95% t interval of the mean log ratio, Holm within "
+             "each family (analysis/report.md has every contrast).", ""]
     for metric in (THROUGHPUT, TTFT, TOKEN_HIT_RATE):
         best = best_combinations(runs, metric)
         if best.empty:
@@ -261,7 +266,9 @@ def write_beyond(root, runs: pd.DataFrame, contrasts: pd.DataFrame,
                                f"{r['org_max_abs_pct']:+.1f} %", r["org_max_name"], r["org_significant"],
                                f"{r['policy_max_abs_pct']:+.1f} %", r["policy_max_name"],
                                r["policy_significant"]] for _, r in spread.iterrows()]), ""]
-    for fam, table in (("Marconi cross-check (token hit rate)", contrasts),
+    for fam, table in (("which organization (throughput)", contrasts),
+                       ("which organization (TTFT p99)", contrasts),
+                       ("Marconi cross-check (token hit rate)", contrasts),
                        ("policy x organization (throughput)", interactions)):
         if table is None or table.empty:
             continue
@@ -272,6 +279,6 @@ def write_beyond(root, runs: pd.DataFrame, contrasts: pd.DataFrame,
         parts += [markdown_table(("contrast", "effect", "95% CI", "p Holm", "verdict"),
                                  [[r["name"], f"{r[eff]:+.2f} {unit}",
                                    f"[{r['effect_ci_low']:+.2f}, {r['effect_ci_high']:+.2f}]",
-                                   f"{r['p_holm']:.3g}", r["verdict"]] for _, r in sel.iterrows()]), ""]
+                                   _p(r["p_holm"]), r["verdict"]] for _, r in sel.iterrows()]), ""]
     atomic_write_text(root / "beyond.md", "\n".join(parts) + "\n")
     return figs
