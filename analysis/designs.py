@@ -49,13 +49,17 @@ class ExperimentDesign:
     metrics: tuple[str, ...] = (THROUGHPUT,)     # reported as arm means
     notes: str = ""
     base: Mapping = field(default_factory=lambda: dict(WORKING_POINT))
+    #: axis sets of the ``quick`` variant when they differ from ``grids`` (a
+    #: design whose axis sets fix their own request counts)
+    quick_grids: tuple[Mapping, ...] | None = None
 
     def axes(self, quick: bool = False) -> tuple[dict, list[dict]]:
         """(base, axis sets) for `harness.grid.expand`."""
         seeds = self.quick_seeds if quick else self.seeds
         base = {**self.base, "seed": list(seeds),
                 "requests": QUICK_REQUESTS if quick else FULL_REQUESTS}
-        return base, [dict(g) for g in self.grids]
+        grids = self.quick_grids if quick and self.quick_grids is not None else self.grids
+        return base, [dict(g) for g in grids]
 
     def configs(self, quick: bool = False) -> list[RunConfig]:
         base, grids = self.axes(quick)
@@ -189,8 +193,114 @@ def _q9() -> ExperimentDesign:
         notes="Budget 254p as in Q8. Run order is irrelevant to the deterministic simulator.")
 
 
+# ---------------------------------------------------------------- beyond the study
+
+#: The checkpoint policies the design crosses with the organizations:
+#: label -> (publish, evict, utility alpha). The study's (every boundary, LRU),
+#: Marconi's admission alone, Marconi's eviction alone (alpha fixed at the
+#: default 1) and Marconi whole (admission + eviction, alpha tuned online).
+BEYOND_POLICIES = {
+    "every/lru": ("every", "lru", 1.0),
+    "marconi/lru": ("marconi", "lru", 1.0),
+    "every/utility": ("every", "utility", 1.0),
+    "marconi/utility-auto": ("marconi", "utility", "auto"),
+}
+BEYOND_BASELINE = "every/lru"
+BEYOND_ORGS = ("d0", "u0", "e0", "s2")
+BEYOND_REFERENCE_ORG = "d0"
+BEYOND_BUDGETS = ("b63", "b108")
+#: workload label -> (axis values, quick axis values): the study's shared
+#: contexts (``requests`` from the design: 240, quick 120) and multi-turn
+#: sessions (``requests`` counts sessions: 60, quick 30)
+BEYOND_WORKLOADS = {
+    "sharegpt": ({"workload_kind": "sharegpt"}, {"workload_kind": "sharegpt"}),
+    "multiturn": ({"workload_kind": "multiturn", "requests": 60},
+                  {"workload_kind": "multiturn", "requests": 30}),
+}
+BEYOND_METRICS = (THROUGHPUT, "ttft_p99_s")
+TOKEN_HIT_RATE = "token_hit_rate"
+
+
+def policy_where(label: str) -> dict:
+    """The run-table filter of policy ``label`` (a key of `BEYOND_POLICIES`)."""
+    publish, evict, alpha = BEYOND_POLICIES[label]
+    return {"ckpt_publish": publish, "ckpt_evict": evict, "utility_alpha": alpha}
+
+
+def _beyond_grids(quick: bool) -> tuple[dict, ...]:
+    return tuple({"org": list(BEYOND_ORGS), "budget": list(BEYOND_BUDGETS),
+                  "ckpt_publish": publish, "ckpt_evict": evict, "utility_alpha": alpha,
+                  **(wl[1] if quick else wl[0])}
+                 for publish, evict, alpha in BEYOND_POLICIES.values()
+                 for wl in BEYOND_WORKLOADS.values())
+
+
+def _beyond() -> ExperimentDesign:
+    """Organization x checkpoint policy, at two budgets, on two workloads.
+
+    Families (Holm within each): which organization (each vs D0 under the
+    study's policy, per workload x budget, for throughput and for TTFT p99);
+    which policy (each vs every/lru within each organization, per workload x
+    budget, per metric); the interaction (does the policy effect depend on the
+    organization: each policy's effect on an organization minus its effect on
+    D0, in pp, throughput); and Marconi's cross-check (token hit rate of
+    Marconi whole over every/lru on multi-turn sessions, per organization and
+    budget: Marconi reports it higher)."""
+    contrasts, inter = [], []
+    for wl in BEYOND_WORKLOADS:
+        for b in BEYOND_BUDGETS:
+            cell = {"workload_kind": wl, "budget": b}
+            base_pol = policy_where(BEYOND_BASELINE)
+            for metric, tag in ((THROUGHPUT, "throughput"), ("ttft_p99_s", "TTFT p99")):
+                for org in BEYOND_ORGS:
+                    if org != BEYOND_REFERENCE_ORG:
+                        contrasts.append(_ratio(
+                            f"{org.upper()}/D0 {tag} {wl} {b}",
+                            {"org": org, **cell, **base_pol},
+                            {"org": BEYOND_REFERENCE_ORG, **cell, **base_pol},
+                            f"which organization ({tag})", metric))
+                for org in BEYOND_ORGS:
+                    for pol in BEYOND_POLICIES:
+                        if pol != BEYOND_BASELINE:
+                            contrasts.append(_ratio(
+                                f"{pol} / {BEYOND_BASELINE} {tag} {org} {wl} {b}",
+                                {"org": org, **cell, **policy_where(pol)},
+                                {"org": org, **cell, **base_pol},
+                                f"which policy ({tag})", metric))
+            for org in BEYOND_ORGS:
+                if org == BEYOND_REFERENCE_ORG:
+                    continue
+                for pol in BEYOND_POLICIES:
+                    if pol != BEYOND_BASELINE:
+                        inter.append(Interaction(
+                            f"{pol} effect on {org} minus on d0, throughput {wl} {b}",
+                            f"{pol} / {BEYOND_BASELINE} throughput {org} {wl} {b}",
+                            f"{pol} / {BEYOND_BASELINE} throughput d0 {wl} {b}",
+                            "difference", "policy x organization (throughput)"))
+    for org in BEYOND_ORGS:
+        for b in BEYOND_BUDGETS:
+            cell = {"org": org, "workload_kind": "multiturn", "budget": b}
+            contrasts.append(_ratio(
+                f"Marconi cross-check: token hit rate {org} multiturn {b}",
+                {**cell, **policy_where("marconi/utility-auto")},
+                {**cell, **policy_where(BEYOND_BASELINE)},
+                "Marconi cross-check (token hit rate)", TOKEN_HIT_RATE))
+    return ExperimentDesign(
+        "beyond", "Beyond the study: organization x checkpoint policy at b63 and b108, "
+                  "shared contexts and multi-turn sessions",
+        grids=_beyond_grids(False), quick_grids=_beyond_grids(True),
+        seeds=tuple(range(1, 7)), quick_seeds=(1, 2),
+        contrasts=tuple(contrasts), interactions=tuple(inter),
+        metrics=(THROUGHPUT, "ttft_p99_s", "ttft_p50_s", TOKEN_HIT_RATE, "capacity_move_s"),
+        notes="Policies: every/lru (the study), marconi/lru (Marconi's admission), every/utility "
+              "(Marconi's eviction, alpha 1), marconi/utility-auto (Marconi whole, alpha tuned "
+              "online). Multi-turn runs count 60 sessions (quick: 30); the shared-context runs "
+              "240 requests (quick: 120). token_hit_rate = reused / (reused + initial input) "
+              "tokens, `hbench reuse`'s token hit rate.")
+
+
 DESIGNS: dict[str, ExperimentDesign] = {d.name: d for d in (
-    _q1(), _q2(), _q3(), _q4(), _q5(), _q6(), _q7(), _q8(), _q9())}
+    _q1(), _q2(), _q3(), _q4(), _q5(), _q6(), _q7(), _q8(), _q9(), _beyond())}
 
 
 def selected_headroom_contrasts(runs, budgets: Sequence[str] = BUDGETS,

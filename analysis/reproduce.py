@@ -233,10 +233,15 @@ class Reproduction:
 
 def add_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
     """Per-run quantities the designs report that the summary does not hold:
-    ``gap_r_mean`` = R_max - J_adopt (Q7's Gap_R)."""
+    ``gap_r_mean`` = R_max - J_adopt (Q7's Gap_R); ``token_hit_rate`` =
+    reused / (reused + initial input) tokens of the measured requests, which
+    is `analysis.reuse`'s token hit rate (reused / prompt tokens)."""
     runs = runs.copy()
     if {"r_max_mean", "j_adopt_mean"} <= set(runs.columns):
         runs["gap_r_mean"] = pd.to_numeric(runs["r_max_mean"]) - pd.to_numeric(runs["j_adopt_mean"])
+    if {"reused_tokens", "initial_input_tokens"} <= set(runs.columns):
+        reused = pd.to_numeric(runs["reused_tokens"])
+        runs["token_hit_rate"] = reused / (reused + pd.to_numeric(runs["initial_input_tokens"]))
     return runs
 
 
@@ -281,6 +286,10 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     metrics = sorted({c.metric for c in contrasts})
     out = root / "analysis"
     figs = render_figures(runs, out / "figures", metrics, table) if figures else []
+    if name == "beyond":       # its own figures and findings tables (beyond.md)
+        from analysis.beyond import write_beyond
+
+        figs += write_beyond(root, runs, table, inter, figures=figures)
     write_outputs(out, root, table, inter, arms, figs, validity)
     comparison = compare(name, table, inter, runs)
     write_report(root, out / "report.html", runs=runs, contrasts=table, metrics=metrics,

@@ -80,7 +80,9 @@ class RunConfig:
     ckpt_publish: str = "every"            # where checkpoints are published: every, every-k, marconi
     ckpt_every_k: int = 2                  # every-k: publish at every k-th grid boundary
     ckpt_evict: str = "lru"                # which cached checkpoint is evicted: lru, utility
-    utility_alpha: float = 1.0             # utility: weight of FLOPs saved per byte against recency
+    utility_alpha: float | str = 1.0       # utility: weight of FLOPs saved per byte against recency,
+                                           # or "auto": tuned online as Marconi does
+                                           # (harness/orgs/alpha_tuning.py)
     # workload recipe
     rate: float = 3.0
     arrival: str = "poisson"
@@ -136,7 +138,9 @@ class RunConfig:
             (self.ckpt_every_k >= 1, f"--ckpt-every-k must be >= 1, got {self.ckpt_every_k}"),
             (self.ckpt_evict in EVICT_POLICIES,
              f"unknown --ckpt-evict {self.ckpt_evict!r}; choose from {', '.join(EVICT_POLICIES)}"),
-            (self.utility_alpha >= 0.0, f"--utility-alpha must be >= 0, got {self.utility_alpha}"),
+            (self.utility_alpha == "auto" if isinstance(self.utility_alpha, str)
+             else self.utility_alpha >= 0.0,
+             f"--utility-alpha must be >= 0 or auto, got {self.utility_alpha!r}"),
             (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.device == "cpu" or self.device.startswith("cuda"),
              f"--device must be cpu or cuda[:N], got {self.device!r}"),

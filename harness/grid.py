@@ -79,7 +79,12 @@ def parse_scalar(field: str, value):
                     return False
                 raise ValueError(text)
             if base in (int, float):
-                return _number(field, base, text)
+                try:
+                    return _number(field, base, text)
+                except HbenchError:
+                    if str in typing.get_args(FIELD_TYPES[field]):
+                        return text     # a word the field also takes (utility_alpha: auto)
+                    raise
             if len(text) > MAX_TEXT_CHARS:
                 raise HbenchError(f"grid key {field}: a value of {len(text):,} characters; "
                                   f"at most {MAX_TEXT_CHARS}")

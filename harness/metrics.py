@@ -146,12 +146,18 @@ SERVED_SUMMARY_KEYS = ("ttft_send_p50_s", "ttft_send_p99_s", *SERVER_LATENCY_KEY
 #: `harness.orgs.region`) adds those of these its engine counted, whole run
 #: (warm-up included): allocations refused, those refused with the region's
 #: free bytes at least the bytes asked, the largest free bytes such a refusal
-#: could not use, and e0's capacity moves and bytes moved.
+#: could not use, and e0's capacity moves, bytes moved and the seconds the
+#: simulator charged for remapping them (``capacity_move_s``, docs/cost-model.md).
 REGION_SUMMARY_KEYS = (
     "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak",
     "capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
-    "capacity_moved_to_checkpoint_bytes",
+    "capacity_moved_to_checkpoint_bytes", "capacity_move_s",
 )
+
+#: A run that tunes the utility eviction's alpha (``--utility-alpha auto``,
+#: `harness.orgs.alpha_tuning`) adds the alpha it chose (null if the run ended
+#: before its bootstrap window did) and the requests admitted when it chose.
+POLICY_SUMMARY_KEYS = ("utility_alpha_tuned", "utility_alpha_tuned_at")
 
 NAN = float("nan")
 
@@ -491,6 +497,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
+    summary.update({k: counters[k] for k in POLICY_SUMMARY_KEYS if k in counters})
     return summary
 
 

@@ -55,6 +55,20 @@ INT = Int()
 FLOAT = Float()
 
 
+class FloatOr(Float):
+    """A float flag that also takes one word (``--utility-alpha auto``)."""
+
+    def __init__(self, word: str, lo: float | None = None, hi: float | None = None):
+        super().__init__(lo, hi)
+        self.word = word
+        self.name = f"float|{word}"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip().lower() == self.word:
+            return self.word
+        return super().convert(value, param, ctx)
+
+
 class PathFlag(click.ParamType):
     """A path flag or argument as a `pathlib.Path`, refusing the empty string:
     ``Path("")`` is ``.``, so ``--out ''`` would otherwise write into the

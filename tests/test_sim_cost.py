@@ -239,7 +239,8 @@ def test_every_constant_states_its_provenance():
 
 
 @pytest.mark.parametrize(
-    "kw", [{"mem_efficiency": 0.0}, {"compute_efficiency": 1.5}, {"step_overhead_s": -1.0}]
+    "kw", [{"mem_efficiency": 0.0}, {"compute_efficiency": 1.5}, {"step_overhead_s": -1.0},
+           {"vmm_granule_bytes": 0}, {"vmm_remap_s": -1e-6}]
 )
 def test_bad_constants_raise(kw):
     with pytest.raises(HbenchError, match=next(iter(kw))):

@@ -87,6 +87,19 @@ class CostConstants:
         "model config: Mamba-2 SSD chunk length; transformers FalconH1Config "
         "default mamba_chunk_size=256",
     )
+    vmm_granule_bytes: int = _const(
+        2 * 1024 * 1024,
+        "datasheet: CUDA driver API documentation, cuMemCreate's minimum physical allocation granularity on NVIDIA "
+        "GPUs (2 MiB; cuMemGetAllocationGranularity), the unit a mapping moves",
+    )
+    vmm_remap_s: float = _const(
+        63.07e-6,
+        "measured (published, not by hbench): moving one 2 MiB physical granule from one virtual range to "
+        "another = cuMemUnmap 25.63 + cuMemMap 1.45 + cuMemSetAccess 35.99 us (averages, "
+        "1 thread, 4096 pages of 2 MiB, A100; kvcached benchmarks/bench_vmm/README.md); "
+        "the handle is reused, so no cuMemCreate. Charged to the step that moves "
+        "capacity (e0), not overlapped with its kernels",
+    )
 
     def __post_init__(self) -> None:
         for name in ("mem_efficiency", "compute_efficiency", "scan_efficiency"):
@@ -97,6 +110,9 @@ class CostConstants:
             raise HbenchError(f"cost constant step_overhead_s={self.step_overhead_s} must be >= 0")
         if self.ssd_chunk_size < 1:
             raise HbenchError(f"cost constant ssd_chunk_size={self.ssd_chunk_size} must be >= 1")
+        if self.vmm_granule_bytes < 1 or self.vmm_remap_s < 0:
+            raise HbenchError(f"cost constants vmm_granule_bytes={self.vmm_granule_bytes} "
+                              f"must be >= 1 and vmm_remap_s={self.vmm_remap_s} >= 0")
 
     def provenance(self) -> dict[str, tuple[float, str]]:
         """name -> (value, provenance), in declaration order."""
@@ -295,6 +311,15 @@ class CostModel:
         self._attn_with_gemm = r.attn_flops_s == r.gemm_flops_s
         self._add = r.combine == "sum"
         self._per_decodes: dict[int, tuple] = {}   # `decode_values` per batch size
+
+    def move_s(self, moved_bytes: float) -> float:
+        """Seconds to move ``moved_bytes`` (whole model) of free capacity from
+        one pool's virtual range to the other's: every granule unmapped from
+        the donor, mapped into the receiver and given access (``vmm_remap_s``
+        per ``vmm_granule_bytes``, pro rata). Host-side driver calls, so the
+        cost is the same on a preset or a measured profile."""
+        c = self.constants
+        return moved_bytes / c.vmm_granule_bytes * c.vmm_remap_s
 
     def work(self, shape: StepShape) -> StepWork:
         """The step's work in physical units: the one definition of what a step

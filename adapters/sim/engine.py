@@ -15,6 +15,7 @@ import os
 
 from adapters.sim.cost import CostModel
 from adapters.sim.executor import CostExecutor
+from adapters.sim.moves import MovePricing
 from adapters.sim.profile import hardware_for
 from adapters.sim.version import source_digest
 from harness import __version__
@@ -68,7 +69,10 @@ class SimEngine:
         sched = Scheduler(org, SchedulerPolicy.from_config(config))
         recorder = StepRecorder(org, geom.pool_layers)
         fast = self.fast if self.fast is not None else stretches_enabled()
-        executor = CostExecutor(sched, CostModel(geom, hardware), recorder, stretches=fast)
+        pricing = CostModel(geom, hardware)
+        if not getattr(org, "fixed_pools", True):   # pools that may trade capacity (e0)
+            pricing = MovePricing(pricing, org, geom.pool_layers)
+        executor = CostExecutor(sched, pricing, recorder, stretches=fast)
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
                           warmup_requests=config.warmup_requests, progress=progress,
                           check=org.check_invariants if config.debug_invariants else None)
@@ -79,7 +83,10 @@ class SimEngine:
         info.update(hardware=config.gpu, poll_interval_s=POLL_INTERVAL_S)
         if hasattr(hardware, "describe"):      # a measured cost profile (hbench calibrate)
             info["cost_profile"] = hardware.describe()
+        counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
+        if "capacity_moves" in counters:      # an organization that moves capacity (e0)
+            counters.update(pricing.counters())
+        counters.update(org.policy_counters())   # --utility-alpha auto: the tuned alpha
         return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
-                         counters=recorder.counters(sched.preemptions,
-                                                    budget.rounding_loss_bytes))
+                         counters=counters)

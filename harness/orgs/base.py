@@ -24,6 +24,7 @@ order DESIGN.md section 2 needs. Scheduler and engines use the protocol
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import islice
 
 from harness.layout import OrgLayout
@@ -70,7 +71,12 @@ class Organization(ReadOnlyViews):
         self.pools = self.make_pools(layout, pool_pages)
         slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
         self.table = EntryTable(self.name, self.pools, slabs)
-        self.table.evict = policy.evict_policy()
+        self.table.evict = evict = policy.evict_policy()
+        if evict is not None and getattr(evict, "tuner", None) is not None:
+            # Marconi's replay serves the bootstrap window through fresh copies
+            # of this organization, each evicting with one candidate alpha
+            evict.tuner.build = lambda alpha: type(self)(
+                layout, pool_pages, replace(policy, alpha=alpha))
         self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)
         self.publication = publication_for(layout, self.table, self.ckpts,
                                            policy.publish_policy())
@@ -142,6 +148,8 @@ class Organization(ReadOnlyViews):
         if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit)):
             return False
         if st is None:
+            if self.table.evict is not None:
+                self.table.evict.admitted(rid, keys, prefill_until, len(self.reqs))
             st = self.reqs[rid] = RequestState()
             j = hit.j_adopt if hit else 0
             if j > 0:

@@ -17,11 +17,16 @@ blocks of Falcon-H1-7B (5 KiB left over); a checkpoint unit takes 98 blocks.
 
 Capacity moves as free pages, as a virtual-memory mapping moves physical
 pages between two address ranges: no page in use is moved, so a move copies
-no state. E0 assumes the mapping granule is no larger than an attention
-block; a coarser one (CUDA's 2 MiB) would need whole free granules, which
-is not modelled, and the remapping itself is not priced by the cost model
-(the simulator charges a move nothing). `region_counters` reports the moves
-and the bytes moved, by direction, with `RegionOrganization`'s refusals.
+no state. What a move costs is the remapping: the donor's bytes unmapped
+from its range, mapped into the receiver's and given access, priced by the
+simulator's cost model per byte moved (`adapters.sim.cost.CostModel.move_s`:
+CUDA's unmap + map + set-access time per 2 MiB granule, pro rata) and
+charged to the step whose planning moved them (`adapters.sim.moves`). E0
+assumes the mapping granule is no larger than an attention block; a coarser
+one (CUDA's 2 MiB) would need whole free granules, which is not modelled.
+`region_counters` reports the moves and the bytes moved, by direction, with
+`RegionOrganization`'s refusals; `moved_capacity_bytes` is the running total
+the pricing reads.
 """
 
 from __future__ import annotations
@@ -126,6 +131,10 @@ class E0(RegionOrganization):
             step = self.attn.step
             return {self.attn.map[k] for k in keys[step - 1:j // KEY_TOKENS:step]}
         return {page for _, page in self.ckpts.map[key_at(keys, j)].pages}
+
+    @property
+    def moved_capacity_bytes(self) -> int:
+        return sum(self.moved_bytes)
 
     def region_counters(self, layers: int) -> dict:
         out = super().region_counters(layers)

@@ -22,9 +22,11 @@ checkpoint's place in the pool's LRU queue (its first member page's: the
 oldest is 0, the newest 1). Candidates are the cached checkpoints, i.e. those
 no request references and no pin or retention holds (Marconi restricts
 eviction to radix nodes with at most one child; here nothing depends on a
-checkpoint but requests). Ties go to the least recently released. Marconi
-retunes alpha online by replaying a bootstrap window; here alpha is fixed by
-``--utility-alpha``.
+checkpoint but requests). Ties go to the least recently released. Alpha is
+fixed by ``--utility-alpha A``, or tuned online as Marconi tunes it with
+``--utility-alpha auto`` (`harness.orgs.alpha_tuning`: recency only until
+a bootstrap window of requests has been seen, then the alpha whose replay of
+that window saved the most FLOPs).
 
 Evicting one member page invalidates the whole checkpoint (invalidate before
 free: `EntryTable.invalidate`), so its other pages become empty and the next
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from harness.orgs.alpha_tuning import AlphaTuner
 from harness.orgs.entries import CKPT_ENTRY
 from harness.orgs.pool import ATTN
 
@@ -43,8 +46,13 @@ class EvictPolicy:
     """Chooses the cached page `EntryTable.take_page` reclaims."""
 
     def victim(self, table, pool_idx: int) -> int | None:
-        """A cached page of pool ``pool_idx`` (None if none is cached). Changes nothing."""
+        """A cached page of pool ``pool_idx`` (None if none is cached). Changes nothing
+        in the cache."""
         raise NotImplementedError
+
+    def admitted(self, rid, keys, prompt_len: int, running: int) -> None:
+        """Request ``rid`` (prefix keys ``keys``) was admitted for the first time,
+        while ``running`` other requests were admitted."""
 
 
 class LRU(EvictPolicy):
@@ -57,12 +65,20 @@ class LRU(EvictPolicy):
 class Utility(EvictPolicy):
     """Marconi's FLOP-aware utility over cached checkpoints (module docstring)."""
 
-    def __init__(self, alpha: float, flops: Callable[[int], float]):
+    def __init__(self, alpha: float, flops: Callable[[int], float], tuner: AlphaTuner | None = None):
         if alpha < 0:
             raise ValueError(f"utility alpha must be >= 0, got {alpha}")
         self.alpha = alpha
         self._flops = flops
         self._memo: dict[int, float] = {}
+        #: Marconi's online tuning (``--utility-alpha auto``); None: alpha is fixed
+        self.tuner = tuner
+
+    def admitted(self, rid, keys, prompt_len, running):
+        if self.tuner is not None:
+            tuned = self.tuner.seen(rid, keys, prompt_len, running)
+            if tuned is not None:
+                self.alpha = tuned
 
     def flops(self, position: int) -> float:
         f = self._memo.get(position)
@@ -89,6 +105,8 @@ class Utility(EvictPolicy):
     def victim(self, table, pool_idx):
         pool = table.pools[pool_idx]
         page = pool.lru_victim()
+        if self.tuner is not None and page is not None:
+            self.tuner.evicting()
         if page is None or pool.kind[page] == ATTN:
             return page
         cands = self.candidates(table, pool)

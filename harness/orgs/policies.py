@@ -15,8 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from harness.orgs.alpha_tuning import INITIAL_ALPHA, AlphaTuner
 from harness.orgs.evict_policy import Utility
 from harness.orgs.publish_policy import PublishPolicy, publish_policy_for
+
+#: ``--utility-alpha auto``
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,9 @@ class CheckpointPolicy:
     publish: str = "every"
     every_k: int = 2
     evict: str = "lru"
-    alpha: float = 1.0
+    #: the utility eviction's alpha, or ``"auto"``: tuned online as Marconi
+    #: tunes it (`harness.orgs.alpha_tuning`)
+    alpha: float | str = 1.0
     #: FLOPs of prefilling a prefix of J tokens (`harness.prefix_flops`); the
     #: utility eviction needs it
     flops: Callable[[int], float] | None = field(default=None, compare=False)
@@ -54,6 +60,8 @@ class CheckpointPolicy:
         if self.evict == "utility":
             if self.flops is None:
                 raise ValueError("utility eviction needs the prefix FLOPs (CheckpointPolicy.flops)")
+            if self.alpha == AUTO:
+                return Utility(INITIAL_ALPHA, self.flops, AlphaTuner(self.flops))
             return Utility(self.alpha, self.flops)
         raise ValueError(f"unknown eviction policy {self.evict!r}")
 

@@ -118,6 +118,20 @@ class ReadOnlyViews:
         none for fixed pools."""
         return {}
 
+    def policy_counters(self) -> dict:
+        """What the checkpoint policies decided over the run: with
+        ``--utility-alpha auto`` the tuned alpha and when
+        (`harness.orgs.alpha_tuning.AlphaTuner.counters`); none otherwise."""
+        tuner = getattr(self.table.evict, "tuner", None)
+        return {} if tuner is None else tuner.counters()
+
+    @property
+    def moved_capacity_bytes(self) -> int:
+        """Bytes per pool layer moved between pools so far (e0; 0 for pools
+        that never move capacity). An engine that prices moves reads it
+        before and after planning a step."""
+        return 0
+
     @property
     def published_count(self) -> int:
         return self.ckpts.published_count

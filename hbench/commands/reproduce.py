@@ -38,7 +38,7 @@ def _print_table(console: Console, title: str, table) -> None:
 
 #: The designs' names (`analysis.designs.DESIGNS`, which a test keeps equal to
 #: this), spelt out so that listing or helping commands imports no analysis.
-DESIGN_NAMES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9")
+DESIGN_NAMES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "beyond")
 
 
 @click.command("reproduce", context_settings={"max_content_width": 100})

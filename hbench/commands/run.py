@@ -23,7 +23,7 @@ from harness.layout import PAGINGS
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
 from hbench.commands.workload import multiturn_options
-from hbench.flag_types import FLOAT, INT
+from hbench.flag_types import FLOAT, INT, FloatOr
 from hbench.paths import check_writable_dir
 from workloads.sharegpt.arrivals import ARRIVALS
 
@@ -195,8 +195,12 @@ def next_step(summary: dict, cfg: dict) -> str:
               show_default=True,
               help="Which cached checkpoint is evicted: lru (the study) or utility (Marconi: "
                    "alpha x normalized FLOPs saved per byte + normalized recency, lowest first).")
-@click.option("--utility-alpha", type=FLOAT, default=D.utility_alpha, show_default=True,
-              help="With --ckpt-evict utility: the weight alpha of FLOPs saved against recency.")
+@click.option("--utility-alpha", type=FloatOr("auto", lo=0.0), default=D.utility_alpha,
+              show_default=True,
+              help="With --ckpt-evict utility: the weight alpha of FLOPs saved against recency, "
+                   "or auto: tuned online as Marconi does (recency only until 5 x the "
+                   "requests seen before the first eviction, then the alpha in 0..2 whose "
+                   "replay of those requests saved the most FLOPs).")
 @click.option("--seed", type=INT, default=D.seed, show_default=True)
 @click.option("--workload", "workload_path", type=click.Path(), default=None,
               help="Serve a saved workload (hbench workload build) instead of building one; "
