@@ -422,8 +422,8 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
     (`harness.validity`, the one nested object) checks the delivered load
     against; without it the rate checks are "n/a". ``tables``: the run's
-    (`per_request_table`, step frame) when the caller has made them already
-    (`harness.results.write_run` writes them too); read, never changed.
+    (`per_request_table`, `attribution_steps`) when the caller has made them
+    already (`harness.results.write_run` writes the first); read, never changed.
     """
     measured = [r for r in run.requests if not r.warmup]
     finished = [r for r in measured if r.status == FINISHED]
@@ -584,12 +584,20 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def attribution_steps(run: EngineRun) -> pd.DataFrame:
+    """The step columns the TTFT attribution reads (`harness.attribution.STEP_COLUMNS`),
+    as a frame: a long run's whole step table is never made one."""
+    from harness.attribution import STEP_COLUMNS
+
+    return steps_frame(run.steps, STEP_COLUMNS)
+
+
 def _attribution(run: EngineRun, tables=None) -> dict:
     """TTFT p50 / p99 broken down by cause (`harness.attribution`); NaN for
     engines whose step table records no scheduler reasons."""
     from harness.attribution import attribute, breakdown
 
-    requests, steps = tables or (per_request_table(run), steps_frame(run.steps))
+    requests, steps = tables or (per_request_table(run), attribution_steps(run))
     return breakdown(attribute(requests, steps))
 
 

@@ -30,10 +30,14 @@ import numpy as np
 CHUNK_ROWS = 4096
 
 
+_I32 = np.iinfo(np.int32)
+
+
 def _pack(values: list):
     """One column's values: a float64 or int64 array when they are Python (or
     NumPy) floats and ints, as `pandas.DataFrame.from_records` would type
-    them; otherwise the list itself."""
+    them (ints that fit stored as int32, half the bytes; read back as
+    int64); otherwise the list itself."""
     first = values[0]
     if isinstance(first, (str, bool, np.bool_)) or first is None:
         return values
@@ -41,16 +45,19 @@ def _pack(values: list):
         arr = np.array(values)
     except (ValueError, TypeError, OverflowError):
         return values
-    return arr if arr.dtype.kind in "fi" and arr.ndim == 1 else values
+    if arr.ndim != 1 or arr.dtype.kind not in "fi":
+        return values
+    if arr.dtype == np.int64 and _I32.min <= arr.min() and arr.max() <= _I32.max:
+        return arr.astype(np.int32)
+    return arr
 
 
 def _joined(pieces: list):
     """A column's pieces (arrays and lists, in order) as one array if every
-    piece is numeric, else as one list of the values."""
+    piece is numeric (ints as int64), else as one list of the values."""
     if all(isinstance(p, np.ndarray) for p in pieces):
-        if len(pieces) == 1:
-            return pieces[0]
-        return np.concatenate(pieces)
+        out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return out.astype(np.int64) if out.dtype == np.int32 else out
     out: list = []
     for p in pieces:
         out.extend(p.tolist() if isinstance(p, np.ndarray) else p)
@@ -166,14 +173,56 @@ class StepTable(Sequence):
         assert keep.size == len(self), "one flag per row"
         return self._take(np.flatnonzero(keep))
 
-    def to_frame(self):
-        """The same frame `pandas.DataFrame.from_records` makes of the rows."""
+    def to_frame(self, columns=None):
+        """The same frame `pandas.DataFrame.from_records` makes of the rows
+        (of ``columns`` only, those of them the table has, if given)."""
         import pandas as pd
 
         if not len(self):
             return pd.DataFrame()
-        return pd.DataFrame({c: _joined(self._pieces(i)) for i, c in enumerate(self.columns)},
-                            columns=list(self.columns))
+        names = [c for c in self.columns if columns is None or c in columns]
+        return pd.DataFrame({c: _joined(self._pieces(self._index[c])) for c in names},
+                            columns=names)
+
+    def _arrow_types(self):
+        """Each column's Parquet type as pandas would write the frame (int64,
+        float64 and str columns), or None if some column is of another kind."""
+        import pyarrow as pa
+
+        types = []
+        for i in range(len(self.columns)):
+            pieces = self._pieces(i)
+            if all(isinstance(p, np.ndarray) for p in pieces):
+                floats = any(p.dtype.kind == "f" for p in pieces)
+                types.append(pa.float64() if floats else pa.int64())
+            elif all(isinstance(p, list) and all(type(v) is str for v in p) for p in pieces):
+                types.append(pa.large_string())
+            else:
+                return None
+        return types
+
+    def write_parquet(self, path) -> None:
+        """Write the table to ``path`` a chunk at a time (one row group each),
+        never as one frame: what `pandas.read_parquet` reads back is the frame
+        `to_frame` gives. A table with a column that is neither numeric nor
+        strings is written through that frame."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        types = self._arrow_types() if len(self) else None
+        if types is None:
+            self.to_frame().to_parquet(path, index=False)
+            return
+        schema = pa.schema(list(zip(self.columns, types, strict=True)))
+        chunks = list(self._chunks)
+        if self.rows:
+            chunks.append([_pack([row[i] for row in self.rows]) for i in range(len(self.columns))])
+        with pq.ParquetWriter(path, schema) as writer:
+            for chunk in chunks:
+                arrays = [pa.array(p, type=t) if isinstance(p, list) else
+                          pa.array(p.astype(t.to_pandas_dtype(), copy=False))
+                          for p, t in zip(chunk, types, strict=True)]
+                writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
 
 def step_values(steps, name: str) -> list:
@@ -190,10 +239,21 @@ def has_step_key(steps, name: str) -> bool:
     return any(name in row for row in steps)
 
 
-def steps_frame(steps):
-    """The step rows as a DataFrame (`StepTable.to_frame` or ``DataFrame(rows)``)."""
+def steps_frame(steps, columns=None):
+    """The step rows as a DataFrame (`StepTable.to_frame` or ``DataFrame(rows)``),
+    of ``columns`` only (those of them the rows have) if given."""
     import pandas as pd
 
     if isinstance(steps, StepTable):
-        return steps.to_frame()
-    return pd.DataFrame(steps)
+        return steps.to_frame(columns)
+    frame = pd.DataFrame(steps)
+    return frame if columns is None else frame[[c for c in frame.columns if c in columns]]
+
+
+def write_steps(steps, path) -> None:
+    """Write step rows to the Parquet file ``path``: a `StepTable` chunk by
+    chunk (`StepTable.write_parquet`), a list of row dicts as its frame."""
+    if isinstance(steps, StepTable):
+        steps.write_parquet(path)
+    else:
+        steps_frame(steps).to_parquet(path, index=False)

@@ -95,3 +95,24 @@ def test_rows_packed_by_column_read_and_frame_as_the_rows(chunk, monkeypatch):
         pd.DataFrame.from_records([tuple(r.values()) for r in MIXED[1:4]], columns=cols),
         check_exact=True)
     assert len(t.select([False] * 5)) == 0 and t.select([False] * 5).to_frame().empty
+
+
+def test_a_table_written_a_chunk_at_a_time_reads_back_as_its_frame(tmp_path, monkeypatch):
+    """Numeric and string columns go to Parquet chunk by chunk, one row
+    group each, and read back as `to_frame` (what pandas wrote before); a
+    table with another kind of column is written through its frame."""
+    monkeypatch.setattr(step_table, "CHUNK_ROWS", 2)
+    rows = ROWS * 3 + [{**ROWS[0], "waiting": 2**40, "occ": 1}]   # int64; ints among floats
+    t = table(rows)
+    t.write_parquet(tmp_path / "steps.parquet")
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(tmp_path / "steps.parquet").metadata.num_row_groups == 4
+    back = pd.read_parquet(tmp_path / "steps.parquet")
+    pd.testing.assert_frame_equal(back, t.to_frame(), check_exact=True)
+    pd.testing.assert_frame_equal(back, pd.DataFrame(rows), check_exact=True)
+    mixed = table([{k: v for k, v in r.items() if k != "big"} for r in MIXED])   # bools, None
+    mixed.write_parquet(tmp_path / "mixed.parquet")
+    mixed.to_frame().to_parquet(tmp_path / "frame.parquet", index=False)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "mixed.parquet"),
+                                  pd.read_parquet(tmp_path / "frame.parquet"), check_exact=True)
