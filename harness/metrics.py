@@ -267,11 +267,29 @@ def weighted_median(values, weights) -> float:
     return float(v[k])
 
 
-def _row_times(rows) -> list[float]:
+def _floats(rows, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Column ``name`` of step rows as float64, one value per row (NaN where a
+    row has None), and which rows have a value (None when all do). A
+    `StepTable`'s numeric column is read as its array, with no Python number
+    per row: a long run has millions of rows."""
+    if isinstance(rows, StepTable):
+        arr = rows.array(name)
+        if isinstance(arr, np.ndarray):
+            return arr.astype(np.float64, copy=False), None
+    values = step_values(rows, name)
+    have = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    out = np.array([NAN if v is None else float(v) for v in values], dtype=np.float64)
+    return out, (None if have.all() else have)
+
+
+def _row_times(rows) -> np.ndarray:
     """Each row's time: its ``start_s``, else its ``time_s`` (a sample), else 0."""
+    starts, have = _floats(rows, "start_s")
+    if have is None:
+        return starts
     starts, times = step_values(rows, "start_s"), step_values(rows, "time_s")
-    return [float(s if s is not None else (0.0 if t is None else t))
-            for s, t in zip(starts, times, strict=True)]
+    return np.array([float(s if s is not None else (0.0 if t is None else t))
+                     for s, t in zip(starts, times, strict=True)], dtype=np.float64)
 
 
 def measured_start(run: EngineRun) -> float:
@@ -286,24 +304,28 @@ def measured_steps(run: EngineRun, start: float):
     if isinstance(run.steps, StepTable):
         if math.isnan(start):
             return run.steps
-        return run.steps.select([t >= start for t in _row_times(run.steps)])
+        return run.steps.select(_row_times(run.steps) >= start)
     if math.isnan(start):
         return list(run.steps)
     return [row for row, t in zip(run.steps, _row_times(run.steps), strict=True) if t >= start]
 
 
-def _column(rows, name: str) -> list[float]:
-    return [float(v) for v in step_values(rows, name) if v is not None]
+def _column(rows, name: str) -> np.ndarray:
+    """The values of column ``name`` that are not None, as float64."""
+    values, have = _floats(rows, name)
+    return values if have is None else values[have]
 
 
 def _has_column(rows, name: str) -> bool:
-    return len(rows) > 0 and all(v is not None for v in step_values(rows, name))
+    return len(rows) > 0 and _floats(rows, name)[1] is None
 
 
-def _row_sums(rows, names: list[str]) -> list[float]:
+def _row_sums(rows, names: list[str]) -> np.ndarray:
     """Per row, the sum of columns ``names`` as floats, added in that order."""
-    return [sum(float(v) for v in row)
-            for row in zip(*(step_values(rows, n) for n in names), strict=True)]
+    total = _column(rows, names[0]).copy()
+    for n in names[1:]:
+        total += _column(rows, n)
+    return total
 
 
 def _time_median(rows, name: str) -> float:
@@ -314,23 +336,30 @@ def _time_median(rows, name: str) -> float:
     ran) counts as a zero for its length, as a gauge sampled then would read.
     Rows without durations (a scraped gauge) weigh the same.
     """
-    column = step_values(rows, name)
-    keep = [v is not None for v in column]
-    if not any(keep):
+    values, have = _floats(rows, name)
+    if have is not None:
+        values = values[have]
+    if not values.size:
         return NAN
-    values = [float(v) for v in column if v is not None]
-    durations = [d for d, k in zip(step_values(rows, "duration_s"), keep, strict=True) if k]
-    if not all(d is not None for d in durations):
+
+    def kept(column: str) -> np.ndarray | None:
+        """``column`` at the rows that have a ``name`` value; None if one lacks it."""
+        col, col_have = _floats(rows, column)
+        if have is not None:
+            col = col[have]
+            col_have = None if col_have is None else col_have[have]
+        return col if col_have is None or col_have.all() else None
+
+    durations = kept("duration_s")
+    if durations is None:
         return _median(values)
-    weights = [float(d) for d in durations]
-    starts = [s for s, k in zip(step_values(rows, "start_s"), keep, strict=True) if k]
-    if all(s is not None for s in starts):
-        for i in range(len(starts) - 1):
-            gap = float(starts[i + 1]) - float(starts[i]) - float(durations[i])
-            if gap > 1e-12:
-                values.append(0.0)
-                weights.append(gap)
-    return weighted_median(values, weights)
+    starts = kept("start_s")
+    if starts is not None and starts.size > 1:
+        gaps = starts[1:] - starts[:-1] - durations[:-1]
+        idle = gaps > 1e-12
+        values = np.concatenate([values, np.zeros(int(idle.sum()))])
+        durations = np.concatenate([durations, gaps[idle]])
+    return weighted_median(values, durations)
 
 
 def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
@@ -340,8 +369,8 @@ def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
     is reported (per-kind peaks of different moments are never added)."""
     kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"mem_{k}_bytes")]
     if kinds:
-        per_kind = {k: max(_column(rows, f"mem_{k}_bytes")) for k in kinds}
-        total = max(_row_sums(rows, [f"mem_{k}_bytes" for k in kinds]))
+        per_kind = {k: float(np.max(_column(rows, f"mem_{k}_bytes"))) for k in kinds}
+        total = float(np.max(_row_sums(rows, [f"mem_{k}_bytes" for k in kinds])))
     else:
         per_kind = dict(run.peak_memory)
         total = sum(per_kind.values()) if len(per_kind) == 1 else NAN
@@ -384,7 +413,7 @@ def _rounding_waste(rows: list[dict], counters: dict):
     kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"waste_{k}_bytes")]
     if kinds:
         budget = counter.get("budget", 0) if isinstance(counter, dict) else 0
-        return int(budget + max(_row_sums(rows, [f"waste_{k}_bytes" for k in kinds])))
+        return int(budget + float(np.max(_row_sums(rows, [f"waste_{k}_bytes" for k in kinds]))))
     if counter is None:
         return NAN
     return int(sum(counter.values()) if isinstance(counter, dict) else counter)
@@ -445,8 +474,9 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
 
     counters = run.counters
     served = is_served(run)
-    occupancy = [x for x in _column(rows, "slab_occupancy") if not math.isnan(x)]
-    if occupancy or has_step_key(run.steps, "slab_occupancy"):
+    occupancy = _column(rows, "slab_occupancy")
+    occupancy = occupancy[~np.isnan(occupancy)]
+    if occupancy.size or has_step_key(run.steps, "slab_occupancy"):
         slab = _mean(occupancy)
     else:
         slab = float(counters.get("slab_occupancy_mean", NAN))
