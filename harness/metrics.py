@@ -652,55 +652,81 @@ def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> di
     }
 
 
-def _request_row(r: RequestRecord) -> dict:
+def _itl_stats(r: RequestRecord) -> tuple[float, float, float, float]:
+    """A request's inter-token gaps: mean, p50, p99 and max (NaN without gaps)."""
     gaps = inter_token_gaps(r)
-    has_gaps = gaps.size > 0
-    itl_p50, itl_p99 = percentiles(gaps, (50, 99))
-    return {
-        "request_id": r.request_id,
-        "arrival_s": r.arrival_s,
-        "dispatch_s": NAN if r.dispatch_s is None else r.dispatch_s,
-        "first_token_s": NAN if r.first_token_s is None else r.first_token_s,
-        "finish_s": NAN if r.finish_s is None else r.finish_s,
-        "prompt_tokens": r.prompt_tokens,
-        "target_output_tokens": r.target_output_tokens,
-        "output_tokens": r.output_tokens,
-        "reused_tokens": r.reused_tokens,
-        "initial_input_tokens": r.initial_input_tokens,
-        "recomputed_tokens": r.recomputed_tokens,
-        "preemptions": r.preemptions,
-        "j_adopt": r.j_adopt,
-        "r_max": r.r_max,
-        "attn_depth": r.attn_depth,
-        "prefix_group": r.prefix_group,
-        "status": r.status,
-        "error": r.error,
-        "warmup": r.warmup,
-        "ttft_s": ttft(r),
-        "e2e_s": e2e(r),
-        "itl_mean_s": float(gaps.mean()) if has_gaps else NAN,
-        "itl_p50_s": itl_p50,
-        "itl_p99_s": itl_p99,
-        "itl_max_s": float(gaps.max()) if has_gaps else NAN,
-        "tpot_s": tpot(r),
-        "n_token_times": len(r.token_times),
-    }
+    if not gaps.size:
+        return NAN, NAN, NAN, NAN
+    p50, p99 = percentiles(gaps, (50, 99))
+    return float(gaps.mean()), p50, p99, float(gaps.max())
+
+
+def _opt(value: float | None) -> float:
+    return NAN if value is None else value
+
+
+#: How each column of `per_request_table` comes from a record (the ITL columns
+#: from `_itl_stats`), in `REQUEST_COLUMNS` order.
+_REQUEST_VALUES = {
+    "request_id": lambda r: r.request_id,
+    "arrival_s": lambda r: r.arrival_s,
+    "dispatch_s": lambda r: _opt(r.dispatch_s),
+    "first_token_s": lambda r: _opt(r.first_token_s),
+    "finish_s": lambda r: _opt(r.finish_s),
+    "prompt_tokens": lambda r: r.prompt_tokens,
+    "target_output_tokens": lambda r: r.target_output_tokens,
+    "output_tokens": lambda r: r.output_tokens,
+    "reused_tokens": lambda r: r.reused_tokens,
+    "initial_input_tokens": lambda r: r.initial_input_tokens,
+    "recomputed_tokens": lambda r: r.recomputed_tokens,
+    "preemptions": lambda r: r.preemptions,
+    "j_adopt": lambda r: r.j_adopt,
+    "r_max": lambda r: r.r_max,
+    "attn_depth": lambda r: r.attn_depth,
+    "prefix_group": lambda r: r.prefix_group,
+    "status": lambda r: r.status,
+    "error": lambda r: r.error,
+    "warmup": lambda r: r.warmup,
+    "ttft_s": ttft,
+    "e2e_s": e2e,
+    "tpot_s": tpot,
+    "n_token_times": lambda r: len(r.token_times),
+}
+_ITL_COLUMNS = ("itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
+assert set(_REQUEST_VALUES) | set(_ITL_COLUMNS) == set(REQUEST_COLUMNS)
+
+
+def _request_column(requests, name: str, dtype: str):
+    """Column ``name`` of the per-request table: an array of ``dtype`` built
+    from the records (a list for object columns), no row dict per request."""
+    get = _REQUEST_VALUES[name]
+    if dtype == "object":
+        return [get(r) for r in requests]
+    return np.fromiter((get(r) for r in requests), dtype=dtype, count=len(requests))
 
 
 def per_request_table(run: EngineRun) -> pd.DataFrame:
     """One row per request (warm-up included, flagged by ``warmup``).
 
     Token times are summarized (ITL mean/p50/p99/max, count), not stored:
-    they would dominate the file. Missing times are NaN.
+    they would dominate the file. Missing times are NaN. Built column by
+    column from the records.
     """
-    rows = [_request_row(r) for r in run.requests]
+    requests = run.requests
     columns = dict(REQUEST_COLUMNS)
-    if any(r.turn >= 0 for r in run.requests):
+    itl = np.array([_itl_stats(r) for r in requests], dtype=np.float64).reshape(-1, 4)
+    data = {}
+    for name, dtype in REQUEST_COLUMNS.items():
+        if name in _ITL_COLUMNS:
+            data[name] = itl[:, _ITL_COLUMNS.index(name)].copy()
+        else:
+            data[name] = _request_column(requests, name, dtype)
+    if any(r.turn >= 0 for r in requests):
         columns.update(TURN_COLUMNS)
         hist = turn_history(run)
-        for row, r in zip(rows, run.requests, strict=True):
-            h = hist.get(r.request_id, (0, 0, NAN))
-            row.update(session=r.session, turn=r.turn, history_tokens=h[0],
-                       history_recomputed_tokens=h[1], history_survived=h[2])
-    df = pd.DataFrame(rows, columns=list(columns))
+        h = [hist.get(r.request_id, (0, 0, NAN)) for r in requests]
+        data.update(session=[r.session for r in requests], turn=[r.turn for r in requests],
+                    history_tokens=[x[0] for x in h], history_recomputed_tokens=[x[1] for x in h],
+                    history_survived=[x[2] for x in h])
+    df = pd.DataFrame(data, columns=list(columns))
     return df.astype(columns)
