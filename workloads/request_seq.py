@@ -19,6 +19,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+#: A derived workload of more requests is made request by request when read
+#: (a million made at once would need ~30 GB); smaller ones are made at once,
+#: so a sweep that serves one workload to many cells makes its requests once.
+MADE_AT_ONCE = 4096
+
 
 class MadeOnRead(Sequence):
     """Requests ``0..n-1``; ``make(i)`` returns request i. ``arrival_s``,

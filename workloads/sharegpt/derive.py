@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from common.errors import HbenchError
 from workloads.bounds import MIN_TURN_TOKENS
-from workloads.request_seq import MadeOnRead
+from workloads.request_seq import MADE_AT_ONCE, MadeOnRead
 from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
 from workloads.sharegpt.tokenizer import Tokenizer
@@ -48,11 +48,6 @@ CALIBRATION_SAMPLE = 2048
 PAIR_BLOCK = 256
 CONTEXT_KEY_CHARS = 200  # conversations whose opening text repeats are not context sources
 POOL_BLOCK = 4096  # conversations whose opening text is read at once
-#: A workload of more requests is made request by request when read
-#: (`workloads.request_seq.MadeOnRead`): a million made at once would need
-#: ~30 GB. Smaller ones are made at once, so a sweep that serves one
-#: workload to many cells makes its requests once.
-MADE_AT_ONCE = 4096
 
 
 def stream(seed: int, name: str) -> np.random.Generator:
