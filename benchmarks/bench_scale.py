@@ -7,7 +7,8 @@ budget b83) and organization (``--orgs``), in one sitting: the import floor
 directory) with a clock between its phases: whole (spawn to exit, against
 the floor), workload build, engine (and its time per request against the
 10,000-request run's, where the sizes include 10,000), writing (summary and
-tables), and the process's peak RSS. A size the input checks refuse
+tables), the process's RSS after the workload and after the engine
+(``/proc/self/status``) and its peak RSS. A size the input checks refuse
 (the memory estimate) prints the refusal instead.
 
     python -m benchmarks.bench_scale [--sizes 240,10000,100000,1000000]
@@ -35,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PHASE_SCRIPT = r"""
 import json, resource, sys, time
 org, requests, rate, out, spawned = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 import hbench.cli, hbench.commands.run
 from pathlib import Path
 from adapters.registry import make_engine
@@ -55,10 +59,12 @@ version = engine.version()
 t.append(time.time())
 workload = build_run_workload(config)
 t.append(time.time())
+rss = [rss_mib()]
 config = recorded_config(config, workload)
 setup = setup.with_config(config)
 run = engine.run(workload, setup, None)
 t.append(time.time())
+rss.append(rss_mib())
 write_run(Path(out), run_id=new_run_id(config, workload.content_hash), config=config, run=run,
           workload_hash=workload.content_hash, workload_meta=dict(workload.meta),
           budget=budget_manifest(setup.budget), engine_name=engine.name, engine_version=version,
@@ -67,11 +73,12 @@ write_run(Path(out), run_id=new_run_id(config, workload.content_hash), config=co
 t.append(time.time())
 print(json.dumps({"imports": t[0] - spawned, "setup": t[1] - t[0], "workload": t[2] - t[1],
                   "engine": t[3] - t[2], "writing": t[4] - t[3],
+                  "rss_workload_mib": rss[0], "rss_engine_mib": rss[1],
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 COLUMNS = ("floor", "whole", "whole/floor", "workload", "engine", "ms/req", "vs 10k", "writing",
-           "peak MiB")
+           "MiB wl", "MiB eng", "peak MiB")
 
 
 def _env() -> dict:
@@ -128,6 +135,7 @@ def main(argv=None) -> None:
                 med["whole/floor"] = statistics.median(r["whole"] / r["floor"] for r in rounds)
                 med["ms/req"] = med["engine"] / n * 1e3
                 med["peak MiB"] = med["peak_rss_mib"]
+                med["MiB wl"], med["MiB eng"] = med["rss_workload_mib"], med["rss_engine_mib"]
                 if n == 10_000:
                     per_request_10k = med["ms/req"]
                 med["vs 10k"] = (med["ms/req"] / per_request_10k if per_request_10k
