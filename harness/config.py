@@ -54,9 +54,10 @@ RUN_BYTES_PER_PROMPT_TOKEN = 64
 #: A larger derived workload is made request by request as it is served, so
 #: a request's prompt costs memory only while it is in flight and what stays
 #: is its record, its token times and its ~20 step rows. Measured (whole
-#: process peak RSS, sim engine, s2 at b83, 3 req/s, mean input 3,332, at
-#: commit b2712e2; docs/benchmarks.md section 5): 100,000 requests 3,046 MiB,
-#: i.e. about 30 kB per request over a 240-request run's 212 MiB; rounded up here.
+#: process peak RSS, sim engine, s2 at b83, 3 req/s, mean input 3,332;
+#: docs/benchmarks.md section 5): 100,000 requests 2,910 MiB, i.e. 28 kB per
+#: request over a 240-request run's 224 MiB (3,046 MiB at b2712e2, before the
+#: tables were written by chunk and the summary read arrays); rounded up here.
 RUN_BYTES_PER_MADE_REQUEST = 32_000
 #: The simulator's bookkeeping per page of the organization's pools. Measured
 #: (ru_maxrss of building each organization at a 2 TiB budget, 31k to 1.5M
