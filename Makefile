@@ -38,6 +38,7 @@ bench: install
 	$(BIN)/python -m benchmarks.bench_orgs
 	$(BIN)/python -m benchmarks.bench_run
 	$(BIN)/python -m benchmarks.bench_process
+	$(BIN)/python -m benchmarks.bench_scale --sizes 240,10000,100000,1000000
 	$(BIN)/python -m benchmarks.bench_cost
 	$(BIN)/python -m benchmarks.bench_client
 	@if [ -n "$$HBENCH_VLLM_PYTHON" ]; then $(BIN)/python -m benchmarks.bench_client_vllm; \

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+#: The step table's columns the attribution reads.
+STEP_COLUMNS = ("start_s", "time_s", "wait_reason", "admitted_ids", "preempted_ids", "skipped_ids")
 CAUSES = ("wait_memory", "wait_cap", "wait_budget", "prefill", "recompute")
 REASON_CAUSE = {"memory": "wait_memory", "cap": "wait_cap", "budget": "wait_budget"}
 #: TTFT bands whose mean parts explain a percentile (p50: 45th-55th, p99: the top 2 %).

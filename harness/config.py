@@ -31,6 +31,7 @@ from harness.orgs import ORGANIZATIONS
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
 from workloads.bounds import expected_requests
+from workloads.request_seq import MADE_AT_ONCE
 from workloads.spec import WorkloadSpec
 
 ORG_NAMES = tuple(ORGANIZATIONS)       # the CLI names, in registry order
@@ -42,12 +43,22 @@ ADMISSIONS = ("first-chunk", "whole-input")
 COMPUTE_DTYPES = ("auto", "fp32", "bf16")
 
 #: Peak memory (RSS) of one run grows linearly with its requests, and per
-#: request linearly with the prompt length. Measured (ru_maxrss, sim engine,
-#: s2 at b83, 240 vs 1920 requests, mean input 1000 / 3332 / 6000 tokens):
-#: 115 / 257 / 428 kB per request, i.e. about 52 kB + 63 B per prompt token;
-#: rounded up here.
+#: request linearly with the prompt length while the workload is held whole
+#: (a saved workload, a multi-turn one, or a derived one of at most
+#: `workloads.request_seq.MADE_AT_ONCE` requests). Measured (ru_maxrss, sim
+#: engine, s2 at b83, 240 vs 1920 requests, mean input 1000 / 3332 / 6000
+#: tokens): 115 / 257 / 428 kB per request, i.e. about 52 kB + 63 B per
+#: prompt token; rounded up here.
 RUN_BYTES_PER_REQUEST = 56_000
 RUN_BYTES_PER_PROMPT_TOKEN = 64
+#: A larger derived workload is made request by request as it is served, so
+#: a request's prompt costs memory only while it is in flight and what stays
+#: is its record, its token times and its ~20 step rows. Measured (whole
+#: process peak RSS, sim engine, s2 at b83, 3 req/s, mean input 3,332;
+#: docs/benchmarks.md section 5): 100,000 requests 2,910 MiB, i.e. 28 kB per
+#: request over a 240-request run's 224 MiB (3,046 MiB at b2712e2, before the
+#: tables were written by chunk and the summary read arrays); rounded up here.
+RUN_BYTES_PER_MADE_REQUEST = 32_000
 #: The simulator's bookkeeping per page of the organization's pools. Measured
 #: (ru_maxrss of building each organization at a 2 TiB budget, 31k to 1.5M
 #: pages): 349 to 379 B per page; rounded up here.
@@ -161,10 +172,18 @@ class RunConfig:
                                  self.rate, self.workload_kind, self.max_turns)
 
     @property
+    def made_on_read(self) -> bool:
+        """Whether the run's workload is made request by request as it is
+        served (`workloads.request_seq.MadeOnRead`): a derived ShareGPT-shaped
+        one of more than `MADE_AT_ONCE` requests."""
+        return (not self.workload_path and self.workload_kind == "sharegpt"
+                and self.expected_requests > MADE_AT_ONCE)
+
+    @property
     def estimated_run_bytes(self) -> float:
         """Estimated peak memory of the run's requests (see `RUN_BYTES_PER_REQUEST`);
         `validate` adds the simulator's pages."""
-        return run_bytes(self.expected_requests, self.mean_input)
+        return run_bytes(self.expected_requests, self.mean_input, made_on_read=self.made_on_read)
 
     @property
     def resolved_paging(self) -> str:
@@ -203,11 +222,14 @@ class RunConfig:
 _FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
 
 
-def run_bytes(requests: float, mean_prompt_tokens: float) -> float:
+def run_bytes(requests: float, mean_prompt_tokens: float, *, made_on_read: bool = False) -> float:
     """Estimated peak memory of a run serving ``requests`` requests of
     ``mean_prompt_tokens`` prompt tokens on average (see
     `RUN_BYTES_PER_REQUEST`): the one formula for a recipe's requests and a
-    saved workload's."""
+    saved workload's. ``made_on_read``: the workload is made request by
+    request as it is served (`RUN_BYTES_PER_MADE_REQUEST`)."""
+    if made_on_read:
+        return requests * RUN_BYTES_PER_MADE_REQUEST
     return requests * (RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * mean_prompt_tokens)
 
 

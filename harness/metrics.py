@@ -273,11 +273,29 @@ def weighted_median(values, weights) -> float:
     return float(v[k])
 
 
-def _row_times(rows) -> list[float]:
+def _floats(rows, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Column ``name`` of step rows as float64, one value per row (NaN where a
+    row has None), and which rows have a value (None when all do). A
+    `StepTable`'s numeric column is read as its array, with no Python number
+    per row: a long run has millions of rows."""
+    if isinstance(rows, StepTable):
+        arr = rows.array(name)
+        if isinstance(arr, np.ndarray):
+            return arr.astype(np.float64, copy=False), None
+    values = step_values(rows, name)
+    have = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    out = np.array([NAN if v is None else float(v) for v in values], dtype=np.float64)
+    return out, (None if have.all() else have)
+
+
+def _row_times(rows) -> np.ndarray:
     """Each row's time: its ``start_s``, else its ``time_s`` (a sample), else 0."""
+    starts, have = _floats(rows, "start_s")
+    if have is None:
+        return starts
     starts, times = step_values(rows, "start_s"), step_values(rows, "time_s")
-    return [float(s if s is not None else (0.0 if t is None else t))
-            for s, t in zip(starts, times, strict=True)]
+    return np.array([float(s if s is not None else (0.0 if t is None else t))
+                     for s, t in zip(starts, times, strict=True)], dtype=np.float64)
 
 
 def measured_start(run: EngineRun) -> float:
@@ -292,24 +310,28 @@ def measured_steps(run: EngineRun, start: float):
     if isinstance(run.steps, StepTable):
         if math.isnan(start):
             return run.steps
-        return run.steps.select([t >= start for t in _row_times(run.steps)])
+        return run.steps.select(_row_times(run.steps) >= start)
     if math.isnan(start):
         return list(run.steps)
     return [row for row, t in zip(run.steps, _row_times(run.steps), strict=True) if t >= start]
 
 
-def _column(rows, name: str) -> list[float]:
-    return [float(v) for v in step_values(rows, name) if v is not None]
+def _column(rows, name: str) -> np.ndarray:
+    """The values of column ``name`` that are not None, as float64."""
+    values, have = _floats(rows, name)
+    return values if have is None else values[have]
 
 
 def _has_column(rows, name: str) -> bool:
-    return len(rows) > 0 and all(v is not None for v in step_values(rows, name))
+    return len(rows) > 0 and _floats(rows, name)[1] is None
 
 
-def _row_sums(rows, names: list[str]) -> list[float]:
+def _row_sums(rows, names: list[str]) -> np.ndarray:
     """Per row, the sum of columns ``names`` as floats, added in that order."""
-    return [sum(float(v) for v in row)
-            for row in zip(*(step_values(rows, n) for n in names), strict=True)]
+    total = _column(rows, names[0]).copy()
+    for n in names[1:]:
+        total += _column(rows, n)
+    return total
 
 
 def _time_median(rows, name: str) -> float:
@@ -320,23 +342,30 @@ def _time_median(rows, name: str) -> float:
     ran) counts as a zero for its length, as a gauge sampled then would read.
     Rows without durations (a scraped gauge) weigh the same.
     """
-    column = step_values(rows, name)
-    keep = [v is not None for v in column]
-    if not any(keep):
+    values, have = _floats(rows, name)
+    if have is not None:
+        values = values[have]
+    if not values.size:
         return NAN
-    values = [float(v) for v in column if v is not None]
-    durations = [d for d, k in zip(step_values(rows, "duration_s"), keep, strict=True) if k]
-    if not all(d is not None for d in durations):
+
+    def kept(column: str) -> np.ndarray | None:
+        """``column`` at the rows that have a ``name`` value; None if one lacks it."""
+        col, col_have = _floats(rows, column)
+        if have is not None:
+            col = col[have]
+            col_have = None if col_have is None else col_have[have]
+        return col if col_have is None or col_have.all() else None
+
+    durations = kept("duration_s")
+    if durations is None:
         return _median(values)
-    weights = [float(d) for d in durations]
-    starts = [s for s, k in zip(step_values(rows, "start_s"), keep, strict=True) if k]
-    if all(s is not None for s in starts):
-        for i in range(len(starts) - 1):
-            gap = float(starts[i + 1]) - float(starts[i]) - float(durations[i])
-            if gap > 1e-12:
-                values.append(0.0)
-                weights.append(gap)
-    return weighted_median(values, weights)
+    starts = kept("start_s")
+    if starts is not None and starts.size > 1:
+        gaps = starts[1:] - starts[:-1] - durations[:-1]
+        idle = gaps > 1e-12
+        values = np.concatenate([values, np.zeros(int(idle.sum()))])
+        durations = np.concatenate([durations, gaps[idle]])
+    return weighted_median(values, durations)
 
 
 def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
@@ -346,8 +375,8 @@ def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
     is reported (per-kind peaks of different moments are never added)."""
     kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"mem_{k}_bytes")]
     if kinds:
-        per_kind = {k: max(_column(rows, f"mem_{k}_bytes")) for k in kinds}
-        total = max(_row_sums(rows, [f"mem_{k}_bytes" for k in kinds]))
+        per_kind = {k: float(np.max(_column(rows, f"mem_{k}_bytes"))) for k in kinds}
+        total = float(np.max(_row_sums(rows, [f"mem_{k}_bytes" for k in kinds])))
     else:
         per_kind = dict(run.peak_memory)
         total = sum(per_kind.values()) if len(per_kind) == 1 else NAN
@@ -390,7 +419,7 @@ def _rounding_waste(rows: list[dict], counters: dict):
     kinds = [k for k in ("attention", "ssm", "conv") if _has_column(rows, f"waste_{k}_bytes")]
     if kinds:
         budget = counter.get("budget", 0) if isinstance(counter, dict) else 0
-        return int(budget + max(_row_sums(rows, [f"waste_{k}_bytes" for k in kinds])))
+        return int(budget + float(np.max(_row_sums(rows, [f"waste_{k}_bytes" for k in kinds]))))
     if counter is None:
         return NAN
     return int(sum(counter.values()) if isinstance(counter, dict) else counter)
@@ -428,8 +457,8 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
     (`harness.validity`, the one nested object) checks the delivered load
     against; without it the rate checks are "n/a". ``tables``: the run's
-    (`per_request_table`, step frame) when the caller has made them already
-    (`harness.results.write_run` writes them too); read, never changed.
+    (`per_request_table`, `attribution_steps`) when the caller has made them
+    already (`harness.results.write_run` writes the first); read, never changed.
     """
     measured = [r for r in run.requests if not r.warmup]
     finished = [r for r in measured if r.status == FINISHED]
@@ -451,8 +480,9 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
 
     counters = run.counters
     served = is_served(run)
-    occupancy = [x for x in _column(rows, "slab_occupancy") if not math.isnan(x)]
-    if occupancy or has_step_key(run.steps, "slab_occupancy"):
+    occupancy = _column(rows, "slab_occupancy")
+    occupancy = occupancy[~np.isnan(occupancy)]
+    if occupancy.size or has_step_key(run.steps, "slab_occupancy"):
         slab = _mean(occupancy)
     else:
         slab = float(counters.get("slab_occupancy_mean", NAN))
@@ -591,12 +621,20 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def attribution_steps(run: EngineRun) -> pd.DataFrame:
+    """The step columns the TTFT attribution reads (`harness.attribution.STEP_COLUMNS`),
+    as a frame: a long run's whole step table is never made one."""
+    from harness.attribution import STEP_COLUMNS
+
+    return steps_frame(run.steps, STEP_COLUMNS)
+
+
 def _attribution(run: EngineRun, tables=None) -> dict:
     """TTFT p50 / p99 broken down by cause (`harness.attribution`); NaN for
     engines whose step table records no scheduler reasons."""
     from harness.attribution import attribute, breakdown
 
-    requests, steps = tables or (per_request_table(run), steps_frame(run.steps))
+    requests, steps = tables or (per_request_table(run), attribution_steps(run))
     return breakdown(attribute(requests, steps))
 
 
@@ -621,55 +659,81 @@ def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> di
     }
 
 
-def _request_row(r: RequestRecord) -> dict:
+def _itl_stats(r: RequestRecord) -> tuple[float, float, float, float]:
+    """A request's inter-token gaps: mean, p50, p99 and max (NaN without gaps)."""
     gaps = inter_token_gaps(r)
-    has_gaps = gaps.size > 0
-    itl_p50, itl_p99 = percentiles(gaps, (50, 99))
-    return {
-        "request_id": r.request_id,
-        "arrival_s": r.arrival_s,
-        "dispatch_s": NAN if r.dispatch_s is None else r.dispatch_s,
-        "first_token_s": NAN if r.first_token_s is None else r.first_token_s,
-        "finish_s": NAN if r.finish_s is None else r.finish_s,
-        "prompt_tokens": r.prompt_tokens,
-        "target_output_tokens": r.target_output_tokens,
-        "output_tokens": r.output_tokens,
-        "reused_tokens": r.reused_tokens,
-        "initial_input_tokens": r.initial_input_tokens,
-        "recomputed_tokens": r.recomputed_tokens,
-        "preemptions": r.preemptions,
-        "j_adopt": r.j_adopt,
-        "r_max": r.r_max,
-        "attn_depth": r.attn_depth,
-        "prefix_group": r.prefix_group,
-        "status": r.status,
-        "error": r.error,
-        "warmup": r.warmup,
-        "ttft_s": ttft(r),
-        "e2e_s": e2e(r),
-        "itl_mean_s": float(gaps.mean()) if has_gaps else NAN,
-        "itl_p50_s": itl_p50,
-        "itl_p99_s": itl_p99,
-        "itl_max_s": float(gaps.max()) if has_gaps else NAN,
-        "tpot_s": tpot(r),
-        "n_token_times": len(r.token_times),
-    }
+    if not gaps.size:
+        return NAN, NAN, NAN, NAN
+    p50, p99 = percentiles(gaps, (50, 99))
+    return float(gaps.mean()), p50, p99, float(gaps.max())
+
+
+def _opt(value: float | None) -> float:
+    return NAN if value is None else value
+
+
+#: How each column of `per_request_table` comes from a record (the ITL columns
+#: from `_itl_stats`), in `REQUEST_COLUMNS` order.
+_REQUEST_VALUES = {
+    "request_id": lambda r: r.request_id,
+    "arrival_s": lambda r: r.arrival_s,
+    "dispatch_s": lambda r: _opt(r.dispatch_s),
+    "first_token_s": lambda r: _opt(r.first_token_s),
+    "finish_s": lambda r: _opt(r.finish_s),
+    "prompt_tokens": lambda r: r.prompt_tokens,
+    "target_output_tokens": lambda r: r.target_output_tokens,
+    "output_tokens": lambda r: r.output_tokens,
+    "reused_tokens": lambda r: r.reused_tokens,
+    "initial_input_tokens": lambda r: r.initial_input_tokens,
+    "recomputed_tokens": lambda r: r.recomputed_tokens,
+    "preemptions": lambda r: r.preemptions,
+    "j_adopt": lambda r: r.j_adopt,
+    "r_max": lambda r: r.r_max,
+    "attn_depth": lambda r: r.attn_depth,
+    "prefix_group": lambda r: r.prefix_group,
+    "status": lambda r: r.status,
+    "error": lambda r: r.error,
+    "warmup": lambda r: r.warmup,
+    "ttft_s": ttft,
+    "e2e_s": e2e,
+    "tpot_s": tpot,
+    "n_token_times": lambda r: len(r.token_times),
+}
+_ITL_COLUMNS = ("itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
+assert set(_REQUEST_VALUES) | set(_ITL_COLUMNS) == set(REQUEST_COLUMNS)
+
+
+def _request_column(requests, name: str, dtype: str):
+    """Column ``name`` of the per-request table: an array of ``dtype`` built
+    from the records (a list for object columns), no row dict per request."""
+    get = _REQUEST_VALUES[name]
+    if dtype == "object":
+        return [get(r) for r in requests]
+    return np.fromiter((get(r) for r in requests), dtype=dtype, count=len(requests))
 
 
 def per_request_table(run: EngineRun) -> pd.DataFrame:
     """One row per request (warm-up included, flagged by ``warmup``).
 
     Token times are summarized (ITL mean/p50/p99/max, count), not stored:
-    they would dominate the file. Missing times are NaN.
+    they would dominate the file. Missing times are NaN. Built column by
+    column from the records.
     """
-    rows = [_request_row(r) for r in run.requests]
+    requests = run.requests
     columns = dict(REQUEST_COLUMNS)
-    if any(r.turn >= 0 for r in run.requests):
+    itl = np.array([_itl_stats(r) for r in requests], dtype=np.float64).reshape(-1, 4)
+    data = {}
+    for name, dtype in REQUEST_COLUMNS.items():
+        if name in _ITL_COLUMNS:
+            data[name] = itl[:, _ITL_COLUMNS.index(name)].copy()
+        else:
+            data[name] = _request_column(requests, name, dtype)
+    if any(r.turn >= 0 for r in requests):
         columns.update(TURN_COLUMNS)
         hist = turn_history(run)
-        for row, r in zip(rows, run.requests, strict=True):
-            h = hist.get(r.request_id, (0, 0, NAN))
-            row.update(session=r.session, turn=r.turn, history_tokens=h[0],
-                       history_recomputed_tokens=h[1], history_survived=h[2])
-    df = pd.DataFrame(rows, columns=list(columns))
+        h = [hist.get(r.request_id, (0, 0, NAN)) for r in requests]
+        data.update(session=[r.session for r in requests], turn=[r.turn for r in requests],
+                    history_tokens=[x[0] for x in h], history_recomputed_tokens=[x[1] for x in h],
+                    history_survived=[x[2] for x in h])
+    df = pd.DataFrame(data, columns=list(columns))
     return df.astype(columns)

@@ -7,7 +7,8 @@ One run is one directory ``<out_root>/<run_id>/``::
                       "files": the size and sha256 of each file below
     summary.json      `harness.metrics.summarize` (flat scalars)
     requests.parquet  `harness.metrics.per_request_table` (one row per request)
-    steps.parquet     the engine's per-step rows
+    steps.parquet     the engine's per-step rows (`harness.step_table.write_steps`:
+                      a simulated run's a row group per packed chunk)
 
 A run directory either exists complete or not at all: everything is written
 into a hidden sibling ``.tmp-<run_id>-<pid>`` and renamed into place last, so
@@ -61,7 +62,7 @@ from harness import metrics, provenance
 from harness.config import RunConfig
 from harness.records import EngineRun
 from harness.results_schema import check_manifest, check_summary, read_table
-from harness.step_table import steps_frame
+from harness.step_table import write_steps
 
 SCHEMA_VERSION = 1
 
@@ -234,13 +235,14 @@ def write_run(
     manifest.update(extra_manifest or {})
     # Serialize before touching the disk so a bad value fails without debris.
     manifest = to_jsonable(manifest)
-    tables = (metrics.per_request_table(run), steps_frame(run.steps))
+    requests = metrics.per_request_table(run)
     summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config,
-                                            tables=tables))
+                                            tables=(requests, metrics.attribution_steps(run))))
 
     try:
         with new_dirs_removed_on_error(out_root):
-            _write_tmp_and_rename(out_root, run_id, final, manifest, summary, tables)
+            _write_tmp_and_rename(out_root, run_id, final, manifest, summary, requests,
+                                  run.steps)
     except OSError as exc:
         err = disk_error(final, exc)
         if err is None:
@@ -254,7 +256,7 @@ def _file_record(path: Path) -> dict:
 
 
 def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: dict, summary: dict,
-                          tables) -> None:
+                          requests, steps) -> None:
     out_root.mkdir(parents=True, exist_ok=True)
     tmp = out_root / f"{TMP_PREFIX}{run_id}-{os.getpid()}"
     if tmp.exists():  # only this process (same pid, same id) names it so
@@ -262,8 +264,8 @@ def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: di
     tmp.mkdir()
     try:
         _write_json(tmp / SUMMARY, summary)
-        tables[0].to_parquet(tmp / REQUESTS, index=False)
-        tables[1].to_parquet(tmp / STEPS, index=False)
+        requests.to_parquet(tmp / REQUESTS, index=False)
+        write_steps(steps, tmp / STEPS)   # a chunk at a time, not as one frame
         # The completion marker, last: what every other file must still be.
         _write_json(tmp / MANIFEST, {**manifest, FILES: {n: _file_record(tmp / n) for n in CHECKED_FILES}})
         for name in RUN_FILES:

@@ -72,7 +72,7 @@ def validate(config: RunConfig) -> RunSetup:
     check_policies(config, setup.layout)
     requests, mean_prompt = run_requests(config)
     pages = budget.total_pages if config.engine == "sim" else 0
-    check_memory(requests, mean_prompt, pages)
+    check_memory(requests, mean_prompt, pages, made_on_read=config.made_on_read)
     return setup
 
 
@@ -115,14 +115,16 @@ def run_requests(config: RunConfig) -> tuple[float, float]:
 
 
 def check_memory(requests: float, mean_prompt: float, pages: int = 0,
-                 subject: str = "this run") -> None:
+                 subject: str = "this run", *, made_on_read: bool = False) -> None:
     """Refuse (HbenchError) work estimated to need more than
     `MAX_RUN_MEMORY_BYTES`: ``requests`` requests of ``mean_prompt`` prompt
     tokens (`harness.config.run_bytes`) plus ``pages`` simulated pages. Runs
     check it in `validate`; ``hbench workload build`` checks the recipe's
     requests before deriving, since a workload too large to run is useless
-    and deriving it costs memory of the same order."""
-    need = run_bytes(requests, mean_prompt) + RUN_BYTES_PER_PAGE * pages
+    and deriving it costs memory of the same order. ``made_on_read``: the
+    run's workload is made request by request as it is served
+    (`RunConfig.made_on_read`), so its prompts are not held."""
+    need = run_bytes(requests, mean_prompt, made_on_read=made_on_read) + RUN_BYTES_PER_PAGE * pages
     if need > MAX_RUN_MEMORY_BYTES:
         what = f"{requests:,.0f} requests of {mean_prompt:.0f} prompt tokens"
         raise HbenchError(

@@ -1,70 +1,228 @@
-"""A step table stored as one tuple per row under one column list.
+"""A step table stored by column, in chunks of rows.
 
 An engine's step rows (`harness.records.EngineRun.steps`) are dicts of
-scalars. A long simulated run makes ~20 rows per request and a dict per row
-costs ~2.5 kB, most of it the dict itself; `StepTable` keeps the column names
-once and each row as a tuple of its values (~0.5 kB), and still reads as a
-sequence of dict rows (``table[i]``, iteration), so code written for lists of
-dicts works unchanged. `step_values` and `steps_frame` read either form by
-column without building row dicts.
+scalars. A long simulated run makes ~20 rows per request and ~40 columns, so
+a dict per row (~2.5 kB) or even a tuple per row (~0.4 kB with its boxed
+numbers) dominates a long run's memory. `StepTable` takes rows as tuples
+under one column list (`append`) and, every `CHUNK_ROWS` rows, packs them by
+column: a numeric column as one NumPy array (8 bytes a value), any other
+(strings, None) as a list of its values. It still reads as a sequence of
+dict rows (``table[i]``, iteration), so code written for lists of dicts
+works unchanged; `column`, `array` and `to_frame` read by column without
+building row dicts.
 
 Every row has the same columns, in the order of the first row's keys: the
-same order `pandas.DataFrame` gives a list of those dicts.
+same order `pandas.DataFrame` gives a list of those dicts, and `to_frame`
+gives the frame `pandas.DataFrame.from_records` makes of the rows (a column
+of Python floats is float64, of ints int64, of ints and floats float64; any
+other column is handed to pandas as its values).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 
-import pandas as pd
+import numpy as np
+
+#: Rows packed by column at a time: big enough that packing costs little per
+#: row, small enough that the rows not yet packed cost little memory.
+CHUNK_ROWS = 4096
+
+
+_I32 = np.iinfo(np.int32)
+
+
+def _pack(values: list):
+    """One column's values: a float64 or int64 array when they are Python (or
+    NumPy) floats and ints, as `pandas.DataFrame.from_records` would type
+    them (ints that fit stored as int32, half the bytes; read back as
+    int64); otherwise the list itself."""
+    first = values[0]
+    if isinstance(first, (str, bool, np.bool_)) or first is None:
+        return values
+    try:
+        arr = np.array(values)
+    except (ValueError, TypeError, OverflowError):
+        return values
+    if arr.ndim != 1 or arr.dtype.kind not in "fi":
+        return values
+    if arr.dtype == np.int64 and _I32.min <= arr.min() and arr.max() <= _I32.max:
+        return arr.astype(np.int32)
+    return arr
+
+
+def _joined(pieces: list):
+    """A column's pieces (arrays and lists, in order) as one array if every
+    piece is numeric (ints as int64), else as one list of the values."""
+    if all(isinstance(p, np.ndarray) for p in pieces):
+        out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return out.astype(np.int64) if out.dtype == np.int32 else out
+    out: list = []
+    for p in pieces:
+        out.extend(p.tolist() if isinstance(p, np.ndarray) else p)
+    return out
 
 
 class StepTable(Sequence):
-    """Rows with fixed ``columns``; ``rows[i]`` is a tuple of row i's values."""
+    """Rows with fixed ``columns``: packed chunks (`_chunks`, one piece per
+    column each) and the rows appended since (``rows``, tuples)."""
 
     def __init__(self, columns: tuple[str, ...] = (), rows: list[tuple] | None = None):
         self.columns = tuple(columns)
         self.rows: list[tuple] = [] if rows is None else rows
         self._index = {c: i for i, c in enumerate(self.columns)}
+        self._chunks: list[list] = []        # per chunk: one piece per column
+        self._starts: list[int] = []         # the first row index of each chunk
+        self._packed = 0                     # rows in the chunks
 
     def set_columns(self, columns) -> None:
         """Name the columns (once, before the first row)."""
-        assert not self.rows and not self.columns, "columns are fixed by the first row"
+        assert not len(self) and not self.columns, "columns are fixed by the first row"
         self.columns = tuple(columns)
         self._index = {c: i for i, c in enumerate(self.columns)}
 
+    def append(self, row: tuple) -> None:
+        """One more row (its values in column order)."""
+        rows = self.rows
+        rows.append(row)
+        if len(rows) >= CHUNK_ROWS:
+            self._pack_rows()
+
+    def _pack_rows(self) -> None:
+        """The appended rows become one chunk, packed by column."""
+        if not self.rows:
+            return
+        self._starts.append(self._packed)
+        self._chunks.append([_pack(list(col)) for col in zip(*self.rows, strict=True)])
+        self._packed += len(self.rows)
+        self.rows = []
+
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._packed + len(self.rows)
+
+    def _row(self, k: int) -> tuple:
+        if k >= self._packed:
+            return self.rows[k - self._packed]
+        c = bisect_right(self._starts, k) - 1
+        j = k - self._starts[c]
+        return tuple(p[j].item() if isinstance(p, np.ndarray) else p[j] for p in self._chunks[c])
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return StepTable(self.columns, self.rows[i])
-        return dict(zip(self.columns, self.rows[i], strict=True))
+            return self._take(range(*i.indices(len(self))))
+        n = len(self)
+        k = i + n if i < 0 else i
+        if not 0 <= k < n:
+            raise IndexError(i)
+        return dict(zip(self.columns, self._row(k), strict=True))
 
     def __iter__(self):
         cols = self.columns
+        for chunk in self._chunks:
+            lists = [p.tolist() if isinstance(p, np.ndarray) else p for p in chunk]
+            for row in zip(*lists, strict=True):
+                yield dict(zip(cols, row, strict=True))
         for row in self.rows:
             yield dict(zip(cols, row, strict=True))
+
+    def _pieces(self, i: int) -> list:
+        """Column ``i``'s pieces: each chunk's, then the appended rows' values."""
+        pieces = [chunk[i] for chunk in self._chunks]
+        if self.rows:
+            pieces.append(_pack([row[i] for row in self.rows]))
+        return pieces
+
+    def array(self, name: str):
+        """Column ``name`` as one NumPy array when it is numeric, else as a list
+        of its values; None if there is no such column or no row."""
+        i = self._index.get(name)
+        if i is None or not len(self):
+            return None
+        return _joined(self._pieces(i))
 
     def column(self, name: str) -> list:
         """The values of column ``name`` (a list of Nones if there is no such column)."""
         i = self._index.get(name)
         if i is None:
-            return [None] * len(self.rows)
-        return [row[i] for row in self.rows]
+            return [None] * len(self)
+        values = _joined(self._pieces(i)) if len(self) else []
+        return values.tolist() if isinstance(values, np.ndarray) else values
 
     def has(self, name: str) -> bool:
         return name in self._index
 
-    def select(self, keep: list[bool]) -> StepTable:
-        """The rows whose ``keep`` flag is true, in order (a new table sharing the tuples)."""
-        return StepTable(self.columns, [row for row, k in zip(self.rows, keep, strict=True) if k])
+    def _take(self, index) -> StepTable:
+        """A new table of the rows at ``index`` (increasing positions), in order."""
+        index = np.asarray(index, dtype=np.int64)
+        out = StepTable(self.columns)
+        if index.size:
+            out._chunks = [[self._subset(i, index) for i in range(len(self.columns))]]
+            out._starts, out._packed = [0], int(index.size)
+        return out
 
-    def to_frame(self) -> pd.DataFrame:
-        """The same frame `pandas.DataFrame` makes of the rows as dicts."""
-        if not self.rows:
+    def _subset(self, i: int, index: np.ndarray):
+        values = _joined(self._pieces(i))
+        if isinstance(values, np.ndarray):
+            return values[index]
+        return [values[k] for k in index.tolist()]
+
+    def select(self, keep) -> StepTable:
+        """The rows whose ``keep`` flag is true, in order (a new table)."""
+        keep = np.asarray(keep, dtype=bool)
+        assert keep.size == len(self), "one flag per row"
+        return self._take(np.flatnonzero(keep))
+
+    def to_frame(self, columns=None):
+        """The same frame `pandas.DataFrame.from_records` makes of the rows
+        (of ``columns`` only, those of them the table has, if given)."""
+        import pandas as pd
+
+        if not len(self):
             return pd.DataFrame()
-        return pd.DataFrame.from_records(self.rows, columns=list(self.columns))
+        names = [c for c in self.columns if columns is None or c in columns]
+        return pd.DataFrame({c: _joined(self._pieces(self._index[c])) for c in names},
+                            columns=names)
+
+    def _arrow_types(self):
+        """Each column's Parquet type as pandas would write the frame (int64,
+        float64 and str columns), or None if some column is of another kind."""
+        import pyarrow as pa
+
+        types = []
+        for i in range(len(self.columns)):
+            pieces = self._pieces(i)
+            if all(isinstance(p, np.ndarray) for p in pieces):
+                floats = any(p.dtype.kind == "f" for p in pieces)
+                types.append(pa.float64() if floats else pa.int64())
+            elif all(isinstance(p, list) and all(type(v) is str for v in p) for p in pieces):
+                types.append(pa.large_string())
+            else:
+                return None
+        return types
+
+    def write_parquet(self, path) -> None:
+        """Write the table to ``path`` a chunk at a time (one row group each),
+        never as one frame: what `pandas.read_parquet` reads back is the frame
+        `to_frame` gives. A table with a column that is neither numeric nor
+        strings is written through that frame."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        types = self._arrow_types() if len(self) else None
+        if types is None:
+            self.to_frame().to_parquet(path, index=False)
+            return
+        schema = pa.schema(list(zip(self.columns, types, strict=True)))
+        chunks = list(self._chunks)
+        if self.rows:
+            chunks.append([_pack([row[i] for row in self.rows]) for i in range(len(self.columns))])
+        with pq.ParquetWriter(path, schema) as writer:
+            for chunk in chunks:
+                arrays = [pa.array(p, type=t) if isinstance(p, list) else
+                          pa.array(p.astype(t.to_pandas_dtype(), copy=False))
+                          for p, t in zip(chunk, types, strict=True)]
+                writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
 
 def step_values(steps, name: str) -> list:
@@ -81,8 +239,21 @@ def has_step_key(steps, name: str) -> bool:
     return any(name in row for row in steps)
 
 
-def steps_frame(steps) -> pd.DataFrame:
-    """The step rows as a DataFrame (`StepTable.to_frame` or ``DataFrame(rows)``)."""
+def steps_frame(steps, columns=None):
+    """The step rows as a DataFrame (`StepTable.to_frame` or ``DataFrame(rows)``),
+    of ``columns`` only (those of them the rows have) if given."""
+    import pandas as pd
+
     if isinstance(steps, StepTable):
-        return steps.to_frame()
-    return pd.DataFrame(steps)
+        return steps.to_frame(columns)
+    frame = pd.DataFrame(steps)
+    return frame if columns is None else frame[[c for c in frame.columns if c in columns]]
+
+
+def write_steps(steps, path) -> None:
+    """Write step rows to the Parquet file ``path``: a `StepTable` chunk by
+    chunk (`StepTable.write_parquet`), a list of row dicts as its frame."""
+    if isinstance(steps, StepTable):
+        steps.write_parquet(path)
+    else:
+        steps_frame(steps).to_parquet(path, index=False)

@@ -15,7 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from harness.config import MAX_RUN_MEMORY_BYTES, RunConfig
+from harness.config import (
+    MAX_RUN_MEMORY_BYTES,
+    RUN_BYTES_PER_MADE_REQUEST,
+    RUN_BYTES_PER_PROMPT_TOKEN,
+    RUN_BYTES_PER_REQUEST,
+    RunConfig,
+)
 from harness.model_configs import geometry_for_run
 from harness.orgs import layout_for
 from harness.results import list_runs, read_run
@@ -23,6 +29,7 @@ from hbench.cli import cli
 from workloads.bounds import MAX_REQUESTS
 from workloads.build import build_workload
 from workloads.io import save_workload, stored_hashes
+from workloads.request_seq import MADE_AT_ONCE
 
 SMALL = ["--requests", "12", "--rate", "4", "--seed", "3"]
 
@@ -41,7 +48,7 @@ def grid(org: str) -> int:
 
 RUN_CASES = [
     (["--requests", "99999999999999"], f"<= {MAX_REQUESTS:,}"),
-    (["--requests", "40000"], "GiB of memory"),
+    (["--requests", "1000000"], "GiB of memory"),
     (["--budget", "500TiB", "--allow-oversubscribe"], "GiB of memory"),
     (["--duration", "inf"], "--duration must be a finite number"),
     (["--duration", "nan"], "--duration must be a finite number"),
@@ -81,9 +88,24 @@ def test_the_grids_are_those_of_the_layouts():
 
 
 def test_the_memory_estimate_refuses_above_the_documented_limit():
-    cfg = RunConfig(requests=40_000)
-    assert cfg.estimated_run_bytes > MAX_RUN_MEMORY_BYTES
+    cfg = RunConfig(requests=1_000_000)
+    assert cfg.made_on_read
+    assert cfg.estimated_run_bytes == 1_000_000 * RUN_BYTES_PER_MADE_REQUEST > MAX_RUN_MEMORY_BYTES
     assert RunConfig(requests=240).estimated_run_bytes < MAX_RUN_MEMORY_BYTES / 100
+
+
+def test_a_workload_made_on_read_is_estimated_without_its_prompts():
+    """A derived workload past `MADE_AT_ONCE` requests holds no prompt (it is
+    made as served): its estimate is per request only; one made at once, a
+    multi-turn one and a saved one hold their prompts."""
+    assert not RunConfig(requests=MADE_AT_ONCE).made_on_read
+    assert RunConfig(requests=MADE_AT_ONCE + 1).made_on_read
+    assert not RunConfig(requests=40_000, workload_kind="multiturn").made_on_read
+    assert not RunConfig(requests=40_000, workload_path="w.parquet").made_on_read
+    assert RunConfig(requests=40_000, mean_input=6000).estimated_run_bytes == \
+        RunConfig(requests=40_000, mean_input=1000).estimated_run_bytes
+    held = RunConfig(requests=MADE_AT_ONCE, mean_input=6000).estimated_run_bytes
+    assert held == MADE_AT_ONCE * (RUN_BYTES_PER_REQUEST + RUN_BYTES_PER_PROMPT_TOKEN * 6000)
 
 
 def test_oversubscription_is_allowed_when_asked(tmp_path):

@@ -118,6 +118,28 @@ def test_records_come_in_request_id_order():
     assert records == [("record", 2), ("record", 5), ("record", 9)]
 
 
+def test_requests_are_read_one_at_a_time_as_they_arrive():
+    """A workload made on read is read in order, each request once, and none
+    before the arrival ahead of it was handed to the scheduler: the loop
+    holds one arrival ahead, not the whole stream."""
+    log = []
+    reqs = workload((0, 0.0), (1, 0.5), (2, 0.5), (3, 2.5)).requests
+
+    class Logged(list):
+        def __iter__(self):
+            for r in reqs:
+                log.append(("read", r.request_id))
+                yield r
+
+    clock = VirtualClock()
+    sched = Scheduler(log, clock)
+    wl = SimpleNamespace(requests=Logged(reqs), sessions=(), warmup_ids=lambda n: set())
+    EngineLoop(wl, sched, Executor(sched, log), clock).run()
+    assert [e for e in log if e[0] in ("read", "add")] == [
+        ("read", 0), ("read", 1), ("add", 0, 0.0), ("read", 2), ("add", 1, 0.5),
+        ("read", 3), ("add", 2, 0.5), ("add", 3, 2.5)]
+
+
 def test_the_event_order_is_time_then_kind():
     assert STEP_DONE < ARRIVAL
     assert (1.0, STEP_DONE, 7) < (1.0, ARRIVAL, 0) < (1.0, ARRIVAL, 1) < (1.5, STEP_DONE, 0)

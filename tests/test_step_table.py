@@ -2,8 +2,11 @@
 
 import math
 
+import numpy as np
 import pandas as pd
+import pytest
 
+import harness.step_table as step_table
 from harness.step_table import StepTable, has_step_key, step_values, steps_frame
 
 ROWS = [
@@ -15,7 +18,8 @@ ROWS = [
 def table(rows=ROWS) -> StepTable:
     t = StepTable()
     t.set_columns(rows[0])
-    t.rows.extend(tuple(r.values()) for r in rows)
+    for r in rows:
+        t.append(tuple(r.values()))
     return t
 
 
@@ -37,3 +41,78 @@ def test_columns_and_frame_equal_the_list_of_dicts():
 
 def test_select_keeps_rows_in_order():
     assert list(table().select([False, True])) == ROWS[1:]
+
+
+# Columns of every kind a packed chunk must keep as pandas would type them:
+# floats, ints, ints and floats (float64), strings, None among floats (NaN),
+# bools, a NumPy scalar, an int past int64.
+MIXED = [
+    {"f": 0.5, "i": 3, "mix": 1, "s": "", "none": None, "b": True, "np": np.float64(1.5),
+     "big": 2**70},
+    {"f": math.nan, "i": -2, "mix": 2.5, "s": "4,7", "none": 0.25, "b": False,
+     "np": np.float64(2.0), "big": 1},
+    {"f": 1e300, "i": 0, "mix": 7, "s": "memory", "none": 3.0, "b": True, "np": np.float64(0.0),
+     "big": 5},
+    {"f": -0.0, "i": 2**40, "mix": 8, "s": "x", "none": None, "b": False, "np": np.float64(-1.0),
+     "big": 6},
+    {"f": 2.0, "i": 1, "mix": 9.0, "s": "", "none": 1.0, "b": True, "np": np.float64(3.0),
+     "big": 7},
+]
+
+
+def same(a, b) -> bool:
+    """Equal values, NaN equal to NaN."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a)
+                      and math.isnan(b))
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4096])
+def test_rows_packed_by_column_read_and_frame_as_the_rows(chunk, monkeypatch):
+    """Packed every ``chunk`` rows, a table reads back row by row, by column,
+    selected and sliced as its rows, and frames as `from_records` of them."""
+    monkeypatch.setattr(step_table, "CHUNK_ROWS", chunk)
+    t = table(MIXED)
+    assert len(t) == len(MIXED)
+    cols = list(MIXED[0])
+    expected = pd.DataFrame.from_records([tuple(r.values()) for r in MIXED], columns=cols)
+    pd.testing.assert_frame_equal(t.to_frame(), expected, check_exact=True)
+    pd.testing.assert_frame_equal(t.to_frame(), pd.DataFrame(MIXED), check_exact=True)
+    for k, row in enumerate(MIXED):
+        for got in (t[k], t[k - len(MIXED)], list(t)[k]):
+            assert list(got) == cols and all(same(got[c], row[c]) for c in cols), (k, got)
+    for c in cols:
+        assert all(same(a, float(b) if c == "mix" else b)
+                   for a, b in zip(t.column(c), [r[c] for r in MIXED], strict=True))
+    assert t.array("f").dtype == np.float64 and t.array("i").dtype == np.int64
+    assert t.array("mix").dtype == np.float64 and isinstance(t.array("s"), list)
+    assert t.array("absent") is None
+    keep = [True, False, True, True, False]
+    picked = t.select(keep)
+    pd.testing.assert_frame_equal(picked.to_frame().reset_index(drop=True),
+                                  expected[keep].reset_index(drop=True), check_exact=True)
+    pd.testing.assert_frame_equal(
+        t[1:4].to_frame(),
+        pd.DataFrame.from_records([tuple(r.values()) for r in MIXED[1:4]], columns=cols),
+        check_exact=True)
+    assert len(t.select([False] * 5)) == 0 and t.select([False] * 5).to_frame().empty
+
+
+def test_a_table_written_a_chunk_at_a_time_reads_back_as_its_frame(tmp_path, monkeypatch):
+    """Numeric and string columns go to Parquet chunk by chunk, one row
+    group each, and read back as `to_frame` (what pandas wrote before); a
+    table with another kind of column is written through its frame."""
+    monkeypatch.setattr(step_table, "CHUNK_ROWS", 2)
+    rows = ROWS * 3 + [{**ROWS[0], "waiting": 2**40, "occ": 1}]   # int64; ints among floats
+    t = table(rows)
+    t.write_parquet(tmp_path / "steps.parquet")
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(tmp_path / "steps.parquet").metadata.num_row_groups == 4
+    back = pd.read_parquet(tmp_path / "steps.parquet")
+    pd.testing.assert_frame_equal(back, t.to_frame(), check_exact=True)
+    pd.testing.assert_frame_equal(back, pd.DataFrame(rows), check_exact=True)
+    mixed = table([{k: v for k, v in r.items() if k != "big"} for r in MIXED])   # bools, None
+    mixed.write_parquet(tmp_path / "mixed.parquet")
+    mixed.to_frame().to_parquet(tmp_path / "frame.parquet", index=False)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "mixed.parquet"),
+                                  pd.read_parquet(tmp_path / "frame.parquet"), check_exact=True)

@@ -66,6 +66,33 @@ def test_same_seed_is_byte_identical_and_another_seed_is_not(pairs):
     assert derive(pairs, seed=4).content_hash != a.content_hash
 
 
+def test_a_large_workload_made_on_read_equals_one_made_at_once(pairs, monkeypatch):
+    """Past `MADE_AT_ONCE` requests a workload makes each request when read
+    (`MadeOnRead`): the same requests, columns, meta and content hash as the
+    workload made at once, and each read gives the same request again."""
+    import workloads.sharegpt.derive as derive_mod
+    from workloads.request_seq import MadeOnRead
+
+    eager = derive(pairs)
+    monkeypatch.setattr(derive_mod, "MADE_AT_ONCE", 10)
+    lazy = derive(pairs)
+    assert isinstance(eager.requests, tuple) and isinstance(lazy.requests, MadeOnRead)
+    assert len(lazy.requests) == len(eager.requests) == SPEC.requests
+    for a, b, again in zip(eager.requests, lazy.requests, lazy.requests, strict=True):
+        for r in (b, again):
+            assert dataclasses.replace(r, prompt_token_ids=None) == \
+                dataclasses.replace(a, prompt_token_ids=None)
+            assert r.prompt_token_ids.dtype == a.prompt_token_ids.dtype
+            assert np.array_equal(r.prompt_token_ids, a.prompt_token_ids)
+    assert list(lazy.requests.arrival_s) == [r.arrival_s for r in eager.requests]
+    assert list(lazy.requests.prompt_len) == [r.prompt_len for r in eager.requests]
+    assert list(lazy.requests.output_len) == [r.output_len for r in eager.requests]
+    assert lazy.requests[-1].request_id == SPEC.requests - 1
+    assert [r.request_id for r in lazy.requests[3:6]] == [3, 4, 5]
+    assert lazy.meta == eager.meta and lazy.content_hash == eager.content_hash
+    assert lazy.longest_request() == eager.longest_request()
+
+
 def test_q0_and_q1_have_identical_length_and_arrival_sequences(pairs):
     w0, wh, w1 = derive(pairs, q=0.0), derive(pairs, q=0.5), derive(pairs, q=1.0)
     assert lengths(w0) == lengths(wh) == lengths(w1)
@@ -203,3 +230,23 @@ def test_build_workload_with_a_dataset_path_matches_derive(pairs, tmp_path, monk
     w = build_workload(seed=3, q=0.5, rate=2.0, requests=80, contexts=3, max_model_len=300,
                        max_output=64, mean_input_tokens=200, dataset=path)
     assert w.content_hash == derive(pairs).content_hash
+
+
+@pytest.mark.parametrize("arrivals, prompts, outputs, msg", [
+    ([0.0, -1.0], [5, 5], [1, 1], "request 1: arrival time -1.0"),
+    ([0.0, float("nan")], [5, 5], [1, 1], "request 1: arrival time nan"),
+    ([0.0, 1.0], [5, 0], [1, 1], "request 1: empty prompt"),
+    ([0.0, 1.0], [5, 5], [0, 1], "request 0: output length 0"),
+    ([1.0, 0.5], [5, 5], [1, 1], "non-decreasing"),
+])
+def test_requests_made_on_read_are_checked_by_their_columns(arrivals, prompts, outputs, msg):
+    from workloads.request_seq import MadeOnRead
+    from workloads.workload import Workload
+
+    def make(i):
+        raise AssertionError("the checks read the columns, not the requests")
+
+    seq = MadeOnRead(make, arrival_s=np.array(arrivals), prompt_len=np.array(prompts),
+                     output_len=np.array(outputs))
+    with pytest.raises(HbenchError, match=msg):
+        Workload(requests=seq)

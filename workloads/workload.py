@@ -18,6 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from common.errors import HbenchError
+from workloads.request_seq import MadeOnRead
 
 WORKLOAD_SCHEMA_VERSION = 1
 
@@ -59,7 +60,9 @@ class WorkloadRequest:
 
 @dataclass(frozen=True)
 class Workload:
-    """``requests`` are served open-loop at their arrival times. A multi-turn
+    """``requests`` are served open-loop at their arrival times: a tuple, or
+    for a large derived workload a `workloads.request_seq.MadeOnRead` that
+    makes each request when it is read. A multi-turn
     workload also holds ``sessions`` (`workloads.multiturn.session.Session`):
     its requests are the sessions' first turns, and each later turn is made by
     `workloads.multiturn.session.SessionLoop` when the turn before it ends."""
@@ -69,6 +72,32 @@ class Workload:
     sessions: tuple = ()
 
     def __post_init__(self):
+        if isinstance(self.requests, MadeOnRead):
+            self._check_columns(self.requests)
+        else:
+            self._check_requests()
+        if self.sessions:
+            self._check_sessions()
+
+    def _check_columns(self, seq: MadeOnRead) -> None:
+        """`_check_requests` over the columns of requests made on read (their
+        ids are their indices by construction)."""
+        arrivals = seq.arrival_s
+        bad = np.flatnonzero(~(np.isfinite(arrivals) & (arrivals >= 0)))
+        if bad.size:
+            raise HbenchError(f"workload request {int(bad[0])}: arrival time "
+                              f"{float(arrivals[bad[0]])} is not a finite number >= 0")
+        bad = np.flatnonzero(seq.prompt_len < 1)
+        if bad.size:
+            raise HbenchError(f"workload request {int(bad[0])}: empty prompt")
+        bad = np.flatnonzero(seq.output_len < 1)
+        if bad.size:
+            raise HbenchError(f"workload request {int(bad[0])}: output length "
+                              f"{int(seq.output_len[bad[0]])} must be >= 1")
+        if arrivals.size and bool((np.diff(arrivals) < 0).any()):
+            raise HbenchError("workload arrivals must be non-decreasing")
+
+    def _check_requests(self) -> None:
         ids = [r.request_id for r in self.requests]
         if ids != list(range(len(ids))):
             raise HbenchError("workload request ids must be 0..N-1 in order")
@@ -84,8 +113,6 @@ class Workload:
         arrivals = [r.arrival_s for r in self.requests]
         if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
             raise HbenchError("workload arrivals must be non-decreasing")
-        if self.sessions:
-            self._check_sessions()
 
     def _check_sessions(self) -> None:
         """Sessions start at distinct open-loop requests, and their later turns
@@ -122,7 +149,12 @@ class Workload:
     def longest_request(self) -> tuple[int, int]:
         """(prompt, output) tokens of the request with the most tokens in all,
         later turns of sessions included at their planned prompt length."""
-        sizes = [(r.prompt_len, r.output_len) for r in self.requests]
+        if isinstance(self.requests, MadeOnRead):
+            seq = self.requests
+            first = int(np.argmax(seq.prompt_len + seq.output_len)) if len(seq) else 0
+            sizes = [(int(seq.prompt_len[first]), int(seq.output_len[first]))][:len(seq)]
+        else:
+            sizes = [(r.prompt_len, r.output_len) for r in self.requests]
         sizes += [(t.prompt_len, t.output_len) for s in self.sessions for t in s.turns]
         return max(sizes, key=sum)
 

@@ -53,16 +53,31 @@ class EngineLoop:
         self.warm_ids = workload.warmup_ids(warmup_requests)
         self.sessions = SessionLoop(workload) if workload.sessions else None
         self.sent: dict[int, object] = {}          # request id -> its workload request (sessions)
-        self.events = [(wr.arrival_s, ARRIVAL, seq, wr)
-                       for seq, wr in enumerate(workload.requests)]
-        heapq.heapify(self.events)
-        self.seq = len(self.events)
+        # the open-loop arrivals come in order (arrival times never decrease):
+        # the heap holds the next of them only, as ``(arrival, ARRIVAL, its
+        # index, request)``, and the next one is pushed when it is handled, so
+        # a long workload is neither held in the heap nor made at once
+        # (`workloads.request_seq.MadeOnRead`). Every other event's seq
+        # follows the open-loop arrivals', so the order is the one a heap of
+        # every arrival gives.
+        self.events: list = []
+        self.stream = enumerate(workload.requests)
+        self.opened = len(workload.requests)
+        self.seq = self.opened
+        self._next_arrival()
         self.ended = 0
         self.keys = SharedPrefixKeys()
 
     @property
     def now(self) -> float:
         return self.clock.now
+
+    def _next_arrival(self) -> None:
+        """The next open-loop arrival onto the heap, if any is left."""
+        nxt = next(self.stream, None)
+        if nxt is not None:
+            seq, wr = nxt
+            heapq.heappush(self.events, (wr.arrival_s, ARRIVAL, seq, wr))
 
     def push(self, t: float, kind: int, payload) -> None:
         """An event of ``kind`` at ``t``, after every event already pushed for (t, kind)."""
@@ -74,9 +89,11 @@ class EngineLoop:
         events, sched, executor, clock = self.events, self.sched, self.executor, self.clock
         in_flight = False
         while events:
-            t, kind, _, payload = heapq.heappop(events)
+            t, kind, seq, payload = heapq.heappop(events)
             now = clock.advance_to(t)
             if kind == ARRIVAL:
+                if seq < self.opened:
+                    self._next_arrival()
                 self.arrive(payload)
             else:
                 finished = executor.complete(payload, t)     # its tokens were computed at t
@@ -123,9 +140,11 @@ class EngineLoop:
         done = (end, STEP_DONE)
         n = 0
         while events and events[0] < done:
-            t, kind, _, wr = heapq.heappop(events)
+            t, kind, seq, wr = heapq.heappop(events)
             assert kind == ARRIVAL, kind       # no other step is in flight
             clock.now = t
+            if seq < self.opened:
+                self._next_arrival()
             self.arrive(wr)
             n += 1
         clock.now = end

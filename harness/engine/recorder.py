@@ -24,8 +24,8 @@ skipped for lack of token budget in that step (``admitted_ids``,
 ``preempted_ids``, ``skipped_ids``, comma-separated). `harness.metrics` takes the
 measured period's peaks, waste and invalidations from these rows.
 
-The rows are kept as a `harness.step_table.StepTable` (one tuple per row;
-a long run makes tens of thousands of rows). The row in progress is a dict,
+The rows are kept as a `harness.step_table.StepTable` (packed by column
+every few thousand rows; a long run makes ~20 rows per request). The row in progress is a dict,
 so that its end time can still be set; it is frozen when the next one starts.
 """
 
@@ -127,12 +127,12 @@ class StepRecorder:
     def _freeze(self) -> None:
         """The row in progress, if any, becomes a table row."""
         if self._head is not None:
-            self._table.rows.append((*self._head, *self._tail))
+            self._table.append((*self._head, *self._tail))
             self._head = None
         elif self._last is not None:
             if not self._table.columns:
                 self._table.set_columns(self._last)
-            self._table.rows.append(tuple(self._last.values()))
+            self._table.append(tuple(self._last.values()))
             self._last = None
 
     @property
@@ -165,10 +165,10 @@ class StepRecorder:
             if not self._table.columns:
                 self._table.set_columns(last)
             values = tuple(last.values())
-            self._table.rows.append(values)
+            self._table.append(values)
             p, self._tail = values[:_N_HEAD], values[_N_HEAD:]
         else:
-            self._table.rows.append((*p, *self._tail))
+            self._table.append((*p, *self._tail))
         if running is None:
             running, batch_tokens, decodes = p[3], p[5], p[7]
         else:

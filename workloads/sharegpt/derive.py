@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from common.errors import HbenchError
 from workloads.bounds import MIN_TURN_TOKENS
+from workloads.request_seq import MADE_AT_ONCE, MadeOnRead
 from workloads.sharegpt.arrivals import arrival_times
 from workloads.sharegpt.loader import ShareGPTPairs
 from workloads.sharegpt.tokenizer import Tokenizer
@@ -221,38 +222,42 @@ def derive_workload(pairs: ShareGPTPairs, tok: Tokenizer, spec: WorkloadSpec) ->
                              requests=spec.requests, duration_s=spec.duration_s,
                              burstiness=spec.burstiness)
     n = len(arrivals)
-    chosen = _sample_pairs(memo, spec.seed, n, length, spec.max_model_len)
+    chosen = np.asarray(_sample_pairs(memo, spec.seed, n, length, spec.max_model_len),
+                        dtype=np.int64)
     shared = stream(spec.seed, "share").random(n) < spec.q
     group = stream(spec.seed, "context_choice").integers(spec.contexts, size=n)
     order = stream(spec.seed, "contexts").permutation(memo.context_pool())
     if len(order) < spec.contexts + 1:
         raise HbenchError(f"{pairs.name} has too few conversations for {spec.contexts} contexts")
     shared_ctx = [_build_context(memo, order, k, length) for k in range(spec.contexts)]
+    prompt_len = length + np.array([len(memo.turn(int(p))) for p in chosen], dtype=np.int64)
+    output_len = np.array([max(1, min(memo.reply_len(int(p)), spec.max_output,
+                                      spec.max_model_len - int(n_in)))
+                           for p, n_in in zip(chosen, prompt_len, strict=True)], dtype=np.int64)
 
-    requests = []
-    for rid in range(n):
+    def make(rid: int) -> WorkloadRequest:
+        """Request ``rid``: its context (a shared one, or a private one that
+        starts at its own conversation, after the K shared ones), then its turn."""
         if shared[rid]:
             ctx_ids, ctx_text = shared_ctx[group[rid]]
-        else:  # private: starts at its own conversation, after the K shared ones
+        else:
             start = spec.contexts + rid % (len(order) - spec.contexts)
             ctx_ids, ctx_text = _build_context(memo, order, start, length)
-        pair = chosen[rid]
-        turn_ids = memo.turn(pair)
-        prompt_len = length + len(turn_ids)
-        output_len = max(1, min(memo.reply_len(pair), spec.max_output,
-                                spec.max_model_len - prompt_len))
-        requests.append(WorkloadRequest(
+        pair = int(chosen[rid])
+        return WorkloadRequest(
             request_id=rid,
             arrival_s=float(arrivals[rid]),
             prompt_text=ctx_text + "\n\n" + pairs.turn(pair),
-            prompt_token_ids=token_ids(np.concatenate([ctx_ids, turn_ids])),
-            output_len=int(output_len),
+            prompt_token_ids=token_ids(np.concatenate([ctx_ids, memo.turn(pair)])),
+            output_len=int(output_len[rid]),
             prefix_group=int(group[rid]) if shared[rid] else -1,
             prefix_tokens=length if shared[rid] else 0,
             salt=f"iso-{spec.seed}-{rid}" if spec.isolate else None,
-        ))
-    inputs = np.array([r.prompt_len for r in requests])
-    outputs = np.array([r.output_len for r in requests])
+        )
+
+    lazy = MadeOnRead(make, arrival_s=arrivals, prompt_len=prompt_len, output_len=output_len)
+    requests = tuple(lazy) if n <= MADE_AT_ONCE else lazy
+    inputs, outputs = prompt_len, output_len
     meta = {
         "generator": "sharegpt",
         "seed": int(spec.seed), "q": float(spec.q), "rate": float(spec.rate),
@@ -269,4 +274,4 @@ def derive_workload(pairs: ShareGPTPairs, tok: Tokenizer, spec: WorkloadSpec) ->
         "mean_output_tokens": round(float(outputs.mean()), 3),
         "shared_requests": int(shared.sum()),
     }
-    return Workload(requests=tuple(requests), meta=meta)
+    return Workload(requests=requests, meta=meta)
