@@ -1,0 +1,74 @@
+"""SGLang's own memory code (radix cache, KV and Mamba pools) serving small
+workloads on the CPU, sized from an hbench budget.
+
+Skipped unless HBENCH_SGLANG_PYTHON points at the interpreter of the venv
+made by scripts/setup_sglang_cpu.sh (.ci/run sets it). One run of
+`adapters.sglang_cpu.serve_check` in that venv; every number asserted here
+is read from SGLang's objects or counted from what SGLang's calls returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.budget import parse_budget_bytes
+from harness.model_configs import preset
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = os.environ.get("HBENCH_SGLANG_PYTHON")
+pytestmark = pytest.mark.skipif(not PYTHON, reason="HBENCH_SGLANG_PYTHON is not set "
+                                "(scripts/setup_sglang_cpu.sh makes the venv)")
+
+BUDGET, RATIO = "b16", 0.9
+
+
+@pytest.fixture(scope="module")
+def check() -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([PYTHON, "-m", "adapters.sglang_cpu.serve_check", "--budget", BUDGET,
+                           "--ratio", str(RATIO)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        sys.stderr.write(done.stderr[-4000:])
+    assert done.returncode == 0
+    return json.loads(done.stdout[done.stdout.index("{"):])
+
+
+def test_budget_reaches_sglang_pool_sizes(check):
+    geom = preset("falcon-h1-7b")
+    budget_bytes, _ = parse_budget_bytes(BUDGET, geom, "d0")
+    assert check["budget_bytes_per_pool_layer"] == budget_bytes
+    pools = check["sglang_pools"]
+    # SGLang's objects hold what its ratio rule gives from the budget's bytes
+    slot = geom.slot_checkpoint_bytes
+    mamba_bytes = budget_bytes * RATIO / (1 + RATIO)
+    assert pools["mamba_slots"] == int((mamba_bytes - slot) // slot) == check["split"]["mamba_slots"]
+    assert pools["mamba_pool_bytes"] == (pools["mamba_slots"] + 1) * slot   # + SGLang's padding slot
+    assert pools["kv_tokens"] == check["split"]["kv_tokens"]
+    assert pools["kv_pool_bytes"] == (pools["kv_tokens"] + 1) * geom.slot_attn_bytes_per_token
+    assert pools["mamba_pool_bytes"] + pools["kv_pool_bytes"] <= budget_bytes
+    assert budget_bytes - pools["mamba_pool_bytes"] - pools["kv_pool_bytes"] < slot
+
+
+def test_shared_prefix_is_truncated_to_a_mamba_state(check):
+    """Requests share a 2,000-token prefix, but no node there holds a Mamba state:
+    SGLang's match walks the KV and then truncates to the deepest state."""
+    shared = check["shared_prefix"]
+    assert shared["requests"] == 6
+    assert shared["matched_tokens"] == 0
+    assert shared["truncated_tokens"] == 5 * 2000
+
+
+def test_multi_turn_reuses_and_evicts(check):
+    turns = check["multi_turn"]
+    assert turns["requests"] == 16
+    assert turns["matched_tokens"] > 0 and turns["requests_matched"] > 0
+    assert turns["evictions"] > 0
+    assert turns["evicted_kv_tokens"] > 0 and turns["evicted_mamba_slots"] > 0
+    assert turns["mamba_slots_in_use_peak"] <= turns["mamba_slots"]
