@@ -46,6 +46,7 @@ def shared_prefix(driver, requests: int, prefix: int, suffix: int, output: int) 
     for i in range(requests):
         base = 10_000_000 * (i + 1)
         driver.serve(system + [base + t for t in range(suffix + output)])
+    driver.check_idle()
     return driver.counters()
 
 
@@ -57,6 +58,7 @@ def multi_turn(driver, sessions: int, turns: int, suffix: int, output: int) -> d
             seq = history[s] + [base + t for t in range(suffix + output)]
             driver.serve(seq)
             history[s] = seq
+    driver.check_idle()
     return driver.counters()
 
 

@@ -121,13 +121,22 @@ class TreeDriver:
         result = self.tree.insert(InsertParams(key=key(token_ids), value=values,
                                                mamba_value=state,
                                                prev_prefix_len=matched))
-        if result.prefix_len > matched:      # tokens another path already held
-            self.kv_alloc.free(kv[: result.prefix_len - matched])
+        # KV another request inserted meanwhile over [matched, prefix_len) is
+        # freed by SGLang's insert itself (prev_prefix_len marks ours)
         if result.mamba_exist:               # the node had a state: ours is surplus
             self.mamba_alloc.free(state)
         self.tree.unlock(lock)
         self.matched.append(int(matched))
         return int(matched)
+
+    def check_idle(self) -> None:
+        """With no request in flight every KV token and every Mamba slot is free
+        or held by the tree (SGLang's ``total_size``: KV tokens, Mamba slots)."""
+        kv, mamba = self.tree.total_size()
+        free_kv, free_mamba = self.kv_alloc.available_size(), self.mamba_alloc.available_size()
+        size_kv, size_mamba = self.pools.kv_pool.size, self.pools.req_to_token_pool.mamba_pool.size
+        assert free_kv + kv == size_kv, ("kv", free_kv, kv, size_kv)
+        assert free_mamba + mamba == size_mamba, ("mamba", free_mamba, mamba, size_mamba)
 
     def counters(self) -> dict:
         """SGLang's served-state counters so far."""
