@@ -9,7 +9,8 @@ its summary and `TURN_COLUMNS` to its per-request table (`turn_history`). A
 run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
 from the actual send beside TTFT from the scheduled arrival, the server's own
 latency histograms beside the client's numbers, and the plugin's page peaks.
-A run of u0 or e0 adds `REGION_SUMMARY_KEYS`.
+A run of u0 or e0 adds `REGION_SUMMARY_KEYS`; a run of SGLang's memory code
+`SGLANG_SUMMARY_KEYS`.
 
 Which requests count where:
 
@@ -151,6 +152,15 @@ REGION_SUMMARY_KEYS = (
     "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak",
     "capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
     "capacity_moved_to_checkpoint_bytes",
+)
+
+#: A run of SGLang's own memory code (`--engine sglang` in process,
+#: adapters/sglang_cpu) adds SGLang's served-state counters, whole run (warm-up
+#: included): tree evictions and what they freed in each pool, the peak of Mamba
+#: slots in use and the Mamba pool's size (slots, one pool layer).
+SGLANG_SUMMARY_KEYS = (
+    "sglang_evictions", "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots",
+    "sglang_mamba_slots_in_use_peak", "sglang_mamba_slots",
 )
 
 NAN = float("nan")
@@ -491,6 +501,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     if any(r.turn >= 0 for r in run.requests):
         summary.update(turn_summary(run))
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
+    summary.update({k: counters[k] for k in SGLANG_SUMMARY_KEYS if k in counters})
     return summary
 
 

@@ -72,3 +72,31 @@ def test_multi_turn_reuses_and_evicts(check):
     assert turns["evictions"] > 0
     assert turns["evicted_kv_tokens"] > 0 and turns["evicted_mamba_slots"] > 0
     assert turns["mamba_slots_in_use_peak"] <= turns["mamba_slots"]
+
+
+def test_hbench_run_in_process_reuses_evicts_and_records_sglang_pools(tmp_path):
+    """`hbench run --engine sglang` without a server: SGLang's tree and pools
+    serve a multi-turn workload; the results directory is complete and holds
+    SGLang's counters and its pool sizes, read from its objects."""
+    from harness.results import read_run
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "hbench.cli", "run", "--engine", "sglang",
+                           "--org", "d0", "--budget", "b16", "--workload-kind", "multiturn",
+                           "--requests", "20", "--rate", "1", "--think-time", "2", "--seed", "1",
+                           "--out", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run = read_run(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reused_tokens"] > 0 and summary["j_adopt_mean"] > 0
+    assert summary["sglang_evictions"] > 0 and summary["sglang_evicted_kv_tokens"] > 0
+    geom = preset("falcon-h1-7b")
+    budget_bytes, _ = parse_budget_bytes("b16", geom, "d0")
+    sglang = json.loads((run_dir / "manifest.json").read_text())["engine_info"]["sglang"]
+    assert sglang["budget_bytes_per_pool_layer"] == budget_bytes
+    assert sglang["mamba_full_memory_ratio"] == 1.0          # D0's f = 0.5
+    assert sglang["mamba_slots"] == summary["sglang_mamba_slots"]
+    assert sglang["mamba_pool_bytes"] + sglang["kv_pool_bytes"] <= budget_bytes
+    assert run is not None
