@@ -100,3 +100,26 @@ def test_hbench_run_in_process_reuses_evicts_and_records_sglang_pools(tmp_path):
     assert sglang["mamba_slots"] == summary["sglang_mamba_slots"]
     assert sglang["mamba_pool_bytes"] + sglang["kv_pool_bytes"] <= budget_bytes
     assert run is not None
+
+
+def test_unified_memory_from_the_same_budget_reuses_and_evicts():
+    """SGLang's unified memory (--enable-unified-memory): one buffer of the same
+    split's bytes, KV and Mamba sides floating, serving the same workloads."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([PYTHON, "-m", "adapters.sglang_cpu.serve_check", "--budget", BUDGET,
+                           "--ratio", str(RATIO), "--unified"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout[done.stdout.index("{"):])
+    geom = preset("falcon-h1-7b")
+    budget_bytes, _ = parse_budget_bytes(BUDGET, geom, "d0")
+    pools, split = out["sglang_pools"], out["split"]
+    # SGLang's one buffer: the split's KV tokens and Mamba slots, in the budget
+    assert pools["unified_bytes"] == (split["kv_tokens"] * geom.slot_attn_bytes_per_token
+                                      + split["mamba_slots"] * geom.slot_checkpoint_bytes)
+    assert pools["unified_bytes"] <= budget_bytes
+    # either side alone may take more than its split share of the region
+    assert pools["kv_free_tokens"] > split["kv_tokens"]
+    assert pools["mamba_slots"] > split["mamba_slots"]
+    turns = out["multi_turn"]
+    assert turns["matched_tokens"] > 0 and turns["evictions"] > 0

@@ -43,6 +43,7 @@ from sglang.srt.mem_cache.memory_pool import (  # noqa: E402
     HybridLinearKVPool,
     HybridReqToTokenPool,
 )
+from sglang.srt.mem_cache.unified_memory_pool import init_unified_mamba_pools  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -95,9 +96,24 @@ class SglangPools:
     allocator: TokenToKVPoolAllocator | PagedTokenToKVPoolAllocator
     page_size: int
 
+    unified: object = None    # SGLang's UnifiedKVPool (the one buffer), or None
+    entry_bytes: tuple[int, int] = (0, 0)   # unified: (KV token, Mamba slot) bytes
+
     def describe(self) -> dict:
         """What SGLang's objects were given, read from them: slots and tokens,
-        and the bytes of their tensors (one pool layer)."""
+        and the bytes of their tensors (one pool layer). Under unified memory
+        the KV tokens and Mamba slots are each what the whole region would hold
+        (the sides float), and ``unified_bytes`` is the one buffer's size."""
+        if self.unified is not None:
+            return {
+                "unified_bytes": int(self.unified.total_bytes),
+                "mamba_slots": int(self.req_to_token_pool.mamba_pool.size),
+                "mamba_free_slots": int(self.req_to_token_pool.mamba_allocator.available_size()),
+                "kv_tokens": int(self.kv_pool.size),
+                "kv_free_tokens": int(self.allocator.available_size()),
+                "page_size": self.page_size,
+                "req_slots": int(self.req_to_token_pool.size),
+            }
         mamba = self.req_to_token_pool.mamba_pool
         mamba_bytes = sum(t.numel() * t.element_size() for t in mamba.mamba_cache.conv)
         mamba_bytes += mamba.mamba_cache.temporal.numel() * mamba.mamba_cache.temporal.element_size()
@@ -135,3 +151,31 @@ def build(geom, pool_split: PoolSplit, *, page_size: int, max_running: int,
                                                 DTYPES[geom.dtype], "cpu", kv_pool,
                                                 need_sort=False)
     return SglangPools(req_pool, kv_pool, allocator, page_size)
+
+
+def build_unified(geom, pool_split: PoolSplit, *, max_running: int,
+                  max_context: int) -> SglangPools:
+    """SGLang's unified memory (``--enable-unified-memory``) for one pool layer:
+    ``init_unified_mamba_pools`` (``mem_cache/unified_memory_pool.py:1593``)
+    builds one byte buffer of ``kv_tokens`` x KV entry + ``mamba_slots`` x Mamba
+    entry (the same split's bytes, so the same budget), full attention growing
+    down from the top and Mamba states up from the bottom; SGLang's
+    ``UnifiedMambaTokenToKVPoolAllocator`` moves the frontier while serving
+    (``mamba_full_memory_ratio`` then only sizes the total, as SGLang says).
+    Its allocator reads the published parallel config, so ``ServerArgs`` is
+    published first (`tree.publish_server_args`)."""
+    from adapters.sglang_cpu.tree import publish_server_args
+    publish_server_args(1)
+    bundle = init_unified_mamba_pools(
+        device="cpu", kv_cache_dtype=DTYPES[geom.dtype], head_num=geom.num_kv_heads,
+        head_dim=geom.head_dim, page_size=1, start_layer=0, end_layer=0,
+        is_draft_worker=False, use_mla_backend=False, mamba_layer_ids=[0],
+        full_attention_layer_ids=[0], mamba2_cache_params=cache_params(geom),
+        model_context_len=max_context, extra_max_context_len=0,
+        max_total_num_tokens=pool_split.kv_tokens, max_mamba_cache_size=pool_split.mamba_slots,
+        max_num_reqs=max_running, enable_memory_saver=False, enable_mamba_extra_buffer=False,
+        enable_mamba_extra_buffer_lazy=False, speculative_num_draft_tokens=None,
+        disable_overlap_schedule=True, need_sort=False)
+    return SglangPools(bundle.req_to_token_pool, bundle.token_to_kv_pool,
+                       bundle.token_to_kv_pool_allocator, 1, unified=bundle.unified_memory_pool,
+                       entry_bytes=(kv_bytes_per_token(geom), cache_params(geom).mamba_cache_per_req))

@@ -91,9 +91,19 @@ class RequestMemory:
             m.tree.unlock(self.lock)
             self.lock = None
             return False
+        # the state first: under unified memory the KV allocated next may take
+        # the bytes a state needed (both sides draw on one region)
+        slot = m.mamba.alloc(1)
+        kv = m.kv.alloc(new_tokens) if new_tokens and slot is not None else None
+        if slot is None or (new_tokens and kv is None):
+            if slot is not None:
+                m.mamba.free(slot)
+            m.tree.unlock(self.lock)
+            self.lock = None
+            return False
         self.prefix = m.tree.path_device_indices(match.last_device_node).to(torch.int64)
-        self.own = [m.kv.alloc(new_tokens)] if new_tokens else []
-        self.slot = m.mamba.alloc(1)
+        self.own = [kv] if new_tokens else []
+        self.slot = slot
         m.note_usage()
         return True
 
@@ -101,7 +111,10 @@ class RequestMemory:
         m = self.memory
         if not m.make_room(tokens, 0):
             return False
-        self.own.append(m.kv.alloc(tokens))
+        kv = m.kv.alloc(tokens)
+        if kv is None:
+            return False
+        self.own.append(kv)
         return True
 
     def finish(self, token_ids) -> None:

@@ -185,9 +185,16 @@ class SglangScheduler:
             return
         while self.running and not self.memory.make_room(len(self.running), 0):
             self._retract(max(self.running, key=lambda q: q.admitted_seq), batch)
-        for r in self.running:
-            held = self.held[r.rid]
-            held.grow(1)
+        for r in list(self.running):
+            if r.state != RUNNING:
+                continue
+            while not self.held[r.rid].grow(1):    # a region's sides can still refuse
+                victim = max(self.running, key=lambda q: q.admitted_seq)
+                self._retract(victim, batch)
+                if victim is r:
+                    break
+            if r.state != RUNNING:
+                continue
             batch.items.append(BatchItem(r, len(r.tokens) - 1, len(r.tokens), False, self.grid))
         floor = INIT_NEW_TOKEN_RATIO * MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio = max(floor, self.ratio - (INIT_NEW_TOKEN_RATIO - floor)

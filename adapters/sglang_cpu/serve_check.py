@@ -36,8 +36,12 @@ from harness.model_configs import preset
 DEFAULT_RATIO = 0.9
 
 
-def _fresh(geom, pool_split, max_context: int):
-    pools = sg_pools.build(geom, pool_split, page_size=1, max_running=8, max_context=max_context)
+def _fresh(geom, pool_split, max_context: int, unified: bool = False):
+    if unified:
+        pools = sg_pools.build_unified(geom, pool_split, max_running=8, max_context=max_context)
+    else:
+        pools = sg_pools.build(geom, pool_split, page_size=1, max_running=8,
+                               max_context=max_context)
     return pools, sg_tree.TreeDriver(pools, sg_tree.build_tree(pools))
 
 
@@ -74,23 +78,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--output", type=int, default=100)
     parser.add_argument("--sessions", type=int, default=4)
     parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--unified", action="store_true",
+                        help="SGLang's unified memory (--enable-unified-memory) instead of "
+                             "its dual pools")
     args = parser.parse_args(argv)
 
     geom = preset(args.model)
     budget_bytes, label = parse_budget_bytes(args.budget, geom, "d0")
     pool_split = sg_pools.split(budget_bytes, geom, args.ratio, page_size=1)
     max_context = args.prefix + args.turns * (args.suffix + args.output) + 16
-    pools, driver = _fresh(geom, pool_split, max_context)
+    pools, driver = _fresh(geom, pool_split, max_context, args.unified)
     out = {
         "model": geom.name, "budget": label, "budget_bytes_per_pool_layer": budget_bytes,
-        "pool_layers": geom.pool_layers,
+        "pool_layers": geom.pool_layers, "unified": args.unified,
         "split": {"mamba_full_memory_ratio": args.ratio, "mamba_slots": pool_split.mamba_slots,
                   "kv_tokens": pool_split.kv_tokens},
         "sglang_pools": pools.describe(),
         "shared_prefix": shared_prefix(driver, args.requests, args.prefix, args.suffix,
                                        args.output),
     }
-    _, driver = _fresh(geom, pool_split, max_context)
+    _, driver = _fresh(geom, pool_split, max_context, args.unified)
     out["multi_turn"] = multi_turn(driver, args.sessions, args.turns, args.suffix, args.output)
     print(json.dumps(out, indent=1))
     return out

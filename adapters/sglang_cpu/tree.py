@@ -135,6 +135,12 @@ class TreeDriver:
         kv, mamba = self.tree.total_size()
         free_kv, free_mamba = self.kv_alloc.available_size(), self.mamba_alloc.available_size()
         size_kv, size_mamba = self.pools.kv_pool.size, self.pools.req_to_token_pool.mamba_pool.size
+        if self.pools.unified is not None:
+            # one region whose sides float: the tree's KV and states fit in it
+            held = kv * self.pools.entry_bytes[0] + mamba * self.pools.entry_bytes[1]
+            assert held <= self.pools.unified.total_bytes, (
+                "unified", kv, mamba, held, self.pools.unified.total_bytes)
+            return
         assert free_kv + kv == size_kv, ("kv", free_kv, kv, size_kv)
         assert free_mamba + mamba == size_mamba, ("mamba", free_mamba, mamba, size_mamba)
 
