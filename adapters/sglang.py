@@ -73,6 +73,17 @@ class SglangEngine(ServedEngine):
         super().__init__(**kwargs)
         self.python = python or os.environ.get("HBENCH_SGLANG_PYTHON") or sys.executable
 
+    def run(self, workload, setup, progress=None):
+        """Serve on a server (``--endpoint`` or ``--launch``), or with neither,
+        in process: SGLang's own pools and radix cache deciding memory, in the
+        venv named by ``HBENCH_SGLANG_PYTHON`` (`adapters.sglang_cpu`)."""
+        config = setup.config
+        if config.launch or config.endpoint:
+            return super().run(workload, setup, progress)
+        self.check_config(config)
+        from adapters.sglang_cpu.engine import run_in_process
+        return run_in_process(workload, setup)
+
     def version(self) -> str:
         """SGLang's version in the interpreter that serves (``self.python``), not hbench's."""
         dist = installed_distribution(self.python, ("sglang",))

@@ -9,7 +9,8 @@ its summary and `TURN_COLUMNS` to its per-request table (`turn_history`). A
 run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
 from the actual send beside TTFT from the scheduled arrival, the server's own
 latency histograms beside the client's numbers, and the plugin's page peaks.
-A run of u0 or e0 adds `REGION_SUMMARY_KEYS`.
+A run of u0 or e0 adds `REGION_SUMMARY_KEYS`; a run of SGLang's memory code
+`SGLANG_SUMMARY_KEYS`.
 
 Which requests count where:
 
@@ -158,6 +159,15 @@ REGION_SUMMARY_KEYS = (
 #: `harness.orgs.alpha_tuning`) adds the alpha it chose (null if the run ended
 #: before its bootstrap window did) and the requests admitted when it chose.
 POLICY_SUMMARY_KEYS = ("utility_alpha_tuned", "utility_alpha_tuned_at")
+
+#: A run of SGLang's own memory code (`--engine sglang` in process,
+#: adapters/sglang_cpu) adds SGLang's served-state counters, whole run (warm-up
+#: included): tree evictions and what they freed in each pool, the peak of Mamba
+#: slots in use and the Mamba pool's size (slots, one pool layer).
+SGLANG_SUMMARY_KEYS = (
+    "sglang_evictions", "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots",
+    "sglang_mamba_slots_in_use_peak", "sglang_mamba_slots",
+)
 
 NAN = float("nan")
 
@@ -528,6 +538,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
         summary.update(turn_summary(run))
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
     summary.update({k: counters[k] for k in POLICY_SUMMARY_KEYS if k in counters})
+    summary.update({k: counters[k] for k in SGLANG_SUMMARY_KEYS if k in counters})
     return summary
 
 

@@ -151,8 +151,13 @@ def test_headroom_is_refused_rather_than_silently_ignored():
         SglangEngine().run(workload(), setup_for(d0(endpoint="x:1", headroom=0.1)))
 
 
-def test_no_endpoint_and_no_launch_is_a_one_line_error():
-    with pytest.raises(HbenchError, match="^--engine sglang needs --endpoint URL or --launch"):
+def test_no_endpoint_and_no_launch_runs_in_process_and_needs_its_venv(monkeypatch):
+    """Without a server, SGLang's memory code runs in process (adapters/sglang_cpu),
+    which needs the SGLang venv's interpreter: a one-line error without it."""
+    monkeypatch.delenv("HBENCH_SGLANG_PYTHON", raising=False)
+    with pytest.raises(HbenchError, match="^--engine sglang without --endpoint or --launch runs "
+                                          "SGLang's memory code in process and needs "
+                                          "HBENCH_SGLANG_PYTHON"):
         SglangEngine().run(workload(), setup_for(d0()))
 
 

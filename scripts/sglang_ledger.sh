@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The ledger of SGLang's own memory code against hbench's D0 at the same bytes
+# and split: each cell run once on `--engine sglang` (in process, SGLang's pools
+# and radix cache; HBENCH_SGLANG_PYTHON, scripts/setup_sglang_cpu.sh) and once
+# on `--engine sim --org d0`, same workload, budget, --d0-attn-fraction and
+# cost model. Writes OUT/{runs/, ledger.csv, ledger.md}; docs/engines.md
+# names the rule behind each difference.
+#
+#   HBENCH_SGLANG_PYTHON=$PWD/.venv-sglang/bin/python OUT=results/sglang-ledger \
+#       PYTHON=.venv/bin/python bash scripts/sglang_ledger.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-results/sglang-ledger}"
+PY="${PYTHON:-python}"
+: "${HBENCH_SGLANG_PYTHON:?set HBENCH_SGLANG_PYTHON (scripts/setup_sglang_cpu.sh)}"
+rm -rf "$OUT/runs"
+mkdir -p "$OUT/runs"
+cells=(
+  "shared b83 --budget b83 --requests 40 --seed 0"
+  "shared b16 --budget b16 --requests 40 --seed 0"
+  "multiturn b16 --budget b16 --workload-kind multiturn --requests 40 --rate 1 --think-time 2 --seed 1"
+)
+for cell in "${cells[@]}"; do
+  read -r kind label args <<<"$cell"
+  for engine in sglang sim; do
+    # shellcheck disable=SC2086
+    "$PY" -m hbench.cli run --engine "$engine" --org d0 $args \
+        --out "$OUT/runs/$kind-$label" >/dev/null
+  done
+done
+"$PY" - "$OUT" <<'PYEOF'
+import csv
+import sys
+from pathlib import Path
+
+from harness.results import iter_runs
+
+out = Path(sys.argv[1])
+keys = ("reused_tokens", "j_adopt_mean", "preemptions", "recomputed_tokens",
+        "throughput_ledger_tok_s", "ttft_p50_s", "finished", "sglang_evictions",
+        "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots", "invalidations_attention",
+        "invalidations_checkpoint")
+rows = []
+for cell in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
+    for run in iter_runs(cell):
+        row = {"cell": cell.name, "engine": run.manifest["engine"]}
+        row.update({k: run.summary.get(k, "") for k in keys})
+        rows.append(row)
+with open(out / "ledger.csv", "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=["cell", "engine", *keys])
+    w.writeheader()
+    w.writerows(rows)
+def fmt(v):
+    if isinstance(v, float):
+        return f"{v:.3g}" if v == v else "-"
+    return str(v) if v != "" else "-"
+lines = ["| " + " | ".join(["cell", "engine", *keys]) + " |",
+         "|" + "---|" * (len(keys) + 2)]
+lines += ["| " + " | ".join(fmt(r[k]) for k in ["cell", "engine", *keys]) + " |" for r in rows]
+(out / "ledger.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+PYEOF
