@@ -70,7 +70,7 @@ class SimEngine:
         recorder = StepRecorder(org, geom.pool_layers)
         fast = self.fast if self.fast is not None else stretches_enabled()
         pricing = CostModel(geom, hardware)
-        if not getattr(org, "fixed_pools", True):   # pools that may trade capacity (e0)
+        if org.region() is not None:   # pools that trade capacity within one region (u0, e0)
             pricing = MovePricing(pricing, org, geom.pool_layers)
         executor = CostExecutor(sched, pricing, recorder, stretches=fast)
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
