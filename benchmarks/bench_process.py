@@ -29,43 +29,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.bench_scale import PHASE_SCRIPT
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("imports", "setup", "workload", "engine", "writing")
 
-# Runs in the tree under test; argv: requests, rate, out, start (time.time() at spawn).
-PHASE_SCRIPT = r"""
-import sys, time
-requests, rate, out, spawned = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-import hbench.cli, hbench.commands.run
-from pathlib import Path
-from adapters.registry import make_engine
-from harness.config import RunConfig
-from harness.results import new_run_id, write_run
-from harness.run_workload import build_run_workload, recorded_config
-from hbench.runner import budget_manifest, validate_run
-t = [time.time()]
-config = RunConfig(org="s2", budget="b83", rate=rate, requests=requests, seed=1)
-setup = validate_run(config)
-engine = make_engine("sim")
-version = engine.version()
-t.append(time.time())
-workload = build_run_workload(config)
-t.append(time.time())
-config = recorded_config(config, workload)
-setup = setup.with_config(config)
-run = engine.run(workload, setup, None)
-t.append(time.time())
-write_run(Path(out), run_id=new_run_id(config, workload.content_hash), config=config, run=run,
-          workload_hash=workload.content_hash, workload_meta=dict(workload.meta),
-          budget=budget_manifest(setup.budget), engine_name=engine.name, engine_version=version,
-          weights_bytes=setup.geometry.weights_bytes,
-          extra_manifest={"cache_state": "cold", "warmup_requests": 0})
-t.append(time.time())
-import json, resource
-print(json.dumps({"imports": t[0] - spawned, "setup": t[1] - t[0], "workload": t[2] - t[1],
-                  "engine": t[3] - t[2], "writing": t[4] - t[3],
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-"""
+# The phase script that runs in the tree under test: `benchmarks.bench_scale`'s
+# (S2 here): it needs only what every tree since the phases were first timed has.
 
 
 def _env(tree: Path) -> dict:
@@ -85,7 +55,7 @@ def measure(tree: Path, requests: int, rate: float, tmp: Path) -> dict:
     whole = _wall([sys.executable, "-m", "hbench.cli", "run", "--org", "s2", "--budget", "b83",
                    "--rate", str(rate), "--requests", str(requests), "--seed", "1",
                    "--out", str(out / "run"), "--json"], tree)
-    phases = subprocess.run([sys.executable, "-c", PHASE_SCRIPT, str(requests), str(rate),
+    phases = subprocess.run([sys.executable, "-c", PHASE_SCRIPT, "s2", str(requests), str(rate),
                              str(out / "phases"), repr(time.time())],
                             cwd=tree, env=_env(tree), check=True, capture_output=True, text=True)
     return {"floor": floor, "whole": whole, **json.loads(phases.stdout.strip().splitlines()[-1])}
