@@ -39,10 +39,8 @@ from __future__ import annotations
 
 from collections import deque
 
-import numpy as np
-
 from adapters.sglang_cpu.requests import RequestMemory
-from harness.records import FAILED, FINISHED, RequestRecord
+from harness.records import FAILED, FINISHED
 from harness.scheduler.batch import (
     DONE,
     RUNNING,
@@ -82,12 +80,8 @@ class SglangScheduler:
     # ---- the engine loop's surface ------------------------------------------------
     def add(self, rid, arrival_s, token_ids, output_len, salt, prefix_group=-1, warmup=False,
             keys=None) -> SchedRequest:
-        tokens = token_array(token_ids)
-        rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
-                            target_output_tokens=output_len, prefix_group=prefix_group,
-                            warmup=warmup)
-        r = SchedRequest(rid, arrival_s, tokens, [], salt, len(tokens), output_len, rec,
-                         prefill_until=len(tokens))
+        r = SchedRequest.arriving(rid, arrival_s, token_array(token_ids), output_len, salt, [],
+                                  prefix_group, warmup)
         self.requests[rid] = r
         self.waiting.append(r)
         return r
@@ -224,8 +218,4 @@ class SglangScheduler:
         batch.failed.append(r.rid)
 
     def _close(self, r: SchedRequest, status: str, error: str = "") -> None:
-        r.state = DONE
-        r.record.status = status
-        r.record.error = error
-        r.record.output_tokens = r.generated
-        r.record.token_times = np.array(r.token_times, dtype=np.float64)
+        r.close(status, error)

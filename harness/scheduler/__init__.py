@@ -49,12 +49,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
 from harness.orgs.base import Organization
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
 from harness.orgs.values import PrefixHit
-from harness.records import CANCELLED, FAILED, FINISHED, RequestRecord
+from harness.records import CANCELLED, FAILED, FINISHED
 from harness.scheduler.batch import (
     DONE,
     RUNNING,
@@ -131,13 +129,10 @@ class Scheduler:
         """Queue a request; ``keys``, if given, are `chain_keys` of ``token_ids``
         computed by the caller (an engine that reuses a shared prefix's keys)."""
         tokens = token_array(token_ids)
-        rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
-                            target_output_tokens=output_len, prefix_group=prefix_group,
-                            warmup=warmup)
         if keys is None:
             keys = chain_keys(tokens, salt)
-        r = SchedRequest(rid, arrival_s, tokens, keys, salt, len(tokens),
-                         output_len, rec, prefill_until=len(tokens))
+        r = SchedRequest.arriving(rid, arrival_s, tokens, output_len, salt, keys,
+                                  prefix_group, warmup)
         self.requests[rid] = r
         self.waiting.append(r)
         grid = self.org.grid
@@ -158,11 +153,7 @@ class Scheduler:
         self._close(r, CANCELLED, reason)
 
     def _close(self, r: SchedRequest, status: str, error: str = "") -> None:
-        r.state = DONE
-        r.record.status = status
-        r.record.error = error
-        r.record.output_tokens = r.generated
-        r.record.token_times = np.array(r.token_times, dtype=np.float64)
+        r.close(status, error)
 
     @property
     def has_work(self) -> bool:

@@ -48,6 +48,26 @@ class SchedRequest:
     # token times so far ('d': 8 bytes each); the record gets them as an array at close
     token_times: array = field(default_factory=lambda: array("d"))
 
+    @classmethod
+    def arriving(cls, rid: int, arrival_s: float, tokens: array, output_len: int,
+                 salt: str | None, keys: list[int], prefix_group: int = -1,
+                 warmup: bool = False) -> SchedRequest:
+        """A request as it arrives (``tokens``: its prompt as `token_array`
+        made it): the prompt to prefill, its record opened."""
+        rec = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=len(tokens),
+                            target_output_tokens=output_len, prefix_group=prefix_group,
+                            warmup=warmup)
+        return cls(rid, arrival_s, tokens, keys, salt, len(tokens), output_len, rec,
+                   prefill_until=len(tokens))
+
+    def close(self, status: str, error: str = "") -> None:
+        """The request ends (finished, failed or cancelled): its record is complete."""
+        self.state = DONE
+        self.record.status = status
+        self.record.error = error
+        self.record.output_tokens = self.generated
+        self.record.token_times = np.array(self.token_times, dtype=np.float64)
+
     @property
     def decoding(self) -> bool:
         return self.computed >= self.prefill_until
