@@ -230,15 +230,12 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                     cond.wait(left)   # woken early when a finished turn plans an earlier one
                     continue
                 heapq.heappop(timeline)
-            if abort is not None and abort.is_set():
-                if kind == 0:   # never prepared: failed here, not sent
-                    with cond:
-                        outcomes[i] = failed(StreamOutcome(), f"stopped: {abort.reason} "
-                                             "(not sent)", clock() - t0)
-                        completed[0] += 1
-                        unfinished[0] -= 1
-                else:
-                    slots.pop(i).cancel(abort.reason)
+            if kind == 0 and abort is not None and abort.is_set():
+                with cond:   # never prepared: failed here, not sent
+                    outcomes[i] = failed(StreamOutcome(), f"stopped: {abort.reason} (not sent)",
+                                         clock() - t0)
+                    completed[0] += 1
+                    unfinished[0] -= 1
                 continue
             if kind == 0:
                 _sleep_until(t0 + at, clock, abort)
@@ -256,14 +253,14 @@ def run_open_loop(endpoint: Endpoint, model: str, workload, *, timeouts: Timeout
                 if abort is not None and abort.is_set():
                     slots[i].cancel(abort.reason)   # tripped while it was being made
             else:
-                _sleep_until(t0 + at - SPIN_S, clock, abort)
-                while clock() < t0 + at:
-                    pass
+                _sleep_until(t0 + at - SPIN_S, clock, abort)   # at once once stopped
                 slot = slots.pop(i)
                 if abort is not None and abort.is_set():
                     slot.cancel(abort.reason)
-                else:
-                    slot.dispatch(t0, clock, timeouts.connect_s)
+                    continue
+                while clock() < t0 + at:
+                    pass
+                slot.dispatch(t0, clock, timeouts.connect_s)
         for th in threads:
             th.join()
     finally:
