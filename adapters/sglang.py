@@ -4,7 +4,10 @@ Stock SGLang serves hybrid models with two native pools, D0-like: a Mamba
 state pool (a fixed number of whole-request state slots) beside a token KV
 pool, the split fixed at start by ``--mamba-full-memory-ratio`` (Mamba bytes
 over full-attention KV bytes) or pinned with ``--max-mamba-cache-size``. So
-this engine expresses organization ``d0`` only.
+against a server this engine expresses organization ``d0`` only; in process
+(`adapters.sglang_cpu`, neither ``--endpoint`` nor ``--launch``) it also
+serves ``u0`` with SGLang's unified memory (``--enable-unified-memory``: one
+region whose KV and Mamba sides move).
 
 Knob mapping:
 
@@ -65,7 +68,8 @@ def memory_limits(config) -> dict | None:
 
 class SglangEngine(ServedEngine):
     name = "sglang"
-    supported_orgs = ("d0",)
+    supported_orgs = ("d0", "u0")
+    served_orgs = ("d0",)      # against a server; u0 runs in process only
     metrics = "sglang"
     extra_body = {"return_token_ids": True}
 
@@ -83,6 +87,15 @@ class SglangEngine(ServedEngine):
         self.check_config(config)
         from adapters.sglang_cpu.engine import run_in_process
         return run_in_process(workload, setup)
+
+    def check_config(self, config) -> None:
+        """As every served engine's, and ``u0`` only in process (a server would
+        need ``--enable-unified-memory``, which hbench has never driven)."""
+        super().check_config(config)
+        if (config.launch or config.endpoint) and config.org not in self.served_orgs:
+            raise HbenchError(f"organization {config.org} runs on sglang in process only "
+                              "(SGLang's unified memory in adapters/sglang_cpu): drop "
+                              "--endpoint/--launch and set HBENCH_SGLANG_PYTHON")
 
     def version(self) -> str:
         """SGLang's version in the interpreter that serves (``self.python``), not hbench's."""

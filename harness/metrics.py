@@ -162,11 +162,12 @@ POLICY_SUMMARY_KEYS = ("utility_alpha_tuned", "utility_alpha_tuned_at")
 
 #: A run of SGLang's own memory code (`--engine sglang` in process,
 #: adapters/sglang_cpu) adds SGLang's served-state counters, whole run (warm-up
-#: included): tree evictions and what they freed in each pool, the peak of Mamba
-#: slots in use and the Mamba pool's size (slots, one pool layer).
+#: included): tree evictions and what they freed in each pool, the nodes they
+#: tombstoned (Mamba state freed, KV kept), the peak of Mamba slots in use and
+#: the Mamba pool's size (slots, one pool layer).
 SGLANG_SUMMARY_KEYS = (
     "sglang_evictions", "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots",
-    "sglang_mamba_slots_in_use_peak", "sglang_mamba_slots",
+    "sglang_tombstoned_nodes", "sglang_mamba_slots_in_use_peak", "sglang_mamba_slots",
 )
 
 NAN = float("nan")

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The ledger of SGLang's own memory code against hbench's D0 at the same bytes
-# and split: each cell run once on `--engine sglang` (in process, SGLang's pools
-# and radix cache; HBENCH_SGLANG_PYTHON, scripts/setup_sglang_cpu.sh) and once
-# on `--engine sim --org d0`, same workload, budget, --d0-attn-fraction and
-# cost model. Writes OUT/{runs/, ledger.csv, ledger.md}; docs/engines.md
-# names the rule behind each difference.
+# The ledger of SGLang's own memory code against hbench's organizations at the
+# same bytes and split: each cell run once on `--engine sglang` (in process,
+# SGLang's pools and radix cache; HBENCH_SGLANG_PYTHON,
+# scripts/setup_sglang_cpu.sh) and once on `--engine sim`, same organization,
+# workload, budget, --d0-attn-fraction and cost model, for D0 (SGLang's dual
+# pools against hbench's D0) and u0 (SGLang's unified memory against hbench's
+# u0). Writes OUT/{runs/, ledger.csv, ledger.md}; docs/engines.md names the
+# rule behind each difference. ORGS="d0" runs D0's cells only.
 #
 #   HBENCH_SGLANG_PYTHON=$PWD/.venv-sglang/bin/python OUT=results/sglang-ledger \
 #       PYTHON=.venv/bin/python bash scripts/sglang_ledger.sh
@@ -20,12 +22,14 @@ cells=(
   "shared b16 --budget b16 --requests 40 --seed 0"
   "multiturn b16 --budget b16 --workload-kind multiturn --requests 40 --rate 1 --think-time 2 --seed 1"
 )
-for cell in "${cells[@]}"; do
-  read -r kind label args <<<"$cell"
-  for engine in sglang sim; do
-    # shellcheck disable=SC2086
-    "$PY" -m hbench.cli run --engine "$engine" --org d0 $args \
-        --out "$OUT/runs/$kind-$label" >/dev/null
+for org in ${ORGS:-d0 u0}; do
+  for cell in "${cells[@]}"; do
+    read -r kind label args <<<"$cell"
+    for engine in sglang sim; do
+      # shellcheck disable=SC2086
+      "$PY" -m hbench.cli run --engine "$engine" --org "$org" $args \
+          --out "$OUT/runs/$org-$kind-$label" >/dev/null
+    done
   done
 done
 "$PY" - "$OUT" <<'PYEOF'
@@ -37,9 +41,9 @@ from harness.results import iter_runs
 
 out = Path(sys.argv[1])
 keys = ("reused_tokens", "j_adopt_mean", "preemptions", "recomputed_tokens",
-        "throughput_ledger_tok_s", "ttft_p50_s", "finished", "sglang_evictions",
-        "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots", "invalidations_attention",
-        "invalidations_checkpoint")
+        "throughput_ledger_tok_s", "ttft_p50_s", "finished", "failed", "sglang_evictions",
+        "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots", "sglang_tombstoned_nodes",
+        "invalidations_attention", "invalidations_checkpoint")
 rows = []
 for cell in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
     for run in iter_runs(cell):

@@ -146,6 +146,15 @@ def test_an_organization_sglang_cannot_express_names_the_engines_that_can():
     assert "vllm" in msg.split(": ", 1)[1]
 
 
+def test_unified_memory_is_refused_against_a_server():
+    """u0 is SGLang's unified memory in process; against a server hbench would
+    have to launch --enable-unified-memory, which it does not drive."""
+    for server in ({"endpoint": "x:1"}, {"launch": True}):
+        with pytest.raises(HbenchError, match="^organization u0 runs on sglang in process only"):
+            SglangEngine().run(workload(), setup_for(RunConfig(org="u0", engine="sglang",
+                                                               **server)))
+
+
 def test_headroom_is_refused_rather_than_silently_ignored():
     with pytest.raises(HbenchError, match="--headroom 0.1 is not expressible on sglang"):
         SglangEngine().run(workload(), setup_for(d0(endpoint="x:1", headroom=0.1)))

@@ -123,3 +123,42 @@ def test_unified_memory_from_the_same_budget_reuses_and_evicts():
     assert pools["mamba_slots"] > split["mamba_slots"]
     turns = out["multi_turn"]
     assert turns["matched_tokens"] > 0 and turns["evictions"] > 0
+
+
+def test_hbench_run_in_process_with_unified_memory_serves_every_request(tmp_path):
+    """`hbench run --engine sglang --org u0`: SGLang's unified memory from the
+    same budget serves a multi-turn workload to the end (none refused for want
+    of a state's bytes), reuses and evicts, and its Mamba side holds more
+    states at once than the dual pools' split gives it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "hbench.cli", "run", "--engine", "sglang",
+                           "--org", "u0", "--budget", "b16", "--workload-kind", "multiturn",
+                           "--requests", "20", "--rate", "1", "--think-time", "2", "--seed", "1",
+                           "--out", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failed"] == 0 and summary["finished"] > 20        # every turn of 20 sessions
+    assert summary["reused_tokens"] > 0 and summary["sglang_evictions"] > 0
+    sglang = json.loads((run_dir / "manifest.json").read_text())["engine_info"]["sglang"]
+    geom = preset("falcon-h1-7b")
+    budget_bytes, _ = parse_budget_bytes("b16", geom, "u0")
+    assert sglang["memory"] == "unified"
+    assert sglang["budget_bytes_per_pool_layer"] == budget_bytes
+    assert sglang["unified_bytes"] <= budget_bytes
+    slot = geom.slot_checkpoint_bytes     # SGLang's ratio rule at ratio 1.0 (D0's f = 0.5)
+    dual_pool_slots = int((budget_bytes / 2 - slot) // slot)
+    assert summary["sglang_mamba_slots_in_use_peak"] > dual_pool_slots
+
+
+def test_eviction_tombstones_a_parent_state_and_the_count_says_so(check):
+    """SGLang's LRU eviction of two Mamba states over A, A+B, A+C: leaf A+B goes
+    whole, A keeps its KV (A+C needs it) but loses its state, a tombstone; A+B
+    then matches nothing, since no node on its path holds a state."""
+    t = check["tombstone"]
+    assert t["evicted_mamba_slots"] == 2
+    assert t["tombstoned_nodes"] == 1
+    assert t["evicted_kv_tokens"] == 100                 # B's tokens; A's stay
+    assert t["kv_tokens_left"] == 100 + 50              # A and C
+    assert t["rematched_ab"] == 0

@@ -26,35 +26,96 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     MatchPrefixParams,
 )
 
-from adapters.sglang_cpu.tree import key
+from adapters.sglang_cpu.tree import TombstoneCount, key
 
 
 class Memory:
-    """SGLang's pools and tree, and the counters of what they did."""
+    """SGLang's pools and tree, and the counters of what they did.
+
+    Under SGLang's unified memory (``pools.unified``) the two sides draw on one
+    region, so two of SGLang's rules differ from its dual pools, and both are
+    followed here: a Mamba slot is free when SGLang's byte-coordinated view
+    says so (``schedulable_available_size``: the slot-id count
+    ``available_size`` does not see the bytes), and room is made with
+    ``evict_for_alloc``, which lets evicted KV fund a state's bytes
+    (``unified_radix_cache.py:697``; ``allocation.py:321`` for the slot,
+    ``allocator/base.py:168`` for the KV), the slot first, as SGLang binds a
+    request's slot before extending its KV."""
 
     def __init__(self, pools, tree):
         self.pools, self.tree = pools, tree
         self.kv = pools.allocator
         self.mamba = pools.req_to_token_pool.mamba_allocator
+        self.unified = pools.unified is not None
+        # KV tokens' worth of the shared region one new state takes: SGLang's
+        # admission reserves it per admitted request (schedule_policy.py:689-714)
+        self.slot_token_cost = int(self.kv.mamba_slot_full_token_cost()) if self.unified else 0
         self.evictions = 0
         self.evicted_kv_tokens = 0
         self.evicted_mamba_slots = 0
         self.mamba_in_use_peak = 0
+        self.tombstones = TombstoneCount(tree)
 
     def match(self, token_ids):
         return self.tree.match_prefix(MatchPrefixParams(key=key(token_ids)))
 
+    def _count(self, result) -> None:
+        self.evictions += 1
+        self.evicted_kv_tokens += result.num_tokens_evicted
+        self.evicted_mamba_slots += result.mamba_num_evicted
+
+    def mamba_free(self) -> int:
+        """Mamba slots an allocation can take now."""
+        if self.unified:
+            return int(self.mamba.schedulable_available_size())
+        return int(self.mamba.available_size())
+
     def make_room(self, tokens: int, slots: int) -> bool:
         """Evict what is short in each pool (SGLang's tree chooses what), then
         whether ``tokens`` KV tokens and ``slots`` Mamba slots are free."""
+        if self.unified:
+            return self._room_for_slots(slots) and self._room_for_tokens(tokens)
         short_kv = max(0, tokens - self.kv.available_size())
         short_mamba = max(0, slots - self.mamba.available_size())
         if short_kv or short_mamba:
-            result = self.tree.evict(EvictParams(num_tokens=short_kv, mamba_num=short_mamba))
-            self.evictions += 1
-            self.evicted_kv_tokens += result.num_tokens_evicted
-            self.evicted_mamba_slots += result.mamba_num_evicted
+            self._count(self.tree.evict(EvictParams(num_tokens=short_kv, mamba_num=short_mamba)))
         return self.kv.available_size() >= tokens and self.mamba.available_size() >= slots
+
+    def _room_for_slots(self, slots: int) -> bool:
+        short = max(0, slots - self.mamba_free())
+        if short:
+            self._count(self.tree.evict_for_alloc(EvictParams(num_tokens=0, mamba_num=short)))
+        return self.mamba_free() >= slots
+
+    def _room_for_tokens(self, tokens: int) -> bool:
+        short = max(0, tokens - self.kv.available_size())
+        if short:
+            self._count(self.tree.evict_for_alloc(EvictParams(num_tokens=short)))
+        return self.kv.available_size() >= tokens
+
+    def take(self, tokens: int):
+        """One Mamba slot and ``tokens`` KV tokens for an admitted request,
+        evicting first what is short: ``(slot, kv)`` (``kv`` None when
+        ``tokens`` is 0), or None with nothing held if SGLang cannot."""
+        if self.unified:
+            # SGLang binds the slot first (alloc_req_slots), then extends the KV
+            slot = self.mamba.alloc(1) if self._room_for_slots(1) else None
+            if slot is None:
+                return None
+            if tokens and not self._room_for_tokens(tokens):
+                self.mamba.free(slot)
+                return None
+        else:
+            if not self.make_room(tokens, 1):
+                return None
+            slot = self.mamba.alloc(1)
+            if slot is None:
+                return None
+        kv = self.kv.alloc(tokens) if tokens else None
+        if tokens and kv is None:
+            self.mamba.free(slot)
+            return None
+        return slot, kv
 
     def available_plus_evictable(self) -> int:
         """SGLang's ``rem_total_tokens`` before reservations: free KV plus the
@@ -62,7 +123,7 @@ class Memory:
         return int(self.kv.available_size() + self.tree.evictable_size())
 
     def mamba_slots_free_or_evictable(self) -> int:
-        return int(self.mamba.available_size() + self.tree.mamba_evictable_size())
+        return int(self.mamba_free() + self.tree.mamba_evictable_size())
 
     def note_usage(self) -> None:
         in_use = self.pools.req_to_token_pool.mamba_pool.size - self.mamba.available_size()
@@ -87,20 +148,12 @@ class RequestMemory:
         m = self.memory
         self.matched = int(match.device_prefix_len)
         self.lock = m.tree.lock(match.last_device_node)
-        if not m.make_room(new_tokens, 1):
+        taken = m.take(new_tokens)
+        if taken is None:
             m.tree.unlock(self.lock)
             self.lock = None
             return False
-        # the state first: under unified memory the KV allocated next may take
-        # the bytes a state needed (both sides draw on one region)
-        slot = m.mamba.alloc(1)
-        kv = m.kv.alloc(new_tokens) if new_tokens and slot is not None else None
-        if slot is None or (new_tokens and kv is None):
-            if slot is not None:
-                m.mamba.free(slot)
-            m.tree.unlock(self.lock)
-            self.lock = None
-            return False
+        slot, kv = taken
         self.prefix = m.tree.path_device_indices(match.last_device_node).to(torch.int64)
         self.own = [kv] if new_tokens else []
         self.slot = slot

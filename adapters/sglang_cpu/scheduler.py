@@ -18,7 +18,9 @@ its rules are restated here, each with where SGLang has it:
   input plus ``new_token_ratio`` x its output fits in SGLang's
   ``rem_total_tokens`` (free KV + the tree's evictable KV, less the same
   reservation for every running request; ``schedule_policy.PrefillAdder``)
-  and a Mamba slot is free or evictable;
+  and a Mamba slot is free or evictable; under unified memory the new
+  request's state also reserves its bytes in KV tokens
+  (``mamba_slot_full_token_cost``, ``PrefillAdder._mamba_gap_budget_for_req``);
 * ``new_token_ratio`` starts at 0.7 and decays linearly to 0.7 x 0.14 over
   600 decode steps, and goes back to 0.7 after a retraction
   (``SGLANG_INIT_NEW_TOKEN_RATIO``, ``..._MIN_NEW_TOKEN_RATIO_FACTOR``,
@@ -145,8 +147,8 @@ class SglangScheduler:
                 batch.wait_reason = WAIT_BUDGET
                 return
             rem_total = memory.available_plus_evictable() - self._reserved()
-            fits = (new + (r.output_len - r.generated) * self.ratio <= rem_total
-                    and memory.mamba_slots_free_or_evictable() >= 1)
+            fits = (new + (r.output_len - r.generated) * self.ratio + memory.slot_token_cost
+                    <= rem_total and memory.mamba_slots_free_or_evictable() >= 1)
             held = RequestMemory(memory)
             if not fits or not held.admit(r.tokens, match, new):
                 if not self.running and not batch.items:

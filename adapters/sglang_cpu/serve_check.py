@@ -17,6 +17,11 @@ workload (`tree.TreeDriver.counters`):
   plus ``--suffix`` new tokens, so a later turn can reuse its history only
   if SGLang kept it (and its Mamba state) since the session's last turn.
 
+- ``tombstone``: a request A, then A+B and A+C (A's node now a parent with a
+  state, two leaves with states), then SGLang's tree asked to evict two Mamba
+  states: LRU takes leaf A+B whole and tombstones A (its state freed, its KV
+  kept for A+C), so A+B then matches nothing (no state on its path).
+
 Token ids are deterministic (no tokenizer, no data set). Both workloads run
 on fresh pools from the same budget.
 """
@@ -28,6 +33,7 @@ import json
 
 from adapters.sglang_cpu import pools as sg_pools
 from adapters.sglang_cpu import tree as sg_tree
+from adapters.sglang_cpu.tree import EvictParams
 from harness.budget import parse_budget_bytes
 from harness.model_configs import preset
 
@@ -66,6 +72,21 @@ def multi_turn(driver, sessions: int, turns: int, suffix: int, output: int) -> d
     return driver.counters()
 
 
+def tombstone(driver, tokens: int) -> dict:
+    a = list(range(1, tokens + 1))
+    ab = a + [20_000_000 + t for t in range(tokens)]
+    ac = a + [30_000_000 + t for t in range(tokens // 2)]
+    for seq in (a, ab, ac):
+        driver.serve(seq)
+    freed = driver.tree.evict(EvictParams(num_tokens=0, mamba_num=2))
+    out = {"evicted_kv_tokens": int(freed.num_tokens_evicted),
+           "evicted_mamba_slots": int(freed.mamba_num_evicted),
+           "tombstoned_nodes": driver.tombstones.count,
+           "kv_tokens_left": int(driver.tree.total_size()[0])}
+    out["rematched_ab"] = driver.serve(ab)
+    return out
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="falcon-h1-7b")
@@ -99,6 +120,8 @@ def main(argv=None) -> dict:
     }
     _, driver = _fresh(geom, pool_split, max_context, args.unified)
     out["multi_turn"] = multi_turn(driver, args.sessions, args.turns, args.suffix, args.output)
+    _, driver = _fresh(geom, pool_split, max_context, args.unified)
+    out["tombstone"] = tombstone(driver, args.output)
     print(json.dumps(out, indent=1))
     return out
 

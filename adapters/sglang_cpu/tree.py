@@ -66,6 +66,31 @@ def build_tree(pools) -> UnifiedRadixCache:
         tree_components=(ComponentType.FULL, ComponentType.MAMBA)))
 
 
+class TombstoneCount:
+    """How many nodes SGLang's eviction tombstoned: freed their Mamba state
+    while keeping their KV (an internal node another path still needs).
+
+    SGLang reports evicted KV tokens and Mamba states, not tombstones; its
+    eviction walk does say, per step (``UnifiedTreeCoreInterface``'s
+    ``EvictDeviceNextNodeResult``): a step that made progress without handing
+    back a leaf to evict was an internal tombstone. The walk's step is
+    ``UnifiedRadixCache._evict_device_next_node`` (sglang 0.5.23, pinned by
+    scripts/setup_sglang_cpu.sh), which returns ``(leaf or None, made
+    progress)``; this wraps it on one tree object and counts those steps."""
+
+    def __init__(self, tree: UnifiedRadixCache):
+        self.count = 0
+        step = tree._evict_device_next_node
+
+        def counted(component_type, tracker):
+            leaf, progressed = step(component_type, tracker)
+            if leaf is None and progressed and component_type == ComponentType.MAMBA:
+                self.count += 1
+            return leaf, progressed
+
+        tree._evict_device_next_node = counted
+
+
 def key(token_ids) -> RadixKey:
     """A radix key over ``token_ids`` (SGLang's tree takes 8-byte ``array('q')``)."""
     return RadixKey(array("q", token_ids), None)
@@ -86,6 +111,7 @@ class TreeDriver:
         self.evicted_mamba_slots = 0
         self.evictions = 0
         self.mamba_in_use_peak = 0
+        self.tombstones = TombstoneCount(tree)
 
     def _make_room(self, tokens: int) -> bool:
         """SGLang's rule when an allocation does not fit: evict from the tree
@@ -157,6 +183,7 @@ class TreeDriver:
             "evictions": self.evictions,
             "evicted_kv_tokens": self.evicted_kv_tokens,
             "evicted_mamba_slots": self.evicted_mamba_slots,
+            "tombstoned_nodes": self.tombstones.count,
             "mamba_slots_in_use_peak": self.mamba_in_use_peak,
             "mamba_slots": int(mamba.size),
             "tree_evictable_tokens": int(self.tree.evictable_size()),

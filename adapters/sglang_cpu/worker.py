@@ -13,7 +13,9 @@ simulator prices its steps.
 The pools come from the run's budget: its bytes per pool layer
 (``setup.budget.target_bytes``, the same bytes every organization gets) split
 by SGLang's rule with ``mamba_full_memory_ratio = (1 - f) / f`` for D0's
-attention fraction f (`pools.split`), at SGLang's page size 1. The manifest's
+attention fraction f (`pools.split`), at SGLang's page size 1: two pools for
+``--org d0``, and for ``--org u0`` SGLang's unified memory, one region of the
+split's bytes whose KV and Mamba sides move (`pools.build_unified`). The manifest's
 ``engine_info["sglang"]`` records what SGLang's objects hold, read from them.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import math
 import pickle
 import sys
+from functools import partial
 
 from adapters.sglang import mamba_full_memory_ratio
 from adapters.sglang_cpu import pools as sg_pools
@@ -93,8 +96,10 @@ def serve(workload, setup) -> EngineRun:
     max_context = max(len(wr.prompt_token_ids) + wr.output_len for wr in workload.requests)
     if workload.sessions:
         max_context = max(max_context, config.max_model_len or 0)
-    pools = sg_pools.build(geom, pool_split, page_size=1, max_running=config.cap + 1,
-                           max_context=max(max_context, 1) + 1)
+    unified = config.org == "u0"
+    build = sg_pools.build_unified if unified else partial(sg_pools.build, page_size=1)
+    pools = build(geom, pool_split, max_running=config.cap + 1,
+                  max_context=max(max_context, 1) + 1)
     memory = Memory(pools, build_tree(pools))
     sched = SglangScheduler(memory, cap=config.cap, token_budget=config.token_budget)
     executor = SglangStepExecutor(sched, CostModel(geom, hardware_for(config.gpu)), memory,
@@ -107,22 +112,26 @@ def serve(workload, setup) -> EngineRun:
     described = pools.describe()
     info = {
         "engine": "sglang", "mode": "in-process", "pool_layers": geom.pool_layers,
-        "pools": [{"name": "attention", "pages": described["kv_tokens"],
-                   "page_bytes": sg_pools.kv_bytes_per_token(geom)},
-                  {"name": "checkpoint", "pages": described["mamba_slots"],
-                   "page_bytes": geom.slot_checkpoint_bytes}],
+        "pools": ([{"name": "region", "pages": described["kv_tokens"],   # all of it as KV
+                    "page_bytes": sg_pools.kv_bytes_per_token(geom)}] if unified else
+                  [{"name": "attention", "pages": described["kv_tokens"],
+                    "page_bytes": sg_pools.kv_bytes_per_token(geom)},
+                   {"name": "checkpoint", "pages": described["mamba_slots"],
+                    "page_bytes": geom.slot_checkpoint_bytes}]),
         "attn_block_tokens": 1, "grid_tokens": config.token_budget,
         "cache_state": "cold", "warmup_requests": config.warmup_requests,
         "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
         "sglang": {**described, "mamba_full_memory_ratio": ratio,
                    "budget_bytes_per_pool_layer": budget.target_bytes,
-                   "tree": "UnifiedRadixCache(FULL, MAMBA)"},
+                   "tree": "UnifiedRadixCache(FULL, MAMBA)",
+                   "memory": "unified" if unified else "dual pools"},
     }
     counters = {
         "preemptions": sched.preemptions,
         "sglang_evictions": memory.evictions,
         "sglang_evicted_kv_tokens": memory.evicted_kv_tokens,
         "sglang_evicted_mamba_slots": memory.evicted_mamba_slots,
+        "sglang_tombstoned_nodes": memory.tombstones.count,
         "sglang_mamba_slots_in_use_peak": memory.mamba_in_use_peak,
         "sglang_mamba_slots": described["mamba_slots"],
     }
