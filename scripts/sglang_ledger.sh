@@ -57,7 +57,7 @@ with open(out / "ledger.csv", "w", newline="") as f:
 def fmt(v):
     if isinstance(v, float):
         return f"{v:.3g}" if v == v else "-"
-    return str(v) if v != "" else "-"
+    return "-" if v in ("", None) else str(v)
 lines = ["| " + " | ".join(["cell", "engine", *keys]) + " |",
          "|" + "---|" * (len(keys) + 2)]
 lines += ["| " + " | ".join(fmt(r[k]) for k in ["cell", "engine", *keys]) + " |" for r in rows]

@@ -72,11 +72,11 @@ class Organization(ReadOnlyViews):
         slabs = SlabTable(layout.slab_slots) if layout.conv_slots else None
         self.table = EntryTable(self.name, self.pools, slabs)
         self.table.evict = evict = policy.evict_policy()
+        self._made_from = (layout, pool_pages, policy)
         if evict is not None and getattr(evict, "tuner", None) is not None:
             # Marconi's replay serves the bootstrap window through fresh copies
             # of this organization, each evicting with one candidate alpha
-            evict.tuner.build = lambda alpha: type(self)(
-                layout, pool_pages, replace(policy, alpha=alpha))
+            evict.tuner.build = lambda alpha: self.twin(alpha=alpha)
         self.ckpts = CheckpointStore(self.table, layout, len(self.pools) - 1)
         self.publication = publication_for(layout, self.table, self.ckpts,
                                            policy.publish_policy())
@@ -90,6 +90,12 @@ class Organization(ReadOnlyViews):
         self.reqs: dict[object, RequestState] = {}
         self._headroom: dict[float, tuple[int, ...]] = {}
         self._copies: tuple = ()                 # (reason, position, src, dst) entries
+
+    def twin(self, **policy_changes) -> Organization:
+        """A new, empty organization like this one: same layout and pool sizes,
+        its policy with ``policy_changes`` (Marconi's replay, `check_fits`)."""
+        layout, pool_pages, policy = self._made_from
+        return type(self)(layout, pool_pages, replace(policy, **policy_changes))
 
     # ---- queries: change nothing ----------------------------------------------
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
