@@ -74,20 +74,27 @@ def test_multi_turn_reuses_and_evicts(check):
     assert turns["mamba_slots_in_use_peak"] <= turns["mamba_slots"]
 
 
+def served_in_process(out: Path, org: str) -> Path:
+    """The run directory of `hbench run --engine sglang --org ORG` in process:
+    a multi-turn workload of 20 sessions at b16."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "hbench.cli", "run", "--engine", "sglang",
+                           "--org", org, "--budget", "b16", "--workload-kind", "multiturn",
+                           "--requests", "20", "--rate", "1", "--think-time", "2", "--seed", "1",
+                           "--out", str(out)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir
+
+
 def test_hbench_run_in_process_reuses_evicts_and_records_sglang_pools(tmp_path):
     """`hbench run --engine sglang` without a server: SGLang's tree and pools
     serve a multi-turn workload; the results directory is complete and holds
     SGLang's counters and its pool sizes, read from its objects."""
     from harness.results import read_run
 
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "hbench.cli", "run", "--engine", "sglang",
-                           "--org", "d0", "--budget", "b16", "--workload-kind", "multiturn",
-                           "--requests", "20", "--rate", "1", "--think-time", "2", "--seed", "1",
-                           "--out", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run_dir = served_in_process(tmp_path, "d0")
     run = read_run(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["reused_tokens"] > 0 and summary["j_adopt_mean"] > 0
@@ -130,14 +137,7 @@ def test_hbench_run_in_process_with_unified_memory_serves_every_request(tmp_path
     same budget serves a multi-turn workload to the end (none refused for want
     of a state's bytes), reuses and evicts, and its Mamba side holds more
     states at once than the dual pools' split gives it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "hbench.cli", "run", "--engine", "sglang",
-                           "--org", "u0", "--budget", "b16", "--workload-kind", "multiturn",
-                           "--requests", "20", "--rate", "1", "--think-time", "2", "--seed", "1",
-                           "--out", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run_dir = served_in_process(tmp_path, "u0")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["failed"] == 0 and summary["finished"] > 20        # every turn of 20 sessions
     assert summary["reused_tokens"] > 0 and summary["sglang_evictions"] > 0
