@@ -1,7 +1,7 @@
 """`harness.engine.fits.check_fits` refuses, before any step, a budget in which
-a request that adopts the longest request's cached prefix could never be
-admitted (the vLLM-paging point where S1/S2 at 8 blocks served nothing), and
-leaves the organization it was given untouched."""
+the longest request is preempted by its own prefill and can never be admitted
+again (the vLLM-paging point where S1/S2 at 8 blocks served nothing, though
+its pages alone fit), and leaves the organization it was given untouched."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from hbench.cli import cli
 
 # vLLM's paging on the proportional model: one 1,664-token block per page;
-# shared contexts of ~2,900 tokens, so a later request adopts the one at 1,664
+# shared contexts of ~2,900 tokens, a longest request of 3,951
 WORKLOAD = ["--paging", "vllm", "--requests", "16", "--rate", "50", "--mean-input", "3000",
             "--max-output", "400", "--contexts", "2", "--max-model-len", "4096", "--cap", "16",
             "--seed", "0", "--token-budget", "1664"]
@@ -26,19 +26,18 @@ def run(model_dir, tmp_path, org: str, budget: str):
 
 
 @pytest.mark.parametrize("org", ["s1", "s2"])
-def test_a_budget_no_adopting_request_fits_in_is_refused_before_any_step(model_dir, tmp_path,
-                                                                          org):
+def test_a_budget_the_longest_request_cannot_finish_in_is_refused_before_any_step(
+        model_dir, tmp_path, org):
     result = run(model_dir, tmp_path, org, "b10")
     assert result.exit_code != 0
-    assert (f"budget b10 serves {org}'s longest request (3951 tokens) alone, but not once "
-            "its prefix is cached") in result.output
+    assert (f"budget b10 cannot serve {org}'s longest request (3951 tokens) even alone under "
+            "the scheduler's rules") in result.output
     assert not list(tmp_path.iterdir())              # no results directory was started
 
 
 @pytest.mark.parametrize("org, budget", [("s0", "b10"), ("d0", "b10"), ("s1", "b13"),
                                          ("s2", "b12")])
-def test_a_budget_an_adopting_request_fits_in_serves_every_request(model_dir, tmp_path, org,
-                                                                   budget):
+def test_a_budget_the_rehearsal_passes_serves_every_request(model_dir, tmp_path, org, budget):
     result = run(model_dir, tmp_path, org, budget)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output[result.output.index("{"):])

@@ -1,13 +1,13 @@
 """Refusing a budget that cannot serve a workload, before any step runs.
 
 Every in-process engine calls `check_fits` after building its organization:
-a run whose longest request cannot be served even alone would otherwise fail
-that request (or stall) after minutes of work. Alone is not enough: a request
-that finds the longest request's prefix cached (a later request of the same
-context, or the request itself resumed after a preemption) adopts a checkpoint
-and holds its pages while it computes the rest, and in a small budget that can
-need more pages than starting cold. `check_fits` rehearses that on an empty
-twin of the organization with the scheduler's own rules.
+a run whose longest request cannot be served would otherwise fail requests
+(or stall a real server) after minutes of work. Page counts alone do not
+settle it: under large pages (vLLM's paging) a request whose next prefill
+chunk must also publish a checkpoint can be preempted by its own growth with
+nothing else running, and then find no way back in. So after the page counts,
+`check_fits` rehearses the longest request alone on an empty twin of the
+organization with the scheduler's own rules.
 """
 
 from __future__ import annotations
@@ -49,38 +49,32 @@ def check_fits(org, workload, config, label: str) -> None:
         raise HbenchError(
             f"budget {label} cannot hold the longest request ({total} tokens) alone for "
             f"{org.name}: its {demand.pages} pages do not fit together: raise the budget")
-    if not _adopting_admitted(org, config, total):
+    if not _served_alone(org, config, total):
         raise HbenchError(
-            f"budget {label} serves {org.name}'s longest request ({total} tokens) alone, "
-            "but not once its prefix is cached: a request that adopts it (a later request "
-            "of the same context, or the request itself resumed after a preemption) needs "
-            "more pages than the budget has, so it could never be admitted: raise the budget")
+            f"budget {label} cannot serve {org.name}'s longest request ({total} tokens) even "
+            "alone under the scheduler's rules: its prefill chunks and the checkpoints they "
+            "publish do not fit, it is preempted and then cannot be admitted again: raise "
+            "the budget")
 
 
-def _adopting_admitted(org, config, total: int) -> bool:
-    """On an empty twin of ``org``, with the scheduler's own rules: a request of
-    ``total - 1`` prompt tokens runs to the end and leaves its prefix cached,
-    then the same request comes again; whether the second one is admitted (it
-    adopts the deepest checkpoint the first published) with nothing else
-    running. True also when the first cannot run (the checks above decide)."""
+def _served_alone(org, config, total: int) -> bool:
+    """Whether a request of ``total - 1`` prompt tokens (and one output token)
+    is served to the end with nothing else running, on an empty twin of
+    ``org`` with the scheduler's own rules: chunked as the token budget
+    says, preempted by its own growth if a chunk and its publications do not
+    fit, and readmitted over what it cached (or failed)."""
+    from harness.records import FINISHED
     from harness.scheduler import Scheduler, SchedulerPolicy
 
     sched = Scheduler(org.twin(), SchedulerPolicy.from_config(config))
-    ids = np.arange(1, max(total - 1, 1) + 1, dtype=np.int64)
+    r = sched.add(0, 0.0, np.arange(1, max(total - 1, 1) + 1, dtype=np.int64), 1, None)
     step = 0
-    for rid in (0, 1):
-        sched.add(rid, 0.0, ids, 1, None)
-        admitted = False
-        while not admitted:       # nothing else runs: admitted or failed at once
-            batch = sched.schedule()
-            if rid in batch.failed:
-                return rid == 0
-            admitted = rid in batch.admitted
-            if not admitted and not batch.items:
-                return True       # waits for something the rehearsal does not model
-            step += 1
-            sched.complete(batch, float(step))
-        while rid == 0 and sched.has_work:
-            step += 1
-            sched.complete(sched.schedule(), float(step))
-    return True
+    while sched.has_work:
+        batch = sched.schedule()
+        if not (batch.items or batch.failed or batch.preempted):
+            return True       # waits for something the rehearsal does not model
+        step += 1
+        if step > 2 * total + 64:
+            return False      # preempted and readmitted without end
+        sched.complete(batch, float(step))
+    return r.record.status == FINISHED
