@@ -122,17 +122,28 @@ def test_stretches_keep_invariants(org):
 
 @pytest.fixture
 def schedule_calls(monkeypatch):
-    """Counts the steps the scheduler plans (``calls["n"]``)."""
+    """Counts the steps the scheduler plans while the engine loop runs
+    (``calls["n"]``; not the pre-run check's rehearsal, `check_fits`)."""
+    from harness.engine.loop import EngineLoop
     from harness.scheduler import Scheduler
 
     calls = {"n": 0}
-    original = Scheduler.schedule
+    looping = []
+    schedule, run = Scheduler.schedule, EngineLoop.run
 
     def counting(self):
-        calls["n"] += 1
-        return original(self)
+        calls["n"] += 1 if looping else 0
+        return schedule(self)
+
+    def loop_run(self):
+        looping.append(True)
+        try:
+            return run(self)
+        finally:
+            looping.pop()
 
     monkeypatch.setattr(Scheduler, "schedule", counting)
+    monkeypatch.setattr(EngineLoop, "run", loop_run)
     return calls
 
 

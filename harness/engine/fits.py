@@ -49,7 +49,7 @@ def check_fits(org, workload, config, label: str) -> None:
         raise HbenchError(
             f"budget {label} cannot hold the longest request ({total} tokens) alone for "
             f"{org.name}: its {demand.pages} pages do not fit together: raise the budget")
-    if not _served_alone(org, config, total):
+    if not _served_alone(org, config, prompt, output):
         raise HbenchError(
             f"budget {label} cannot serve {org.name}'s longest request ({total} tokens) even "
             "alone under the scheduler's rules: its prefill chunks and the checkpoints they "
@@ -57,24 +57,30 @@ def check_fits(org, workload, config, label: str) -> None:
             "the budget")
 
 
-def _served_alone(org, config, total: int) -> bool:
-    """Whether a request of ``total - 1`` prompt tokens (and one output token)
-    is served to the end with nothing else running, on an empty twin of
-    ``org`` with the scheduler's own rules: chunked as the token budget
-    says, preempted by its own growth if a chunk and its publications do not
-    fit, and readmitted over what it cached (or failed)."""
+def _served_alone(org, config, prompt: int, output: int) -> bool:
+    """Whether a request of ``prompt`` tokens and ``output`` output tokens is
+    served to the end with nothing else running, on an empty twin of ``org``
+    with the scheduler's own rules: chunked as the token budget says,
+    preempted by its own growth if a chunk and its publications do not fit,
+    and readmitted over what it cached (or failed). Once its prefill is done
+    and what its decode still needs can be allocated, it is served."""
     from harness.records import FINISHED
     from harness.scheduler import Scheduler, SchedulerPolicy
+    from harness.scheduler.batch import RUNNING
 
-    sched = Scheduler(org.twin(), SchedulerPolicy.from_config(config))
-    r = sched.add(0, 0.0, np.arange(1, max(total - 1, 1) + 1, dtype=np.int64), 1, None)
+    twin = org.twin()
+    sched = Scheduler(twin, SchedulerPolicy.from_config(config))
+    r = sched.add(0, 0.0, np.arange(1, prompt + 1, dtype=np.int64), output, None)
     step = 0
     while sched.has_work:
+        if (r.state == RUNNING and r.computed >= r.prefill_until and twin.can_allocate(
+                twin.pages_needed(r.rid, prompt + output, r.prefill_until))):
+            return True
         batch = sched.schedule()
         if not (batch.items or batch.failed or batch.preempted):
             return True       # waits for something the rehearsal does not model
         step += 1
-        if step > 2 * total + 64:
+        if step > 4 * (prompt + output) + 64:
             return False      # preempted and readmitted without end
         sched.complete(batch, float(step))
     return r.record.status == FINISHED
