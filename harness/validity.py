@@ -233,6 +233,16 @@ def ks_exponential_pvalue(gaps: np.ndarray, nominal: float) -> float:
     return p
 
 
+def ks_remembered(arrivals: Sequence[float], nominal: float) -> bool:
+    """Whether `check_process` of Poisson ``arrivals`` at ``nominal`` finds its
+    p-value remembered (or needs none), so that it imports no scipy."""
+    a = np.sort(np.asarray(arrivals, dtype=float))
+    if a.size < 3:
+        return True
+    key = _ks_key(np.diff(a), nominal)
+    return key is not None and (key in _KS_MEMO or _ks_cached(key) is not None)
+
+
 def _remember(key: str, p: float) -> None:
     if len(_KS_MEMO) >= _KS_MEMO_LIMIT:
         _KS_MEMO.clear()

@@ -218,3 +218,16 @@ def test_ks_pvalue_cache_entries_are_keyed_by_their_inputs_and_checked(tmp_path,
     monkeypatch.setattr(V, "_KS_MEMO", {})
     assert V.ks_exponential_pvalue(gaps, 2.0) == p
     assert json.loads(V._ks_file(key).read_text())["pvalue"] == p
+
+
+def test_ks_remembered_says_whether_the_test_would_import_scipy(tmp_path, monkeypatch):
+    monkeypatch.setenv("HBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    arrivals = np.cumsum(np.random.default_rng([7, 4]).exponential(1 / 3.0, 60))
+    assert not V.ks_remembered(arrivals, 3.0)
+    V.check_process(arrivals, "poisson", 3.0)
+    assert V.ks_remembered(arrivals, 3.0)
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    assert V.ks_remembered(arrivals, 3.0)            # from the disk cache
+    assert not V.ks_remembered(arrivals, 2.0)        # another rate is another test
+    assert V.ks_remembered(arrivals[:2], 3.0)        # too few arrivals: no test at all
