@@ -1,9 +1,9 @@
 """Where hbench keeps what it can recompute: ``$HBENCH_CACHE_DIR`` if set,
 else ``$XDG_CACHE_HOME/hbench``, else ``~/.cache/hbench``.
 
-Everything under it (the parsed ShareGPT pairs, the simulator's source
-digest, downloaded datasets) is a cache: deleting it costs time, never a
-result.
+Everything under it (the parsed ShareGPT pairs, derived workloads, the KS
+test p-values of arrival streams, the simulator's source digest, downloaded
+datasets) is a cache: deleting it costs time, never a result.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ was asked for was the load it got and it measured a steady state:
   where every latency rounds to 0);
 - ``arrival_process``: the arrival process passes its own test: for Poisson,
   a one-sample Kolmogorov-Smirnov test of the inter-arrival times against the
-  exponential law at the nominal rate (fails at p < 0.001); for constant
-  arrivals every gap equals 1/rate; gamma arrivals are not tested;
+  exponential law at the nominal rate (fails at p < 0.001; the p-value is
+  scipy's, remembered per arrival stream by `ks_exponential_pvalue`); for
+  constant arrivals every gap equals 1/rate; gamma arrivals are not tested;
 - ``dispatch_lag``: the client's dispatch lag p99 stays under
   `DISPATCH_LAG_BOUND_S` (real engines; "n/a" where requests are not
   dispatched by a client, as in the simulator);
@@ -50,10 +51,18 @@ same measured load (delivered rates within 1 %).
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
+
+from common.atomic import atomic_write_text
+from common.cache import cache_dir
+from common.errors import HbenchError
 
 PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
 #: Largest acceptable client dispatch lag p99 (assumed: one decode step of a
@@ -129,9 +138,7 @@ def check_process(arrivals: Sequence[float], process: str | None, nominal: float
         return _check(NA, "fewer than three measured arrivals")
     gaps = np.diff(a)
     if process == "poisson":
-        from scipy import stats as sps  # here, not at the top: scipy.stats takes ~0.5 s to import
-
-        p = float(sps.kstest(gaps, "expon", args=(0, 1 / nominal)).pvalue)
+        p = ks_exponential_pvalue(gaps, nominal)
         status = PASS if p >= KS_ALPHA else FAIL
         return _check(status, f"KS test of {gaps.size} inter-arrival times vs exponential at "
                               f"{nominal:g}/s: p = {p:.3g}")
@@ -140,6 +147,106 @@ def check_process(arrivals: Sequence[float], process: str | None, nominal: float
         status = PASS if worst <= 1e-6 * max(1.0, 1 / nominal) else FAIL
         return _check(status, f"largest deviation of a gap from 1/rate: {worst:.3g} s")
     return _check(NA, f"no test for {process or 'unknown'} arrivals")
+
+
+#: Bumped when the layout of a remembered KS p-value (`ks_exponential_pvalue`) changes.
+_KS_CACHE_FORMAT = 1
+_KS_MEMO: dict[str, float] = {}
+_KS_MEMO_LIMIT = 256
+
+
+def _scipy_build() -> bytes | None:
+    """The bytes of the installed scipy's ``version.py`` (its version and git
+    revision), found without importing scipy; None where it cannot be read."""
+    try:
+        spec = importlib.util.find_spec("scipy")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        return (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_bytes()
+    except OSError:
+        return None
+
+
+def _ks_key(gaps: np.ndarray, nominal: float) -> str | None:
+    """What the KS p-value of ``gaps`` at ``nominal`` depends on, hashed: the
+    gaps' float64 bytes, the rate, and the scipy and numpy builds that compute it."""
+    build = _scipy_build()
+    if build is None:
+        return None
+    h = hashlib.sha256(f"ks-expon|{_KS_CACHE_FORMAT}|numpy {np.__version__}|".encode())
+    h.update(build)
+    h.update(f"|{float(nominal)!r}|".encode())
+    h.update(np.ascontiguousarray(gaps, dtype="<f8").tobytes())
+    return h.hexdigest()
+
+
+def _ks_file(key: str) -> Path:
+    return cache_dir() / "ks-expon" / f"{key}.json"
+
+
+def _ks_cached(key: str) -> float | None:
+    try:
+        entry = json.loads(_ks_file(key).read_text(encoding="utf-8"))
+    except (OSError, ValueError):   # absent, unreadable or torn: compute again
+        return None
+    if (not isinstance(entry, dict) or entry.get("format") != _KS_CACHE_FORMAT
+            or entry.get("key") != key or not isinstance(entry.get("pvalue"), float)):
+        return None
+    return entry["pvalue"]
+
+
+def ks_exponential_pvalue(gaps: np.ndarray, nominal: float) -> float:
+    """The p-value of scipy's one-sample KS test of ``gaps`` against the
+    exponential law at rate ``nominal`` (``scipy.stats.kstest(gaps, "expon",
+    args=(0, 1 / nominal))``).
+
+    Importing scipy.stats costs about half a second, far more than a
+    study-sized simulated run, and the runs of one workload (every
+    organization, budget and headroom of a sweep) test the same arrivals. So
+    the value scipy returned is remembered, in this process and under
+    `common.cache.cache_dir`, keyed by a hash of everything it depends on:
+    the gaps' bytes, the rate and the installed scipy and numpy builds. The
+    same inputs give scipy's same value, bit for bit; a missing, torn or
+    unwritable cache entry only costs the import and the test."""
+    gaps = np.asarray(gaps, dtype=float)
+    key = _ks_key(gaps, nominal)
+    if key is not None:
+        p = _KS_MEMO.get(key)
+        if p is None:
+            p = _ks_cached(key)
+        if p is not None:
+            _remember(key, p)
+            return p
+    from scipy import stats as sps  # here, not at the top: scipy.stats takes ~0.5 s to import
+
+    p = float(sps.kstest(gaps, "expon", args=(0, 1 / nominal)).pvalue)
+    if key is not None:
+        _remember(key, p)
+        try:
+            atomic_write_text(_ks_file(key), json.dumps(
+                {"format": _KS_CACHE_FORMAT, "key": key, "pvalue": p}))
+        except (OSError, HbenchError):   # a read-only or full cache dir only costs speed
+            pass
+    return p
+
+
+def ks_remembered(arrivals: Sequence[float], nominal: float) -> bool:
+    """Whether `check_process` of Poisson ``arrivals`` at ``nominal`` finds its
+    p-value remembered (or needs none), so that it imports no scipy."""
+    a = np.sort(np.asarray(arrivals, dtype=float))
+    if a.size < 3:
+        return True
+    key = _ks_key(np.diff(a), nominal)
+    return key is not None and (key in _KS_MEMO or _ks_cached(key) is not None)
+
+
+def _remember(key: str, p: float) -> None:
+    if len(_KS_MEMO) >= _KS_MEMO_LIMIT:
+        _KS_MEMO.clear()
+    _KS_MEMO[key] = p
 
 
 def check_dispatch(lags: Sequence[float]) -> dict:

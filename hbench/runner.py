@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from adapters.client.http import Endpoint
 from adapters.registry import check_expressible, check_paging, make_engine
 from adapters.sim.profile import check_gpu_memory, hardware_for
 from harness.config import RunConfig
@@ -43,6 +42,9 @@ def validate_run(config: RunConfig, *, allow_oversubscribe: bool = False) -> Run
     (`adapters.sim.profile.check_gpu_memory`). Returns the resolved `RunSetup`."""
     setup = validate(config)
     if config.endpoint is not None:
+        # imported here: the HTTP client (http.client, ssl, email) is a served run's alone
+        from adapters.client.http import Endpoint
+
         Endpoint.parse(config.endpoint)   # a malformed URL is one line before any work
     if config.engine == "sim":
         hardware_for(config.gpu)   # a malformed cost profile is refused here, not after the run

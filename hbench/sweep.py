@@ -385,11 +385,31 @@ def _pending_order(cells: Sequence[Cell]) -> list[Cell]:
 
 
 def _warm_imports(cells: Sequence[Cell]) -> None:
-    """Import here what each cell would import on its own when it writes its
-    results (scipy.stats for the KS test of Poisson arrivals: 0.75 s), so
-    the workers a local pool forks share the import instead of each paying it."""
-    if any(c.config.arrival == "poisson" for c in cells):
-        import scipy.stats  # noqa: F401
+    """Import here what the cells would import on their own when they write
+    their results, so the workers a local pool forks share the import instead
+    of each paying it: scipy.stats (0.75 s), for the KS test of Poisson
+    arrivals, unless every such test was run before and its p-value is
+    remembered (`harness.validity.ks_remembered`). A simulated cell's
+    measured arrivals are its workload's after the warm-up requests; any
+    other cell, or a workload this process no longer holds, imports it."""
+    from harness.validity import ks_remembered
+
+    for c in cells:
+        cfg = c.config
+        if cfg.arrival != "poisson":
+            continue
+        w = _WORKLOADS.get(workload_key(cfg)) if cfg.engine == "sim" else None
+        if w is None or w.sessions or not ks_remembered(_arrivals(w)[cfg.warmup_requests:],
+                                                        cfg.rate):
+            import scipy.stats  # noqa: F401
+            return
+
+
+def _arrivals(w) -> list[float]:
+    """The arrival times of ``w``'s requests (read from the column of requests
+    made on read, without making them)."""
+    column = getattr(w.requests, "arrival_s", None)
+    return list(column) if column is not None else [r.arrival_s for r in w.requests]
 
 
 @contextmanager

@@ -159,3 +159,75 @@ def test_regress_names_runs_that_are_not_valid(tmp_path):
     res = CliRunner().invoke(cli, ["regress", "--baseline", str(base), "--candidate", str(cand)])
     assert "Runs that are not valid" in res.output
     assert "candidate s2-1: NOT VALID: overload" in res.output
+
+
+KS_PROBE = """
+import json, sys
+import numpy as np
+from harness.validity import ks_exponential_pvalue
+gaps = np.random.default_rng([7, 2]).exponential(1 / 3.0, 239)
+p = ks_exponential_pvalue(gaps, 3.0)
+print(json.dumps({"p": p.hex(), "scipy": "scipy" in sys.modules}))
+"""
+
+
+def _ks_probe(cache) -> dict:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HBENCH_CACHE_DIR": str(cache), "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", KS_PROBE], cwd=root, env=env, check=True,
+                         capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ks_pvalue_is_scipys_and_a_second_process_reads_it_without_scipy(tmp_path):
+    from scipy import stats as sps
+
+    gaps = np.random.default_rng([7, 2]).exponential(1 / 3.0, 239)
+    expected = float(sps.kstest(gaps, "expon", args=(0, 1 / 3.0)).pvalue)
+    first = _ks_probe(tmp_path)
+    assert first == {"p": expected.hex(), "scipy": True}     # computed by scipy, remembered
+    second = _ks_probe(tmp_path)
+    assert second == {"p": expected.hex(), "scipy": False}   # the same bits, no scipy import
+
+
+def test_ks_pvalue_cache_entries_are_keyed_by_their_inputs_and_checked(tmp_path, monkeypatch):
+    from scipy import stats as sps
+
+    monkeypatch.setenv("HBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    gaps = np.random.default_rng([7, 3]).exponential(1 / 2.0, 120)
+    p = V.ks_exponential_pvalue(gaps, 2.0)
+    assert p == float(sps.kstest(gaps, "expon", args=(0, 0.5)).pvalue)
+    # another rate or one gap changed is another entry, with scipy's own value
+    assert V.ks_exponential_pvalue(gaps, 2.5) == float(sps.kstest(gaps, "expon",
+                                                                  args=(0, 0.4)).pvalue)
+    moved = gaps.copy()
+    moved[0] += 1e-9
+    assert V.ks_exponential_pvalue(moved, 2.0) == float(sps.kstest(moved, "expon",
+                                                                   args=(0, 0.5)).pvalue)
+    files = sorted((tmp_path / "ks-expon").iterdir())
+    assert len(files) == 3
+    # a torn or edited entry is not believed: the value is computed again and rewritten
+    key = V._ks_key(gaps, 2.0)
+    V._ks_file(key).write_text('{"format": 1, "key": "other", "pvalue": 0.5}')
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    assert V.ks_exponential_pvalue(gaps, 2.0) == p
+    assert json.loads(V._ks_file(key).read_text())["pvalue"] == p
+
+
+def test_ks_remembered_says_whether_the_test_would_import_scipy(tmp_path, monkeypatch):
+    monkeypatch.setenv("HBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    arrivals = np.cumsum(np.random.default_rng([7, 4]).exponential(1 / 3.0, 60))
+    assert not V.ks_remembered(arrivals, 3.0)
+    V.check_process(arrivals, "poisson", 3.0)
+    assert V.ks_remembered(arrivals, 3.0)
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    assert V.ks_remembered(arrivals, 3.0)            # from the disk cache
+    assert not V.ks_remembered(arrivals, 2.0)        # another rate is another test
+    assert V.ks_remembered(arrivals[:2], 3.0)        # too few arrivals: no test at all

@@ -2,10 +2,11 @@
 
 `workload_for` derives the workload of a `workloads.spec.WorkloadSpec`: it
 loads the dataset (memoized in-process and cached on disk), picks the
-tokenizer and derives. `workload_from_config` builds the spec of a
-`RunConfig`; `build_workload` takes the spec's fields as keywords. A sweep
-calls these many times in one process; only the first call pays for parsing
-and tokenizing.
+tokenizer and derives. A workload derived before from the same recipe,
+corpus and code is read back from `workloads.derived_cache` instead.
+`workload_from_config` builds the spec of a `RunConfig`; `build_workload`
+takes the spec's fields as keywords. A sweep calls these many times in one
+process; only the first call pays for parsing and tokenizing.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from workloads.corpus import load_corpus
+from workloads import derived_cache
 from workloads.kinds import deriver
-from workloads.sharegpt.loader import release_pages
 from workloads.sharegpt.tokenizer import Tokenizer, get_tokenizer
 from workloads.spec import WorkloadSpec
 from workloads.workload import Workload
@@ -44,6 +44,21 @@ def workload_for(spec: WorkloadSpec, *, dataset: str | Path | None = None,
     if dataset is not None or chat_column is not None:
         spec = dataclasses.replace(spec, dataset=None if dataset is None else str(dataset),
                                    chat_column=chat_column)
+    key = derived_cache.derived_key(spec, tokenizer=tokenizer, revision=revision)
+    kept = None if key is None else derived_cache.read(key)
+    if kept is not None:
+        return kept
+    w = _derive(spec, tokenizer, revision)
+    if key is not None:
+        derived_cache.write(key, w)
+    return w
+
+
+def _derive(spec: WorkloadSpec, tokenizer, revision) -> Workload:
+    # imported here: a workload read back from the cache loads no corpus
+    from workloads.corpus import load_corpus
+    from workloads.sharegpt.loader import release_pages
+
     pairs = load_corpus(spec.dataset, chat_column=spec.chat_column, revision=revision)
     w = deriver(spec.workload_kind)(pairs, _tokenizer(tokenizer), spec)
     release_pages()   # the texts it read are copied into the workload

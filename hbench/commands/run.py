@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from adapters.registry import ENGINES
 from common.errors import HbenchError, HbenchFailure
@@ -26,6 +24,9 @@ from hbench.commands.workload import multiturn_options
 from hbench.flag_types import FLOAT, INT, FloatOr
 from hbench.paths import check_writable_dir
 from workloads.sharegpt.arrivals import ARRIVALS
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 D = RunConfig()
 
@@ -70,6 +71,8 @@ def _fmt(v, scale) -> str:
 
 
 def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> None:
+    from rich.table import Table
+
     from harness.results import org_expression
     from harness.validity import describe_validity, failed_details
 
@@ -240,7 +243,6 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     # Imported here, not at the top, so that `hbench --help` and `hbench run
     # --help` load none of what a run needs (pandas, through the results).
     from harness.results import clean_stale, read_run
-    from harness.run_workload import build_run_workload
     from hbench.runner import execute, validate_run
 
     # The simulator takes its geometry from one of them; a real engine serves
@@ -254,26 +256,49 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     check_writable_dir(out)
     validate_run(config, allow_oversubscribe=allow_oversubscribe)
     clean_stale(out)
-    console = Console(stderr=True)
-    with console.status("building workload"):
-        workload = build_run_workload(config)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True,
-                  disable=as_json) as bar:
-        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}", total=workload.total_requests)
-        run_dir = execute(config, out, workload=workload, allow_oversubscribe=allow_oversubscribe,
-                          progress=lambda n: bar.update(task, completed=n))
+    if as_json:   # a script reads stdout: no spinner or progress bar (nor their imports)
+        run_dir = execute(config, out, allow_oversubscribe=allow_oversubscribe)
+    else:
+        run_dir = _execute_with_progress(config, out, allow_oversubscribe)
     data = read_run(run_dir)
     summary = data["summary"]
     if as_json:
         click.echo(json.dumps({"run_dir": str(run_dir), **summary}, indent=2))
     else:
+        from rich.console import Console
+
         print_summary(Console(), run_dir, summary, data["manifest"])
     if summary["failed"]:
         req = data["requests"]
         first = req.loc[req["status"] == "failed", "error"].iloc[0]
         raise HbenchFailure(f"{summary['failed']} of {summary['requests']} requests failed "
                           f"(results kept in {run_dir}); first error: {first[:200]}")
+
+
+def _execute_with_progress(config: RunConfig, out, allow_oversubscribe: bool) -> Path:
+    """`hbench.runner.execute` with a spinner while the workload is built and a
+    progress bar while it is served (on stderr, gone when done)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from harness.run_workload import build_run_workload
+    from hbench.runner import execute
+
+    console = Console(stderr=True)
+    with console.status("building workload"):
+        workload = build_run_workload(config)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}",
+                            total=workload.total_requests)
+        return execute(config, out, workload=workload, allow_oversubscribe=allow_oversubscribe,
+                       progress=lambda n: bar.update(task, completed=n))
 
 
 def _torch_model_config(model: str, config_path: str | None) -> str:

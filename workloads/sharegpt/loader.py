@@ -125,6 +125,13 @@ def _load(path: Path, name: str, use_cache: bool) -> ShareGPTPairs:
     return pairs
 
 
+def package_file_key() -> str:
+    """`file_key` of the packaged ShareGPT V3 file: the ``key`` its pairs get
+    from `load_pairs` (None), without reading them."""
+    with _package_path() as path:
+        return file_key(path)
+
+
 def file_key(path: Path) -> str:
     """Digest of (resolved path, size, mtime, loader version): changes when the file does."""
     path = path.resolve()
