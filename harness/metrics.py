@@ -67,6 +67,12 @@ import pandas as pd
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.records import CANCELLED, FAILED, FINISHED, EngineRun, RequestRecord
 from harness.step_table import StepTable, has_step_key, step_values, steps_frame
+from harness.token_times import (
+    counted_percentiles,
+    inter_token_gaps_of,
+    percentiles,
+    token_time_stats,
+)
 
 SUMMARY_KEYS = (
     "throughput_ledger_tok_s", "throughput_span_tok_s", "output_tokens",
@@ -177,43 +183,6 @@ def percentile(values, q: float) -> float:
     return percentiles(values, (q,))[0]
 
 
-def percentiles(values, qs) -> tuple[float, ...]:
-    """The ``qs``-th percentiles of ``values``, each what ``np.percentile``'s
-    default (linear) method gives, bit for bit: the same virtual index
-    ``(n - 1) q``, the neighbouring order statistics (the last one beyond
-    the end) and its interpolation from the nearer one. One partition
-    serves every q, and no call costs NumPy's generic quantile machinery
-    (~25 us; a run's per-request table asks twice per request). NaN if
-    ``values`` is empty; a sample holding NaN goes to ``np.percentile``."""
-    arr = np.asarray(values, dtype=float)
-    n = arr.size
-    if n == 0:
-        return (NAN,) * len(qs)
-    spots = []
-    for q in qs:
-        q = q / 100
-        virtual = (n - 1) * q                           # numpy's virtual index for "linear"
-        if virtual >= n - 1:
-            lo = hi = n - 1
-            gamma = virtual + 1                         # numpy's index -1 stands for n - 1
-        elif virtual < 0:
-            lo = hi = 0
-            gamma = virtual
-        else:
-            lo = math.floor(virtual)
-            hi, gamma = lo + 1, virtual - lo
-        spots.append((lo, hi, gamma))
-    part = np.partition(arr, sorted({i for lo, hi, _ in spots for i in (lo, hi)}))
-    if math.isnan(part[n - 1]):   # partitioning puts NaNs last
-        return tuple(float(np.percentile(arr, q)) for q in qs)
-    out = []
-    for lo, hi, gamma in spots:
-        a, b = float(part[lo]), float(part[hi])
-        diff = b - a
-        out.append(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)   # numpy's _lerp
-    return tuple(out)
-
-
 def _mean(values) -> float:
     arr = np.asarray(values, dtype=float)
     return float(arr.mean()) if arr.size else NAN
@@ -255,8 +224,9 @@ def tpot(r: RequestRecord) -> float:
 
 
 def inter_token_gaps(r: RequestRecord) -> np.ndarray:
-    """Gaps between consecutive token times (empty with fewer than two)."""
-    return np.diff(np.asarray(r.token_times, dtype=float))
+    """Gaps between consecutive token times (empty with fewer than two, or
+    once they were dropped: `harness.token_times.drop_token_times`)."""
+    return inter_token_gaps_of(r.token_times)
 
 
 def weighted_median(values, weights) -> float:
@@ -484,8 +454,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     ttfts = [ttft(r) for r in finished if r.first_token_s is not None]
     e2es = [e2e(r) for r in finished if r.finish_s is not None]
     tpots = [t for t in (tpot(r) for r in finished) if not math.isnan(t)]
-    gaps = [inter_token_gaps(r) for r in finished]
-    itls = np.concatenate(gaps) if gaps else np.empty(0)
+    itl_percentiles = _itl_percentiles(run, finished)
     lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
 
     counters = run.counters
@@ -502,9 +471,10 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
         "throughput_span_tok_s": _ratio(output_tokens, span),
         "output_tokens": output_tokens,
     }
-    for name, sample in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
-        for q in (50, 90, 99):
-            summary[f"{name}_p{q}_s"] = percentile(sample, q)
+    for name, sample in (("ttft", ttfts), ("itl", None), ("tpot", tpots), ("e2e", e2es)):
+        values = itl_percentiles if sample is None else [percentile(sample, q) for q in (50, 90, 99)]
+        for q, value in zip((50, 90, 99), values, strict=True):
+            summary[f"{name}_p{q}_s"] = value
     summary.update(_memory_peaks(rows, run, weights_bytes))
     summary.update({
         "waiting_median": _time_median(rows, "waiting"),
@@ -540,6 +510,23 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     summary.update({k: counters[k] for k in POLICY_SUMMARY_KEYS if k in counters})
     summary.update({k: counters[k] for k in SGLANG_SUMMARY_KEYS if k in counters})
     return summary
+
+
+def _itl_percentiles(run: EngineRun, finished: list[RequestRecord]) -> tuple[float, ...]:
+    """ITL p50 / p90 / p99 over every gap of the finished measured requests:
+    those still holding their token times and, where the engine dropped them
+    as requests finished, the run's ``itl_pool``."""
+    gaps = [inter_token_gaps(r) for r in finished if r.itl is None]
+    if run.itl_pool is None:
+        assert all(r.itl is None for r in finished), "dropped token times need the run's itl_pool"
+        return tuple(percentile(np.concatenate(gaps) if gaps else np.empty(0), q)
+                     for q in (50, 90, 99))
+    values, counts = run.itl_pool.counted()
+    if gaps:
+        held = np.concatenate(gaps)
+        values = np.concatenate([values, held])
+        counts = np.concatenate([counts, np.ones(held.size, dtype=np.int64)])
+    return counted_percentiles(values, counts, (50, 90, 99))
 
 
 def served_summary(run: EngineRun, finished: list[RequestRecord]) -> dict:
@@ -672,11 +659,7 @@ def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> di
 
 def _itl_stats(r: RequestRecord) -> tuple[float, float, float, float]:
     """A request's inter-token gaps: mean, p50, p99 and max (NaN without gaps)."""
-    gaps = inter_token_gaps(r)
-    if not gaps.size:
-        return NAN, NAN, NAN, NAN
-    p50, p99 = percentiles(gaps, (50, 99))
-    return float(gaps.mean()), p50, p99, float(gaps.max())
+    return (r.itl or token_time_stats(r.token_times))[1:]
 
 
 def _opt(value: float | None) -> float:
@@ -708,7 +691,7 @@ _REQUEST_VALUES = {
     "ttft_s": ttft,
     "e2e_s": e2e,
     "tpot_s": tpot,
-    "n_token_times": lambda r: len(r.token_times),
+    "n_token_times": lambda r: len(r.token_times) if r.itl is None else r.itl[0],
 }
 _ITL_COLUMNS = ("itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
 assert set(_REQUEST_VALUES) | set(_ITL_COLUMNS) == set(REQUEST_COLUMNS)

@@ -46,6 +46,10 @@ class RequestRecord:
     warmup: bool = False
     session: int = -1                      # multi-turn workloads: session id, else -1
     turn: int = -1                         # multi-turn workloads: turn index in the session
+    # (token count, ITL mean, p50, p99, max) once the token times were summed
+    # up and dropped as the request finished (`harness.token_times.drop_token_times`,
+    # the simulator); None while ``token_times`` holds them
+    itl: tuple | None = None
 
     def __post_init__(self):
         self.token_times = np.asarray(self.token_times, dtype=np.float64)
@@ -72,6 +76,9 @@ class EngineRun:
     engine_info: dict = field(default_factory=dict)
     peak_memory: dict = field(default_factory=dict)   # bytes by state kind, whole model
     counters: dict = field(default_factory=dict)      # preemptions, invalidations, ...
+    # the inter-token gaps of the finished measured requests whose token times
+    # were dropped (`harness.token_times.GapPool`); None when every record keeps its own
+    itl_pool: object = None
 
 
 def first_divergence(tokens, reference) -> int | None:

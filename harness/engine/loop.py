@@ -34,6 +34,7 @@ import heapq
 from array import array
 
 from harness.orgs.keys import SharedPrefixKeys
+from harness.token_times import drop_token_times
 from workloads.multiturn.session import SessionLoop
 
 #: Event kinds; at equal times a finishing step is handled before an arrival.
@@ -44,12 +45,16 @@ class EngineLoop:
     """One run of ``workload`` through ``sched`` and ``executor`` on ``clock``.
     ``progress(n)`` is told how many requests have ended (finished or failed)
     whenever that grows; ``check()`` (e.g. the organization's invariants)
-    runs after every completed step."""
+    runs after every completed step. ``itl_pool`` (a `harness.token_times.GapPool`):
+    each finished request's token times are summed up into its record and
+    the pool and dropped (`harness.token_times.drop_token_times`), so that a long
+    run does not hold 8 bytes a token to its end."""
 
     def __init__(self, workload, sched, executor, clock, *, warmup_requests: int = 0,
-                 progress=None, check=None):
+                 progress=None, check=None, itl_pool=None):
         self.sched, self.executor, self.clock = sched, executor, clock
         self.progress, self.check = progress, check
+        self.itl_pool = itl_pool
         self.warm_ids = workload.warmup_ids(warmup_requests)
         self.sessions = SessionLoop(workload) if workload.sessions else None
         self.sent: dict[int, object] = {}          # request id -> its workload request (sessions)
@@ -173,6 +178,8 @@ class EngineLoop:
             # token times again (its record keeps what the results need): a
             # long run holds only the unfinished requests'
             r.tokens, r.keys, r.token_times = array("i"), [], array("d")
+            if self.itl_pool is not None:
+                drop_token_times(r.record, self.itl_pool)
         if requests:
             self._ended(len(requests))
 
