@@ -284,13 +284,24 @@ def measured_start(run: EngineRun) -> float:
     return min(arrivals) if arrivals else NAN
 
 
+#: The step columns the summary reads (`summarize`, `_validity`): all a
+#: `StepTable`'s measured rows are selected by, when some rows are left out.
+SUMMARY_STEP_COLUMNS = (
+    "start_s", "time_s", "duration_s", "waiting", "running", "slab_occupancy",
+    "invalidations_attention", "invalidations_checkpoint",
+    *(f"{what}_{k}_bytes" for what in ("mem", "waste") for k in ("attention", "ssm", "conv")),
+)
+
+
 def measured_steps(run: EngineRun, start: float):
     """Step rows that start at or after ``start`` (all rows if ``start`` is NaN),
-    as a list of row dicts or, for a `StepTable`, a `StepTable`."""
+    as a list of row dicts or, for a `StepTable`, a `StepTable` (the table
+    itself if every row is measured, else a new one of `SUMMARY_STEP_COLUMNS`)."""
     if isinstance(run.steps, StepTable):
         if math.isnan(start):
             return run.steps
-        return run.steps.select(_row_times(run.steps) >= start)
+        keep = _row_times(run.steps) >= start
+        return run.steps if keep.all() else run.steps.select(keep, SUMMARY_STEP_COLUMNS)
     if math.isnan(start):
         return list(run.steps)
     return [row for row, t in zip(run.steps, _row_times(run.steps), strict=True) if t >= start]

@@ -68,7 +68,7 @@ class SimEngine:
         check_fits(org, workload, config, budget.label)
         hardware = hardware_for(config.gpu)
         sched = Scheduler(org, SchedulerPolicy.from_config(config))
-        recorder = StepRecorder(org, geom.pool_layers)
+        recorder = StepRecorder(org, geom.pool_layers, spill=True)   # steps.parquet as it fills
         fast = self.fast if self.fast is not None else stretches_enabled()
         pricing = CostModel(geom, hardware)
         if org.region() is not None:   # pools that trade capacity within one region (u0, e0)
