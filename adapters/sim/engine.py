@@ -27,9 +27,8 @@ from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.layout import PAGINGS
 from harness.orgs import CheckpointPolicy, build_organization
-from harness.records import EngineRun
+from harness.records import EngineRun, last_finish
 from harness.scheduler import Scheduler, SchedulerPolicy
-from harness.token_times import GapPool
 
 #: The benchmark notices completions by polling at this interval (assumed, like a
 #: serving benchmark's client loop); the ledger window ends at the next poll.
@@ -74,13 +73,12 @@ class SimEngine:
         if org.region() is not None:   # pools that trade capacity within one region (u0, e0)
             pricing = MovePricing(pricing, org, geom.pool_layers)
         executor = CostExecutor(sched, pricing, recorder, stretches=fast)
-        itl_pool = GapPool()     # finished requests' token times, summed up as they finish
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
                           warmup_requests=config.warmup_requests, progress=progress,
                           check=org.check_invariants if config.debug_invariants else None,
-                          itl_pool=itl_pool)
+                          compact=True)   # an ended request leaves columns only
         records = loop.run()
-        last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+        last = last_finish(records)
         window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
         info = engine_info(self.name, setup, org)
         info.update(hardware=config.gpu, poll_interval_s=POLL_INTERVAL_S)
@@ -92,4 +90,4 @@ class SimEngine:
         counters.update(org.policy_counters())   # --utility-alpha auto: the tuned alpha
         return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
-                         counters=counters, itl_pool=itl_pool)
+                         counters=counters, itl_pool=loop.itl_pool)
