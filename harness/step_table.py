@@ -167,6 +167,16 @@ class _Spill:
             chunks.extend(pq.read_table(part, columns=[name]).column(0).chunks)
         return _from_arrow(pa.chunked_array(chunks, type=self.schema.field(name).type))
 
+    def read_frame(self, names):
+        """Columns ``names`` of every chunk on disk as one frame, converted by
+        Arrow (the frame pandas makes of the values: float64, int64, str)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.close_part()
+        tables = [pq.read_table(part, columns=list(names)) for part in self.parts]
+        return pa.concat_tables(tables).to_pandas()
+
     def read_chunk(self, c: int):
         """Chunk ``c`` on disk as an Arrow table."""
         import pyarrow.parquet as pq
@@ -231,6 +241,15 @@ class StepTable(Sequence):
         self._chunks.append(chunk)
         self._packed += len(self.rows)
         self.rows = []
+
+    def seal(self) -> None:
+        """No more rows for now: a spilling table writes the rows appended since
+        its last chunk as one more and closes its file, so that reading it
+        and `write_parquet` (a link to that file) need no second part."""
+        if self._spill is not None:
+            self._pack_rows()
+            if self._spill is not None:
+                self._spill.close_part()
 
     def _unspill(self) -> None:
         """The chunks on disk back into memory, a piece per column each; no more spilling."""
@@ -335,6 +354,8 @@ class StepTable(Sequence):
         if not len(self):
             return pd.DataFrame()
         names = [c for c in self.columns if columns is None or c in columns]
+        if self._spilled and self._spilled == len(self._chunks) and not self.rows:
+            return self._spill.read_frame(names)       # every row on disk: Arrow to pandas
         return pd.DataFrame({c: _joined(self._pieces(self._index[c])) for c in names},
                             columns=names)
 

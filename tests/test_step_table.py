@@ -202,3 +202,18 @@ def test_a_spilled_table_removes_its_file_when_dropped(monkeypatch):
     del spilled
     gc.collect()
     assert not os.path.exists(where)
+
+
+def test_a_sealed_spilled_table_is_one_file_that_frames_through_arrow(tmp_path, monkeypatch):
+    rows = ROWS * 2 + [ROWS[0]]
+    kept, spilled = _spilled_and_kept(rows, monkeypatch)
+    spilled.seal()
+    assert not spilled.rows and all(c is None for c in spilled._chunks)
+    _same_tables(kept, spilled)
+    pd.testing.assert_frame_equal(kept.to_frame(("start_s", "ids", "waiting")),
+                                  spilled.to_frame(("start_s", "ids", "waiting")),
+                                  check_exact=True)
+    spilled.write_parquet(tmp_path / "spilled.parquet")
+    kept.write_parquet(tmp_path / "kept.parquet")
+    assert len(spilled._spill.parts) == 1
+    assert (tmp_path / "kept.parquet").read_bytes() == (tmp_path / "spilled.parquet").read_bytes()

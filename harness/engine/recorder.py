@@ -150,8 +150,10 @@ class StepRecorder:
         return _OpenRows(self._table, last)
 
     def table(self) -> StepTable:
-        """Every row, the last one frozen too: the run's step table."""
+        """Every row, the last one frozen too: the run's step table (sealed:
+        `StepTable.seal`)."""
         self._push(None)
+        self._table.seal()
         return self._table
 
     def decode_repeated(self, now: float, cost: tuple, waiting: int, fresh: bool,
