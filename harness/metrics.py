@@ -460,7 +460,9 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     (`harness.validity`, the one nested object) checks the delivered load
     against; without it the rate checks are "n/a". ``tables``: the run's
     (`per_request_table`, `attribution_steps`) when the caller has made them
-    already (`harness.results.write_run` writes the first); read, never changed.
+    already, either None where not (`harness.results.write_run` gives the
+    first, which it writes; the second is made last, when the summary's other
+    step columns are no longer held, and let go); read, never changed.
     """
     m = (_ColumnsMeasured(run) if isinstance(run.requests, RequestColumns)
          else _RecordsMeasured(run))
@@ -736,7 +738,9 @@ def _attribution(run: EngineRun, tables=None) -> dict:
     engines whose step table records no scheduler reasons."""
     from harness.attribution import attribute, breakdown
 
-    requests, steps = tables or (per_request_table(run), attribution_steps(run))
+    requests, steps = tables or (None, None)
+    requests = per_request_table(run) if requests is None else requests
+    steps = attribution_steps(run) if steps is None else steps
     return breakdown(attribute(requests, steps))
 
 
