@@ -57,8 +57,9 @@ RUN_BYTES_PER_PROMPT_TOKEN = 64
 #: gaps as counted values, and writes its step rows to disk as they come.
 #: Measured (whole process peak RSS, reached while the summary reads the step
 #: columns back; sim engine, s2 at b83, 1.5 req/s, which it sustains, mean
-#: input 3,332; docs/benchmarks.md section 5): 10,000 requests 353 MiB,
-#: 100,000 1,113 MiB, i.e. 8.9 kB per request; rounded up here. (An
+#: input 3,332; docs/benchmarks.md section 5): 10,000 requests 356 MiB,
+#: 100,000 1,058 MiB, i.e. 8.2 kB per request; rounded up here, and a
+#: million (~7.9 GiB by that) still refused. (An
 #: overloaded run holds the prompts of its growing queue on top: S2 at 3
 #: req/s measured 13.6 kB per request.)
 RUN_BYTES_PER_MADE_REQUEST = 10_000
