@@ -8,8 +8,10 @@ directory) with a clock between its phases: whole (spawn to exit, against
 the floor), workload build, engine (and its time per request against the
 10,000-request run's, where the sizes include 10,000), writing (summary and
 tables), the process's RSS after the workload and after the engine
-(``/proc/self/status``) and its peak RSS. A size the input checks refuse
-(the memory estimate) prints the refusal instead.
+(``/proc/self/status``) and its peak RSS, and whether the run is valid
+(``valid`` 1 or 0, the summary's verdict; an overloaded run's waiting queue
+grows, and with it the memory of the prompts it holds). A size the input
+checks refuse (the memory estimate) prints the refusal instead.
 
     python -m benchmarks.bench_scale [--sizes 240,10000,100000,1000000]
         [--orgs s2] [--rate 3] [--repeats 1]
@@ -65,20 +67,21 @@ setup = setup.with_config(config)
 run = engine.run(workload, setup, None)
 t.append(time.time())
 rss.append(rss_mib())
-write_run(Path(out), run_id=new_run_id(config, workload.content_hash), config=config, run=run,
+run_dir = write_run(Path(out), run_id=new_run_id(config, workload.content_hash), config=config, run=run,
           workload_hash=workload.content_hash, workload_meta=dict(workload.meta),
           budget=budget_manifest(setup.budget), engine_name=engine.name, engine_version=version,
           weights_bytes=setup.geometry.weights_bytes,
           extra_manifest={"cache_state": "cold", "warmup_requests": 0})
 t.append(time.time())
-print(json.dumps({"imports": t[0] - spawned, "setup": t[1] - t[0], "workload": t[2] - t[1],
+valid = json.loads((run_dir / "summary.json").read_text())["validity"]
+print(json.dumps({"valid": float(valid["valid"]), "why": valid["reasons"], "imports": t[0] - spawned, "setup": t[1] - t[0], "workload": t[2] - t[1],
                   "engine": t[3] - t[2], "writing": t[4] - t[3],
                   "rss_workload_mib": rss[0], "rss_engine_mib": rss[1],
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 COLUMNS = ("floor", "whole", "whole/floor", "workload", "engine", "ms/req", "vs 10k", "writing",
-           "MiB wl", "MiB eng", "peak MiB")
+           "MiB wl", "MiB eng", "peak MiB", "valid")
 
 
 def _env() -> dict:
@@ -131,6 +134,7 @@ def main(argv=None) -> None:
                 if refused:
                     print(f"{org:4}{n:>10}  refused: {refused[0]}")
                     continue
+                why = sorted({w for r in rounds for w in r.pop("why")})
                 med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
                 med["whole/floor"] = statistics.median(r["whole"] / r["floor"] for r in rounds)
                 med["ms/req"] = med["engine"] / n * 1e3
@@ -140,7 +144,8 @@ def main(argv=None) -> None:
                     per_request_10k = med["ms/req"]
                 med["vs 10k"] = (med["ms/req"] / per_request_10k if per_request_10k
                                  else float("nan"))
-                print(f"{org:4}{n:>10}" + "".join(f"{med[c]:12.3f}" for c in COLUMNS), flush=True)
+                print(f"{org:4}{n:>10}" + "".join(f"{med[c]:12.3f}" for c in COLUMNS)
+                      + (f"  ({', '.join(why)})" if why else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -99,10 +99,12 @@ def attribute(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     start = steps["start_s"].to_numpy(float)
     dur = steps["time_s"].to_numpy(float) - start
-    reasons = steps["wait_reason"].fillna("").astype(str).to_numpy()
+    # each reason's steps as a mask: no Python string per step (a long run has millions)
+    reason = steps["wait_reason"]
     timeline = _Timeline(
         dur=dur, cum_all=np.concatenate([[0.0], np.cumsum(dur)]),
-        cum={cause: np.concatenate([[0.0], np.cumsum(np.where(reasons == r, dur, 0.0))])
+        cum={cause: np.concatenate([[0.0], np.cumsum(np.where(
+            reason.eq(r).to_numpy(dtype=bool, na_value=False), dur, 0.0))])
              for r, cause in REASON_CAUSE.items()})
     admitted, preempted = _events(steps["admitted_ids"]), _events(steps["preempted_ids"])
     skipped = _events(steps["skipped_ids"])

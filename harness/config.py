@@ -52,13 +52,17 @@ COMPUTE_DTYPES = ("auto", "fp32", "bf16")
 RUN_BYTES_PER_REQUEST = 56_000
 RUN_BYTES_PER_PROMPT_TOKEN = 64
 #: A larger derived workload is made request by request as it is served, so
-#: a request's prompt costs memory only while it is in flight and what stays
-#: is its record, its token times and its ~20 step rows. Measured (whole
-#: process peak RSS, sim engine, s2 at b83, 3 req/s, mean input 3,332;
-#: docs/benchmarks.md section 5): 100,000 requests 2,910 MiB, i.e. 28 kB per
-#: request over a 240-request run's 224 MiB (3,046 MiB at b2712e2, before the
-#: tables were written by chunk and the summary read arrays); rounded up here.
-RUN_BYTES_PER_MADE_REQUEST = 32_000
+#: a request's prompt costs memory only while it is in flight; the simulator
+#: keeps of an ended request only fixed-width columns and its inter-token
+#: gaps as counted values, and writes its step rows to disk as they come.
+#: Measured (whole process peak RSS, reached while the summary reads the step
+#: columns back; sim engine, s2 at b83, 1.5 req/s, which it sustains, mean
+#: input 3,332; docs/benchmarks.md section 5): 10,000 requests 356 MiB,
+#: 100,000 1,058 MiB, i.e. 8.2 kB per request; rounded up here, and a
+#: million (~7.9 GiB by that) still refused. (An
+#: overloaded run holds the prompts of its growing queue on top: S2 at 3
+#: req/s measured 13.6 kB per request.)
+RUN_BYTES_PER_MADE_REQUEST = 10_000
 #: The simulator's bookkeeping per page of the organization's pools. Measured
 #: (ru_maxrss of building each organization at a 2 TiB budget, 31k to 1.5M
 #: pages): 349 to 379 B per page; rounded up here.

@@ -65,8 +65,22 @@ import numpy as np
 import pandas as pd
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
-from harness.records import CANCELLED, FAILED, FINISHED, EngineRun, RequestRecord
+from harness.records import (
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    STATUSES,
+    EngineRun,
+    RequestColumns,
+    RequestRecord,
+)
 from harness.step_table import StepTable, has_step_key, step_values, steps_frame
+from harness.token_times import (
+    counted_percentiles,
+    inter_token_gaps_of,
+    percentiles,
+    token_time_stats,
+)
 
 SUMMARY_KEYS = (
     "throughput_ledger_tok_s", "throughput_span_tok_s", "output_tokens",
@@ -178,43 +192,6 @@ def percentile(values, q: float) -> float:
     return percentiles(values, (q,))[0]
 
 
-def percentiles(values, qs) -> tuple[float, ...]:
-    """The ``qs``-th percentiles of ``values``, each what ``np.percentile``'s
-    default (linear) method gives, bit for bit: the same virtual index
-    ``(n - 1) q``, the neighbouring order statistics (the last one beyond
-    the end) and its interpolation from the nearer one. One partition
-    serves every q, and no call costs NumPy's generic quantile machinery
-    (~25 us; a run's per-request table asks twice per request). NaN if
-    ``values`` is empty; a sample holding NaN goes to ``np.percentile``."""
-    arr = np.asarray(values, dtype=float)
-    n = arr.size
-    if n == 0:
-        return (NAN,) * len(qs)
-    spots = []
-    for q in qs:
-        q = q / 100
-        virtual = (n - 1) * q                           # numpy's virtual index for "linear"
-        if virtual >= n - 1:
-            lo = hi = n - 1
-            gamma = virtual + 1                         # numpy's index -1 stands for n - 1
-        elif virtual < 0:
-            lo = hi = 0
-            gamma = virtual
-        else:
-            lo = math.floor(virtual)
-            hi, gamma = lo + 1, virtual - lo
-        spots.append((lo, hi, gamma))
-    part = np.partition(arr, sorted({i for lo, hi, _ in spots for i in (lo, hi)}))
-    if math.isnan(part[n - 1]):   # partitioning puts NaNs last
-        return tuple(float(np.percentile(arr, q)) for q in qs)
-    out = []
-    for lo, hi, gamma in spots:
-        a, b = float(part[lo]), float(part[hi])
-        diff = b - a
-        out.append(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)   # numpy's _lerp
-    return tuple(out)
-
-
 def _mean(values) -> float:
     arr = np.asarray(values, dtype=float)
     return float(arr.mean()) if arr.size else NAN
@@ -256,8 +233,9 @@ def tpot(r: RequestRecord) -> float:
 
 
 def inter_token_gaps(r: RequestRecord) -> np.ndarray:
-    """Gaps between consecutive token times (empty with fewer than two)."""
-    return np.diff(np.asarray(r.token_times, dtype=float))
+    """Gaps between consecutive token times (empty with fewer than two, or
+    once they were dropped: `harness.token_times.drop_token_times`)."""
+    return inter_token_gaps_of(r.token_times)
 
 
 def weighted_median(values, weights) -> float:
@@ -311,17 +289,32 @@ def _row_times(rows) -> np.ndarray:
 
 def measured_start(run: EngineRun) -> float:
     """First measured (non-warm-up) arrival; NaN if no request is measured."""
+    if isinstance(run.requests, RequestColumns):
+        cols = run.requests
+        arrivals = cols.array("arrival_s")[~cols.array("warmup")]
+        return float(arrivals.min()) if arrivals.size else NAN
     arrivals = [r.arrival_s for r in run.requests if not r.warmup]
     return min(arrivals) if arrivals else NAN
 
 
+#: The step columns the summary reads (`summarize`, `_validity`): all a
+#: `StepTable`'s measured rows are selected by, when some rows are left out.
+SUMMARY_STEP_COLUMNS = (
+    "start_s", "time_s", "duration_s", "waiting", "running", "slab_occupancy",
+    "invalidations_attention", "invalidations_checkpoint",
+    *(f"{what}_{k}_bytes" for what in ("mem", "waste") for k in ("attention", "ssm", "conv")),
+)
+
+
 def measured_steps(run: EngineRun, start: float):
     """Step rows that start at or after ``start`` (all rows if ``start`` is NaN),
-    as a list of row dicts or, for a `StepTable`, a `StepTable`."""
+    as a list of row dicts or, for a `StepTable`, a `StepTable` (the table
+    itself if every row is measured, else a new one of `SUMMARY_STEP_COLUMNS`)."""
     if isinstance(run.steps, StepTable):
         if math.isnan(start):
             return run.steps
-        return run.steps.select(_row_times(run.steps) >= start)
+        keep = _row_times(run.steps) >= start
+        return run.steps if keep.all() else run.steps.select(keep, SUMMARY_STEP_COLUMNS)
     if math.isnan(start):
         return list(run.steps)
     return [row for row, t in zip(run.steps, _row_times(run.steps), strict=True) if t >= start]
@@ -410,13 +403,12 @@ def is_served(run: EngineRun) -> bool:
     return "launched" in run.engine_info
 
 
-def _preemptions(measured: list, run: EngineRun) -> int:
+def _preemptions(per_request: int, run: EngineRun) -> int:
     """Preemptions of the measured requests. A served engine's client cannot see
     a preemption (its records say 0), so for a served run (``engine_info`` has
     ``launched``) the server's own counter over the run is taken instead
     (``counters["preemptions"]``, e.g. vLLM's ``vllm:num_preemptions``, last
     minus first scrape, warm-up included)."""
-    per_request = int(sum(r.preemptions for r in measured))
     counted = run.counters.get("preemptions")
     if is_served(run) and counted is not None and not per_request:
         return int(counted)
@@ -469,25 +461,23 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     (`harness.validity`, the one nested object) checks the delivered load
     against; without it the rate checks are "n/a". ``tables``: the run's
     (`per_request_table`, `attribution_steps`) when the caller has made them
-    already (`harness.results.write_run` writes the first); read, never changed.
+    already, either None where not (`harness.results.write_run` gives the
+    first, which it writes; the second is made last, when the summary's other
+    step columns are no longer held, and let go); read, never changed.
     """
-    measured = [r for r in run.requests if not r.warmup]
-    finished = [r for r in measured if r.status == FINISHED]
+    m = (_ColumnsMeasured(run) if isinstance(run.requests, RequestColumns)
+         else _RecordsMeasured(run))
     start = measured_start(run)
     rows = measured_steps(run, start)
 
-    output_tokens = int(sum(r.output_tokens for r in finished))
+    output_tokens = m.output_tokens
     ledger_start = run.window_start_s if math.isnan(start) else max(run.window_start_s, start)
     ledger = run.window_end_s - ledger_start
-    completions = [r.finish_s for r in finished if r.finish_s is not None]
-    span = (max(completions) - start) if completions else NAN
+    span = (m.last_completion - start) if m.last_completion is not None else NAN
 
-    ttfts = [ttft(r) for r in finished if r.first_token_s is not None]
-    e2es = [e2e(r) for r in finished if r.finish_s is not None]
-    tpots = [t for t in (tpot(r) for r in finished) if not math.isnan(t)]
-    gaps = [inter_token_gaps(r) for r in finished]
-    itls = np.concatenate(gaps) if gaps else np.empty(0)
-    lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
+    ttfts, e2es, tpots = m.ttfts, m.e2es, m.tpots
+    itl_percentiles = m.itl_percentiles
+    lags = m.lags
 
     counters = run.counters
     served = is_served(run)
@@ -503,44 +493,147 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
         "throughput_span_tok_s": _ratio(output_tokens, span),
         "output_tokens": output_tokens,
     }
-    for name, sample in (("ttft", ttfts), ("itl", itls), ("tpot", tpots), ("e2e", e2es)):
-        for q in (50, 90, 99):
-            summary[f"{name}_p{q}_s"] = percentile(sample, q)
+    for name, sample in (("ttft", ttfts), ("itl", None), ("tpot", tpots), ("e2e", e2es)):
+        values = itl_percentiles if sample is None else [percentile(sample, q) for q in (50, 90, 99)]
+        for q, value in zip((50, 90, 99), values, strict=True):
+            summary[f"{name}_p{q}_s"] = value
     summary.update(_memory_peaks(rows, run, weights_bytes))
     summary.update({
         "waiting_median": _time_median(rows, "waiting"),
         "running_median": _time_median(rows, "running"),
-        "preemptions": _preemptions(measured, run),
+        "preemptions": _preemptions(m.preemptions, run),
     })
     summary.update(_invalidations(rows, run))
     summary.update({
         "slab_occupancy_mean": slab,
         "rounding_waste_bytes": _rounding_waste(rows, counters),
-        "initial_input_tokens": int(sum(r.initial_input_tokens for r in measured)),
-        "reused_tokens": int(sum(r.reused_tokens for r in measured)),
-        "recomputed_tokens": int(sum(r.recomputed_tokens for r in measured)),
-        "j_adopt_mean": _mean([r.j_adopt for r in measured]),
+        "initial_input_tokens": m.initial_input_tokens,
+        "reused_tokens": m.reused_tokens,
+        "recomputed_tokens": m.recomputed_tokens,
+        "j_adopt_mean": _mean(m.field("j_adopt")),
         # a served engine's client sees the reuse it got (J_adopt), not the
         # deepest checkpoint or attention depth the server held: unknown (null)
-        "r_max_mean": NAN if served else _mean([r.r_max for r in measured]),
-        "attn_depth_mean": NAN if served else _mean([r.attn_depth for r in measured]),
-        "finished": len(finished),
-        "failed": sum(r.status == FAILED for r in measured),
-        "cancelled": sum(r.status == CANCELLED for r in measured),
-        "requests": len(measured),
+        "r_max_mean": NAN if served else _mean(m.field("r_max")),
+        "attn_depth_mean": NAN if served else _mean(m.field("attn_depth")),
+        "finished": m.finished_count,
+        "failed": m.failed,
+        "cancelled": m.cancelled,
+        "requests": m.count,
         "dispatch_lag_p99_s": percentile(lags, 99),
     })
-    summary.update(_validity(run, measured, rows, lags, summary, config))
+    summary.update(_validity(run, m, rows, lags, summary, config))
     summary.update(_attribution(run, tables))
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
     if served:
-        summary.update(served_summary(run, finished))
-    if any(r.turn >= 0 for r in run.requests):
+        summary.update(served_summary(run, m.finished))
+    if m.any_turn:
         summary.update(turn_summary(run))
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
     summary.update({k: counters[k] for k in POLICY_SUMMARY_KEYS if k in counters})
     summary.update({k: counters[k] for k in SGLANG_SUMMARY_KEYS if k in counters})
     return summary
+
+
+class _RecordsMeasured:
+    """What `summarize` reads of a run's records: the measured (non-warm-up)
+    requests and the finished ones among them."""
+
+    def __init__(self, run: EngineRun):
+        measured = [r for r in run.requests if not r.warmup]
+        finished = [r for r in measured if r.status == FINISHED]
+        self.measured, self.finished = measured, finished
+        self.output_tokens = int(sum(r.output_tokens for r in finished))
+        completions = [r.finish_s for r in finished if r.finish_s is not None]
+        self.last_completion = max(completions) if completions else None
+        self.ttfts = [ttft(r) for r in finished if r.first_token_s is not None]
+        self.e2es = [e2e(r) for r in finished if r.finish_s is not None]
+        self.tpots = [t for t in (tpot(r) for r in finished) if not math.isnan(t)]
+        self.itl_percentiles = _itl_percentiles(run, finished)
+        self.lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
+        self.preemptions = int(sum(r.preemptions for r in measured))
+        self.initial_input_tokens = int(sum(r.initial_input_tokens for r in measured))
+        self.reused_tokens = int(sum(r.reused_tokens for r in measured))
+        self.recomputed_tokens = int(sum(r.recomputed_tokens for r in measured))
+        self.finished_count = len(finished)
+        self.failed = sum(r.status == FAILED for r in measured)
+        self.cancelled = sum(r.status == CANCELLED for r in measured)
+        self.count = len(measured)
+        self.arrivals = [r.arrival_s for r in measured]
+        # a multi-turn run's open-loop process is its session starts (first
+        # turns); later turns are closed-loop (harness.validity)
+        self.starts = [r.arrival_s for r in measured if r.turn <= 0]
+        self.later_turns = len([r for r in measured if r.turn >= 1])
+        self.any_turn = any(r.turn >= 0 for r in run.requests)
+
+    def field(self, name: str) -> list:
+        return [getattr(r, name) for r in self.measured]
+
+
+class _ColumnsMeasured:
+    """`_RecordsMeasured` from a `RequestColumns`' arrays: the same values
+    (the same float operations, element by element), no record made."""
+
+    def __init__(self, run: EngineRun):
+        cols = run.requests
+        self._cols = cols
+        self.mask = measured = ~cols.array("warmup")
+        status = cols.array("status")
+        fin = measured & (status == STATUSES.index(FINISHED))
+        arrival, first, finish = (cols.array(f) for f in ("arrival_s", "first_token_s",
+                                                          "finish_s"))
+        out = cols.array("output_tokens")
+        self.output_tokens = int(out[fin].sum())
+        completions = finish[fin & ~np.isnan(finish)]
+        self.last_completion = float(completions.max()) if completions.size else None
+        has_first = fin & ~np.isnan(first)
+        self.ttfts = first[has_first] - arrival[has_first]
+        has_finish = fin & ~np.isnan(finish)
+        self.e2es = finish[has_finish] - arrival[has_finish]
+        two = fin & (out >= 2)
+        tpots = (finish[two] - first[two]) / (out[two] - 1)
+        self.tpots = tpots[~np.isnan(tpots)]
+        self.itl_percentiles = _itl_percentiles_of(run.itl_pool, [])
+        dispatch = cols.array("dispatch_s")
+        sent = measured & ~np.isnan(dispatch)
+        self.lags = (dispatch[sent] - arrival[sent]).tolist()
+        self.preemptions = int(cols.array("preemptions")[measured].sum())
+        for f in ("initial_input_tokens", "reused_tokens", "recomputed_tokens"):
+            setattr(self, f, int(cols.array(f)[measured].sum()))
+        self.finished_count = int(fin.sum())
+        self.failed = int((measured & (status == STATUSES.index(FAILED))).sum())
+        self.cancelled = int((measured & (status == STATUSES.index(CANCELLED))).sum())
+        self.count = int(measured.sum())
+        turn = cols.array("turn")
+        self.arrivals = arrival[measured].tolist()
+        self.starts = arrival[measured & (turn <= 0)].tolist()
+        self.later_turns = int((measured & (turn >= 1)).sum())
+        self.any_turn = bool((turn >= 0).any())
+        self.finished = None      # a served run's records are never columns
+
+    def field(self, name: str) -> np.ndarray:
+        return self._cols.array(name)[self.mask]
+
+
+def _itl_percentiles(run: EngineRun, finished: list[RequestRecord]) -> tuple[float, ...]:
+    """ITL p50 / p90 / p99 over every gap of the finished measured requests:
+    those still holding their token times and, where the engine dropped them
+    as requests finished, the run's ``itl_pool``."""
+    gaps = [inter_token_gaps(r) for r in finished if r.itl is None]
+    if run.itl_pool is None:
+        assert all(r.itl is None for r in finished), "dropped token times need the run's itl_pool"
+        return tuple(percentile(np.concatenate(gaps) if gaps else np.empty(0), q)
+                     for q in (50, 90, 99))
+    return _itl_percentiles_of(run.itl_pool, gaps)
+
+
+def _itl_percentiles_of(pool, gaps: list[np.ndarray]) -> tuple[float, ...]:
+    """ITL p50 / p90 / p99 over the gaps in ``pool`` and ``gaps``."""
+    values, counts = pool.counted()
+    if gaps:
+        held = np.concatenate(gaps)
+        values = np.concatenate([values, held])
+        counts = np.concatenate([counts, np.ones(held.size, dtype=np.int64)])
+    return counted_percentiles(values, counts, (50, 90, 99))
 
 
 def served_summary(run: EngineRun, finished: list[RequestRecord]) -> dict:
@@ -646,38 +739,32 @@ def _attribution(run: EngineRun, tables=None) -> dict:
     engines whose step table records no scheduler reasons."""
     from harness.attribution import attribute, breakdown
 
-    requests, steps = tables or (per_request_table(run), attribution_steps(run))
+    requests, steps = tables or (None, None)
+    requests = per_request_table(run) if requests is None else requests
+    steps = attribution_steps(run) if steps is None else steps
     return breakdown(attribute(requests, steps))
 
 
-def _validity(run: EngineRun, measured, rows, lags, summary: dict, config) -> dict:
+def _validity(run: EngineRun, m, rows, lags, summary: dict, config) -> dict:
     from harness.validity import delivered_rate, run_validity
 
-    later = [r for r in measured if r.turn >= 1]
-    # a multi-turn run's open-loop process is its session starts (first
-    # turns); later turns are closed-loop (harness.validity)
-    starts = [r.arrival_s for r in measured if r.turn <= 0]
     info = run.engine_info or {}
     return {
-        "delivered_rate_req_s": delivered_rate([r.arrival_s for r in measured]),
+        "delivered_rate_req_s": delivered_rate(m.arrivals),
         "validity": run_validity(
-            arrivals=starts, nominal_rate=getattr(config, "rate", None),
+            arrivals=m.starts, nominal_rate=getattr(config, "rate", None),
             process=getattr(config, "arrival", None), failed=summary["failed"],
             cancelled=summary["cancelled"], dispatch_lags=lags,
             cache_state=info.get("cache_state"), warmup=info.get("warmup_requests"),
             step_times=_row_times(rows), step_waiting=_column(rows, "waiting"),
             stream=((summary["itl_p50_s"], summary["tpot_p50_s"]) if is_served(run) else None),
-            later_turns=len(later) if any(r.turn >= 0 for r in run.requests) else None),
+            later_turns=m.later_turns if m.any_turn else None),
     }
 
 
 def _itl_stats(r: RequestRecord) -> tuple[float, float, float, float]:
     """A request's inter-token gaps: mean, p50, p99 and max (NaN without gaps)."""
-    gaps = inter_token_gaps(r)
-    if not gaps.size:
-        return NAN, NAN, NAN, NAN
-    p50, p99 = percentiles(gaps, (50, 99))
-    return float(gaps.mean()), p50, p99, float(gaps.max())
+    return (r.itl or token_time_stats(r.token_times))[1:]
 
 
 def _opt(value: float | None) -> float:
@@ -709,7 +796,7 @@ _REQUEST_VALUES = {
     "ttft_s": ttft,
     "e2e_s": e2e,
     "tpot_s": tpot,
-    "n_token_times": lambda r: len(r.token_times),
+    "n_token_times": lambda r: len(r.token_times) if r.itl is None else r.itl[0],
 }
 _ITL_COLUMNS = ("itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
 assert set(_REQUEST_VALUES) | set(_ITL_COLUMNS) == set(REQUEST_COLUMNS)
@@ -732,6 +819,8 @@ def per_request_table(run: EngineRun) -> pd.DataFrame:
     column from the records.
     """
     requests = run.requests
+    if isinstance(requests, RequestColumns) and not (requests.array("turn") >= 0).any():
+        return _columns_table(requests)
     columns = dict(REQUEST_COLUMNS)
     itl = np.array([_itl_stats(r) for r in requests], dtype=np.float64).reshape(-1, 4)
     data = {}
@@ -749,3 +838,17 @@ def per_request_table(run: EngineRun) -> pd.DataFrame:
                     history_survived=[x[2] for x in h])
     df = pd.DataFrame(data, columns=list(columns))
     return df.astype(columns)
+
+
+def _columns_table(cols: RequestColumns) -> pd.DataFrame:
+    """`per_request_table` of a `RequestColumns` (no turns) from its arrays:
+    the values the records give, element by element, and the same dtypes."""
+    arrival, first, finish = (cols.array(f) for f in ("arrival_s", "first_token_s", "finish_s"))
+    out = cols.array("output_tokens")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpots = np.where(out >= 2, (finish - first) / (out - 1), NAN)
+    derived = {"ttft_s": first - arrival, "e2e_s": finish - arrival, "tpot_s": tpots,
+               "status": cols.statuses(), "error": cols.errors()}
+    data = {name: derived[name] if name in derived else cols.array(name)
+            for name in REQUEST_COLUMNS}
+    return pd.DataFrame(data, columns=list(REQUEST_COLUMNS)).astype(REQUEST_COLUMNS)

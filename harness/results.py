@@ -237,7 +237,7 @@ def write_run(
     manifest = to_jsonable(manifest)
     requests = metrics.per_request_table(run)
     summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config,
-                                            tables=(requests, metrics.attribution_steps(run))))
+                                            tables=(requests, None)))
 
     try:
         with new_dirs_removed_on_error(out_root):

@@ -16,10 +16,26 @@ same order `pandas.DataFrame` gives a list of those dicts, and `to_frame`
 gives the frame `pandas.DataFrame.from_records` makes of the rows (a column
 of Python floats is float64, of ints int64, of ints and floats float64; any
 other column is handed to pandas as its values).
+
+A table told to `spill` (the simulator's) writes each packed chunk as one
+row group of a Parquet file in a temporary directory instead of keeping it,
+so a long run holds no step rows beyond the chunk being filled;
+`write_parquet` then hands that file on (a link or a copy) and reading a
+column reads it back from the file. Its column types are the first chunk's
+(a later chunk's ints are written as floats under a float column); a chunk
+that cannot be written under them (floats under an int column, a value that
+is neither a number nor a string) brings the chunks on disk back into
+memory, and the table goes on as one that never spilled. What it reads and
+writes is what the same table unspilled reads and writes (a column a chunk
+wrote as floats reads back as floats).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import weakref
 from bisect import bisect_right
 from collections.abc import Sequence
 
@@ -64,6 +80,116 @@ def _joined(pieces: list):
     return out
 
 
+def _piece_type(piece):
+    """The Parquet type of one chunk's column (float64, int64 or large_string),
+    or None for one of another kind (bools, None among the values)."""
+    import pyarrow as pa
+
+    if isinstance(piece, np.ndarray):
+        return pa.float64() if piece.dtype.kind == "f" else pa.int64()
+    if all(type(v) is str for v in piece):
+        return pa.large_string()
+    return None
+
+
+def _arrow_piece(piece, t):
+    import pyarrow as pa
+
+    if isinstance(piece, list):
+        return pa.array(piece, type=t)
+    return pa.array(piece.astype(t.to_pandas_dtype(), copy=False))
+
+
+def _from_arrow(column):
+    """A column read back from Parquet as a chunk's piece: a NumPy array, or a
+    list of strings (equal ones one object, as pandas reads them)."""
+    import pyarrow as pa
+
+    if pa.types.is_large_string(column.type) or pa.types.is_string(column.type):
+        return column.to_pandas().tolist()
+    return column.to_numpy()
+
+
+class _Spill:
+    """The Parquet parts a spilling table's chunks went to, in a temporary
+    directory removed with it: closed parts, then the one being written."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="hbench-steps-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.schema = None
+        self.parts: list[str] = []            # every part, the open one last
+        self.writer = None                    # the open part's ParquetWriter
+        self.groups = 0                       # row groups in the open part
+        self.where: list[tuple[int, int]] = []  # per chunk on disk: (part, row group)
+
+    def fits(self, types) -> bool:
+        """Whether a chunk of Parquet ``types`` can be written under the schema
+        (its own types if it is the first)."""
+        if any(t is None for t in types):
+            return False
+        if self.schema is None:
+            return True
+        import pyarrow as pa
+
+        return all(t == s or (s == pa.float64() and t == pa.int64())
+                   for t, s in zip(types, self.schema.types, strict=True))
+
+    def write(self, columns, chunk, types) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.schema is None:
+            self.schema = pa.schema(list(zip(columns, types, strict=True)))
+        if self.writer is None:
+            self.parts.append(os.path.join(self.dir, f"part{len(self.parts)}.parquet"))
+            self.writer = pq.ParquetWriter(self.parts[-1], self.schema)
+            self.groups = 0
+        arrays = [_arrow_piece(p, t) for p, t in zip(chunk, self.schema.types, strict=True)]
+        self.writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
+        self.where.append((len(self.parts) - 1, self.groups))
+        self.groups += 1
+
+    def close_part(self) -> None:
+        """Close the open part (so that it can be read); the next chunk opens a new one."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+    def read_column(self, name: str):
+        """Column ``name`` of every chunk on disk, as one piece."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.close_part()
+        chunks = []
+        for part in self.parts:
+            chunks.extend(pq.read_table(part, columns=[name]).column(0).chunks)
+        return _from_arrow(pa.chunked_array(chunks, type=self.schema.field(name).type))
+
+    def read_frame(self, names):
+        """Columns ``names`` of every chunk on disk as one frame, converted by
+        Arrow (the frame pandas makes of the values: float64, int64, str)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.close_part()
+        tables = [pq.read_table(part, columns=list(names)) for part in self.parts]
+        return pa.concat_tables(tables).to_pandas()
+
+    def read_chunk(self, c: int):
+        """Chunk ``c`` on disk as an Arrow table."""
+        import pyarrow.parquet as pq
+
+        self.close_part()
+        part, group = self.where[c]
+        return pq.ParquetFile(self.parts[part]).read_row_group(group)
+
+    def remove(self) -> None:
+        self.close_part()
+        self._cleanup()
+
+
 class StepTable(Sequence):
     """Rows with fixed ``columns``: packed chunks (`_chunks`, one piece per
     column each) and the rows appended since (``rows``, tuples)."""
@@ -75,6 +201,14 @@ class StepTable(Sequence):
         self._chunks: list[list] = []        # per chunk: one piece per column
         self._starts: list[int] = []         # the first row index of each chunk
         self._packed = 0                     # rows in the chunks
+        self._spill: _Spill | None = None    # where chunks go (`spill`), if anywhere
+        self._spilled = 0                    # the first chunks, on disk (None in `_chunks`)
+
+    def spill(self) -> None:
+        """From now on, write each packed chunk to a temporary Parquet file
+        instead of keeping it (see the module docstring)."""
+        assert not self._chunks, "spill before the first chunk is packed"
+        self._spill = _Spill()
 
     def set_columns(self, columns) -> None:
         """Name the columns (once, before the first row)."""
@@ -94,9 +228,37 @@ class StepTable(Sequence):
         if not self.rows:
             return
         self._starts.append(self._packed)
-        self._chunks.append([_pack(list(col)) for col in zip(*self.rows, strict=True)])
+        chunk = [_pack(list(col)) for col in zip(*self.rows, strict=True)]
+        spill = self._spill
+        if spill is not None:
+            types = [_piece_type(p) for p in chunk]
+            if spill.fits(types):
+                spill.write(self.columns, chunk, types)
+                chunk = None
+                self._spilled += 1
+            else:
+                self._unspill()
+        self._chunks.append(chunk)
         self._packed += len(self.rows)
         self.rows = []
+
+    def seal(self) -> None:
+        """No more rows for now: a spilling table writes the rows appended since
+        its last chunk as one more and closes its file, so that reading it
+        and `write_parquet` (a link to that file) need no second part."""
+        if self._spill is not None:
+            self._pack_rows()
+            if self._spill is not None:
+                self._spill.close_part()
+
+    def _unspill(self) -> None:
+        """The chunks on disk back into memory, a piece per column each; no more spilling."""
+        spill = self._spill
+        for c in range(self._spilled):
+            table = spill.read_chunk(c)
+            self._chunks[c] = [_from_arrow(table.column(i)) for i in range(len(self.columns))]
+        spill.remove()
+        self._spill, self._spilled = None, 0
 
     def __len__(self) -> int:
         return self._packed + len(self.rows)
@@ -106,6 +268,8 @@ class StepTable(Sequence):
             return self.rows[k - self._packed]
         c = bisect_right(self._starts, k) - 1
         j = k - self._starts[c]
+        if c < self._spilled:
+            return tuple(self._spill.read_chunk(c).slice(j, 1).to_pylist()[0].values())
         return tuple(p[j].item() if isinstance(p, np.ndarray) else p[j] for p in self._chunks[c])
 
     def __getitem__(self, i):
@@ -119,7 +283,11 @@ class StepTable(Sequence):
 
     def __iter__(self):
         cols = self.columns
-        for chunk in self._chunks:
+        for c, chunk in enumerate(self._chunks):
+            if c < self._spilled:
+                for row in self._spill.read_chunk(c).to_pylist():
+                    yield dict(zip(cols, row.values(), strict=True))
+                continue
             lists = [p.tolist() if isinstance(p, np.ndarray) else p for p in chunk]
             for row in zip(*lists, strict=True):
                 yield dict(zip(cols, row, strict=True))
@@ -127,8 +295,10 @@ class StepTable(Sequence):
             yield dict(zip(cols, row, strict=True))
 
     def _pieces(self, i: int) -> list:
-        """Column ``i``'s pieces: each chunk's, then the appended rows' values."""
-        pieces = [chunk[i] for chunk in self._chunks]
+        """Column ``i``'s pieces: each chunk's (those on disk read back as one),
+        then the appended rows' values."""
+        pieces = [self._spill.read_column(self.columns[i])] if self._spilled else []
+        pieces.extend(chunk[i] for chunk in self._chunks[self._spilled:])
         if self.rows:
             pieces.append(_pack([row[i] for row in self.rows]))
         return pieces
@@ -152,12 +322,14 @@ class StepTable(Sequence):
     def has(self, name: str) -> bool:
         return name in self._index
 
-    def _take(self, index) -> StepTable:
-        """A new table of the rows at ``index`` (increasing positions), in order."""
+    def _take(self, index, columns=None) -> StepTable:
+        """A new table of the rows at ``index`` (increasing positions), in order
+        (of ``columns`` only, those of them the table has, if given)."""
         index = np.asarray(index, dtype=np.int64)
-        out = StepTable(self.columns)
+        names = [c for c in self.columns if columns is None or c in columns]
+        out = StepTable(names)
         if index.size:
-            out._chunks = [[self._subset(i, index) for i in range(len(self.columns))]]
+            out._chunks = [[self._subset(self._index[c], index) for c in names]]
             out._starts, out._packed = [0], int(index.size)
         return out
 
@@ -167,11 +339,12 @@ class StepTable(Sequence):
             return values[index]
         return [values[k] for k in index.tolist()]
 
-    def select(self, keep) -> StepTable:
-        """The rows whose ``keep`` flag is true, in order (a new table)."""
+    def select(self, keep, columns=None) -> StepTable:
+        """The rows whose ``keep`` flag is true, in order (a new table; of
+        ``columns`` only, those of them the table has, if given)."""
         keep = np.asarray(keep, dtype=bool)
         assert keep.size == len(self), "one flag per row"
-        return self._take(np.flatnonzero(keep))
+        return self._take(np.flatnonzero(keep), columns)
 
     def to_frame(self, columns=None):
         """The same frame `pandas.DataFrame.from_records` makes of the rows
@@ -181,6 +354,8 @@ class StepTable(Sequence):
         if not len(self):
             return pd.DataFrame()
         names = [c for c in self.columns if columns is None or c in columns]
+        if self._spilled and self._spilled == len(self._chunks) and not self.rows:
+            return self._spill.read_frame(names)       # every row on disk: Arrow to pandas
         return pd.DataFrame({c: _joined(self._pieces(self._index[c])) for c in names},
                             columns=names)
 
@@ -189,6 +364,8 @@ class StepTable(Sequence):
         float64 and str columns), or None if some column is of another kind."""
         import pyarrow as pa
 
+        if self._spilled:
+            return self._spilled_types()
         types = []
         for i in range(len(self.columns)):
             pieces = self._pieces(i)
@@ -201,6 +378,27 @@ class StepTable(Sequence):
                 return None
         return types
 
+    def _spilled_types(self):
+        """`_arrow_types` of a table with chunks on disk: the file's types, as
+        the chunks in memory and the appended rows leave them."""
+        import pyarrow as pa
+
+        types = []
+        for i, t in enumerate(self._spill.schema.types):
+            pieces = [chunk[i] for chunk in self._chunks[self._spilled:]]
+            if self.rows:
+                pieces.append(_pack([row[i] for row in self.rows]))
+            kinds = {_piece_type(p) for p in pieces}
+            if t == pa.large_string():
+                if kinds - {t}:
+                    return None
+            elif kinds - {pa.float64(), pa.int64()}:
+                return None
+            elif pa.float64() in kinds:
+                t = pa.float64()
+            types.append(t)
+        return types
+
     def write_parquet(self, path) -> None:
         """Write the table to ``path`` a chunk at a time (one row group each),
         never as one frame: what `pandas.read_parquet` reads back is the frame
@@ -209,6 +407,11 @@ class StepTable(Sequence):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if self._spill is not None:
+            self._pack_rows()              # the last rows to disk too (or every chunk back)
+        if self._spill is not None and self._spilled and self._spilled == len(self._chunks):
+            self._write_spilled(path)
+            return
         types = self._arrow_types() if len(self) else None
         if types is None:
             self.to_frame().to_parquet(path, index=False)
@@ -223,6 +426,24 @@ class StepTable(Sequence):
                           pa.array(p.astype(t.to_pandas_dtype(), copy=False))
                           for p, t in zip(chunk, types, strict=True)]
                 writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+
+
+    def _write_spilled(self, path) -> None:
+        """Every chunk is on disk: the file itself (linked, else copied), or its
+        parts' row groups in order into one file if reading closed it early."""
+        import pyarrow.parquet as pq
+
+        spill = self._spill
+        spill.close_part()
+        if len(spill.parts) == 1:
+            try:
+                os.link(spill.parts[0], path)
+            except OSError:
+                shutil.copyfile(spill.parts[0], path)
+            return
+        with pq.ParquetWriter(path, spill.schema) as writer:
+            for c in range(self._spilled):
+                writer.write_table(spill.read_chunk(c))
 
 
 def step_values(steps, name: str) -> list:

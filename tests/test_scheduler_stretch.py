@@ -61,8 +61,12 @@ def assert_identical(slow, fast) -> None:
     for a, b in zip(slow.requests, fast.requests, strict=True):
         da, db = dataclasses.asdict(a), dataclasses.asdict(b)
         ta, tb = da.pop("token_times"), db.pop("token_times")
+        ia, ib = da.pop("itl"), db.pop("itl")       # the simulator's summed-up token times
         assert da == db, f"request {a.request_id} differs"
         assert np.array_equal(np.asarray(ta), np.asarray(tb)), f"request {a.request_id} times"
+        assert (ia is None) == (ib is None), f"request {a.request_id} itl"
+        assert ia is None or all(same(x, y) for x, y in zip(ia, ib, strict=True)), \
+            f"request {a.request_id} itl"
     assert len(slow.steps) == len(fast.steps)
     for i, (ra, rb) in enumerate(zip(slow.steps, fast.steps, strict=True)):
         assert list(ra) == list(rb), f"step {i}: columns differ"

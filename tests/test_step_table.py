@@ -116,3 +116,104 @@ def test_a_table_written_a_chunk_at_a_time_reads_back_as_its_frame(tmp_path, mon
     mixed.to_frame().to_parquet(tmp_path / "frame.parquet", index=False)
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "mixed.parquet"),
                                   pd.read_parquet(tmp_path / "frame.parquet"), check_exact=True)
+
+
+def _spilled_and_kept(rows, monkeypatch, chunk=2):
+    monkeypatch.setattr(step_table, "CHUNK_ROWS", chunk)
+    kept, spilled = StepTable(), StepTable()
+    spilled.spill()
+    for t in (kept, spilled):
+        t.set_columns(rows[0])
+        for r in rows:
+            t.append(tuple(r.values()))
+    return kept, spilled
+
+
+def _same_tables(a: StepTable, b: StepTable) -> None:
+    pd.testing.assert_frame_equal(a.to_frame(), b.to_frame(), check_exact=True)
+    assert len(a) == len(b) and a.columns == b.columns
+    for x, y in zip(a, b, strict=True):
+        assert all(same(x[c], y[c]) for c in a.columns), (x, y)
+    for k in (0, len(a) // 2, -1):
+        assert all(same(a[k][c], b[k][c]) for c in a.columns)
+    for c in a.columns:
+        assert all(same(x, y) for x, y in zip(a.column(c), b.column(c), strict=True))
+    keep = [k % 3 != 1 for k in range(len(a))]
+    pd.testing.assert_frame_equal(a.select(keep).to_frame(), b.select(keep).to_frame(),
+                                  check_exact=True)
+    pd.testing.assert_frame_equal(a.select(keep, ("waiting", "ids")).to_frame(),
+                                  b.select(keep, ("waiting", "ids")).to_frame(), check_exact=True)
+
+
+def test_a_spilled_table_holds_no_packed_chunk_and_writes_the_same_file(tmp_path, monkeypatch):
+    """Spilled, a table keeps no packed chunk in memory, reads as the same
+    table kept, and writes the same Parquet file (ints in a column the first
+    chunk made floats are written as floats, as the kept table's frame has them)."""
+    rows = ROWS * 3 + [{**ROWS[1], "waiting": 2**40, "occ": 1}]
+    kept, spilled = _spilled_and_kept(rows, monkeypatch)
+    assert len(spilled._chunks) == 3 and all(c is None for c in spilled._chunks)
+    assert len(kept._chunks) == 3 and all(c is not None for c in kept._chunks)
+    _same_tables(kept, spilled)
+    kept.write_parquet(tmp_path / "kept.parquet")
+    spilled.write_parquet(tmp_path / "spilled.parquet")
+    assert (tmp_path / "kept.parquet").read_bytes() == (tmp_path / "spilled.parquet").read_bytes()
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "spilled.parquet"),
+                                  pd.DataFrame(rows), check_exact=True)
+    _same_tables(kept, spilled)          # still readable once written
+
+
+def test_a_spilled_table_read_midway_goes_on_in_a_new_part(tmp_path, monkeypatch):
+    rows = ROWS * 4
+    kept, spilled = _spilled_and_kept(rows[:5], monkeypatch)
+    assert spilled.column("waiting") == kept.column("waiting")      # closes the first part
+    for t in (kept, spilled):
+        for r in rows[5:]:
+            t.append(tuple(r.values()))
+    assert len(spilled._spill.parts) == 2
+    _same_tables(kept, spilled)
+    kept.write_parquet(tmp_path / "kept.parquet")
+    spilled.write_parquet(tmp_path / "spilled.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "kept.parquet"),
+                                  pd.read_parquet(tmp_path / "spilled.parquet"), check_exact=True)
+
+
+@pytest.mark.parametrize("late", [{"waiting": 0.5}, {"ids": None}])
+def test_a_chunk_that_cannot_be_spilled_brings_the_table_back(late, tmp_path, monkeypatch):
+    """Floats under a column the first chunk made ints, a None among strings:
+    the chunks on disk come back into memory and the table reads and writes
+    as one that never spilled."""
+    rows = ROWS * 2 + [{**ROWS[0], **late}, ROWS[1]]
+    kept, spilled = _spilled_and_kept(rows, monkeypatch)
+    assert spilled._spill is None and all(c is not None for c in spilled._chunks)
+    _same_tables(kept, spilled)
+    kept.write_parquet(tmp_path / "kept.parquet")
+    spilled.write_parquet(tmp_path / "spilled.parquet")
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "kept.parquet"),
+                                  pd.read_parquet(tmp_path / "spilled.parquet"), check_exact=True)
+
+
+def test_a_spilled_table_removes_its_file_when_dropped(monkeypatch):
+    import gc
+    import os
+
+    _, spilled = _spilled_and_kept(ROWS * 2, monkeypatch)
+    where = spilled._spill.dir
+    assert os.path.isdir(where)
+    del spilled
+    gc.collect()
+    assert not os.path.exists(where)
+
+
+def test_a_sealed_spilled_table_is_one_file_that_frames_through_arrow(tmp_path, monkeypatch):
+    rows = ROWS * 2 + [ROWS[0]]
+    kept, spilled = _spilled_and_kept(rows, monkeypatch)
+    spilled.seal()
+    assert not spilled.rows and all(c is None for c in spilled._chunks)
+    _same_tables(kept, spilled)
+    pd.testing.assert_frame_equal(kept.to_frame(("start_s", "ids", "waiting")),
+                                  spilled.to_frame(("start_s", "ids", "waiting")),
+                                  check_exact=True)
+    spilled.write_parquet(tmp_path / "spilled.parquet")
+    kept.write_parquet(tmp_path / "kept.parquet")
+    assert len(spilled._spill.parts) == 1
+    assert (tmp_path / "kept.parquet").read_bytes() == (tmp_path / "spilled.parquet").read_bytes()

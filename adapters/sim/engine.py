@@ -27,7 +27,7 @@ from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.layout import PAGINGS
 from harness.orgs import CheckpointPolicy, build_organization
-from harness.records import EngineRun
+from harness.records import EngineRun, last_finish
 from harness.scheduler import Scheduler, SchedulerPolicy
 
 #: The benchmark notices completions by polling at this interval (assumed, like a
@@ -67,7 +67,7 @@ class SimEngine:
         check_fits(org, workload, config, budget.label)
         hardware = hardware_for(config.gpu)
         sched = Scheduler(org, SchedulerPolicy.from_config(config))
-        recorder = StepRecorder(org, geom.pool_layers)
+        recorder = StepRecorder(org, geom.pool_layers, spill=True)   # steps.parquet as it fills
         fast = self.fast if self.fast is not None else stretches_enabled()
         pricing = CostModel(geom, hardware)
         if org.region() is not None:   # pools that trade capacity within one region (u0, e0)
@@ -75,9 +75,10 @@ class SimEngine:
         executor = CostExecutor(sched, pricing, recorder, stretches=fast)
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
                           warmup_requests=config.warmup_requests, progress=progress,
-                          check=org.check_invariants if config.debug_invariants else None)
+                          check=org.check_invariants if config.debug_invariants else None,
+                          compact=True)   # an ended request leaves columns only
         records = loop.run()
-        last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+        last = last_finish(records)
         window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
         info = engine_info(self.name, setup, org)
         info.update(hardware=config.gpu, poll_interval_s=POLL_INTERVAL_S)
@@ -89,4 +90,4 @@ class SimEngine:
         counters.update(org.policy_counters())   # --utility-alpha auto: the tuned alpha
         return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
-                         counters=counters)
+                         counters=counters, itl_pool=loop.itl_pool)

@@ -34,22 +34,44 @@ import heapq
 from array import array
 
 from harness.orgs.keys import SharedPrefixKeys
+from harness.records import RequestColumns
+from harness.scheduler.batch import DONE
+from harness.token_times import GapPool, drop_token_times
 from workloads.multiturn.session import SessionLoop
 
 #: Event kinds; at equal times a finishing step is handled before an arrival.
 STEP_DONE, ARRIVAL = 0, 1
 
 
+class _Ended:
+    """What the scheduler's table holds for a request that ended and went into
+    the loop's columns (``compact``): only that it ended."""
+
+    state = DONE
+
+
+_ENDED = _Ended()
+
+
 class EngineLoop:
     """One run of ``workload`` through ``sched`` and ``executor`` on ``clock``.
     ``progress(n)`` is told how many requests have ended (finished or failed)
     whenever that grows; ``check()`` (e.g. the organization's invariants)
-    runs after every completed step."""
+    runs after every completed step. ``compact``: each request that ends
+    leaves only fixed-width columns behind, so that a long run holds no
+    Python object and no token time per request to its end: its token times
+    are summed up into its record and the loop's ``itl_pool``
+    (`harness.token_times.drop_token_times`), the record goes into
+    ``columns`` (`harness.records.RequestColumns`, what `run` then returns)
+    and the scheduler's entry for it becomes a stand-in that says only that
+    it ended."""
 
     def __init__(self, workload, sched, executor, clock, *, warmup_requests: int = 0,
-                 progress=None, check=None):
+                 progress=None, check=None, compact: bool = False):
         self.sched, self.executor, self.clock = sched, executor, clock
         self.progress, self.check = progress, check
+        self.itl_pool = GapPool() if compact else None
+        self.columns = RequestColumns() if compact else None
         self.warm_ids = workload.warmup_ids(warmup_requests)
         self.sessions = SessionLoop(workload) if workload.sessions else None
         self.sent: dict[int, object] = {}          # request id -> its workload request (sessions)
@@ -107,7 +129,18 @@ class EngineLoop:
             if not in_flight and sched.has_work and not (events and events[0][0] < now):
                 in_flight = self._plan()
         sched.check_drained()
+        if self.columns is not None:      # those that failed or were cancelled
+            for r in sched.requests.values():
+                if r is not _ENDED:
+                    self._keep(r)
+            return self.columns.seal()
         return [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
+
+    def _keep(self, r) -> None:
+        """The ended request ``r`` as columns (``compact``)."""
+        drop_token_times(r.record, self.itl_pool)
+        self.columns.add(r.record)
+        self.sched.requests[r.rid] = _ENDED
 
     def _plan(self) -> bool:
         """Start work at the clock's time: stretches while the executor hands
@@ -173,6 +206,8 @@ class EngineLoop:
             # token times again (its record keeps what the results need): a
             # long run holds only the unfinished requests'
             r.tokens, r.keys, r.token_times = array("i"), [], array("d")
+            if self.columns is not None:
+                self._keep(r)
         if requests:
             self._ended(len(requests))
 

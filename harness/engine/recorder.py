@@ -25,7 +25,9 @@ skipped for lack of token budget in that step (``admitted_ids``,
 measured period's peaks, waste and invalidations from these rows.
 
 The rows are kept as a `harness.step_table.StepTable` (packed by column
-every few thousand rows; a long run makes ~20 rows per request). The row in progress is a dict,
+every few thousand rows; a long run makes ~20 rows per request), which a
+recorder made with ``spill`` (the simulator's) writes to a temporary
+Parquet file a packed chunk at a time instead of holding. The row in progress is a dict,
 so that its end time can still be set; it is frozen when the next one starts.
 """
 
@@ -71,10 +73,12 @@ def _ids(rids) -> str:
 class StepRecorder:
     """Builds step rows and run counters for one run of an in-process engine."""
 
-    def __init__(self, org, pool_layers: int):
+    def __init__(self, org, pool_layers: int, *, spill: bool = False):
         self.org = org
         self.layers = pool_layers
         self._table = StepTable()               # the finished rows
+        if spill:       # packed chunks to a temporary Parquet file (`StepTable.spill`)
+            self._table.spill()
         self._last: dict | None = None          # the row in progress, if a started one
         # a repeated row in progress: its first `_HEAD` values (a list, so that
         # its end time can still be set) and the memory values after them
@@ -146,8 +150,10 @@ class StepRecorder:
         return _OpenRows(self._table, last)
 
     def table(self) -> StepTable:
-        """Every row, the last one frozen too: the run's step table."""
+        """Every row, the last one frozen too: the run's step table (sealed:
+        `StepTable.seal`)."""
         self._push(None)
+        self._table.seal()
         return self._table
 
     def decode_repeated(self, now: float, cost: tuple, waiting: int, fresh: bool,
