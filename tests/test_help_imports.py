@@ -6,40 +6,16 @@ Each call runs in a fresh interpreter (a test process has long imported
 everything) and reports the modules it loaded; the control case shows that
 the probe does see those libraries when they are loaded."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from hbench.cli import COMMANDS
+from tests.import_probe import loaded
 
-ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("scipy", "pandas", "matplotlib", "torch")
-
-PROBE = """
-import json, sys
-args, imports, heavy = (json.loads(a) for a in sys.argv[1:4])
-for m in imports:
-    __import__(m)
-sys.argv = ["hbench", *args]
-from hbench.cli import main
-try:
-    main()
-    code = 0
-except SystemExit as exc:
-    code = exc.code or 0
-sys.stdout.flush()
-print(json.dumps({"code": code, "loaded": sorted(m for m in heavy if m in sys.modules)}), file=sys.stderr)
-"""
 
 
 def probe(args: list[str], imports: list[str] = ()) -> tuple[dict, str]:
-    out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args), json.dumps(list(imports)),
-                          json.dumps(HEAVY)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
+    return loaded(args, HEAVY, imports)
 
 
 @pytest.mark.parametrize("args", [["--help"]] + [[name, "--help"] for name in sorted(COMMANDS)],

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.import_probe import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_LOADED = ("scipy", "http.client", "rich.console", "rich.progress", "rich.table",
@@ -22,30 +22,13 @@ NOT_LOADED = ("scipy", "http.client", "rich.console", "rich.progress", "rich.tab
 ARGS = ["run", "--org", "s2", "--budget", "b83", "--rate", "3", "--requests", "240",
         "--seed", "1", "--json"]
 
-PROBE = """
-import json, sys
-args, watched = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-sys.argv = ["hbench", *args]
-from hbench.cli import main
-try:
-    main()
-    code = 0
-except SystemExit as exc:
-    code = exc.code or 0
-sys.stdout.flush()
-print(json.dumps({"code": code, "loaded": sorted(m for m in watched if m in sys.modules)}),
-      file=sys.stderr)
-"""
 
 
 def _run(cache: Path, out: Path) -> tuple[dict, dict]:
     env = {**os.environ, "HBENCH_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps([*ARGS, "--out", str(out)]),
-                           json.dumps(NOT_LOADED)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    report = json.loads(proc.stderr.strip().splitlines()[-1])
-    assert report["code"] == 0, proc.stderr
-    return report, json.loads(proc.stdout)
+    report, stdout = loaded([*ARGS, "--out", str(out)], NOT_LOADED, env=env, timeout=600)
+    assert report["code"] == 0, report
+    return report, json.loads(stdout)
 
 
 def test_a_repeated_study_sized_run_loads_no_scipy_http_client_rich_or_corpus(tmp_path):
