@@ -3,6 +3,7 @@ cells that served nothing, content-addressed inputs, the simulator version."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -182,8 +183,9 @@ def _every_request_fails(monkeypatch):
 
     def failing(self, workload, setup, progress=None):
         run = real_run(self, workload, setup, progress)
-        for r in run.requests:
-            r.status, r.error = FAILED, "connection refused"
+        # the simulator's records are made on read from its columns: replace them
+        run.requests = [dataclasses.replace(r, status=FAILED, error="connection refused")
+                        for r in run.requests]
         return run
 
     monkeypatch.setattr(SimEngine, "run", failing)
