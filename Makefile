@@ -23,11 +23,14 @@ run: install
 ## test suite (the command CI runs), on TEST_WORKERS processes. Each test file
 ## runs whole on one worker (its module fixtures, e.g. a vLLM server, are made
 ## once); much of the suite waits on servers and subprocesses, so two workers
-## halve its wall time on two cores.
+## halve its wall time on two cores. Tests marked `alone` time a real server
+## from outside (vLLM's calibration): a second worker's load would be in their
+## numbers, so they run afterwards, one at a time.
 TEST_WORKERS ?= 2
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone"
+	$(BIN)/python -m pytest -m alone
 
 lint: install
 	$(BIN)/ruff check .

@@ -22,7 +22,9 @@ from conftest import requires_vllm, vllm_tiny_model
 from harness.results import list_runs, read_run
 from hbench.cli import cli
 
-pytestmark = requires_vllm("the vLLM fidelity test")
+# alone: the calibration times the server from outside; a second test worker
+# on the same cores would be in its gaps (`make test` runs it after the rest)
+pytestmark = [requires_vllm("the vLLM fidelity test"), pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")
