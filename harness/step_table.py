@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import weakref
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -110,12 +111,68 @@ def _from_arrow(column):
     return column.to_numpy()
 
 
+#: A spill directory's name: this prefix, the pid of the process that made it, "-".
+SPILL_PREFIX = "hbench-steps-"
+#: A spill directory whose process is gone is left alone while anything in it
+#: changed this recently: a process in another pid namespace sharing the
+#: temporary directory (a container) looks gone from here.
+ORPHAN_QUIET_S = 600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:          # another user's process: alive
+        return True
+    return True
+
+
+def _last_change(path: str) -> float:
+    """The latest modification time of ``path`` and the files in it."""
+    with os.scandir(path) as entries:
+        return max([os.stat(path).st_mtime, *(e.stat().st_mtime for e in entries)])
+
+
+def remove_orphaned_spills(tmp: str | None = None, quiet_s: float = ORPHAN_QUIET_S) -> list[str]:
+    """Remove the spill directories that processes no longer running left in
+    ``tmp`` (default: the temporary directory). A table removes its own when
+    it goes, but a killed process (SIGKILL, the OOM killer) leaves its
+    directory behind, and a long run's holds hundreds of MB. The pid is in
+    the name, so a directory of a live process, this one's included, is never
+    touched, nor one changed in the last ``quiet_s`` seconds. Returns the
+    directories removed."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(SPILL_PREFIX):].split("-", 1)[0]
+        if not (name.startswith(SPILL_PREFIX) and pid.isdigit()) or _pid_alive(int(pid)):
+            continue
+        path = os.path.join(tmp, name)
+        try:
+            if time.time() - _last_change(path) < quiet_s:
+                continue
+        except OSError:              # gone meanwhile, or not a directory
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            removed.append(path)
+    return removed
+
+
 class _Spill:
     """The Parquet parts a spilling table's chunks went to, in a temporary
-    directory removed with it: closed parts, then the one being written."""
+    directory removed with it: closed parts, then the one being written.
+    Making one first removes what killed processes left (`remove_orphaned_spills`)."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="hbench-steps-")
+        remove_orphaned_spills()
+        self.dir = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.schema = None
         self.parts: list[str] = []            # every part, the open one last

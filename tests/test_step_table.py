@@ -217,3 +217,43 @@ def test_a_sealed_spilled_table_is_one_file_that_frames_through_arrow(tmp_path, 
     kept.write_parquet(tmp_path / "kept.parquet")
     assert len(spilled._spill.parts) == 1
     assert (tmp_path / "kept.parquet").read_bytes() == (tmp_path / "spilled.parquet").read_bytes()
+
+
+def test_a_killed_process_spill_directory_is_removed_by_the_next_table(tmp_path, monkeypatch):
+    """SIGKILL leaves a process's spill directory behind; a later table removes
+    it once it has been quiet for ORPHAN_QUIET_S, and never touches one whose
+    process is alive (this one's) or one changed recently."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(step_table.tempfile, "tempdir", None)     # re-read TMPDIR
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from harness.step_table import StepTable\n"
+         "t = StepTable(); t.spill(); t.set_columns({'a': 0})\n"
+         "import harness.step_table as s; s.CHUNK_ROWS = 2\n"
+         "[t.append((i,)) for i in range(5)]\n"
+         "print(t._spill.dir, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    left = child.stdout.readline().strip()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert os.path.dirname(left) == str(tmp_path) and os.listdir(left), left
+
+    mine = tmp_path / f"{step_table.SPILL_PREFIX}{os.getpid()}-x"     # a live process's
+    mine.mkdir()
+    other = tmp_path / "hbench-steps-notapid"
+    other.mkdir()
+    step_table.remove_orphaned_spills()             # the orphan changed just now: kept
+    assert os.path.isdir(left)
+    old = time.time() - step_table.ORPHAN_QUIET_S - 1
+    for d in (left, mine, other):
+        for f in [d, *(os.path.join(d, n) for n in os.listdir(d))]:
+            os.utime(f, (old, old))
+    _, spilled = _spilled_and_kept(ROWS * 2, monkeypatch)          # a new table's spill
+    assert not os.path.exists(left)
+    assert mine.is_dir() and other.is_dir() and os.path.isdir(spilled._spill.dir)
