@@ -118,7 +118,9 @@ class Scheduler:
         self.waiting: deque[SchedRequest] = deque()
         self.running: list[SchedRequest] = []
         self.requests: dict[int, SchedRequest] = {}
-        self.popularity: dict[int, int] = {}  # grid key -> distinct requests wanting it
+        # grid key -> distinct requests wanting it; counted only for retention,
+        # its one reader (an entry per key of every request: ~0.6 kB a request)
+        self.popularity: dict[int, int] = {}
         self._seq = 0
         self.preemptions = 0
 
@@ -135,10 +137,11 @@ class Scheduler:
                                   prefix_group, warmup)
         self.requests[rid] = r
         self.waiting.append(r)
-        grid = self.org.grid
-        for j in range(grid, r.prompt_len + 1, grid):
-            k = key_at(r.keys, j)
-            self.popularity[k] = self.popularity.get(k, 0) + 1
+        if self.policy.retention:
+            grid, popularity = self.org.grid, self.popularity
+            for j in range(grid, r.prompt_len + 1, grid):
+                k = key_at(r.keys, j)
+                popularity[k] = popularity.get(k, 0) + 1
         return r
 
     def cancel(self, rid: int, reason: str = "cancelled") -> None:
