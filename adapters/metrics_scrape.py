@@ -203,6 +203,21 @@ def server_latency(first: list[Sample] | None, last: list[Sample] | None,
     return out
 
 
+def histogram_mean(first: list[Sample] | None, last: list[Sample] | None,
+                   family: str) -> float | None:
+    """The mean of what histogram ``family`` observed between two scrapes (its
+    ``_sum`` over its ``_count``, summed over label sets); None when either
+    scrape is missing or it observed nothing."""
+    if first is None or last is None:
+        return None
+
+    def total(samples, suffix):
+        return sum(s.value for s in samples if s.name == family + suffix)
+
+    count = total(last, "_count") - total(first, "_count")
+    return (total(last, "_sum") - total(first, "_sum")) / count if count > 0 else None
+
+
 class MetricsScraper:
     """Background thread sampling ``/metrics`` every ``interval_s`` seconds.
 

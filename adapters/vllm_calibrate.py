@@ -8,7 +8,11 @@ client sees, on one launched server with no memory pressure:
   decodes in every step, so the mean gap between tokens over a stretch of
   that window is one decode step of ``batch`` requests. Each of a few
   stretches (median over the requests) is one sample: a decode step at the
-  stretch's middle context.
+  stretch's middle context. On a loaded machine the API server or the client
+  can stall for a whole window and then stream it at once; such a request's
+  window is told apart by the server's own inter-token latency (timed where
+  the engine makes the tokens, read from ``/metrics`` around the cell) and
+  left out, and a cell left with no sample is timed again.
 * **TTFT over prompt lengths** (``prefill`` cells): one request alone; its
   TTFT is the sum of its prefill steps, chunked by the server's
   ``--max-num-batched-tokens``, plus the client's own round trip (HTTP,
@@ -46,9 +50,22 @@ BUDGET = "b64"
 #: are cut into (one sample each).
 DECODE_TOKENS = 24
 SEGMENTS = 4
+#: A request whose pure-decode window's mean gap is below this fraction of the
+#: server's own mean inter-token latency over the cell was read in one burst:
+#: the API server or the client did not run for the whole window (a loaded
+#: machine), then streamed it at once, ~15 us a token. Its window says nothing
+#: about a step. (The server's ITL is timed where the engine makes the tokens,
+#: so a stalled stream does not shorten it; it includes the cell's mixed
+#: steps, so it is no smaller than a decode step.)
+BURST_RATIO = 0.25
+#: The server's histogram of inter-token latency (`adapters.metrics_scrape`).
+SERVER_ITL = "vllm:inter_token_latency_seconds"
+#: Times a decode cell is timed again when no request's window could be read.
+RETIMES = 4
 
 
-def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS) -> list[Sample]:
+def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS,
+                   server_itl: float | None = None) -> list[Sample]:
     """Mean inter-token gap over each of ``segments`` stretches of the pure-decode
     window (after every request's first token), median over the requests.
 
@@ -56,7 +73,11 @@ def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS) -> 
     several tokens back to back, so one gap can be ~0 and the next two steps
     long; a stretch's mean is the step time either way, unless a whole stretch
     came in one burst. So a request's stretch counts only if its mean is
-    within a factor of two of the request's mean over the whole window."""
+    within a factor of two of the request's mean over the whole window, and,
+    given the server's mean inter-token latency over the cell
+    (``server_itl``), a request counts only if its window was not read in
+    one burst itself (`BURST_RATIO`). No sample when no request's window
+    can be read."""
     ok = [r for r in records if r.status == "finished" and len(r.token_times) >= 2]
     if len(ok) < cell.batch:
         raise HbenchError(f"calibration cell {cell.name}: {cell.batch - len(ok)} requests "
@@ -71,6 +92,8 @@ def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS) -> 
         return float(r.token_times[b] - r.token_times[a]) / (b - a)
 
     window = {id(r): mean_gap(r, first, last) for r in ok}
+    if server_itl is not None:
+        ok = [r for r in ok if window[id(r)] >= BURST_RATIO * server_itl]
     edges = np.linspace(first, last, segments + 1).round().astype(int)
     samples = []
     for a, b in zip(edges[:-1], edges[1:], strict=True):
@@ -84,6 +107,17 @@ def decode_samples(cell: Cell, records, grid: int, segments: int = SEGMENTS) -> 
         shape = StepShape.from_requests(decode_contexts=(context,) * cell.batch)
         samples.append(Sample("itl", (shape,), float(np.median(gaps)), held_out=cell.held_out,
                               cell=cell.name))
+    return samples
+
+
+def retimed(timed, cell: Cell, retimes: int = RETIMES) -> list[Sample]:
+    """``timed(cell)``'s samples, timing the cell again (up to ``retimes``
+    times) while it gives none: a window read in one burst is the machine's
+    moment, not the cell's."""
+    for _ in range(retimes + 1):
+        samples = timed(cell)
+        if samples:
+            break
     return samples
 
 
@@ -118,6 +152,7 @@ def measure(model_dir: str | Path, cells: tuple[Cell, ...], *, org: str = "s0",
     it, ``repeats`` passes in shuffled order, every pass's samples kept."""
     from adapters.client.dispatch import run_open_loop
     from adapters.client.http import Endpoint, served_models
+    from adapters.metrics_scrape import histogram_mean, read_metrics
     from adapters.server_process import ServerProcess, free_port
     from adapters.vllm import VllmEngine
     from harness.orgs import layout_for
@@ -147,15 +182,20 @@ def measure(model_dir: str | Path, cells: tuple[Cell, ...], *, org: str = "s0",
         vocab = _vocab(model_dir)
         passes = itertools.count(1)
 
-        def timed(cell: Cell) -> list[Sample]:
+        def timed_once(cell: Cell) -> list[Sample]:
             # a fresh seed per pass: private prompts, never a prefix hit on an earlier pass
+            before = read_metrics(server.endpoint)
             result = run_open_loop(server.endpoint, model,
                                    cell_workload(cell, vocab, seed + next(passes)),
                                    extra_body=engine.extra_body)
             records = sorted(result.records, key=lambda r: r.request_id)
             if cell.kind == "decode":
-                return decode_samples(cell, records, grid)
+                itl = histogram_mean(before, read_metrics(server.endpoint), SERVER_ITL)
+                return decode_samples(cell, records, grid, server_itl=itl)
             return [ttft_sample(cell, records, chunk, grid)]
+
+        def timed(cell: Cell) -> list[Sample]:
+            return retimed(timed_once, cell)
 
         timed(cells[0])                                                 # warm-up, discarded
         # every pass's samples are kept: a client-side gap is not only ever

@@ -341,3 +341,33 @@ def test_calibrate_and_fidelity_refuse_bad_input_before_any_work(tmp_path, model
     res = CliRunner().invoke(cli, argv)
     assert res.exit_code == 2 and res.output.startswith("Error: ") and message in res.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "p.json").exists()
+
+
+def test_vllm_a_decode_window_read_in_one_burst_gives_no_sample():
+    """A loaded machine: the stream stalls after the first tokens, then the whole
+    window arrives within a millisecond, far below the server's own
+    inter-token latency. That window says nothing about a step (its gaps are
+    the client's parsing), so the request gives no sample, and a cell of such
+    requests none at all: the driver times it again."""
+    from adapters.calibration.design import Cell
+    from adapters.vllm_calibrate import decode_samples, retimed
+    from harness.records import RequestRecord
+
+    cell = Cell("decode b2 c512", "decode", 2, 512, 12, 512)
+    steady = [1.0 + 0.1 * k for k in range(12)]
+    # b's first token comes last (1.3): the window starts there, at a's fourth token;
+    # b's stream stalls after its third token, then the rest arrives at once
+    burst = [1.3, 1.4, 1.5] + [2.5 + 1e-5 * k for k in range(9)]
+    a, b = (RequestRecord(i, 0.0, 512, 12, token_times=t) for i, t in enumerate((steady, burst)))
+    # unscreened, b's burst drags the median of the two to half a step
+    assert decode_samples(cell, [a, b], grid=512, segments=2)[0].seconds < 0.06
+    samples = decode_samples(cell, [a, b], grid=512, segments=2, server_itl=0.1)
+    assert [s.seconds for s in samples] == pytest.approx([0.1, 0.1])    # a's stretches only
+    stalled = RequestRecord(0, 0.0, 512, 12, token_times=steady[:3] + [2.4 + 1e-5 * k
+                                                                        for k in range(9)])
+    assert decode_samples(cell, [stalled, b], grid=512, segments=2, server_itl=0.1) == []
+
+    answers = iter([[], [], samples, []])
+    assert retimed(lambda _: next(answers), cell, retimes=2) == samples     # third time lucky
+    answers = iter([[], [], [], samples])
+    assert retimed(lambda _: next(answers), cell, retimes=2) == []          # then it gives up

@@ -18,6 +18,7 @@ from test_vllm_adapter import INFO, engine, s0, setup_for
 
 from adapters.metrics_scrape import (
     bucket_delta,
+    histogram_mean,
     histogram_quantile,
     parse_prometheus,
     plugin_state,
@@ -67,6 +68,19 @@ def test_server_latency_counts_only_what_the_run_added():
     assert out == pytest.approx({"server_ttft_p50_s": 0.4, "server_ttft_p99_s": 1.0,
                                  "server_e2e_p50_s": 0.4, "server_e2e_p99_s": 1.0})
     assert server_latency(None, last, "vllm") == {}
+
+
+def test_histogram_mean_is_what_the_sum_and_count_added():
+    family = "vllm:inter_token_latency_seconds"
+
+    def scrape(total, count):
+        return parse_prometheus("".join(
+            f'{family}_{k}{{engine="{e}"}} {v / 2}\n'        # two label sets, summed
+            for e in (0, 1) for k, v in (("sum", total), ("count", count))))
+
+    assert histogram_mean(scrape(3.0, 100), scrape(3.5, 110), family) == pytest.approx(0.05)
+    assert histogram_mean(scrape(3.0, 100), scrape(3.0, 100), family) is None   # nothing observed
+    assert histogram_mean(None, scrape(3.0, 100), family) is None
 
 
 def test_plugin_page_peaks_become_counters():
