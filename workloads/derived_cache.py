@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from common.arrow_arrays import numbers
 from common.atomic import atomic_path
 from common.cache import cache_dir
 from common.errors import HbenchError
@@ -127,10 +128,10 @@ def read(key: str) -> Workload | None:
 
 
 def _requests(table: pa.Table) -> tuple[WorkloadRequest, ...]:
-    # Read through buffers and scalars: pyarrow's to_numpy and to_pylist import
-    # pandas (half a second) to check for pandas types.
+    # Read through buffers and scalars (`common.arrow_arrays`): pyarrow's
+    # to_numpy imports pandas (half a second) to check for pandas types.
     ids = table.column("prompt_token_ids").combine_chunks()
-    flat, offsets = _numbers(ids.values), _numbers(ids.offsets)
+    flat, offsets = numbers(ids.values), numbers(ids.offsets)
     cols = {c: [x.as_py() for x in table.column(c).combine_chunks()]
             for c in ("arrival_s", "prompt_text", "output_len", "prefix_group", "prefix_tokens",
                       "salt")}
@@ -142,15 +143,6 @@ def _requests(table: pa.Table) -> tuple[WorkloadRequest, ...]:
             output_len=cols["output_len"][i], prefix_group=cols["prefix_group"][i],
             prefix_tokens=cols["prefix_tokens"][i], salt=cols["salt"][i])
         for i in range(table.num_rows))
-
-
-def _numbers(arr: pa.Array) -> np.ndarray:
-    """The values of a primitive array without nulls, as a read-only view of its data buffer."""
-    if arr.null_count:
-        raise ValueError("a stored number is missing")
-    dtype = np.dtype(arr.type.to_pandas_dtype())
-    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=len(arr),
-                         offset=arr.offset * dtype.itemsize)
 
 
 def write(key: str, w: Workload) -> None:
