@@ -28,6 +28,12 @@ is neither a number nor a string) brings the chunks on disk back into
 memory, and the table goes on as one that never spilled. What it reads and
 writes is what the same table unspilled reads and writes (a column a chunk
 wrote as floats reads back as floats).
+
+Chunks go to Arrow and back through `common.arrow_arrays` (their buffers),
+never through `pyarrow.array` or ``to_numpy``, which import pandas: a run
+that fills, spills, reads and writes a table of numbers and strings loads no
+pandas. `to_frame` (analysis, tests) and the write of a table with a column
+of another kind (bools, None: a real engine's rows) go through pandas.
 """
 
 from __future__ import annotations
@@ -94,21 +100,12 @@ def _piece_type(piece):
 
 
 def _arrow_piece(piece, t):
-    import pyarrow as pa
+    """One chunk's column as an Arrow array of Parquet type ``t`` (`_piece_type`)."""
+    from common.arrow_arrays import from_numbers, from_strings
 
     if isinstance(piece, list):
-        return pa.array(piece, type=t)
-    return pa.array(piece.astype(t.to_pandas_dtype(), copy=False))
-
-
-def _from_arrow(column):
-    """A column read back from Parquet as a chunk's piece: a NumPy array, or a
-    list of strings (equal ones one object, as pandas reads them)."""
-    import pyarrow as pa
-
-    if pa.types.is_large_string(column.type) or pa.types.is_string(column.type):
-        return column.to_pandas().tolist()
-    return column.to_numpy()
+        return from_strings(piece, t)
+    return from_numbers(piece.astype(t.to_pandas_dtype(), copy=False))
 
 
 #: A spill directory's name: this prefix, the pid of the process that made it, "-".
@@ -218,11 +215,13 @@ class _Spill:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from common.arrow_arrays import values_of
+
         self.close_part()
         chunks = []
         for part in self.parts:
-            chunks.extend(pq.read_table(part, columns=[name]).column(0).chunks)
-        return _from_arrow(pa.chunked_array(chunks, type=self.schema.field(name).type))
+            chunks.extend(pq.ParquetFile(part).read(columns=[name]).column(0).chunks)
+        return values_of(pa.chunked_array(chunks, type=self.schema.field(name).type))
 
     def read_frame(self, names):
         """Columns ``names`` of every chunk on disk as one frame, converted by
@@ -310,10 +309,12 @@ class StepTable(Sequence):
 
     def _unspill(self) -> None:
         """The chunks on disk back into memory, a piece per column each; no more spilling."""
+        from common.arrow_arrays import values_of
+
         spill = self._spill
         for c in range(self._spilled):
             table = spill.read_chunk(c)
-            self._chunks[c] = [_from_arrow(table.column(i)) for i in range(len(self.columns))]
+            self._chunks[c] = [values_of(table.column(i)) for i in range(len(self.columns))]
         spill.remove()
         self._spill, self._spilled = None, 0
 
@@ -479,11 +480,8 @@ class StepTable(Sequence):
             chunks.append([_pack([row[i] for row in self.rows]) for i in range(len(self.columns))])
         with pq.ParquetWriter(path, schema) as writer:
             for chunk in chunks:
-                arrays = [pa.array(p, type=t) if isinstance(p, list) else
-                          pa.array(p.astype(t.to_pandas_dtype(), copy=False))
-                          for p, t in zip(chunk, types, strict=True)]
+                arrays = [_arrow_piece(p, t) for p, t in zip(chunk, types, strict=True)]
                 writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
-
 
     def _write_spilled(self, path) -> None:
         """Every chunk is on disk: the file itself (linked, else copied), or its
