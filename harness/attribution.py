@@ -21,16 +21,21 @@ what is left (``unattributed``) is the wait for the step in flight when the
 request arrived, so it is never negative and shorter than one step.
 
 Real engines' step tables carry no reasons: their attribution is empty.
+
+The tables are mappings of column name to values: a run's own columns
+(`harness.metrics.request_columns`, `harness.metrics.attribution_steps`:
+arrays and lists, so a run computes its attribution without pandas) or
+frames read back from a results directory.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 #: The step table's columns the attribution reads.
 STEP_COLUMNS = ("start_s", "time_s", "wait_reason", "admitted_ids", "preempted_ids", "skipped_ids")
@@ -40,14 +45,15 @@ REASON_CAUSE = {"memory": "wait_memory", "cap": "wait_cap", "budget": "wait_budg
 BANDS = {"p50": (45.0, 55.0), "p99": (98.0, 100.0)}
 
 
-def has_reasons(steps: pd.DataFrame) -> bool:
-    return "wait_reason" in steps.columns and "admitted_ids" in steps.columns
+def has_reasons(steps: Mapping) -> bool:
+    return "wait_reason" in steps and "admitted_ids" in steps
 
 
-def _events(column: pd.Series) -> dict[int, list[int]]:
-    """request id -> step indices at which it appears in an id-list column."""
+def _events(column) -> dict[int, list[int]]:
+    """request id -> step indices at which it appears in an id-list column
+    (a list, an array or a frame's column)."""
     out: dict[int, list[int]] = defaultdict(list)
-    for i, ids in enumerate(column.tolist()):
+    for i, ids in enumerate(column if isinstance(column, list) else column.tolist()):
         if ids:
             for rid in str(ids).split(","):
                 out[int(rid)].append(i)
@@ -89,30 +95,35 @@ class _Timeline:
         return parts
 
 
-def attribute(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """One row per measured request with a first token: ``request_id``,
-    ``ttft_s``, one ``<cause>_s`` column per cause, ``unattributed_s``, and
-    ``step_s`` (the duration of the step in flight at arrival, the bound on
-    ``unattributed_s``). Empty when the step table records no reasons."""
-    cols = ["request_id", "ttft_s", *(f"{c}_s" for c in CAUSES), "unattributed_s", "step_s"]
-    if steps.empty or not has_reasons(steps):
-        return pd.DataFrame(columns=cols)
-    start = steps["start_s"].to_numpy(float)
-    dur = steps["time_s"].to_numpy(float) - start
-    # each reason's steps as a mask: no Python string per step (a long run has millions)
-    reason = steps["wait_reason"]
+#: The columns of `attribute`'s result.
+PART_COLUMNS = ("request_id", "ttft_s", *(f"{c}_s" for c in CAUSES), "unattributed_s", "step_s")
+
+
+def attribute(requests: Mapping, steps: Mapping) -> dict[str, np.ndarray]:
+    """One row per measured request with a first token, as name: array:
+    ``request_id``, ``ttft_s``, one ``<cause>_s`` column per cause,
+    ``unattributed_s``, and ``step_s`` (the duration of the step in flight at
+    arrival, the bound on ``unattributed_s``). No rows when the step table
+    records no reasons."""
+    if not has_reasons(steps) or not len(steps["wait_reason"]):
+        return _parts([])
+    start = np.asarray(steps["start_s"], dtype=float)
+    dur = np.asarray(steps["time_s"], dtype=float) - start
+    # each reason's steps as a mask (a missing reason matches none)
+    reason = np.asarray(steps["wait_reason"], dtype=object)
     timeline = _Timeline(
         dur=dur, cum_all=np.concatenate([[0.0], np.cumsum(dur)]),
-        cum={cause: np.concatenate([[0.0], np.cumsum(np.where(
-            reason.eq(r).to_numpy(dtype=bool, na_value=False), dur, 0.0))])
+        cum={cause: np.concatenate([[0.0], np.cumsum(np.where(reason == r, dur, 0.0))])
              for r, cause in REASON_CAUSE.items()})
     admitted, preempted = _events(steps["admitted_ids"]), _events(steps["preempted_ids"])
     skipped = _events(steps["skipped_ids"])
 
-    measured = requests[~requests["warmup"].astype(bool) & requests["first_token_s"].notna()]
+    first = np.asarray(requests["first_token_s"], dtype=float)
+    measured = ~np.asarray(requests["warmup"], dtype=bool) & ~np.isnan(first)
     rows = []
-    for r in measured.itertuples(index=False):
-        rid, a, t1 = int(r.request_id), float(r.arrival_s), float(r.first_token_s)
+    for rid, a, t1 in zip(np.asarray(requests["request_id"], dtype=np.int64)[measured].tolist(),
+                          np.asarray(requests["arrival_s"], dtype=float)[measured].tolist(),
+                          first[measured].tolist(), strict=True):
         i0 = int(np.searchsorted(start, a, side="left"))
         iend = int(np.searchsorted(start, t1, side="left"))
         parts = timeline.split(i0, iend, preempted.get(rid, []), admitted.get(rid, []),
@@ -122,23 +133,29 @@ def attribute(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         # just before the arrival was handled (a finishing step goes first)
         step_s = float(max(dur[max(i0 - 1, 0):i0 + 1], default=0.0))
         rows.append([rid, ttft, *(parts[c] for c in CAUSES), ttft - sum(parts.values()), step_s])
-    return pd.DataFrame(rows, columns=cols)
+    return _parts(rows)
 
 
-def breakdown(parts: pd.DataFrame) -> dict:
+def _parts(rows: list[list]) -> dict[str, np.ndarray]:
+    """`attribute`'s rows as its columns: request ids int64, the rest float64."""
+    by_column = list(zip(*rows, strict=True)) or [()] * len(PART_COLUMNS)
+    return {name: np.array(values, dtype=np.int64 if name == "request_id" else np.float64)
+            for name, values in zip(PART_COLUMNS, by_column, strict=True)}
+
+
+def breakdown(parts: Mapping) -> dict:
     """Per-run TTFT breakdown: for each band of `BANDS`, the mean of each part
     over the requests whose TTFT lies in that band (keys
     ``ttft_<band>_<cause>_s``); NaN without attributed requests."""
+    t = np.asarray(parts["ttft_s"], dtype=float)
     out = {}
     for band, (lo, hi) in BANDS.items():
-        if parts.empty:
-            sel = parts
-        else:
-            t = parts["ttft_s"].to_numpy(float)
-            low, high = np.percentile(t, lo), np.percentile(t, hi)
-            sel = parts[(t >= low) & (t <= high)]
+        keep = np.zeros(0, dtype=bool)
+        if t.size:
+            keep = (t >= np.percentile(t, lo)) & (t <= np.percentile(t, hi))
         for c in CAUSES:
-            out[f"ttft_{band}_{c}_s"] = float(sel[f"{c}_s"].mean()) if len(sel) else math.nan
+            sel = np.asarray(parts[f"{c}_s"], dtype=float)[keep]
+            out[f"ttft_{band}_{c}_s"] = float(sel.mean()) if sel.size else math.nan
     return out
 
 

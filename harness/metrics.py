@@ -74,7 +74,7 @@ from harness.records import (
     RequestColumns,
     RequestRecord,
 )
-from harness.step_table import StepTable, has_step_key, step_values, steps_frame
+from harness.step_table import StepTable, has_step_key, step_values
 from harness.token_times import (
     counted_percentiles,
     inter_token_gaps_of,
@@ -726,12 +726,14 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def attribution_steps(run: EngineRun) -> pd.DataFrame:
-    """The step columns the TTFT attribution reads (`harness.attribution.STEP_COLUMNS`),
-    as a frame: a long run's whole step table is never made one."""
+def attribution_steps(run: EngineRun) -> dict:
+    """The step columns the TTFT attribution reads (`harness.attribution.STEP_COLUMNS`)
+    that the rows have, as name: values (an array, or a list of strings)."""
     from harness.attribution import STEP_COLUMNS
 
-    return steps_frame(run.steps, STEP_COLUMNS)
+    steps = run.steps
+    return {name: steps.array(name) if isinstance(steps, StepTable) else step_values(steps, name)
+            for name in STEP_COLUMNS if has_step_key(steps, name)}
 
 
 def _attribution(run: EngineRun, tables=None) -> dict:

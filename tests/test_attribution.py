@@ -35,7 +35,7 @@ def test_parts_on_a_hand_made_step_table():
     ])
     reqs = pd.DataFrame({"request_id": [0, 1, 2], "arrival_s": [0.0, 0.5, 0.0],
                          "first_token_s": [1.0, 8.0, 1.0], "warmup": [False, False, True]})
-    parts = attribute(reqs, steps).set_index("request_id")
+    parts = pd.DataFrame(attribute(reqs, steps)).set_index("request_id")
     assert list(parts.index) == [0, 1]          # the warm-up request is left out
     r1 = parts.loc[1]
     assert (r1["wait_memory_s"], r1["wait_cap_s"], r1["wait_budget_s"]) == (2.0, 1.0, 1.0)
@@ -50,7 +50,7 @@ def test_parts_on_a_hand_made_step_table():
 def test_no_reasons_no_attribution():
     steps = pd.DataFrame({"start_s": [0.0], "time_s": [1.0], "waiting": [0]})
     reqs = pd.DataFrame({"request_id": [0], "arrival_s": [0.0], "first_token_s": [1.0], "warmup": [False]})
-    assert attribute(reqs, steps).empty
+    assert all(len(column) == 0 for column in attribute(reqs, steps).values())
     assert all(np.isnan(v) for v in breakdown(attribute(reqs, steps)).values())
 
 
@@ -69,7 +69,7 @@ def _run(out, *args):
 ])
 def test_parts_add_up_to_each_ttft_within_one_step(tmp_path, args, dominant):
     summary, reqs, steps = _run(tmp_path / "res", *args)
-    parts = attribute(reqs, steps)
+    parts = pd.DataFrame(attribute(reqs, steps))
     measured = reqs[~reqs["warmup"] & reqs["first_token_s"].notna()]
     assert len(parts) == len(measured) > 0
     total = parts[[f"{c}_s" for c in CAUSES]].sum(axis=1)
@@ -92,7 +92,7 @@ def test_cap_one_waits_are_the_previous_requests_service(tmp_path):
                           "--requests", "12", "--cap", "1")
     reqs = reqs.sort_values("arrival_s").reset_index(drop=True)
     expected = np.maximum(0.0, reqs["finish_s"].shift(1).fillna(0.0) - reqs["arrival_s"])
-    parts = attribute(reqs, steps).set_index("request_id").loc[reqs["request_id"]]
+    parts = pd.DataFrame(attribute(reqs, steps)).set_index("request_id").loc[reqs["request_id"]]
     waited = parts["wait_cap_s"].to_numpy() + parts["unattributed_s"].to_numpy()
     assert waited == pytest.approx(expected.to_numpy(), abs=1e-6)
     assert parts["wait_memory_s"].sum() == 0 and parts["recompute_s"].sum() == 0
