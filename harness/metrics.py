@@ -60,9 +60,9 @@ Percentiles are numpy's linear interpolation; an empty sample gives NaN
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.records import (
@@ -81,6 +81,10 @@ from harness.token_times import (
     percentiles,
     token_time_stats,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
 
 SUMMARY_KEYS = (
     "throughput_ledger_tok_s", "throughput_span_tok_s", "output_tokens",
@@ -101,7 +105,8 @@ SUMMARY_KEYS = (
     *ATTRIBUTION_KEYS,
 )
 
-# Columns of `per_request_table`, in order, with the dtype each is stored as.
+# Columns of `per_request_table`, in order, with the NumPy dtype each is built
+# as ("object": text, a list of str, written as an Arrow string column).
 REQUEST_COLUMNS = {
     "request_id": "int64",
     "arrival_s": "float64",
@@ -452,7 +457,7 @@ def _invalidations(rows: list[dict], run: EngineRun) -> dict:
 
 
 def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
-              tables: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> dict:
+              tables: tuple[dict, dict] | None = None) -> dict:
     """The flat summary of one run, with exactly the keys in `SUMMARY_KEYS`.
 
     ``weights_bytes`` is added to the peak state memory to give
@@ -460,10 +465,10 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     (the run's `RunConfig`) gives the nominal load the ``validity`` verdict
     (`harness.validity`, the one nested object) checks the delivered load
     against; without it the rate checks are "n/a". ``tables``: the run's
-    (`per_request_table`, `attribution_steps`) when the caller has made them
+    (`request_columns`, `attribution_steps`) when the caller has made them
     already, either None where not (`harness.results.write_run` gives the
-    first, which it writes; the second is made last, when the summary's other
-    step columns are no longer held, and let go); read, never changed.
+    first, whose table it writes; the second is made last, when the summary's
+    other step columns are no longer held, and let go); read, never changed.
     """
     m = (_ColumnsMeasured(run) if isinstance(run.requests, RequestColumns)
          else _RecordsMeasured(run))
@@ -706,8 +711,12 @@ def turn_summary(run: EngineRun) -> dict:
 
 def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     """Per turn index (measured, finished requests of a multi-turn run's
-    per-request table): requests, TTFT p50 / mean, mean reused and history
-    tokens, reuse fraction (reused / history) and survived fraction."""
+    per-request table as read back): requests, TTFT p50 / mean, mean reused
+    and history tokens, reuse fraction (reused / history) and survived
+    fraction. An analysis of a table, so pandas is imported here: a run does
+    not call it."""
+    import pandas as pd
+
     df = requests[(~requests["warmup"]) & (requests["turn"] >= 0)
                   & (requests["status"] == FINISHED)]
     rows = []
@@ -742,7 +751,7 @@ def _attribution(run: EngineRun, tables=None) -> dict:
     from harness.attribution import attribute, breakdown
 
     requests, steps = tables or (None, None)
-    requests = per_request_table(run) if requests is None else requests
+    requests = request_columns(run) if requests is None else requests
     steps = attribution_steps(run) if steps is None else steps
     return breakdown(attribute(requests, steps))
 
@@ -813,16 +822,15 @@ def _request_column(requests, name: str, dtype: str):
     return np.fromiter((get(r) for r in requests), dtype=dtype, count=len(requests))
 
 
-def per_request_table(run: EngineRun) -> pd.DataFrame:
-    """One row per request (warm-up included, flagged by ``warmup``).
-
-    Token times are summarized (ITL mean/p50/p99/max, count), not stored:
-    they would dominate the file. Missing times are NaN. Built column by
-    column from the records.
-    """
+def request_columns(run: EngineRun) -> dict[str, np.ndarray | list]:
+    """The columns of `per_request_table`, in order: NumPy arrays of their
+    `REQUEST_COLUMNS` dtypes (and a multi-turn run's `TURN_COLUMNS`), a text
+    column as a list of str. Missing times are NaN. Built column by column
+    from the records (no row dict per request), or from a `RequestColumns`'
+    arrays."""
     requests = run.requests
     if isinstance(requests, RequestColumns) and not (requests.array("turn") >= 0).any():
-        return _columns_table(requests)
+        return _columns_of(requests)
     columns = dict(REQUEST_COLUMNS)
     itl = np.array([_itl_stats(r) for r in requests], dtype=np.float64).reshape(-1, 4)
     data = {}
@@ -838,12 +846,18 @@ def per_request_table(run: EngineRun) -> pd.DataFrame:
         data.update(session=[r.session for r in requests], turn=[r.turn for r in requests],
                     history_tokens=[x[0] for x in h], history_recomputed_tokens=[x[1] for x in h],
                     history_survived=[x[2] for x in h])
-    df = pd.DataFrame(data, columns=list(columns))
-    return df.astype(columns)
+    return _typed(data, columns)
 
 
-def _columns_table(cols: RequestColumns) -> pd.DataFrame:
-    """`per_request_table` of a `RequestColumns` (no turns) from its arrays:
+def _typed(data: dict, dtypes: dict[str, str]) -> dict[str, np.ndarray | list]:
+    """``data``'s columns in ``dtypes``' order, each an array of its dtype (a
+    text column as it is)."""
+    return {name: data[name] if dtype == "object" else np.asarray(data[name], dtype=dtype)
+            for name, dtype in dtypes.items()}
+
+
+def _columns_of(cols: RequestColumns) -> dict[str, np.ndarray | list]:
+    """`request_columns` of a `RequestColumns` (no turns) from its arrays:
     the values the records give, element by element, and the same dtypes."""
     arrival, first, finish = (cols.array(f) for f in ("arrival_s", "first_token_s", "finish_s"))
     out = cols.array("output_tokens")
@@ -851,6 +865,21 @@ def _columns_table(cols: RequestColumns) -> pd.DataFrame:
         tpots = np.where(out >= 2, (finish - first) / (out - 1), NAN)
     derived = {"ttft_s": first - arrival, "e2e_s": finish - arrival, "tpot_s": tpots,
                "status": cols.statuses(), "error": cols.errors()}
-    data = {name: derived[name] if name in derived else cols.array(name)
-            for name in REQUEST_COLUMNS}
-    return pd.DataFrame(data, columns=list(REQUEST_COLUMNS)).astype(REQUEST_COLUMNS)
+    return _typed({name: derived[name] if name in derived else cols.array(name)
+                   for name in REQUEST_COLUMNS}, REQUEST_COLUMNS)
+
+
+def per_request_table(run: EngineRun, columns: dict | None = None) -> pa.Table:
+    """One row per request (warm-up included, flagged by ``warmup``), as
+    ``requests.parquet`` holds it: `request_columns` (``columns``, where the
+    caller has made them) as an Arrow table, a missing time a null and a
+    text column ``string`` (``null`` when no row has text), as pandas wrote
+    the same columns. Built through `common.arrow_arrays`, so writing it
+    loads no pandas.
+
+    Token times are summarized (ITL mean/p50/p99/max, count), not stored:
+    they would dominate the file.
+    """
+    from common.arrow_arrays import table
+
+    return table(request_columns(run) if columns is None else columns, nan_is_null=True)

@@ -44,9 +44,10 @@ import warnings
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+import pyarrow.parquet as pq
 
 from common.atomic import (
     TMP_PREFIX,
@@ -63,6 +64,9 @@ from harness.config import RunConfig
 from harness.records import EngineRun
 from harness.results_schema import check_manifest, check_summary, read_table
 from harness.step_table import write_steps
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 
@@ -235,9 +239,10 @@ def write_run(
     manifest.update(extra_manifest or {})
     # Serialize before touching the disk so a bad value fails without debris.
     manifest = to_jsonable(manifest)
-    requests = metrics.per_request_table(run)
+    columns = metrics.request_columns(run)
     summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config,
-                                            tables=(requests, None)))
+                                            tables=(columns, None)))
+    requests = metrics.per_request_table(run, columns)
 
     try:
         with new_dirs_removed_on_error(out_root):
@@ -264,7 +269,7 @@ def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: di
     tmp.mkdir()
     try:
         _write_json(tmp / SUMMARY, summary)
-        requests.to_parquet(tmp / REQUESTS, index=False)
+        pq.write_table(requests, tmp / REQUESTS)
         write_steps(steps, tmp / STEPS)   # a chunk at a time, not as one frame
         # The completion marker, last: what every other file must still be.
         _write_json(tmp / MANIFEST, {**manifest, FILES: {n: _file_record(tmp / n) for n in CHECKED_FILES}})

@@ -9,18 +9,24 @@ file (exit 2) instead of an AttributeError deep in analyze, or a false
 "regression" (exit 1) from regress. `read_table` does the same for the
 parquet tables: a corrupt or truncated file, or one whose columns are not
 those of a results table, is refused naming the file, not a pyarrow traceback.
+The tables are read back as pandas frames, for analysis; pandas is imported
+when the first one is, so that writing a run (`harness.results` imports this
+module) never loads it.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from common.errors import HbenchError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Manifest fields the readers use, with the JSON types each may have.
 _OBJECT, _TEXT, _INT = (dict,), (str,), (int,)
@@ -77,6 +83,8 @@ def read_table(file: Path, name: str, data: bytes | None = None) -> pd.DataFrame
     """The results table ``name`` (``requests`` or ``steps``) in ``file`` (or
     in ``data``, its bytes already read and checked); HbenchError naming the
     file when it is not a readable parquet table with that table's columns."""
+    import pandas as pd
+
     try:
         source = file if data is None else pa.BufferReader(data)
         columns = pq.read_schema(source).names   # the footer only: a bad file fails fast

@@ -5,15 +5,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
 import pytest
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
 from harness.metrics import (
     REQUEST_COLUMNS,
     SUMMARY_KEYS,
+    TURN_COLUMNS,
     per_request_table,
     percentile,
     percentiles,
+    request_columns,
     summarize,
     weighted_median,
 )
@@ -149,7 +153,7 @@ def test_output_tokens_conserve_finished_requests_tokens():
         warmup_request(),
     ]
     s = summarize(make_run(reqs))
-    table = per_request_table(make_run(reqs))
+    table = per_request_table(make_run(reqs)).to_pandas()
     served = table[(table.status == "finished") & ~table.warmup].output_tokens.sum()
     assert s["output_tokens"] == served == 6
     assert s["cancelled"] == 1 and s["requests"] == 5
@@ -318,7 +322,7 @@ def test_slab_occupancy_is_the_mean_over_the_measured_steps():
 
 
 def test_per_request_table_columns_and_derived_values():
-    df = per_request_table(make_run(three_requests() + [warmup_request()]))
+    df = per_request_table(make_run(three_requests() + [warmup_request()])).to_pandas()
     assert list(df.columns) == list(REQUEST_COLUMNS)
     assert len(df) == 5
     r0 = df.iloc[0]
@@ -335,10 +339,27 @@ def test_per_request_table_columns_and_derived_values():
     assert df.warmup.tolist() == [False, False, False, False, True]
 
 
-def test_per_request_table_of_empty_run_keeps_columns_and_dtypes():
-    df = per_request_table(make_run([]))
-    assert list(df.columns) == list(REQUEST_COLUMNS)
-    assert {c: str(t) for c, t in df.dtypes.items()} == REQUEST_COLUMNS
+def _turns():
+    return [make_request(0, 0.0, [1.0], session=0, turn=0),
+            make_request(1, 2.0, [3.0], session=0, turn=1, error=None)]
+
+
+@pytest.mark.parametrize("requests, columns", [
+    ([], REQUEST_COLUMNS),
+    (three_requests() + [warmup_request()], REQUEST_COLUMNS),
+    ([make_request(0, 0.0, [1.0], error=None)], REQUEST_COLUMNS),
+    (_turns(), {**REQUEST_COLUMNS, **TURN_COLUMNS}),
+], ids=["empty", "records", "no-error-text", "turns"])
+def test_per_request_table_is_the_table_pandas_wrote_of_its_frame(requests, columns):
+    """requests.parquet used to be written by pandas from a frame of these
+    dtypes; built without pandas, the table is the same: the same types
+    (text as string, or null when no row has any), a missing time a null."""
+    run = make_run(requests, engine_info={"grid_tokens": 16})
+    table = per_request_table(run)
+    frame = pd.DataFrame(request_columns(run)).astype(columns)
+    assert table.schema.names == list(columns)
+    assert table.equals(pa.Table.from_pandas(frame, preserve_index=False)
+                        .replace_schema_metadata(None))
 
 
 def test_a_served_runs_preemptions_come_from_the_servers_counter():

@@ -171,7 +171,7 @@ def test_simulator_serves_every_turn_and_later_turns_reuse_history(served, org):
     assert summary["later_turns"] == w.total_requests - len(w.requests)
     assert summary["history_survived_fraction"] == 1.0
     assert 0 < summary["history_reuse_fraction"] <= 1.0
-    table = per_request_table(run)
+    table = per_request_table(run).to_pandas()
     by_turn = turn_table(table)
     assert list(by_turn["turn"]) == sorted(set(table["turn"]))
     assert by_turn.loc[by_turn["turn"] == 0, "reused_tokens_mean"].item() == 0
@@ -229,7 +229,7 @@ def test_turn_figure_draws_reuse_and_ttft_by_turn_per_organization_and_budget(se
     from analysis.figures import turn_figure
     from common.palette import org_color
 
-    tables = {(org, "b83"): per_request_table(run) for org, (_, run) in served.items()}
+    tables = {(org, "b83"): per_request_table(run).to_pandas() for org, (_, run) in served.items()}
     fig = turn_figure(tables)
     reuse_ax, ttft_ax = fig.axes
     assert [line.get_label() for line in reuse_ax.get_lines()] == ["D0", "S0", "S1", "S2"]

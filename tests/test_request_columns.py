@@ -55,7 +55,7 @@ def test_columns_give_the_records_summary_and_table():
     for k in a:
         assert _same(a[k], b[k]) if isinstance(a[k], float) else a[k] == b[k], k
     ta, tb = per_request_table(as_records), per_request_table(as_columns)
-    assert list(ta.dtypes) == list(tb.dtypes)
+    assert ta.schema == tb.schema
     assert ta.equals(tb)
     assert _same(measured_start(as_records), measured_start(as_columns))
     assert last_finish(as_records.requests) == last_finish(as_columns.requests)

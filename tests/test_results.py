@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -65,7 +66,7 @@ def test_round_trip_preserves_manifest_summary_and_tables(tmp_path):
     assert data["summary"] == results.to_jsonable(summarize(run, weights_bytes=1000, config=RunConfig()))
     # per-kind peaks (no per-step byte columns) are never summed into a total
     assert data["summary"]["peak_mem_total_bytes"] is None
-    pd.testing.assert_frame_equal(data["requests"], per_request_table(run), check_dtype=False)
+    pd.testing.assert_frame_equal(data["requests"], per_request_table(run).to_pandas())
     pd.testing.assert_frame_equal(data["steps"], pd.DataFrame(run.steps))
     assert results.list_runs(tmp_path) == [path]
 
@@ -81,27 +82,25 @@ def test_summary_excludes_warmup_and_conserves_tokens(tmp_path):
     assert data["summary"]["e2e_p50_s"] == 2.0
 
 
-def _fail_second_parquet(exc):
-    """A stand-in for DataFrame.to_parquet that writes the first table, then fails."""
-    real = pd.DataFrame.to_parquet
+def _fail_steps_write(exc):
+    """A stand-in for `write_steps` that finds the requests table written, then fails."""
     calls = []
 
-    def to_parquet(df, path, **kw):
+    def write_steps(steps, path):
         calls.append(path)
-        if len(calls) > 1:
-            raise exc
-        return real(df, path, **kw)
+        assert (Path(path).parent / results.REQUESTS).is_file()
+        raise exc
 
-    return to_parquet, calls
+    return write_steps, calls
 
 
 @pytest.mark.parametrize("exc", [OSError("disk full"), KeyboardInterrupt()])
 def test_failure_mid_write_leaves_no_run(tmp_path, monkeypatch, exc):
-    failing, calls = _fail_second_parquet(exc)
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", failing)
+    failing, calls = _fail_steps_write(exc)
+    monkeypatch.setattr(results, "write_steps", failing)
     with pytest.raises(type(exc)):
         write(tmp_path)
-    assert len(calls) == 2                    # it really failed in the middle
+    assert len(calls) == 1                    # it really failed in the middle
     assert not (tmp_path / "run-a").exists()
     assert list(tmp_path.iterdir()) == []     # the temporary directory is cleaned up
     assert results.list_runs(tmp_path) == []

@@ -1,4 +1,6 @@
-"""What a study-sized simulated ``hbench run --json`` does not load: scipy
+"""What a study-sized simulated ``hbench run --json`` does not load: pandas
+(its summary and TTFT attribution are computed from NumPy arrays, its tables
+built and written through pyarrow's buffers, `common.arrow_arrays`), scipy
 (once the KS p-value of its arrivals is remembered, `harness.validity`), the
 HTTP client (a served run's alone), rich's progress display, tables and
 console (``--json`` prints none of them), and the corpus it derives from (its
@@ -17,7 +19,7 @@ from pathlib import Path
 from tests.import_probe import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
-NOT_LOADED = ("scipy", "http.client", "rich.console", "rich.progress", "rich.table",
+NOT_LOADED = ("pandas", "scipy", "http.client", "rich.console", "rich.progress", "rich.table",
               "workloads.corpus", "workloads.sharegpt.derive")
 ARGS = ["run", "--org", "s2", "--budget", "b83", "--rate", "3", "--requests", "240",
         "--seed", "1", "--json"]
@@ -31,7 +33,7 @@ def _run(cache: Path, out: Path) -> tuple[dict, dict]:
     return report, json.loads(stdout)
 
 
-def test_a_repeated_study_sized_run_loads_no_scipy_http_client_rich_or_corpus(tmp_path):
+def test_a_repeated_study_sized_run_loads_no_pandas_scipy_http_client_rich_or_corpus(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     # the parsed ShareGPT pairs of this test session, if any: parsing them is not the point
