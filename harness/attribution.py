@@ -37,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.token_times import percentiles
+
 #: The step table's columns the attribution reads.
 STEP_COLUMNS = ("start_s", "time_s", "wait_reason", "admitted_ids", "preempted_ids", "skipped_ids")
 CAUSES = ("wait_memory", "wait_cap", "wait_budget", "prefill", "recompute")
@@ -152,7 +154,9 @@ def breakdown(parts: Mapping) -> dict:
     for band, (lo, hi) in BANDS.items():
         keep = np.zeros(0, dtype=bool)
         if t.size:
-            keep = (t >= np.percentile(t, lo)) & (t <= np.percentile(t, hi))
+            # np.percentile's values; its first call would import numpy.ma (~10 ms)
+            low, high = percentiles(t, (lo, hi))
+            keep = (t >= low) & (t <= high)
         for c in CAUSES:
             sel = np.asarray(parts[f"{c}_s"], dtype=float)[keep]
             out[f"ttft_{band}_{c}_s"] = float(sel.mean()) if sel.size else math.nan
