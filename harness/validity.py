@@ -53,16 +53,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from common.atomic import atomic_write_text
-from common.cache import cache_dir
-from common.errors import HbenchError
+from common.cache import entry_file, read_entry, write_entry
 
 PASS, WARN, FAIL, NA = "pass", "warn", "fail", "n/a"
 #: Largest acceptable client dispatch lag p99 (assumed: one decode step of a
@@ -151,6 +148,7 @@ def check_process(arrivals: Sequence[float], process: str | None, nominal: float
 
 #: Bumped when the layout of a remembered KS p-value (`ks_exponential_pvalue`) changes.
 _KS_CACHE_FORMAT = 1
+_KS_CACHE_KIND = "ks-expon"
 _KS_MEMO: dict[str, float] = {}
 _KS_MEMO_LIMIT = 256
 
@@ -184,16 +182,12 @@ def _ks_key(gaps: np.ndarray, nominal: float) -> str | None:
 
 
 def _ks_file(key: str) -> Path:
-    return cache_dir() / "ks-expon" / f"{key}.json"
+    return entry_file(_KS_CACHE_KIND, key)
 
 
 def _ks_cached(key: str) -> float | None:
-    try:
-        entry = json.loads(_ks_file(key).read_text(encoding="utf-8"))
-    except (OSError, ValueError):   # absent, unreadable or torn: compute again
-        return None
-    if (not isinstance(entry, dict) or entry.get("format") != _KS_CACHE_FORMAT
-            or entry.get("key") != key or not isinstance(entry.get("pvalue"), float)):
+    entry = read_entry(_KS_CACHE_KIND, key, _KS_CACHE_FORMAT)
+    if entry is None or entry.get("key") != key or not isinstance(entry.get("pvalue"), float):
         return None
     return entry["pvalue"]
 
@@ -225,11 +219,7 @@ def ks_exponential_pvalue(gaps: np.ndarray, nominal: float) -> float:
     p = float(sps.kstest(gaps, "expon", args=(0, 1 / nominal)).pvalue)
     if key is not None:
         _remember(key, p)
-        try:
-            atomic_write_text(_ks_file(key), json.dumps(
-                {"format": _KS_CACHE_FORMAT, "key": key, "pvalue": p}))
-        except (OSError, HbenchError):   # a read-only or full cache dir only costs speed
-            pass
+        write_entry(_KS_CACHE_KIND, key, _KS_CACHE_FORMAT, {"key": key, "pvalue": p})
     return p
 
 

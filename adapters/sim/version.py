@@ -17,14 +17,11 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import json
 import os
 import stat
 from pathlib import Path
 
-from common.atomic import atomic_write_text
-from common.cache import cache_dir
-from common.errors import HbenchError
+from common.cache import entry_file, read_entry, write_entry
 from workloads.kinds import WORKLOAD_KINDS
 
 #: Modules whose code decides a simulated run's numbers: the simulator, the
@@ -39,6 +36,7 @@ _ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.
 _PACKAGES = ("adapters", "common", "harness", "hbench", "workloads")
 #: Bumped when the cache file's layout changes.
 _CACHE_FORMAT = 1
+_CACHE_KIND = "sim-digest"
 
 
 def _module_file(root: Path, name: str) -> Path | None:
@@ -139,18 +137,17 @@ def _regular_file(path: str) -> os.stat_result | None:
     return st if stat.S_ISREG(st.st_mode) else None
 
 
+def _cache_name(root: Path) -> str:
+    return hashlib.sha256(str(root).encode()).hexdigest()[:16]
+
+
 def _cache_file(root: Path) -> Path:
-    key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    return cache_dir() / "sim-digest" / f"{key}.json"
+    return entry_file(_CACHE_KIND, _cache_name(root))
 
 
-def _cached(file: Path, root: Path) -> str | None:
-    try:
-        entry = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):   # absent, unreadable or torn: recompute
-        return None
-    if (not isinstance(entry, dict) or entry.get("format") != _CACHE_FORMAT
-            or entry.get("root") != str(root) or not isinstance(entry.get("digest"), str)
+def _cached(root: Path) -> str | None:
+    entry = read_entry(_CACHE_KIND, _cache_name(root), _CACHE_FORMAT)
+    if (entry is None or entry.get("root") != str(root) or not isinstance(entry.get("digest"), str)
             or not isinstance(entry.get("identity"), list)):
         return None
     try:
@@ -171,15 +168,10 @@ def compute_digest(root: Path) -> tuple[str, list[list]]:
 def source_digest(root: Path | None = None) -> str:
     """12 hex digits of the sources' hash, from the cache when it is current."""
     root = (root or Path(__file__).resolve().parents[2]).resolve()
-    file = _cache_file(root)
-    digest = _cached(file, root)
+    digest = _cached(root)
     if digest is not None:
         return digest
     digest, identity = compute_digest(root)
-    text = json.dumps({"format": _CACHE_FORMAT, "root": str(root), "digest": digest,
-                       "identity": identity})
-    try:
-        atomic_write_text(file, text)
-    except (OSError, HbenchError):   # a read-only or full cache dir only costs speed
-        pass
+    write_entry(_CACHE_KIND, _cache_name(root), _CACHE_FORMAT,
+                {"root": str(root), "digest": digest, "identity": identity})
     return digest
