@@ -4,7 +4,8 @@ Every manifest records these so a number can be traced back to the code and
 environment that produced it. Collecting provenance must never break a run:
 each function returns a placeholder ("unknown", or omits the package) instead
 of raising, and none imports a heavy module (torch, vllm) just to read its
-version; `importlib.metadata` reads installed distributions' metadata only.
+version; `importlib.metadata` reads installed distributions' metadata only
+(and only when the cache directory does not hold its answer).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import os
 import platform
 import subprocess
 from functools import cache
-from importlib import metadata
+
+from harness.installed_versions import installed_versions
 
 # Distributions whose versions can change results. The engine packages are
 # recorded only when installed.
@@ -46,13 +48,6 @@ def git_commit(path: str | os.PathLike = ".") -> str:
     return head.strip() + ("-dirty" if dirty else "")
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def package_versions() -> dict:
     """Versions of Python, hbench and the packages results depend on.
 
@@ -60,6 +55,9 @@ def package_versions() -> dict:
     packages (torch, vllm, sglang) appear only when installed. Read once per
     process (reading the distributions' metadata cost a sweep cell 7.7 ms):
     a process runs the packages it imported, whatever is installed later.
+    Across processes the versions are kept in the cache directory while no
+    distribution is installed, removed or changed
+    (`harness.installed_versions`).
     """
     return dict(_package_versions())
 
@@ -68,13 +66,13 @@ def package_versions() -> dict:
 def _package_versions() -> dict:
     from harness import __version__
 
-    versions = {"python": platform.python_version(), "hbench": _version("hbench") or __version__}
+    found = installed_versions(("hbench", *CORE_PACKAGES, *OPTIONAL_PACKAGES))
+    versions = {"python": platform.python_version(), "hbench": found["hbench"] or __version__}
     for dist in CORE_PACKAGES:
-        versions[dist] = _version(dist)
+        versions[dist] = found[dist]
     for dist in OPTIONAL_PACKAGES:
-        found = _version(dist)
-        if found is not None:
-            versions[dist] = found
+        if found[dist] is not None:
+            versions[dist] = found[dist]
     return versions
 
 

@@ -3,9 +3,11 @@
 built and written through pyarrow's buffers, `common.arrow_arrays`), scipy
 (once the KS p-value of its arrivals is remembered, `harness.validity`), the
 HTTP client (a served run's alone), rich's progress display, tables and
-console (``--json`` prints none of them), and the corpus it derives from (its
-workload is read back from `workloads.derived_cache`). The first run of a
-fresh cache loads scipy and the corpus, which shows the probe sees them.
+console (``--json`` prints none of them), the corpus it derives from (its
+workload is read back from `workloads.derived_cache`) and `importlib.metadata`
+(the installed packages' versions are read back from
+`harness.installed_versions`). The first run of a fresh cache loads scipy,
+the corpus and `importlib.metadata`, which shows the probe sees them.
 
 Each run is a fresh interpreter (a test process has long imported everything)."""
 
@@ -20,7 +22,7 @@ from tests.import_probe import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_LOADED = ("pandas", "scipy", "http.client", "rich.console", "rich.progress", "rich.table",
-              "workloads.corpus", "workloads.sharegpt.derive")
+              "workloads.corpus", "workloads.sharegpt.derive", "importlib.metadata")
 ARGS = ["run", "--org", "s2", "--budget", "b83", "--rate", "3", "--requests", "240",
         "--seed", "1", "--json"]
 
@@ -33,14 +35,14 @@ def _run(cache: Path, out: Path) -> tuple[dict, dict]:
     return report, json.loads(stdout)
 
 
-def test_a_repeated_study_sized_run_loads_no_pandas_scipy_http_client_rich_or_corpus(tmp_path):
+def test_a_repeated_study_sized_run_loads_no_pandas_scipy_http_client_rich_corpus_or_metadata(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     # the parsed ShareGPT pairs of this test session, if any: parsing them is not the point
     for f in Path(os.environ.get("HBENCH_CACHE_DIR", "/nonexistent")).glob("sharegpt-*.arrow"):
         shutil.copy(f, cache / f.name)
     first, summary1 = _run(cache, tmp_path / "a")
-    assert {"scipy", "workloads.corpus"} <= set(first["loaded"])   # the probe sees them
+    assert {"scipy", "workloads.corpus", "importlib.metadata"} <= set(first["loaded"])   # seen
     again, summary2 = _run(cache, tmp_path / "b")
     assert again["loaded"] == []
     checks = [s["validity"]["checks"]["arrival_process"] for s in (summary1, summary2)]
