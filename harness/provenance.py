@@ -38,14 +38,38 @@ def git_commit(path: str | os.PathLike = ".") -> str:
 
     Returns "unknown" when ``path`` is not inside a git checkout or git is
     unavailable. Ignored files (results/, build outputs) do not count as dirty.
+    One ``git status`` answers both (porcelain v2 heads its list of changes
+    with ``# branch.oid``, the commit ``git rev-parse HEAD`` names), saving a
+    run a git process; where it cannot (no commit yet, a git without porcelain
+    v2, a failing status) the two are asked apart, as they always were.
     """
     cwd = os.fspath(path)
+    status = _git(["status", "--porcelain=v2", "--branch", "--no-ahead-behind"], cwd)
+    if status is not None:
+        head, dirty = _head_and_dirty(status)
+        if head is not None:
+            return head + ("-dirty" if dirty else "")
     head = _git(["rev-parse", "HEAD"], cwd)
     if head is None:
         return "unknown"
     status = _git(["status", "--porcelain"], cwd)
     dirty = status is None or status.strip() != ""
     return head.strip() + ("-dirty" if dirty else "")
+
+
+def _head_and_dirty(porcelain_v2: str) -> tuple[str | None, bool]:
+    """From ``git status --porcelain=v2 --branch``: HEAD's commit (None before
+    the first commit) and whether any path is listed (every line that is not a
+    ``# `` header names a changed, unmerged or untracked path)."""
+    head = None
+    dirty = False
+    for line in porcelain_v2.splitlines():
+        if line.startswith("# branch.oid "):
+            oid = line.removeprefix("# branch.oid ").strip()
+            head = oid if oid != "(initial)" else None
+        elif line and not line.startswith("# "):
+            dirty = True
+    return head, dirty
 
 
 def package_versions() -> dict:
