@@ -122,7 +122,7 @@ PROMPTS: dict[str, dict[int, bytes]] = {}   # org -> request id -> later-turn pr
 @pytest.fixture(scope="module")
 def served():
     import adapters.sim.engine as sim
-    import harness.engine.loop as loop
+    import workloads.multiturn.session as session
 
     class Recording(SessionLoop):
         def next_turn(self, finished, generated_token_ids, finish_s, generated_text=""):
@@ -133,7 +133,7 @@ def served():
 
     out = {}
     mp = pytest.MonkeyPatch()
-    mp.setattr(loop, "SessionLoop", Recording)
+    mp.setattr(session, "SessionLoop", Recording)   # the engine loop imports it when it serves sessions
     try:
         for org in ("s0", "s1", "s2", "d0"):
             cfg = RunConfig(org=org, budget="b83", workload_kind="multiturn", requests=12,

@@ -3,8 +3,9 @@
 built and written through pyarrow's buffers, `common.arrow_arrays`), scipy
 (once the KS p-value of its arrivals is remembered, `harness.validity`), the
 HTTP client (a served run's alone), rich's progress display, tables and
-console (``--json`` prints none of them), the corpus it derives from (its
-workload is read back from `workloads.derived_cache`) and `importlib.metadata`
+console (``--json`` prints none of them), the corpus it derives from and the
+tokenizer (its workload is read back from `workloads.derived_cache`), the
+multi-turn session loop (it serves no sessions) and `importlib.metadata`
 (the installed packages' versions are read back from
 `harness.installed_versions`). The first run of a fresh cache loads scipy,
 the corpus and `importlib.metadata`, which shows the probe sees them.
@@ -22,7 +23,8 @@ from tests.import_probe import loaded
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_LOADED = ("pandas", "scipy", "http.client", "rich.console", "rich.progress", "rich.table",
-              "workloads.corpus", "workloads.sharegpt.derive", "importlib.metadata")
+              "workloads.corpus", "workloads.sharegpt.derive", "workloads.sharegpt.tokenizer",
+              "workloads.multiturn.session", "importlib.metadata")
 ARGS = ["run", "--org", "s2", "--budget", "b83", "--rate", "3", "--requests", "240",
         "--seed", "1", "--json"]
 

@@ -13,17 +13,23 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from workloads import derived_cache
 from workloads.kinds import deriver
-from workloads.sharegpt.tokenizer import Tokenizer, get_tokenizer
 from workloads.spec import WorkloadSpec
 from workloads.workload import Workload
+
+if TYPE_CHECKING:
+    from workloads.sharegpt.tokenizer import Tokenizer
 
 _TOKENIZERS: dict[str, Tokenizer] = {}
 
 
 def _tokenizer(path: str | Path | None) -> Tokenizer:
+    # imported here: a workload read back from the cache is never tokenized
+    from workloads.sharegpt.tokenizer import get_tokenizer
+
     if path is None:
         return get_tokenizer()
     key = str(Path(path).expanduser().resolve())

@@ -37,7 +37,6 @@ from harness.orgs.keys import SharedPrefixKeys
 from harness.records import RequestColumns
 from harness.scheduler.batch import DONE
 from harness.token_times import GapPool, drop_token_times
-from workloads.multiturn.session import SessionLoop
 
 #: Event kinds; at equal times a finishing step is handled before an arrival.
 STEP_DONE, ARRIVAL = 0, 1
@@ -51,6 +50,14 @@ class _Ended:
 
 
 _ENDED = _Ended()
+
+
+def _session_loop(workload):
+    """The closed loop of a multi-turn workload's sessions; imported here, since
+    a workload without sessions (the study's) never needs it."""
+    from workloads.multiturn.session import SessionLoop
+
+    return SessionLoop(workload)
 
 
 class EngineLoop:
@@ -73,7 +80,7 @@ class EngineLoop:
         self.itl_pool = GapPool() if compact else None
         self.columns = RequestColumns() if compact else None
         self.warm_ids = workload.warmup_ids(warmup_requests)
-        self.sessions = SessionLoop(workload) if workload.sessions else None
+        self.sessions = _session_loop(workload) if workload.sessions else None
         self.sent: dict[int, object] = {}          # request id -> its workload request (sessions)
         # the open-loop arrivals come in order (arrival times never decrease):
         # the heap holds the next of them only, as ``(arrival, ARRIVAL, its
