@@ -439,13 +439,14 @@ def _invalidations(rows: list[dict], run: EngineRun) -> dict:
     attention blocks x the engine's ``attn_block_tokens``. NaN where the engine
     does not count them."""
     out = {}
+    first = rows[0] if len(rows) else {}   # read once: a spilled table reads its chunk from disk
     for kind in ("attention", "checkpoint"):
         name = f"invalidations_{kind}"
         final = run.counters.get(name)
         if final is None:
             out[name] = NAN
             continue
-        before = rows[0].get(name, 0) if len(rows) else 0
+        before = first.get(name, 0)
         if not len(rows) and len(run.steps):      # no step in the measured period: nothing counted there
             before = final
         out[name] = int(final - before)

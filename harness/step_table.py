@@ -176,6 +176,7 @@ class _Spill:
         self.writer = None                    # the open part's ParquetWriter
         self.groups = 0                       # row groups in the open part
         self.where: list[tuple[int, int]] = []  # per chunk on disk: (part, row group)
+        self._readers: dict[int, object] = {}  # closed part -> its open ParquetFile (`_reader`)
 
     def fits(self, types) -> bool:
         """Whether a chunk of Parquet ``types`` can be written under the schema
@@ -196,6 +197,7 @@ class _Spill:
         if self.schema is None:
             self.schema = pa.schema(list(zip(columns, types, strict=True)))
         if self.writer is None:
+            self._close_readers()   # a part of its own: the files open for reading need not stay
             self.parts.append(os.path.join(self.dir, f"part{len(self.parts)}.parquet"))
             self.writer = pq.ParquetWriter(self.parts[-1], self.schema)
             self.groups = 0
@@ -210,17 +212,33 @@ class _Spill:
             self.writer.close()
             self.writer = None
 
+    def _reader(self, part: int):
+        """Closed part ``part``, open for reading. Kept open until the next part
+        is begun or the table goes: reading the columns of a run one by one (its
+        summary reads some 30) would otherwise open the file and parse its
+        footer for each, three quarters of the reading's time."""
+        reader = self._readers.get(part)
+        if reader is None:
+            import pyarrow.parquet as pq
+
+            reader = self._readers[part] = pq.ParquetFile(self.parts[part])
+        return reader
+
+    def _close_readers(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
     def read_column(self, name: str):
         """Column ``name`` of every chunk on disk, as one piece."""
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         from common.arrow_arrays import values_of
 
         self.close_part()
         chunks = []
-        for part in self.parts:
-            chunks.extend(pq.ParquetFile(part).read(columns=[name]).column(0).chunks)
+        for part in range(len(self.parts)):
+            chunks.extend(self._reader(part).read(columns=[name]).column(0).chunks)
         return values_of(pa.chunked_array(chunks, type=self.schema.field(name).type))
 
     def read_frame(self, names):
@@ -235,14 +253,13 @@ class _Spill:
 
     def read_chunk(self, c: int):
         """Chunk ``c`` on disk as an Arrow table."""
-        import pyarrow.parquet as pq
-
         self.close_part()
         part, group = self.where[c]
-        return pq.ParquetFile(self.parts[part]).read_row_group(group)
+        return self._reader(part).read_row_group(group)
 
     def remove(self) -> None:
         self.close_part()
+        self._close_readers()
         self._cleanup()
 
 
