@@ -166,10 +166,12 @@ def test_a_spilled_table_read_midway_goes_on_in_a_new_part(tmp_path, monkeypatch
     rows = ROWS * 4
     kept, spilled = _spilled_and_kept(rows[:5], monkeypatch)
     assert spilled.column("waiting") == kept.column("waiting")      # closes the first part
+    assert list(spilled._spill._readers) == [0]                     # and keeps it open to read
     for t in (kept, spilled):
         for r in rows[5:]:
             t.append(tuple(r.values()))
     assert len(spilled._spill.parts) == 2
+    assert spilled._spill._readers == {}      # a new part began: the open readers were closed
     _same_tables(kept, spilled)
     kept.write_parquet(tmp_path / "kept.parquet")
     spilled.write_parquet(tmp_path / "spilled.parquet")
@@ -190,6 +192,22 @@ def test_a_chunk_that_cannot_be_spilled_brings_the_table_back(late, tmp_path, mo
     spilled.write_parquet(tmp_path / "spilled.parquet")
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "kept.parquet"),
                                   pd.read_parquet(tmp_path / "spilled.parquet"), check_exact=True)
+
+
+def test_a_spilled_table_opens_each_part_once_to_read_all_its_columns(monkeypatch):
+    import pyarrow.parquet as pq
+
+    kept, spilled = _spilled_and_kept(ROWS * 3, monkeypatch)
+    spilled.seal()
+    opened = []
+    real = pq.ParquetFile
+    monkeypatch.setattr(pq, "ParquetFile", lambda *a, **k: opened.append(a) or real(*a, **k))
+    for c in spilled.columns:
+        assert all(same(x, y) for x, y in zip(spilled.column(c), kept.column(c), strict=True))
+    assert all(same(spilled[0][c], kept[0][c]) for c in kept.columns)
+    assert len(opened) == len(spilled._spill.parts) == 1
+    spilled._spill.remove()
+    assert spilled._spill._readers == {}
 
 
 def test_a_spilled_table_removes_its_file_when_dropped(monkeypatch):
