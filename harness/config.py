@@ -55,14 +55,14 @@ RUN_BYTES_PER_PROMPT_TOKEN = 64
 #: a request's prompt costs memory only while it is in flight; the simulator
 #: keeps of an ended request only fixed-width columns and its inter-token
 #: gaps as counted values, and writes its step rows to disk as they come.
-#: Measured (whole process peak RSS, reached while the summary reads the step
-#: columns back; sim engine, s2 at b83, 1.5 req/s, which it sustains, mean
-#: input 3,332; docs/benchmarks.md section 5): 10,000 requests 356 MiB,
-#: 100,000 1,058 MiB, i.e. 8.2 kB per request; rounded up here, and a
-#: million (~7.9 GiB by that) still refused. (An
+#: Measured (whole process peak RSS, sim engine at b83 and a rate each
+#: organization sustains, mean input 3,332; docs/benchmarks.md section 5):
+#: 10,000 to 100,000 requests 5.7 (e0) to 6.7 (s1) kB per request; a
+#: million requests peaked at 5,402 MiB (s1) and 5,023 MiB (d0), both valid
+#: at 1.5 req/s, so a million fit the limit. Rounded up here. (An
 #: overloaded run holds the prompts of its growing queue on top: S2 at 3
 #: req/s measured 13.6 kB per request.)
-RUN_BYTES_PER_MADE_REQUEST = 10_000
+RUN_BYTES_PER_MADE_REQUEST = 7_500
 #: The simulator's bookkeeping per page of the organization's pools. Measured
 #: (ru_maxrss of building each organization at a 2 TiB budget, 31k to 1.5M
 #: pages): 349 to 379 B per page; rounded up here.

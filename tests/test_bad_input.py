@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from common.errors import HbenchError
 from harness.config import (
     MAX_RUN_MEMORY_BYTES,
     RUN_BYTES_PER_MADE_REQUEST,
@@ -25,6 +26,7 @@ from harness.config import (
 from harness.model_configs import geometry_for_run
 from harness.orgs import layout_for
 from harness.results import list_runs, read_run
+from harness.run_setup import check_memory
 from hbench.cli import cli
 from workloads.bounds import MAX_REQUESTS
 from workloads.build import build_workload
@@ -48,7 +50,7 @@ def grid(org: str) -> int:
 
 RUN_CASES = [
     (["--requests", "99999999999999"], f"<= {MAX_REQUESTS:,}"),
-    (["--requests", "1000000"], "GiB of memory"),
+    (["--requests", "100000", "--workload-kind", "multiturn"], "GiB of memory"),
     (["--budget", "500TiB", "--allow-oversubscribe"], "GiB of memory"),
     (["--duration", "inf"], "--duration must be a finite number"),
     (["--duration", "nan"], "--duration must be a finite number"),
@@ -88,9 +90,16 @@ def test_the_grids_are_those_of_the_layouts():
 
 
 def test_the_memory_estimate_refuses_above_the_documented_limit():
+    """The most requests one run may ask for fit when the workload is made as
+    it is served; a workload that holds its prompts (multi-turn) that large
+    does not."""
     cfg = RunConfig(requests=1_000_000)
     assert cfg.made_on_read
-    assert cfg.estimated_run_bytes == 1_000_000 * RUN_BYTES_PER_MADE_REQUEST > MAX_RUN_MEMORY_BYTES
+    assert cfg.estimated_run_bytes == 1_000_000 * RUN_BYTES_PER_MADE_REQUEST < MAX_RUN_MEMORY_BYTES
+    held = RunConfig(requests=100_000, workload_kind="multiturn")   # 8 turns a session
+    assert held.estimated_run_bytes > MAX_RUN_MEMORY_BYTES
+    with pytest.raises(HbenchError, match="GiB of memory"):
+        check_memory(held.expected_requests, held.mean_input)
     assert RunConfig(requests=240).estimated_run_bytes < MAX_RUN_MEMORY_BYTES / 100
 
 

@@ -241,10 +241,13 @@ def test_run_refuses_a_saved_workload_as_large_as_a_refused_recipe(tmp_path, big
     assert "33,000 requests of 3332 prompt tokens" in line
     assert not out.exists()
     # the recipe is made request by request as it is served, so it holds no
-    # prompt: 33,000 requests fit where the saved file, held whole, does not;
-    # a million do not (in the same words)
+    # prompt: 33,000 requests fit where the saved file, held whole, does not,
+    # and so do a million; a multi-turn recipe holds its prompts and is
+    # refused (in the same words)
     validate(RunConfig(requests=33_000))
-    recipe = one_error(invoke("run", "--out", out, "--requests", "1000000"), "GiB of memory")
+    validate(RunConfig(requests=1_000_000))
+    recipe = one_error(invoke("run", "--out", out, "--requests", "100000",
+                              "--workload-kind", "multiturn"), "GiB of memory")
     assert recipe.split("about")[0] == line.split("about")[0]
 
 
