@@ -79,21 +79,20 @@ def test_multiturn_sessions_continue_with_the_tokens_the_engine_generated(model_
     """A later turn's prompt is the previous prompt + the tokens this engine
     generated for it + the new message, and it reuses the history it shares."""
     import adapters.torch.engine as te
-    import harness.engine.loop
+    import workloads.multiturn.session as session
     from harness.config import RunConfig
     from harness.run_setup import validate
     from harness.run_workload import build_run_workload
-    from workloads.multiturn.session import SessionLoop
-
     seen = []
 
-    class Recording(SessionLoop):
+    class Recording(session.SessionLoop):
         def next_turn(self, finished, generated_token_ids, finish_s, generated_text=""):
             nxt = super().next_turn(finished, generated_token_ids, finish_s, generated_text)
             seen.append((finished, list(generated_token_ids), nxt))
             return nxt
 
-    monkeypatch.setattr(harness.engine.loop, "SessionLoop", Recording)
+    # the engine loop imports it when it serves sessions
+    monkeypatch.setattr(session, "SessionLoop", Recording)
     config = RunConfig(engine="torch", org="s2", budget="b12", model=str(model_dir),
                        config_path=str(model_dir / "config.json"), workload_kind="multiturn",
                        requests=2, rate=50.0, max_turns=2, think_time_s=0.05, max_output=6,
