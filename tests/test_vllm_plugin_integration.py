@@ -39,6 +39,11 @@ from harness.config import RunConfig
 
 BLOCK_TOKENS = 1664  # vLLM's block for the proportional model (attention page >= Mamba state)
 OUTPUT_LEN = 300     # the pin test's generated tokens
+# Request A's generated tokens in the pin test: long enough that A still runs
+# when B crosses its block edge (B's prefill plus 164 decode steps, while the
+# client's B arrives late on a loaded machine), short enough that A's 100 +
+# 1,400 tokens stay inside one 1,664-token block, so A never grows.
+A_OUTPUT_LEN = 1400
 
 pytestmark = requires_vllm("the vLLM plugin integration test")
 
@@ -157,14 +162,15 @@ def serve(model, org, blocks):
         yield server
 
 
-def greedy(server, batch: list[list[int]], ignore_eos: bool = False) -> list[list[int]]:
+def greedy(server, batch: list[list[int]], ignore_eos: bool = False,
+           max_tokens: int = OUTPUT_LEN) -> list[list[int]]:
     """Concurrent greedy completions; the token ids each request generated
-    (all OUTPUT_LEN of them with ``ignore_eos``)."""
+    (all ``max_tokens`` of them with ``ignore_eos``)."""
     out: dict[int, list[int]] = {}
     model_id = server_model(server)
 
     def one(i):
-        body = json.dumps({"model": model_id, "prompt": batch[i], "max_tokens": OUTPUT_LEN,
+        body = json.dumps({"model": model_id, "prompt": batch[i], "max_tokens": max_tokens,
                            "temperature": 0, "return_token_ids": True,
                            **({"ignore_eos": True} if ignore_eos else {})}).encode()
         req = urllib.request.Request(f"{server.endpoint.url}/v1/completions", body,
@@ -205,8 +211,8 @@ def counters_of(server) -> tuple[dict, dict]:
 def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model, monkeypatch_module):
     """A pin actually taken and used. One prompt of 1,700 tokens caches the
     joint hit at 1,664 (an attention block and the Mamba state at its end).
-    Then a short request A (100 tokens) starts, and a moment later B: the
-    shared 1,664 tokens plus 1,500 of its own. B adopts the hit, prefills its
+    Then a short request A (100 tokens, 1,400 generated) starts, and a moment
+    later B: the shared 1,664 tokens plus 1,500 of its own. B adopts the hit, prefills its
     rest in one chunk and decodes across the 3,328-token block edge, where it
     needs another attention block and a 4-page S1 state. 16 blocks (15
     usable) hold A and B with nothing to spare, so B, the most recently
@@ -228,7 +234,8 @@ def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model, monke
         with serve(model, "s1", 16) as server:
             greedy(server, [base], ignore_eos=True)
             out = {}
-            first = threading.Thread(target=lambda: out.update(a=greedy(server, [a], True)))
+            first = threading.Thread(target=lambda: out.update(
+                a=greedy(server, [a], True, max_tokens=A_OUTPUT_LEN)))
             first.start()   # at once: A must still run when B crosses its edge
             # B only once A generates (so A was admitted first): the server has
             # counted more than the 1,700-token prompt's OUTPUT_LEN tokens
@@ -247,7 +254,7 @@ def test_a_preempted_request_pins_its_joint_hit_and_resumes_from_it(model, monke
         out, c, followed = attempt()
         if c["preemptions"] > 0:
             break
-    assert [len(out["a"][0]), len(out["b"][0])] == [OUTPUT_LEN] * 2
+    assert [len(out["a"][0]), len(out["b"][0])] == [A_OUTPUT_LEN, OUTPUT_LEN]
     assert c["preemptions"] > 0 and c.get("pins_taken", 0) > 0, c
     assert c["pinned_tokens_total"] >= BLOCK_TOKENS * c["pins_taken"], c
     assert c.get("pinned_resumes_with_hit", 0) > 0, c
