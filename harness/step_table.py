@@ -19,7 +19,12 @@ other column is handed to pandas as its values).
 
 A table told to `spill` (the simulator's) writes each packed chunk as one
 row group of a Parquet file in a temporary directory instead of keeping it,
-so a long run holds no step rows beyond the chunk being filled;
+so a long run holds no step rows beyond the chunk being filled; told
+``spill(after_chunks=k)``, it keeps its first k chunks in memory and begins
+to spill (those k first) only when it packs one more, so a short run (the
+simulator's default, `SPILL_AFTER_CHUNKS`, holds ~1,600 requests' rows)
+makes no file, and reads its columns from memory, for the same values and
+the same written file;
 `write_parquet` then hands that file on (a link or a copy) and reading a
 column reads it back from the file. Its column types are the first chunk's
 (a later chunk's ints are written as floats under a float column); a chunk
@@ -51,6 +56,13 @@ import numpy as np
 #: Rows packed by column at a time: big enough that packing costs little per
 #: row, small enough that the rows not yet packed cost little memory.
 CHUNK_ROWS = 4096
+
+#: The chunks the simulator's step table keeps in memory before it spills
+#: (`StepTable.spill`): 32,768 rows, ~12 MB packed, ~1,600 requests' steps.
+#: A study-sized run (240 requests, ~5,000 rows) never spills: writing its
+#: chunks to a temporary file and reading its columns back from there cost
+#: more than the run's own steps.
+SPILL_AFTER_CHUNKS = 8
 
 
 _I32 = np.iinfo(np.int32)
@@ -164,11 +176,9 @@ def remove_orphaned_spills(tmp: str | None = None, quiet_s: float = ORPHAN_QUIET
 
 class _Spill:
     """The Parquet parts a spilling table's chunks went to, in a temporary
-    directory removed with it: closed parts, then the one being written.
-    Making one first removes what killed processes left (`remove_orphaned_spills`)."""
+    directory removed with it: closed parts, then the one being written."""
 
     def __init__(self):
-        remove_orphaned_spills()
         self.dir = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.dir, True)
         self.schema = None
@@ -274,14 +284,17 @@ class StepTable(Sequence):
         self._chunks: list[list] = []        # per chunk: one piece per column
         self._starts: list[int] = []         # the first row index of each chunk
         self._packed = 0                     # rows in the chunks
-        self._spill: _Spill | None = None    # where chunks go (`spill`), if anywhere
+        self._spill: _Spill | None = None    # where chunks went (`spill`), if anywhere
         self._spilled = 0                    # the first chunks, on disk (None in `_chunks`)
+        self._spill_after: int | None = None  # spill once more chunks than this are packed
 
-    def spill(self) -> None:
-        """From now on, write each packed chunk to a temporary Parquet file
-        instead of keeping it (see the module docstring)."""
+    def spill(self, after_chunks: int = 0) -> None:
+        """Write packed chunks to a temporary Parquet file instead of keeping
+        them, once more than ``after_chunks`` are packed (see the module
+        docstring). What killed processes' tables left is removed now."""
         assert not self._chunks, "spill before the first chunk is packed"
-        self._spill = _Spill()
+        remove_orphaned_spills()
+        self._spill_after = after_chunks
 
     def set_columns(self, columns) -> None:
         """Name the columns (once, before the first row)."""
@@ -301,25 +314,38 @@ class StepTable(Sequence):
         if not self.rows:
             return
         self._starts.append(self._packed)
-        chunk = [_pack(list(col)) for col in zip(*self.rows, strict=True)]
-        spill = self._spill
-        if spill is not None:
-            types = [_piece_type(p) for p in chunk]
-            if spill.fits(types):
-                spill.write(self.columns, chunk, types)
-                chunk = None
-                self._spilled += 1
-            else:
-                self._unspill()
-        self._chunks.append(chunk)
+        self._chunks.append([_pack(list(col)) for col in zip(*self.rows, strict=True)])
         self._packed += len(self.rows)
         self.rows = []
+        if self._spill_after is not None and len(self._chunks) > self._spill_after:
+            self._spill_chunks()
+
+    def _spill_chunks(self) -> None:
+        """Every chunk still in memory to the spill file, in order (the file is
+        made with the first); a chunk that does not fit its types brings the
+        table back into memory for good (`_unspill`)."""
+        if self._spill is None:
+            self._spill = _Spill()
+        spill = self._spill
+        for c in range(self._spilled, len(self._chunks)):
+            chunk = self._chunks[c]
+            types = [_piece_type(p) for p in chunk]
+            if not spill.fits(types):
+                self._unspill()
+                return
+            spill.write(self.columns, chunk, types)
+            self._chunks[c] = None
+            self._spilled += 1
 
     def seal(self) -> None:
-        """No more rows for now: a spilling table writes the rows appended since
-        its last chunk as one more and closes its file, so that reading it
-        and `write_parquet` (a link to that file) need no second part."""
-        if self._spill is not None:
+        """No more rows for now: a spilling table that has spilled, or would
+        with the rows appended since its last chunk as one more, writes them as
+        that chunk and closes its file, so that reading it and `write_parquet`
+        (a link to that file) need no second part. One still under its
+        ``after_chunks`` keeps its rows in memory."""
+        after = self._spill_after
+        if after is not None and (self._spill is not None
+                                  or len(self._chunks) + bool(self.rows) > after):
             self._pack_rows()
             if self._spill is not None:
                 self._spill.close_part()
@@ -333,7 +359,7 @@ class StepTable(Sequence):
             table = spill.read_chunk(c)
             self._chunks[c] = [values_of(table.column(i)) for i in range(len(self.columns))]
         spill.remove()
-        self._spill, self._spilled = None, 0
+        self._spill, self._spilled, self._spill_after = None, 0, None
 
     def __len__(self) -> int:
         return self._packed + len(self.rows)

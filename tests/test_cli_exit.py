@@ -15,10 +15,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import atexit, gc, json, sys
+import harness.step_table as st
+st.SPILL_AFTER_CHUNKS = 0     # a short run's steps spill too, so that exit must remove them
+spills = []
+made = st._Spill.__init__
+def making(self):
+    made(self)
+    spills.append(self.dir)
+st._Spill.__init__ = making
 note = sys.argv[1]
 def at_exit():
     with open(note, "w") as f:
-        json.dump({"frozen": gc.get_freeze_count()}, f)
+        json.dump({"frozen": gc.get_freeze_count(), "spills": spills}, f)
 atexit.register(at_exit)
 sys.argv = ["hbench", *sys.argv[2:]]
 from hbench.cli import main
@@ -42,6 +50,7 @@ def test_a_run_ends_frozen_with_atexit_run_stdout_whole_and_no_spill_left(tmp_pa
     assert note["frozen"] > 0
     summary = json.loads(proc.stdout)
     assert Path(summary["run_dir"], "manifest.json").is_file()
+    assert len(note["spills"]) == 1 and Path(note["spills"][0]).parent == tmp_path / "tmp"
     assert list((tmp_path / "tmp").iterdir()) == []
 
 

@@ -162,6 +162,59 @@ def test_a_spilled_table_holds_no_packed_chunk_and_writes_the_same_file(tmp_path
     _same_tables(kept, spilled)          # still readable once written
 
 
+def test_a_table_told_to_spill_after_k_chunks_keeps_them_until_one_more(tmp_path, monkeypatch):
+    """``spill(after_chunks=2)``: two chunks stay in memory and no file is made
+    (sealed there, the rows stay too); the third chunk sends all three to the
+    file. Either way the table reads and writes as the one kept in memory."""
+    monkeypatch.setattr(step_table, "CHUNK_ROWS", 2)
+    rows = ROWS * 3 + [{**ROWS[1], "waiting": 2**40, "occ": 1}]     # 4 rows: two chunks
+    kept, lazy = StepTable(), StepTable()
+    lazy.spill(after_chunks=2)
+    for t in (kept, lazy):
+        t.set_columns(rows[0])
+        for r in rows[:4]:
+            t.append(tuple(r.values()))
+    assert lazy._spill is None and len(lazy._chunks) == 2
+    lazy.seal()
+    assert lazy._spill is None and all(c is not None for c in lazy._chunks)
+    _same_tables(kept, lazy)
+    for t in (kept, lazy):
+        t.append(tuple(rows[4].values()))
+    lazy.seal()                                  # two chunks and a row: one more chunk
+    assert lazy._spilled == 3 and all(c is None for c in lazy._chunks)
+    assert len(lazy._spill.parts) == 1 and not lazy.rows
+    _same_tables(kept, lazy)
+    kept.write_parquet(tmp_path / "kept.parquet")
+    lazy.write_parquet(tmp_path / "lazy.parquet")
+    assert (tmp_path / "kept.parquet").read_bytes() == (tmp_path / "lazy.parquet").read_bytes()
+
+
+def test_a_short_simulated_run_makes_no_spill_file_and_writes_the_same_steps(tmp_path,
+                                                                           monkeypatch):
+    """The simulator's table spills only past `SPILL_AFTER_CHUNKS` chunks: a
+    short run makes no file, and its steps.parquet has the same bytes as the
+    same run's spilled from its first chunk."""
+    from click.testing import CliRunner
+
+    from hbench.cli import cli
+
+    made = []
+    real = step_table._Spill.__init__
+    monkeypatch.setattr(step_table._Spill, "__init__",
+                        lambda self: real(self) or made.append(self.dir))
+    written = {}
+    for after in (step_table.SPILL_AFTER_CHUNKS, 0):
+        monkeypatch.setattr(step_table, "SPILL_AFTER_CHUNKS", after)
+        out = tmp_path / f"after{after}"
+        result = CliRunner().invoke(cli, ["run", "--org", "s2", "--budget", "b83", "--rate", "3",
+                                          "--requests", "40", "--seed", "1", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        (steps,) = out.glob("*/steps.parquet")
+        written[after] = steps.read_bytes()
+        assert len(made) == (0 if after else 1)
+    assert written[0] == written[step_table.SPILL_AFTER_CHUNKS]
+
+
 def test_a_spilled_table_read_midway_goes_on_in_a_new_part(tmp_path, monkeypatch):
     rows = ROWS * 4
     kept, spilled = _spilled_and_kept(rows[:5], monkeypatch)

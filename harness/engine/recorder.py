@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness import step_table
 from harness.step_table import StepTable
 
 
@@ -77,8 +78,8 @@ class StepRecorder:
         self.org = org
         self.layers = pool_layers
         self._table = StepTable()               # the finished rows
-        if spill:       # packed chunks to a temporary Parquet file (`StepTable.spill`)
-            self._table.spill()
+        if spill:       # packed chunks to a temporary Parquet file once there are many
+            self._table.spill(step_table.SPILL_AFTER_CHUNKS)   # (`StepTable.spill`)
         self._last: dict | None = None          # the row in progress, if a started one
         # a repeated row in progress: its first `_HEAD` values (a list, so that
         # its end time can still be set) and the memory values after them
