@@ -24,9 +24,15 @@ OPTIONAL_PACKAGES = ("torch", "vllm", "sglang")
 
 
 def _git(args: list[str], cwd: str) -> str | None:
+    """``git ARGS`` in ``cwd``: its output, or None if it failed. Without
+    optional locks (``GIT_OPTIONAL_LOCKS=0``): a plain ``git status`` takes
+    the index lock to write back refreshed file times, and a run killed
+    meanwhile (SIGKILL, the OOM killer) would leave ``.git/index.lock``
+    behind, and every later commit or merge in that checkout would fail."""
     try:
         proc = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
         )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -118,3 +118,20 @@ def test_porcelain_v2_headers_are_not_changes():
     assert provenance._head_and_dirty(f"# branch.oid {head}\n# branch.head main\n") == (head, False)
     assert provenance._head_and_dirty(f"# branch.oid {head}\n? new.txt\n") == (head, True)
     assert provenance._head_and_dirty("# branch.oid (initial)\n# branch.head main\n") == (None, False)
+
+
+def test_the_status_asked_writes_nothing_to_the_index(repo):
+    """A file whose times changed but not its contents: a plain ``git status``
+    would take ``.git/index.lock`` and write the index back; `git_commit`
+    asks without optional locks, so a run killed while git runs can leave no
+    lock behind, and the index file is left as it was."""
+    index = repo / ".git" / "index"
+    later = os.stat(repo / "a.txt").st_mtime + 100
+    os.utime(repo / "a.txt", (later, later))
+    before = os.stat(index)
+    assert provenance.git_commit(repo).endswith("-dirty") is False
+    after = os.stat(index)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
+        before.st_ino, before.st_mtime_ns, before.st_size)
+    git(repo, "status", "--porcelain")              # what the plain status does
+    assert os.stat(index).st_mtime_ns != before.st_mtime_ns
