@@ -354,6 +354,22 @@ def clean_stale(out: Path) -> list[Path]:
     return removed
 
 
+def remove_run_temps(out: Path, run_id: str) -> list[Path]:
+    """Remove every ``.tmp-<run_id>-<pid>`` directory under ``out``, whatever
+    its pid; return what was removed. Only for a caller that holds the run's
+    lock (`hbench.sweep.cell_lock`): only the lock's holder writes that run,
+    and the kernel releases a killed holder's lock only as it exits, once it
+    can write nothing more. So what is left is a dead writer's, even where
+    `clean_stale` still saw its pid alive: a SIGKILLed sweep's worker that had
+    not yet finished exiting when the next sweep began."""
+    removed = []
+    for p in Path(out).glob(f"{TMP_PREFIX}{run_id}-*"):
+        if p.name[len(TMP_PREFIX) + len(run_id) + 1:].isdigit() and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
 # ----------------------------------------------------------------------- read
 
 # A run is readable with its manifest and summary; the tables are loaded on

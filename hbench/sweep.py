@@ -13,7 +13,8 @@ size and sha256 its manifest records, and some request finished); a cell
 directory that is not done (damaged, or it served nothing) is removed and
 rerun, and the sweep says which and why. A killed sweep leaves at most
 hidden ``.tmp-*`` directories of dead processes, which the next sweep
-removes. Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
+removes (a cell's own, when it takes the cell's lock, even if the killed
+writer had not finished exiting as the sweep began). Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
 sharing ``out`` compute each cell once; a lock file lives only while held.
 
 Cells run serially or on a local process pool (`hbench.sweep_local`: ``jobs``
@@ -43,7 +44,15 @@ from common.atomic import atomic_write_text
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.grid import Axes, normalize_axes
-from harness.results import cell_id, clean_stale, is_done, read_run, to_jsonable, why_not_done
+from harness.results import (
+    cell_id,
+    clean_stale,
+    is_done,
+    read_run,
+    remove_run_temps,
+    to_jsonable,
+    why_not_done,
+)
 from harness.run_workload import build_run_workload
 from hbench.executors import EXECUTORS
 from hbench.runner import execute, validate_run
@@ -285,6 +294,7 @@ def run_cell(cell: Cell, out: str, force: bool = False, allow_oversubscribe: boo
             return CellOutcome(cell.cell_id, "busy")
         if is_done(run_dir) and not force:   # another sweep ran it while we waited
             return CellOutcome(cell.cell_id, "skipped")
+        remove_run_temps(out_dir, cell.cell_id)   # a killed holder's, however recently
         t0 = time.perf_counter()
         try:
             if run_dir.exists():

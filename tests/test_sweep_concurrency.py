@@ -87,6 +87,30 @@ def test_a_busy_cell_is_left_to_its_holder_then_found_done(tmp_path):
     assert S.run_cell(cell, str(tmp_path), wait=True).status == "skipped"
 
 
+def test_the_lock_holder_removes_a_killed_holders_temp_even_while_its_pid_looks_alive(tmp_path):
+    """A SIGKILLed sweep's worker can still be exiting when the next sweep
+    begins: `clean_stale` sees its pid alive and keeps its ``.tmp-<cell>-<pid>``
+    directory. The cell's next lock holder removes it (only a holder writes
+    it, and the kernel released the lock only as the holder exited); another
+    cell's temp stays."""
+    cell, other = S.plan([RunConfig(org="s2", seed=1, **TINY), RunConfig(org="d0", seed=1, **TINY)])
+    looks_alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        left = tmp_path / f"{R.TMP_PREFIX}{cell.cell_id}-{looks_alive.pid}"
+        left.mkdir()
+        (left / R.SUMMARY).write_text("{}")
+        kept = tmp_path / f"{R.TMP_PREFIX}{other.cell_id}-{looks_alive.pid}"
+        kept.mkdir()
+        R.clean_stale(tmp_path)
+        assert left.is_dir()                          # what a sweep's start leaves
+        assert S.run_cell(cell, str(tmp_path)).status == "ran"
+        assert not left.exists() and kept.is_dir()
+        assert R.is_done(tmp_path / cell.cell_id)
+    finally:
+        looks_alive.kill()
+        looks_alive.wait()
+
+
 def test_write_run_loses_a_rename_race_with_one_error_and_no_debris(tmp_path, monkeypatch):
     cfg = RunConfig(org="s2", seed=1, **TINY)
     first = S.plan([cfg])[0]
