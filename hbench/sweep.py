@@ -204,7 +204,15 @@ def _open_locked(locks: Path, cell: str, wait: bool) -> int | None:
     stale inode: then the current file is tried again."""
     path = locks / cell
     while True:
-        locks.mkdir(parents=True, exist_ok=True)
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            # mkdir found it made, but by the time it looked, another sweep had
+            # removed it again, empty (`_remove_lock_dir`): make it again
+            if locks.exists() and not locks.is_dir():
+                raise HbenchError(f"{locks} is not a directory: hbench keeps its cell "
+                                  "locks there; remove it and run the sweep again") from None
+            continue
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:   # .locks was removed between the two calls

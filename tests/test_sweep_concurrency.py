@@ -87,6 +87,34 @@ def test_a_busy_cell_is_left_to_its_holder_then_found_done(tmp_path):
     assert S.run_cell(cell, str(tmp_path), wait=True).status == "skipped"
 
 
+def test_a_lock_dir_removed_by_another_sweep_while_mkdir_looked_is_made_again(tmp_path,
+                                                                          monkeypatch):
+    """Another sweep's holder removes ``.locks`` once empty. Between mkdir
+    finding it made and checking it is a directory, it can be gone: mkdir
+    raises FileExistsError, and the lock is taken all the same."""
+    from pathlib import Path as P
+
+    real, raced = P.mkdir, []
+
+    def mkdir(self, *a, **k):
+        if self.name == S.LOCK_DIR and not raced:
+            raced.append(self)
+            raise FileExistsError(17, "File exists", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(P, "mkdir", mkdir)
+    with S.cell_lock(tmp_path, "c0", wait=False) as held:
+        assert held and raced and (tmp_path / S.LOCK_DIR / "c0").is_file()
+    assert not (tmp_path / S.LOCK_DIR).exists()
+
+
+def test_a_file_where_the_lock_dir_goes_is_a_clear_error(tmp_path):
+    (tmp_path / S.LOCK_DIR).write_text("not a directory")
+    with pytest.raises(HbenchError, match="not a directory"):
+        with S.cell_lock(tmp_path, "c0", wait=False):
+            pass
+
+
 def test_the_lock_holder_removes_a_killed_holders_temp_even_while_its_pid_looks_alive(tmp_path):
     """A SIGKILLed sweep's worker can still be exiting when the next sweep
     begins: `clean_stale` sees its pid alive and keeps its ``.tmp-<cell>-<pid>``
