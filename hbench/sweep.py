@@ -14,8 +14,9 @@ directory that is not done (damaged, or it served nothing) is removed and
 rerun, and the sweep says which and why. A killed sweep leaves at most
 hidden ``.tmp-*`` directories of dead processes, which the next sweep
 removes (a cell's own, when it takes the cell's lock, even if the killed
-writer had not finished exiting as the sweep began). Only the holder of a cell's lock (`cell_lock`) runs it, so sweeps
-sharing ``out`` compute each cell once; a lock file lives only while held.
+writer had not finished exiting as the sweep began). Only the holder of a
+cell's lock (`cell_lock`) runs it, so sweeps sharing ``out`` compute each
+cell once; a lock file lives only while held.
 
 Cells run serially or on a local process pool (`hbench.sweep_local`: ``jobs``
 workers forked after planning, each running many cells and keeping the
