@@ -41,6 +41,7 @@ bench: install
 	$(BIN)/python -m benchmarks.bench_orgs
 	$(BIN)/python -m benchmarks.bench_run
 	$(BIN)/python -m benchmarks.bench_process
+	$(BIN)/python -m benchmarks.bench_grid_cells
 	$(BIN)/python -m benchmarks.bench_scale --sizes 240,10000,100000,1000000
 	$(BIN)/python -m benchmarks.bench_cost
 	$(BIN)/python -m benchmarks.bench_client
