@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
+import itertools
 import statistics
 import time
 
@@ -38,25 +39,20 @@ from harness.run_workload import build_run_workload
 _PLANNED = ("step_started", "decode_step_started", "admission_step_started")
 
 
-def count_step_kinds(workload, setup) -> collections.Counter:
-    """One run of ``workload``, its steps counted by kind (module docstring)."""
-    kinds: collections.Counter = collections.Counter()
-    last = [None]
+def step_kinds(workload, setup) -> list[str]:
+    """One run of ``workload``: the kind of each of its steps, in order
+    ("quiet", "fresh" or "planned"; module docstring)."""
+    kinds: list[str] = []
     rec = recorder.StepRecorder
     originals = {name: getattr(rec, name) for name in (*_PLANNED, "decode_repeated")}
 
     def repeated(self, now, cost, waiting, fresh, *args, **kwargs):
-        kind = "fresh" if fresh else "quiet"
-        kinds[kind] += 1
-        if kind == "quiet" and last[0] != "quiet":
-            kinds["quiet runs"] += 1
-        last[0] = kind
+        kinds.append("fresh" if fresh else "quiet")
         return originals["decode_repeated"](self, now, cost, waiting, fresh, *args, **kwargs)
 
     def planned(name):
         def started(self, *args, **kwargs):
-            kinds["planned"] += 1
-            last[0] = "planned"
+            kinds.append("planned")
             return originals[name](self, *args, **kwargs)
         return started
 
@@ -69,6 +65,12 @@ def count_step_kinds(workload, setup) -> collections.Counter:
         for name, method in originals.items():
             setattr(rec, name, method)
     return kinds
+
+
+def mean_quiet_run(kinds: list[str]) -> float:
+    """The mean length of an unbroken sequence of quiet steps (0 without any)."""
+    runs = [len(list(group)) for kind, group in itertools.groupby(kinds) if kind == "quiet"]
+    return statistics.mean(runs) if runs else 0.0
 
 
 def main(argv=None) -> None:
@@ -91,18 +93,17 @@ def main(argv=None) -> None:
     by_org: dict[str, list[float]] = collections.defaultdict(list)
     for config in cells:
         workload, setup = build_run_workload(config), RunSetup.resolve(config)
-        times, steps = [], 0
+        times = []
         for _ in range(args.repeats):
             gc.collect()
             t = time.process_time()
-            run = SimEngine().run(workload, setup)
+            SimEngine().run(workload, setup)
             times.append(time.process_time() - t)
-            steps = len(run.steps)
-        kinds = count_step_kinds(workload, setup)
-        cpu = min(times)
+        kinds = step_kinds(workload, setup)
+        count, steps, cpu = collections.Counter(kinds), len(kinds), min(times)
         by_org[config.org].append(cpu)
-        row = (config.org, config.budget, f"{config.headroom:g}", steps, kinds["quiet"],
-               kinds["fresh"], kinds["planned"], f"{kinds['quiet'] / max(kinds['quiet runs'], 1):.1f}",
+        row = (config.org, config.budget, f"{config.headroom:g}", steps, count["quiet"],
+               count["fresh"], count["planned"], f"{mean_quiet_run(kinds):.1f}",
                f"{cpu:.3f}", f"{1e6 * cpu / steps:.1f}")
         print("".join(f"{v:>10}" for v in row))
     for org, cpus in by_org.items():
