@@ -1,5 +1,5 @@
 """Paired-seed statistics: small pure functions, each checked against an
-independent computation in ``tests/test_analysis_stats.py``.
+independent computation in ``tests/unit/analysis/test_analysis_stats.py``.
 
 Why paired: every arm of a design runs on the same seeds, so seed ``s`` of
 arm A and seed ``s`` of arm B served the same request stream. Dividing

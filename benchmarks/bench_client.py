@@ -1,7 +1,7 @@
 """Dispatch accuracy and CPU cost of the open-loop streaming client.
 
 Replays a constant-rate workload (default 50 req/s for 10 s) against the
-local scripted streaming server of tests/test_streaming_client.py, run in a
+local scripted streaming server of tests/support/scripted_server.py, run in a
 separate process so this process's CPU time is the client's alone, and
 prints the dispatch lag distribution (actual send minus scheduled arrival),
 the token timing error (when the client timed each token minus when the
@@ -32,12 +32,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
-from test_streaming_client import Script, ScriptedServer  # noqa: E402
+sys.path[:0] = [str(ROOT)]
 
 from adapters.client.dispatch import run_open_loop  # noqa: E402
 from adapters.client.http import Endpoint  # noqa: E402
+from tests.support.scripted_server import Script, ScriptedServer  # noqa: E402
 from workloads.workload import Workload, WorkloadRequest  # noqa: E402
 
 # `vllm bench serve` without the console script, whose version lookup fails

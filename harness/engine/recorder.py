@@ -205,7 +205,7 @@ class StepRecorder:
     def _memory(self) -> tuple:
         """The values of `_memory_columns` now, and the peaks updated: the
         organization's `step_memory` view (`harness.orgs.audit.StepMemory`),
-        `usage()`'s figures whole model (`tests/test_recorder_memory.py` holds
+        `usage()`'s figures whole model (`tests/unit/adapters/sim/test_recorder_memory.py` holds
         the two together)."""
         return self._mem.sample()
 

@@ -200,7 +200,7 @@ class StepMemory:
     (``pages_<pool>_<state>``), then per state kind (`KIND_COLUMNS`) its
     referenced and cached pages and its referenced, cached and waste bytes,
     whole model (per pool layer times ``layers``). The figures are `usage`'s,
-    from the same arithmetic, in the same types (tests/test_recorder_memory.py
+    from the same arithmetic, in the same types (tests/unit/adapters/sim/test_recorder_memory.py
     holds the two together). ``peak`` (referenced bytes per kind) and
     ``waste_peak`` (total waste) are the largest values sampled so far.
 

@@ -60,7 +60,7 @@ returns why the stretch ended, and the loop plans the next step with
 
 ``HBENCH_SIM_FAST=0`` makes the simulator plan every step with
 `Scheduler.schedule` (`adapters.sim.engine.stretches_enabled`);
-`tests/test_scheduler_stretch.py` checks that both give identical results.
+`tests/unit/harness/scheduler/test_scheduler_stretch.py` checks that both give identical results.
 """
 
 from __future__ import annotations

@@ -1,0 +1,120 @@
+"""Hostile results trees: manifest and summary files with fields of the wrong
+type, nested 200,000 deep, not UTF-8; parquet tables that are garbage or cut
+short. Every reader (analyze, report, explain, regress) refuses them in one
+``Error:`` line naming the file, with exit 2 (for regress too: bad input, not
+"regression found"), and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.support.hostile import deep_json, deep_object, make_results_tree, refused
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return make_results_tree(tmp_path_factory.mktemp("good"))
+
+
+def _manifest(**changes):
+    def edit(run):
+        m = json.loads((run / "manifest.json").read_text())
+        for key, value in changes.items():
+            if value is _DROP:
+                m.pop(key)
+            else:
+                m[key] = value
+        (run / "manifest.json").write_text(json.dumps(m))
+    return edit
+
+
+def _summary(**changes):
+    def edit(run):
+        s = json.loads((run / "summary.json").read_text())
+        s.update(changes)
+        (run / "summary.json").write_text(json.dumps(s))
+    return edit
+
+
+def _write(name, data: bytes):
+    def edit(run):
+        (run / name).write_bytes(data)
+    return edit
+
+
+def _cut(name, size: int):
+    def edit(run):
+        (run / name).write_bytes((run / name).read_bytes()[:size])
+    return edit
+
+
+_DROP = object()
+DAMAGE = {
+    "config-string": (_manifest(config="s2@b83"), "manifest.json"),
+    "config-list": (_manifest(config=[1, 2]), "manifest.json"),
+    "config-null": (_manifest(config=None), "manifest.json"),
+    "config-missing": (_manifest(config=_DROP), "manifest.json"),
+    "budget-string": (_manifest(budget="b83"), "manifest.json"),
+    "budget-list": (_manifest(budget=[83]), "manifest.json"),
+    "budget-missing": (_manifest(budget=_DROP), "manifest.json"),
+    "budget-label-number": (_manifest(budget={"label": 83}), "manifest.json"),
+    "run_id-number": (_manifest(run_id=5), "manifest.json"),
+    "engine-list": (_manifest(engine=["sim"]), "manifest.json"),
+    "workload_hash-number": (_manifest(workload_hash=123), "manifest.json"),
+    "schema-string": (_manifest(schema_version="1"), "schema"),
+    "manifest-list": (_write("manifest.json", b"[1, 2]"), "manifest.json"),
+    "manifest-deep": (_write("manifest.json", deep_json().encode()), "manifest.json"),
+    "manifest-latin1": (_write("manifest.json", b'{"status": "\xff"}'), "manifest.json"),
+    "manifest-nan": (_write("manifest.json", b'{"status": NaN}'), "manifest.json"),
+    "summary-deep": (_write("summary.json", deep_object().encode()), "summary.json"),
+    "summary-latin1": (_write("summary.json", b'{"finished": "\xff"}'), "summary.json"),
+    "summary-list": (_write("summary.json", b"[]"), "summary.json"),
+    "summary-validity-string": (_summary(validity="valid"), "summary.json"),
+    "summary-cut": (_cut("summary.json", 100), "summary.json"),
+}
+TABLE_DAMAGE = {
+    "requests-garbage": (_write("requests.parquet", b"garbage" * 100), "requests.parquet"),
+    "requests-cut": (_cut("requests.parquet", 1000), "requests.parquet"),
+    "requests-empty": (_write("requests.parquet", b""), "requests.parquet"),
+}
+
+
+def _damaged(tmp_path, good, edit):
+    root = tmp_path / "tree"
+    shutil.copytree(good, root)
+    run = next(p for p in root.iterdir() if (p / "manifest.json").exists())
+    edit(run)
+    return root, run
+
+
+READERS = {
+    "analyze": lambda root, run, tmp: ["analyze", root, "--no-figures", "--out", tmp / "an"],
+    "report": lambda root, run, tmp: ["report", root, "-o", tmp / "r.html"],
+    "explain": lambda root, run, tmp: ["explain", run],
+    "regress-candidate": lambda root, run, tmp: ["regress", "--baseline", tmp / "base",
+                                                 "--candidate", root],
+    "regress-baseline": lambda root, run, tmp: ["regress", "--baseline", root,
+                                                "--candidate", tmp / "base"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_damaged_run_file_is_refused_naming_it(tmp_path, good, damage, reader):
+    edit, names = DAMAGE[damage]
+    root, run = _damaged(tmp_path, good, edit)
+    shutil.copytree(good, tmp_path / "base")
+    refused(READERS[reader](root, run, tmp_path), names, watch=tmp_path)
+
+
+@pytest.mark.parametrize("damage", sorted(TABLE_DAMAGE))
+@pytest.mark.parametrize("reader", ["analyze", "report", "explain"])
+def test_a_corrupt_parquet_table_is_refused_naming_it(tmp_path, good, damage, reader):
+    edit, name = TABLE_DAMAGE[damage]
+    root, run = _damaged(tmp_path, good, edit)
+    line = refused(READERS[reader](root, run, tmp_path), name, watch=tmp_path)
+    assert "Traceback" not in line and str(run) in line
