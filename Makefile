@@ -5,7 +5,7 @@ EXTRAS ?= dev
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test test-fast test-kernel-paths lint bench clean
 
 install: $(STAMP)
 
@@ -19,18 +19,40 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/hbench run --org s2 --budget b83 --rate 2
 
-## The import layers (pyproject.toml's [tool.importlinter]), then the whole
-## test suite (the command CI runs), on TEST_WORKERS processes. Each test file
-## runs whole on one worker (its module fixtures, e.g. a vLLM server, are made
-## once); much of the suite waits on servers and subprocesses, so two workers
-## halve its wall time on two cores. Tests marked `alone` time a real server
-## from outside (vLLM's calibration): a second worker's load would be in their
-## numbers, so they run afterwards, one at a time.
+## The tests, laid out like the code (docs/testing.md):
+##   tests/unit/PACKAGE   each package's own tests    tests/cli   the CLI end to end
+##   tests/integration/ENGINE   real engines: vLLM's CPU build, SGLang's memory code
+##                              (each skipped unless its venv is named, see .ci/run)
+## `make test` (the README's command, what CI runs) checks the import layers
+## (pyproject.toml's [tool.importlinter]) and runs every test once, in three tiers:
+##   fast   unit and CLI tests not marked `slow`; alone, `make test-fast`
+##   slow   the rest but `alone`: slow unit and CLI tests and the real engines. Each
+##          test file runs whole on one worker (its module fixtures, e.g. a vLLM
+##          server, are made once); servers mostly wait, so a second worker's CPU work
+##          fills their waits on two cores
+##   alone  tests that time a real server from outside (vLLM's calibration): one at a
+##          time, with the CPU to themselves
+## Each tier runs under a wall-time budget in seconds (tests/support/budget.py): past
+## it the tier fails and names its slowest tests. A budget is the tier's time measured
+## by .ci/run on the 2-core machine with room for a noisy host (docs/testing.md).
 TEST_WORKERS ?= 2
+BUDGET_FAST ?= 90
+BUDGET_SLOW ?= 900
+BUDGET_ALONE ?= 240
+FAST := --dist loadfile -m "not slow and not alone" tests/unit tests/cli
 test: install
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone"
-	$(BIN)/python -m pytest -m alone
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(FAST) --time-budget $(BUDGET_FAST)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "slow and not alone" \
+		--time-budget $(BUDGET_SLOW) --durations 15
+	$(BIN)/python -m pytest -m alone --time-budget $(BUDGET_ALONE)
+
+test-fast: install
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(FAST) --time-budget $(BUDGET_FAST)
+
+## The float-comparing tests once per CPU kernel path (AVX2, scalar, two threads).
+test-kernel-paths: install
+	PYTHON=$(BIN)/python bash scripts/kernel_paths.sh
 
 lint: install
 	$(BIN)/ruff check .

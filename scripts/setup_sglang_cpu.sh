@@ -22,6 +22,8 @@
 #
 # Usage: scripts/setup_sglang_cpu.sh [VENV_DIR]   (default .venv-sglang)
 # Afterwards: export HBENCH_SGLANG_PYTHON=$PWD/.venv-sglang/bin/python
+# HBENCH_SETUP_SELF=0 installs SGLang and its imports only, not this checkout
+# (.ci/run builds the venvs side by side, then installs the checkout into each).
 set -euo pipefail
 
 VENV="${1:-.venv-sglang}"
@@ -35,10 +37,14 @@ check() {
   PYTHONPATH="$REPO" "$VENV/bin/python" -m adapters.sglang_cpu.stubs --check
 }
 
-if [[ -f "$STAMP" ]]; then
-  echo "sglang venv already set up at $VENV ($(cat "$STAMP"))"
+install_self() {
   "$VENV/bin/python" -m pip install --quiet --no-deps -e "$REPO"
   check
+}
+
+if [[ -f "$STAMP" ]]; then
+  echo "sglang venv already set up at $VENV ($(cat "$STAMP"))"
+  if [[ "${HBENCH_SETUP_SELF:-1}" == 1 ]]; then install_self; fi
   exit 0
 fi
 
@@ -65,8 +71,7 @@ fi
   aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 \
   dill==0.4.1 apache-tvm-ffi==0.1.15.post2 sentencepiece==0.2.3 compressed-tensors==0.18.0 \
   loguru==0.7.3 gguf==0.19.0 openai==3.57.0 partial-json-parser==0.2.1.1.post7
-"$VENV/bin/python" -m pip install --quiet --no-deps -e "$REPO"
-check
+if [[ "${HBENCH_SETUP_SELF:-1}" == 1 ]]; then install_self; fi
 
 end=$(date +%s)
 size=$(du -sh "$VENV" | cut -f1)

