@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from hbench.cli import cli
 from tests.support import FIXTURES
+from tests.support.cli import invoke
 
 FIX = FIXTURES / "configs"
 
 
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 def run_json(*args):
-    res = run(*args, "--json")
+    res = invoke(*args, "--json")
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -34,7 +29,7 @@ def test_geometry_json_reports_golden_sizes_and_layouts():
 
 
 def test_geometry_table_shows_bytes_and_kib():
-    res = run("geometry", "--model", "falcon-h1-7b")
+    res = invoke("geometry", "--model", "falcon-h1-7b")
     assert res.exit_code == 0
     for text in ("1,594,368", "1,557", "1,572,864", "32 KiB conv slot", "Weights:"):
         assert text in res.stdout
@@ -60,7 +55,7 @@ def test_budget_json_gives_every_org_its_pages():
 
 
 def test_budget_table_and_fraction_flag():
-    res = run("budget", "b108", "--d0-attn-fraction", "0.25")
+    res = invoke("budget", "b108", "--d0-attn-fraction", "0.25")
     assert res.exit_code == 0
     assert "328" in res.stdout and "f=0.25" in res.stdout
 
@@ -78,7 +73,7 @@ def test_ledger_json_worked_example_and_d0_feasibility(tmp_path):
 
 
 def test_ledger_table_reports_infeasible_d0():
-    res = run("ledger", "--xa", 0, "--xa16", 0, "--xr", 42, "--budget", "b83")
+    res = invoke("ledger", "--xa", 0, "--xa16", 0, "--xr", 42, "--budget", "b83")
     assert res.exit_code == 0
     assert "infeasible" in res.stdout and "0.4699" in res.stdout
 
@@ -112,7 +107,7 @@ def test_ledger_pure_attention_shows_kv_budget():
     (("ledger", "--lengths-from", FIX / "bamba.json"), "not a valid JSON list"),
 ])
 def test_bad_input_is_a_one_line_error(args, words):
-    res = run(*args)
+    res = invoke(*args)
     assert res.exit_code != 0
     assert "Traceback" not in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
@@ -124,7 +119,7 @@ def test_bad_input_is_a_one_line_error(args, words):
 def test_bad_lengths_in_file_are_rejected(tmp_path):
     p = tmp_path / "lengths.json"
     p.write_text("[10, -3]")
-    res = run("ledger", "--lengths-from", p)
+    res = invoke("ledger", "--lengths-from", p)
     assert res.exit_code == 2 and "non-negative integers" in res.stderr
 
 
@@ -134,5 +129,5 @@ def test_bad_lengths_in_file_are_rejected(tmp_path):
     ("ledger", "Delta01"),
 ])
 def test_help_texts_explain_the_numbers(cmd, words):
-    res = run(cmd, "--help")
+    res = invoke(cmd, "--help")
     assert res.exit_code == 0 and words in res.output

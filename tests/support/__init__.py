@@ -5,9 +5,11 @@
 - `floats`, `attention`, `mamba`: float32 rounding bounds for comparing values
   computed two ways (why a bound and not a number: `floats`).
 - `results_factory`: synthetic run directories in the results format.
+- `records`: synthetic request records, as the engine loop hands them on.
+- `orgs`: an organization driven by hand through its protocol (serve a prompt).
 - `scripted_server`, `fake_openai_cache`: local servers for the served-engine clients.
 - `served`: the `RunSetup` and vLLM adapter a served-engine test hands in.
-- `engines`: real vLLM and SGLang environments (skip markers, tiny models).
+- `engines`: the real engines' venvs (skip markers) and the tiny models vLLM loads.
 - `sim_pair`: the simulator's two paths, run side by side.
 - `hostile`, `import_probe`, `waiting`: refusals, import checks, bounded waits.
 - `budget`: the suite's wall-time budget per tier (a pytest plugin).

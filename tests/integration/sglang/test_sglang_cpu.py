@@ -20,11 +20,11 @@ import pytest
 from harness.budget import parse_budget_bytes
 from harness.model_configs import preset
 from tests.support import REPO_ROOT
+from tests.support.engines import SGLANG_PYTHON, requires_sglang
 
 REPO = REPO_ROOT
-PYTHON = os.environ.get("HBENCH_SGLANG_PYTHON")
-pytestmark = pytest.mark.skipif(not PYTHON, reason="HBENCH_SGLANG_PYTHON is not set "
-                                "(scripts/setup_sglang_cpu.sh makes the venv)")
+PYTHON = SGLANG_PYTHON
+pytestmark = requires_sglang("SGLang's memory code")
 
 BUDGET, RATIO = "b16", 0.9
 

@@ -18,6 +18,7 @@ from harness.prefix_flops import active_body_params, prefix_flops, ssm_flops_per
 from harness.results import list_runs, read_run
 from harness.run_setup import validate
 from hbench.cli import cli
+from tests.support.orgs import serve, tokens
 
 GEOM = preset("falcon-h1-7b")
 GRID = 1792            # d0's checkpoint grid
@@ -31,24 +32,9 @@ def d0(ckpt_pages: int, **kw):
     return build_organization(layout_for("d0", GEOM), (1000, ckpt_pages), policy(**kw))
 
 
-def serve(org, rid, toks):
-    """Admit, compute the whole prompt in one chunk, finish; (keys, published)."""
-    keys = chain_keys(toks)
-    hit = org.lookup(keys, len(toks) - 1)
-    assert org.allocate(rid, len(toks), len(toks), keys, hit)
-    published = org.commit(rid, keys, len(toks), len(toks))
-    org.finish(rid)
-    org.check_invariants()
-    return keys, published
-
-
-def prompt(n, base):
-    return list(range(base, base + n))
-
-
 # ---- publish ---------------------------------------------------------------------
 def test_every_k_reserves_and_publishes_every_kth_boundary_only():
-    toks = prompt(4 * GRID + 10, 0)
+    toks = tokens(4 * GRID + 10, 0)
     keys = chain_keys(toks)
     every, every2 = d0(10), d0(10, publish="every-k", every_k=2)
     # live state + a spare per published boundary: 1 + 4 against 1 + 2
@@ -61,24 +47,24 @@ def test_every_k_reserves_and_publishes_every_kth_boundary_only():
 
 
 def test_marconi_publishes_branch_points_and_request_ends():
-    shared = prompt(3 * GRID, 0)
+    shared = tokens(3 * GRID, 0)
     org = d0(20, publish="marconi")
     # the first request: nothing is shared yet, only its end (last boundary)
-    _, published = serve(org, 0, shared + prompt(2000, 10**6))
+    _, published = serve(org, 0, shared + tokens(2000, 10**6))
     assert published == [4 * GRID]
     # the second diverges after the shared prefix: its branch point and its end
-    keys_b, published = serve(org, 1, shared + prompt(2000, 2 * 10**6))
+    keys_b, published = serve(org, 1, shared + tokens(2000, 2 * 10**6))
     assert published == [3 * GRID, 4 * GRID]
     # the third reuses the branch point
-    keys_c = chain_keys(shared + prompt(2000, 3 * 10**6))
+    keys_c = chain_keys(shared + tokens(2000, 3 * 10**6))
     assert org.lookup(keys_c, 10**6).j_adopt == 3 * GRID
     # a later turn of the first conversation resumes from its end
-    keys_a2 = chain_keys(shared + prompt(2000, 10**6) + prompt(500, 4 * 10**6))
+    keys_a2 = chain_keys(shared + tokens(2000, 10**6) + tokens(500, 4 * 10**6))
     assert org.lookup(keys_a2, 10**6).j_adopt == 4 * GRID
 
 
 def test_marconi_counts_a_request_once_and_asking_changes_nothing():
-    keys = chain_keys(prompt(3 * GRID, 0))
+    keys = chain_keys(tokens(3 * GRID, 0))
     m = Marconi()
     assert m.kept(7, keys, 0, 3 * GRID, GRID) == (3 * GRID,)
     assert m.kept(7, keys, 0, 3 * GRID, GRID) == (3 * GRID,) and not m.reached
@@ -106,10 +92,10 @@ def test_every_k_counts_from_the_prompt_start():
 ])
 def test_utility_eviction_weighs_flops_saved_against_recency(evict, alpha, survivor):
     org = d0(3, evict=evict, alpha=alpha)
-    keys_a, _ = serve(org, 0, prompt(2 * GRID + 10, 0))       # cached: A@1792, A@3584
-    keys_b, _ = serve(org, 1, prompt(GRID + 10, 10**6))       # evicts A@1792 either way
+    keys_a, _ = serve(org, 0, tokens(2 * GRID + 10, 0))       # cached: A@1792, A@3584
+    keys_b, _ = serve(org, 1, tokens(GRID + 10, 10**6))       # evicts A@1792 either way
     assert org.checkpoint_at(keys_a, GRID) is None
-    serve(org, 2, prompt(GRID + 10, 2 * 10**6))               # evicts A@3584 or B@1792
+    serve(org, 2, tokens(GRID + 10, 2 * 10**6))               # evicts A@3584 or B@1792
     kept = {"a": org.checkpoint_at(keys_a, 2 * GRID) is not None,
             "b": org.checkpoint_at(keys_b, GRID) is not None}
     assert kept == {"a": survivor == "a", "b": survivor == "b"}

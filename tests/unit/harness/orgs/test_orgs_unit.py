@@ -10,24 +10,10 @@ from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys
 from harness.orgs.slabs import NO_SLOT, SlotRef, conv_row
 from harness.orgs.values import ConvInline, ConvPages, ConvSlot, PageRef
+from tests.support.orgs import serve, tokens
 
 GEOM = preset("falcon-h1-7b")
 KIB = 1024
-
-
-def tokens(n, base=0):
-    return list(range(base, base + n))
-
-
-def serve(org, rid, toks, salt=None):
-    """Admit, compute the whole prompt in one chunk, finish; returns the keys."""
-    keys = chain_keys(toks, salt)
-    hit = org.lookup(keys, len(toks) - 1)
-    assert org.allocate(rid, len(toks), len(toks), keys, hit)
-    org.commit(rid, keys, len(toks), len(toks))
-    org.finish(rid)
-    org.check_invariants()
-    return keys
 
 
 def referenced_pages(org) -> int:
@@ -141,7 +127,7 @@ def test_a_slab_is_reused_only_after_every_checkpoint_in_it_is_gone():
     still finds may name a page it took, and the slab page becomes ordinary
     storage only once all 16 checkpoints are invalid."""
     org = build_organization(layout_for("s2", GEOM), (80,))
-    keys = serve(org, 0, tokens(8200))
+    keys, _ = serve(org, 0, tokens(8200))
     where = {j: org.checkpoint_at(keys, j) for j in range(512, 8193, 512)}
     (slab,) = {p.conv.slab for p in where.values()}
     assert sorted(p.conv.slot for p in where.values()) == list(range(16))
@@ -163,7 +149,7 @@ def test_a_slab_is_reused_only_after_every_checkpoint_in_it_is_gone():
 
 def test_reassigning_one_member_page_invalidates_the_whole_checkpoint():
     org = build_organization(layout_for("s1", GEOM), (10,))          # 2 blocks + live + spare = 10 pages
-    keys = serve(org, 0, tokens(600))
+    keys, _ = serve(org, 0, tokens(600))
     ck = org.checkpoint_at(keys, 512)
     assert len(ck.ssm) == 3 and len(ck.conv.pages) == 1
     assert org.lookup(keys + [1], 600).j_adopt == 512

@@ -23,13 +23,10 @@ from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys, extend_keys
 from harness.orgs.publication import kept_edges
 from harness.orgs.values import PageRef, PrefixHit
+from tests.support.orgs import tokens
 
 GEOM = preset("falcon-h1-7b")
 B = 1664
-
-
-def tokens(n, base=0):
-    return list(range(base, base + n))
 
 
 def hit(j, depth):
