@@ -10,10 +10,16 @@ identity and checked-metadata columns in `IDENTITY_COLUMNS` (with
 ``allocated_bytes``, the state memory the engine was given). The summary's
 nested ``validity`` object becomes two columns: ``valid`` (bool) and
 ``validity`` (``valid`` or ``NOT VALID: ...``).
+
+A configuration run again with the same seed (``hbench run`` twice) is one
+observation, not two: `load_runs` keeps the newest run of each
+(configuration, seed) and sets the older ones aside with a `RepeatedRun`
+warning that names them, so pairing by seed sees one run per arm and seed.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import fields
 
@@ -25,10 +31,14 @@ from harness.config import RunConfig
 from harness.results import Run, RunSkipped, iter_runs, org_expression
 from harness.validity import describe_validity, run_is_valid
 
-__all__ = ["IDENTITY_COLUMNS", "RunSkipped", "config_keys", "load_runs", "run_row"]
+__all__ = ["IDENTITY_COLUMNS", "RepeatedRun", "RunSkipped", "config_keys", "load_runs", "run_row"]
 
 IDENTITY_COLUMNS = ("run_id", "workload_hash", "path", "git_commit", "engine", "engine_version",
                     "schema_version", "created_utc", "allocated_bytes", "org_expression")
+
+
+class RepeatedRun(UserWarning):
+    """Runs of a configuration and seed that a newer run of the same replaces."""
 
 
 def run_row(run: Run) -> dict:
@@ -79,7 +89,41 @@ def load_runs(root, *, strict: bool = False) -> pd.DataFrame:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     df = pd.DataFrame(rows)
     df.attrs["config_keys"] = keys
-    return df
+    return newest_of_each_configuration(df)
+
+
+def newest_of_each_configuration(runs: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with one run per (configuration, seed): the newest (manifest's
+    ``created_utc``, then the manifest file's modification time), the others
+    set aside with one `RepeatedRun` warning naming them."""
+    keys = config_keys(runs)
+    if runs.empty or not keys:
+        return runs
+    config = pd.Series([repr(row) for row in runs[keys].itertuples(index=False, name=None)],
+                       index=runs.index)
+    written = runs["path"].map(_manifest_mtime_ns)
+    order = runs.assign(_config=config, _written=written).sort_values(
+        ["created_utc", "_written", "run_id"], na_position="first", kind="stable")
+    newest = order.drop_duplicates("_config", keep="last")
+    if len(newest) == len(runs):
+        return runs
+    older = order[~order.index.isin(newest.index)]
+    kept_for = newest.set_index("_config")["path"]
+    aside = ", ".join(sorted(older["path"]))
+    kept = ", ".join(sorted({kept_for[c] for c in older["_config"]}))
+    warnings.warn(RepeatedRun(
+        f"{len(older)} run(s) repeat a configuration and seed that a newer run also ran; "
+        f"kept the newest ({kept}), set aside {aside}"), stacklevel=2)
+    out = runs.loc[sorted(newest.index)]
+    out.attrs = dict(runs.attrs)
+    return out
+
+
+def _manifest_mtime_ns(path: str) -> int:
+    try:
+        return os.stat(os.path.join(path, "manifest.json")).st_mtime_ns
+    except OSError:
+        return 0
 
 
 def config_keys(runs: pd.DataFrame) -> list[str]:

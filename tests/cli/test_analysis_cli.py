@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from hbench.cli import cli
+from tests.support.cli import hbench_run, invoke
 from tests.support.results_factory import write_design, write_run
 
 METRIC = "throughput_ledger_tok_s"
@@ -80,3 +81,20 @@ def test_analyze_errors_are_one_line(tmp_path):
     write_run(root, "b", org="s0", seed=0, workload="different")
     res = CliRunner().invoke(cli, ["analyze", str(root), "--no-figures"])
     assert res.exit_code == 2 and "workload hash differs" in res.output
+
+
+@pytest.mark.slow
+def test_analyze_after_a_repeated_run_answers_and_names_the_run_it_set_aside(tmp_path):
+    """`hbench run` twice with one configuration (as `make run` twice) then
+    `hbench analyze`: one observation per configuration and seed, the newest."""
+    out = tmp_path / "res"
+    args = ("--budget", "b83", "--rate", "2", "--requests", "20", "--seed", "1")
+    older = hbench_run(out, "--org", "s2", *args)[1]
+    newer = hbench_run(out, "--org", "s2", *args)[1]
+    hbench_run(out, "--org", "d0", *args)
+    res = invoke("analyze", out, "--json", "--no-figures")
+    assert res.exit_code == 0, res.output
+    warning = next(ln for ln in res.output.splitlines() if "repeat a configuration" in ln)
+    assert f"kept the newest ({newer})" in warning and f"set aside {older}" in warning
+    doc = json.loads(res.output[res.output.index("{"):])
+    assert {c["name"] for c in doc["contrasts"]} >= {"d0/s2"}, doc["contrasts"]

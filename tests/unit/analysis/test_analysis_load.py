@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
 
-from analysis.load import RunSkipped, config_keys, load_runs
+from analysis.load import RepeatedRun, RunSkipped, config_keys, load_runs
 from common.errors import HbenchError
 from tests.support.results_factory import write_run
 
@@ -47,3 +48,45 @@ def test_load_runs_errors_on_missing_or_empty_root(tmp_path):
         warnings.simplefilter("error", RunSkipped)
         with pytest.raises(HbenchError, match="no complete runs.*crashed"):
             load_runs(tmp_path)
+
+
+def _written_at(run_dir, created_utc: str) -> None:
+    manifest = run_dir / "manifest.json"
+    manifest.write_text(manifest.read_text().replace("2026-01-01T00:00:00Z", created_utc))
+
+
+def test_a_configuration_run_again_counts_once_the_newest_kept_and_the_rest_named(tmp_path):
+    old = write_run(tmp_path, "s2-old", org="s2", seed=1, summary={"ttft_p50_s": 9.0})
+    new = write_run(tmp_path, "s2-new", org="s2", seed=1, summary={"ttft_p50_s": 2.0})
+    _written_at(old, "2026-01-01T00:00:00Z")
+    _written_at(new, "2026-01-02T00:00:00Z")
+    other_seed = write_run(tmp_path, "s2-seed2", org="s2", seed=2)
+    other_org = write_run(tmp_path, "d0-seed1", org="d0", seed=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(tmp_path)
+    assert sorted(runs["path"]) == sorted(map(str, (new, other_seed, other_org)))
+    assert runs.set_index("run_id").loc["s2-new", "ttft_p50_s"] == 2.0
+    repeated = [str(w.message) for w in caught if issubclass(w.category, RepeatedRun)]
+    assert len(repeated) == 1
+    assert f"kept the newest ({new})" in repeated[0] and f"set aside {old}" in repeated[0]
+
+
+def test_runs_written_in_the_same_second_keep_the_one_written_last(tmp_path):
+    first = write_run(tmp_path, "b-first", org="s2", seed=1)
+    second = write_run(tmp_path, "a-second", org="s2", seed=1)   # sorts first by name
+    os.utime(first / "manifest.json", ns=(1_000_000_000, 1_000_000_000))
+    os.utime(second / "manifest.json", ns=(2_000_000_000, 2_000_000_000))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RepeatedRun)
+        runs = load_runs(tmp_path)
+    assert list(runs["path"]) == [str(second)]
+
+
+def test_distinct_configurations_raise_no_repeat_warning(tmp_path):
+    for org in ("s1", "s2"):
+        for seed in (1, 2):
+            write_run(tmp_path, f"{org}-{seed}", org=org, seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RepeatedRun)
+        assert len(load_runs(tmp_path)) == 4

@@ -217,12 +217,12 @@ def test_attribution_bars_leave_room_above_the_tallest_and_use_no_organization_c
 
 
 def test_a_ratio_figure_of_runs_that_cannot_be_paired_is_named_not_drawn(tmp_path):
-    # the same cell twice (a sweep and a capacity search under one root): two runs for one seed
-    for where in ("sweep", "capacity"):
-        for org in ("s2", "d0"):
-            for budget in ("b83", "b108"):
-                write_run(tmp_path / where, f"{org}-{budget}", org=org, budget=budget, seed=1,
-                          summary={METRIC: 100.0})
+    # one seed whose request streams differ between the arms (workload hashes):
+    # pairing refuses them
+    for org, stream in (("s2", "a" * 16), ("d0", "b" * 16)):
+        for budget in ("b83", "b108"):
+            write_run(tmp_path, f"{org}-{budget}", org=org, budget=budget, seed=1,
+                      workload=stream, summary={METRIC: 100.0})
     runs = load_runs(tmp_path)
     entry = next(f for f in FS.figure_set(runs) if f[0] == f"d0_s2_ratio_vs_budget_{METRIC}")
     assert entry[2] is None and entry[1].startswith("The D0/S2 ratio by budget is not drawn: ")
