@@ -66,12 +66,12 @@ and reports f with every D0 result.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from decimal import Decimal
 
 from common.errors import HbenchError
 from common.numbers import MAX_NUMBER_CHARS
+from harness.budget_label import B_RE, P_RE, SIZE_RE, UNITS
 from harness.config import ORG_NAMES
 from harness.geometry import ModelGeometry
 from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
@@ -81,19 +81,10 @@ from harness.orgs import layout_for
 MAX_WHOLE_MODEL_BYTES = 1 << 50
 DEFAULT_D0_ATTN_FRACTION = 0.5
 
-UNITS = {
-    "b": ("B", 1),
-    "kib": ("KiB", 1 << 10), "mib": ("MiB", 1 << 20), "gib": ("GiB", 1 << 30), "tib": ("TiB", 1 << 40),
-    "kb": ("KB", 10**3), "mb": ("MB", 10**6), "gb": ("GB", 10**9), "tb": ("TB", 10**12),
-}
 FORMS = ("bN (N checkpoints' bytes per pool layer, e.g. b83), Np (N pages of the "
          "organization's page, e.g. 252p), or a whole-model size such as 12GiB, 512MiB, "
          "1.5GB, 123456789B")
 
-# ASCII digits only: b\uff18\uff13 must not read as b83 (a different cell id).
-_B_RE = re.compile(r"b([0-9]+)", re.IGNORECASE | re.ASCII)
-_P_RE = re.compile(r"([0-9]+)p", re.IGNORECASE | re.ASCII)
-_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", re.IGNORECASE | re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -176,19 +167,19 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
     s = str(text).strip()
     if len(s) > MAX_NUMBER_CHARS:   # before int(): thousands of digits are a typo, not a budget
         raise HbenchError(f"budget {s[:20]!r}... is {len(s):,} characters long; use {FORMS}")
-    if m := _B_RE.fullmatch(s):
+    if m := B_RE.fullmatch(s):
         n = int(m.group(1))
         if geom.slot_checkpoint_bytes == 0:
             raise HbenchError(f"budget {s!r} counts checkpoints but {geom.name} has no recurrent "
                               "state; give Np or a whole-model size")
         per_layer, label = n * geom.slot_checkpoint_bytes, f"b{n}"
-    elif m := _P_RE.fullmatch(s):
+    elif m := P_RE.fullmatch(s):
         n = int(m.group(1))
         if org is None:
             raise HbenchError(f"budget {s!r} counts pages, which differ by organization; "
                               "give an organization")
         per_layer, label = n * _org_page_bytes(org, geom), f"{n}p"
-    elif (m := _SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
+    elif (m := SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
         unit, mult = UNITS[m.group(2).lower()]
         whole = int(Decimal(m.group(1)) * mult)  # exact: the regex admits only decimals
         if whole > MAX_WHOLE_MODEL_BYTES:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, fields
 
 from common.errors import HbenchError
+from harness.budget_label import budget_label
 from harness.layout import PAGINGS
 from harness.orgs import ORGANIZATIONS
 from harness.orgs.evict_policy import EVICT_POLICIES
@@ -134,6 +135,10 @@ class RunConfig:
     debug_invariants: bool = False
 
     def __post_init__(self):
+        # one run however it was typed: S2 is s2, B083 is b83 (cell ids, directories)
+        if isinstance(self.org, str):
+            object.__setattr__(self, "org", self.org.strip().lower())
+        object.__setattr__(self, "budget", budget_label(self.budget))
         if self.org not in ORG_NAMES:
             raise HbenchError(f"unknown organization {self.org!r}; choose from {', '.join(ORG_NAMES)}")
         for f in fields(self):

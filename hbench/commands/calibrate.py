@@ -54,7 +54,7 @@ def print_fit(fit, profile) -> None:
                    "vLLM server timed from outside (ITL and TTFT).")
 @click.option("--model", "model_dir", required=True, type=click.Path(),
               help="Model directory (hbench tiny-model, or a Falcon-H1 checkpoint).")
-@click.option("--org", type=click.Choice(ORG_NAMES), default="s2", show_default=True,
+@click.option("--org", type=click.Choice(ORG_NAMES, case_sensitive=False), default="s2", show_default=True,
               help="Organization the engine serves with while measured.")
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
 @click.option("--dtype", default="auto", show_default=True,

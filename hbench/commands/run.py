@@ -129,7 +129,7 @@ def next_step(summary: dict, cfg: dict) -> str:
 
 
 @click.command(context_settings={"max_content_width": 100})
-@click.option("--org", type=click.Choice(ORG_NAMES), default=D.org, show_default=True,
+@click.option("--org", type=click.Choice(ORG_NAMES, case_sensitive=False), default=D.org, show_default=True,
               help="Memory organization: s0 coarse shared pages, s1 paged checkpoints, "
                    "s2 conv-slot packing, d0 native dual pools."
                    " On --engine vllm, s1/s2 are the study's allocator policy at vLLM's page "

@@ -29,7 +29,7 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 @click.option("--engine", "engine_name", default="vllm", show_default=True,
               type=click.Choice(REAL_ENGINES),
               help="Engine to check: a real server, or the in-process torch engine.")
-@click.option("--org", "orgs", type=click.Choice(ORG_NAMES), multiple=True,
+@click.option("--org", "orgs", type=click.Choice(ORG_NAMES, case_sensitive=False), multiple=True,
               help="torch engine: the organization (default s2). vllm --launch: the plugin "
                    "organizations compared with stock vLLM (repeat; default s1, s2, d0; s0 "
                    "alone: stock only). Another engine's --launch: the one it serves.")

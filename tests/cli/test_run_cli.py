@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 
 from harness.results import list_runs, read_run
 from hbench.cli import cli
+from tests.support.cli import hbench_run, invoke
 
 SMALL = ["--requests", "16", "--rate", "4", "--seed", "3"]
 
@@ -163,3 +165,28 @@ def test_the_same_run_twice_in_one_second_gets_a_second_folder(tmp_path, monkeyp
     (tmp_path / ".tmp-20260101T000000Z-same-3-4242").mkdir()    # a writer of -3 at work
     assert free_run_id(tmp_path, "20260101T000000Z-same") == "20260101T000000Z-same-4"
     assert free_run_id(tmp_path, "other") == "other"
+
+
+def test_an_organization_and_a_budget_in_capitals_are_the_same_run(tmp_path):
+    """--org S2 --budget B083 is --org s2 --budget b83: the same label, the same
+    configuration, the same workload, in the run's directory name too."""
+    doc, run_dir = hbench_run(tmp_path / "caps", "--org", "S2", "--budget", "B083",
+                              "--requests", "10", "--seed", "3")
+    same, same_dir = hbench_run(tmp_path / "lower", "--org", "s2", "--budget", "b83",
+                                "--requests", "10", "--seed", "3")
+    assert "-s2-b83-" in Path(run_dir).name
+    manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+    assert (manifest["org"], manifest["config"]["budget"]) == ("s2", "b83")
+    assert Path(run_dir).name.split("-", 1)[1] == Path(same_dir).name.split("-", 1)[1]
+    doc.pop("run_dir"), same.pop("run_dir")
+    assert doc == same                  # the same requests served the same way
+
+
+def test_a_sweep_in_capitals_makes_the_cells_of_one_in_lower_case(tmp_path):
+    for name, orgs, budget in (("caps", "S2,D0", " B83"), ("lower", "s2,d0", "b83")):
+        res = invoke("sweep", "--org", orgs, "--budget", budget, "--requests", "10",
+                     "--seeds", "1", "--out", tmp_path / name)
+        assert res.exit_code == 0, res.output
+    cells = [sorted(p.name for p in (tmp_path / name).iterdir() if p.is_dir())
+             for name in ("caps", "lower")]
+    assert cells[0] == cells[1] and len(cells[0]) == 2
