@@ -101,12 +101,12 @@ def newest_of_each_configuration(runs: pd.DataFrame) -> pd.DataFrame:
         return runs
     config = pd.Series([repr(row) for row in runs[keys].itertuples(index=False, name=None)],
                        index=runs.index)
+    if not config.duplicated().any():          # the usual tree: no file is asked about
+        return runs
     written = runs["path"].map(_manifest_mtime_ns)
     order = runs.assign(_config=config, _written=written).sort_values(
         ["created_utc", "_written", "run_id"], na_position="first", kind="stable")
     newest = order.drop_duplicates("_config", keep="last")
-    if len(newest) == len(runs):
-        return runs
     older = order[~order.index.isin(newest.index)]
     kept_for = newest.set_index("_config")["path"]
     aside = ", ".join(sorted(older["path"]))

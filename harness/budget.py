@@ -71,7 +71,7 @@ from decimal import Decimal
 
 from common.errors import HbenchError
 from common.numbers import MAX_NUMBER_CHARS
-from harness.budget_label import B_RE, P_RE, SIZE_RE, UNITS
+from harness.budget_label import B_RE, P_RE, SIZE_RE, UNITS, budget_label
 from harness.config import ORG_NAMES
 from harness.geometry import ModelGeometry
 from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
@@ -172,26 +172,26 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
         if geom.slot_checkpoint_bytes == 0:
             raise HbenchError(f"budget {s!r} counts checkpoints but {geom.name} has no recurrent "
                               "state; give Np or a whole-model size")
-        per_layer, label = n * geom.slot_checkpoint_bytes, f"b{n}"
+        per_layer = n * geom.slot_checkpoint_bytes
     elif m := P_RE.fullmatch(s):
         n = int(m.group(1))
         if org is None:
             raise HbenchError(f"budget {s!r} counts pages, which differ by organization; "
                               "give an organization")
-        per_layer, label = n * _org_page_bytes(org, geom), f"{n}p"
+        per_layer = n * _org_page_bytes(org, geom)
     elif (m := SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
-        unit, mult = UNITS[m.group(2).lower()]
+        mult = UNITS[m.group(2).lower()][1]
         whole = int(Decimal(m.group(1)) * mult)  # exact: the regex admits only decimals
         if whole > MAX_WHOLE_MODEL_BYTES:
             raise HbenchError(f"budget {s!r} exceeds 1 PiB for the whole model; use {FORMS}")
-        per_layer, label = whole // geom.pool_layers, f"{m.group(1)}{unit}"
+        per_layer = whole // geom.pool_layers
     else:
         raise HbenchError(f"unknown budget {s!r}; use {FORMS}")
     if per_layer <= 0:
         raise HbenchError(f"budget {s!r} is zero bytes per pool layer; use a positive {FORMS}")
     if per_layer * geom.pool_layers > MAX_WHOLE_MODEL_BYTES:
         raise HbenchError(f"budget {s!r} exceeds 1 PiB for the whole model; use {FORMS}")
-    return per_layer, label
+    return per_layer, budget_label(s)
 
 
 def vllm_blocks(text: str, org: str, geom: ModelGeometry, page_bytes: int | None = None) -> int:
