@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from analysis.figures import budget_order
+from analysis.verdicts import claims_winner
 from common.palette import TIE_COLOR, org_color, text_color_on
 from harness.attribution import CAUSES
 
@@ -26,12 +27,12 @@ CAUSE_LABELS = {"wait_memory": "waiting: memory short", "wait_cap": "waiting: ru
 
 
 def _lead(r) -> str:
-    """A second line ``S2 ahead, p 0.31`` for a tie whose means differ ("" for equal means)."""
+    """A second line ``S2 ahead, p Holm 0.31`` for a tie whose means differ ("" for equal means)."""
     leader = r.get("leader", None if r["winner"] == "tie" else r["winner"])
     if leader is None or (isinstance(leader, float) and math.isnan(leader)):
         return ""
-    p = r.get("p", math.nan)
-    return f"\n{str(leader).upper()} ahead, p " + ("n/a" if p is None or math.isnan(p) else f"{p:.2f}")
+    p = r.get("p_holm", math.nan)
+    return f"\n{str(leader).upper()} ahead, p Holm " + ("n/a" if p is None or math.isnan(p) else f"{p:.2f}")
 
 
 def winner_map_figure(wmap: pd.DataFrame, title: str) -> Figure:
@@ -39,7 +40,8 @@ def winner_map_figure(wmap: pd.DataFrame, title: str) -> Figure:
     organization that wins it (best mean goodput, significantly ahead of the
     runner-up) or the tie colour, and is labelled with the winner (or "tie",
     naming the organization ahead and the p value when the means differ) and
-    the best mean goodput in req/s. Text is black or white by the cell's
+    the best mean goodput in req/s. Whether a cell is won is the map's
+    ``significant`` column (`analysis.verdicts.claims_winner`), never decided here. Text is black or white by the cell's
     luminance, so it reads on every colour."""
     budgets = sorted(wmap["budget"].unique(), key=budget_order)
     rates = sorted(wmap["rate"].unique())
@@ -48,7 +50,7 @@ def winner_map_figure(wmap: pd.DataFrame, title: str) -> Figure:
     winners = set()
     for _, r in wmap.iterrows():
         i, j = budgets.index(r["budget"]), rates.index(r["rate"])
-        won = bool(r["significant"]) and r["winner"] != "tie"
+        won = claims_winner(r) and r["winner"] != "tie"
         colour = org_color(r["winner"]) if won else TIE_COLOR
         winners.add(r["winner"] if won else None)
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colour, edgecolor="white", lw=1.5))

@@ -12,7 +12,9 @@ the evaluated contrasts; `write_beyond` writes ``beyond.md`` and the figures.
   of throughput and TTFT p99 as effect % with its 95% CI, the two families
   side by side: the wider spread is the factor that moves the metric more.
 * `best_combinations`: per workload x budget, the combination with the best
-  arm mean (highest throughput, lowest TTFT p99) and the runner-up.
+  arm mean (highest throughput, lowest TTFT p99) and the runner-up: a
+  ranking of means that beyond.md says is not a test (only a significant
+  contrast names a winner: `analysis.verdicts`).
 * `factor_spread`: per workload x budget and metric, the largest absolute
   effect among the organization contrasts and among the policy contrasts,
   and how many of each are significant after Holm.
@@ -42,8 +44,6 @@ from common.atomic import atomic_write_text
 from common.palette import org_color
 
 TTFT = "ttft_p99_s"
-LABELS = {THROUGHPUT: "output tok/s (ledger)", TTFT: "TTFT p99 (s)", "ttft_p50_s": "TTFT p50 (s)",
-          TOKEN_HIT_RATE: "token hit rate (reused / prompt tokens)"}
 LOWER_IS_BETTER = {TTFT, "ttft_p50_s"}
 
 
@@ -111,7 +111,7 @@ def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
             ax.set_xticks(np.arange(len(pols)))
             ax.set_xticklabels(pols, fontsize=8)
             ax.set_title(f"{wl}, {b}", fontsize=10)
-            ax.set_ylabel(LABELS.get(metric, _label(metric)), fontsize=9)
+            ax.set_ylabel(_label(metric), fontsize=9)
             ax.set_xlabel("checkpoint policy (publish / evict)", fontsize=8)
             ax.grid(axis="y", alpha=0.3)
             if metric in LOWER_IS_BETTER:     # latencies span orders of magnitude across cells
@@ -122,7 +122,7 @@ def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
     better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
     how = ("mean over seeds, 95% t CI cut to [0, 1]" if metric == TOKEN_HIT_RATE
            else "geometric mean over seeds, 95% CI")
-    fig.suptitle(f"{LABELS.get(metric, _label(metric))} by organization and checkpoint policy "
+    fig.suptitle(f"{_label(metric)} by organization and checkpoint policy "
                  f"({better}; bars: {how})", fontsize=11)
     fig.tight_layout()
     return fig
@@ -251,8 +251,10 @@ def write_beyond(root, runs: pd.DataFrame, contrasts: pd.DataFrame,
         best = best_combinations(runs, metric)
         if best.empty:
             continue
-        parts += [f"## Best combinations by {LABELS[metric]}", ""]
-        parts += [markdown_table(("workload", "budget", "rank", "organization", "policy", "value",
+        parts += [f"## Highest arm means by {_label(metric)}", "",
+                  "A ranking of arm means, not a test: which of two arms is ahead is said only by the "
+                  "contrasts below (significant after Holm, CI excluding 0).", ""]
+        parts += [markdown_table(("workload", "budget", "rank by mean", "organization", "policy", "value",
                                   "95% CI", "seeds"),
                                  [[r["workload"], r["budget"], str(r["rank"]), r["org"].upper(),
                                    r["policy"], _fmt(r["value"], metric), _ci(r, metric), str(r["n"])]

@@ -18,14 +18,18 @@ next grid step above it fails (or r is the top of the grid). The arm's
 capacity is the mean over seeds with a percentile bootstrap interval of that
 mean: it lies between the lowest and highest seed's capacity by construction,
 so it never leaves the grid (a t interval on three seeds can reach below
-0 req/s). The **crossover** rate of two organizations at one budget is the
-lowest grid rate from which the first's mean goodput stays above the
-second's. The **winner map** names, at each (budget, rate), the organization
-with the best mean goodput when its seed-paired goodput difference to the
-runner-up is significant (paired t test, p < alpha, at least two seeds), and
-``tie`` otherwise: equal means (an SLO nobody meets gives every organization
+0 req/s). Organizations are compared on goodput seed by seed
+(`goodput_comparisons`: the paired difference, its t interval and t test,
+Holm over every comparison of the grid) and a difference counts only by the
+rule every table of a report uses (`analysis.stats.is_significant`: Holm p
+< alpha and the interval excludes 0; `analysis.verdicts`). The **winner
+map** names, at each (budget, rate), the organization with the best mean
+goodput when its difference to the runner-up is significant, and ``tie``
+otherwise: equal means (an SLO nobody meets gives every organization
 goodput 0) and differences the seeds cannot tell apart are ties, never a win
-decided by the organizations' names.
+decided by the organizations' names. The **crossover** rate of two
+organizations at one budget is the lowest grid rate from which the first's
+goodput is significantly above the second's at every higher grid rate.
 """
 
 from __future__ import annotations
@@ -149,59 +153,98 @@ def capacity_table(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _paired_p(a: Mapping[int, float], b: Mapping[int, float]) -> float:
+def _paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float) -> tuple:
+    """(mean of a - b over the seeds both ran, interval low, high, paired t p)."""
     seeds = sorted(set(a) & set(b))
     d = np.array([a[s] - b[s] for s in seeds], dtype=float)
     if d.size < 2:
-        return math.nan
-    if np.all(d == d[0]):
-        return 0.0 if d[0] != 0 else 1.0
-    return stats.ttest_zero(d)
+        return (float(d.mean()) if d.size else math.nan), math.nan, math.nan, math.nan
+    lo, hi = stats.t_interval(d, level)
+    return float(d.mean()), lo, hi, stats.ttest_zero(d)
+
+
+def goodput_comparisons(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """One row per (budget, rate) and pair of organizations: ``a`` has the
+    higher mean goodput (the first by name when the means are equal), ``b``
+    the other; ``diff`` is the mean over seeds of the seed-paired goodput
+    difference a - b (req/s) with its t interval at level 1 - alpha
+    (``ci_low``, ``ci_high``) and paired t test ``p``. All comparisons of the
+    grid form one Holm family (``p_holm``), and ``significant`` is the one
+    rule of every table (`analysis.stats.is_significant`: p Holm < alpha
+    and the interval excludes 0)."""
+    rows = []
+    for (budget, rate), g in cells.groupby(["budget", "rate"], sort=False):
+        by_org = {org: dict(zip(s["seed"].astype(int), s["goodput"], strict=True))
+                  for org, s in g.groupby("org", sort=True)}
+        means = {org: float(np.mean(list(v.values()))) for org, v in by_org.items()}
+        orgs = sorted(by_org, key=lambda o: -means[o])     # stable: equal means keep name order
+        for i, a in enumerate(orgs):
+            for b in orgs[i + 1:]:
+                diff, lo, hi, p = _paired_difference(by_org[a], by_org[b], 1 - alpha)
+                rows.append({"budget": budget, "rate": float(rate), "a": a, "b": b,
+                             "mean_a": means[a], "mean_b": means[b], "diff": diff,
+                             "ci_low": lo, "ci_high": hi, "p": p})
+    cols = ["budget", "rate", "a", "b", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p"]
+    df = pd.DataFrame(rows, columns=cols)
+    df["p_holm"] = stats.holm(df["p"].to_numpy(dtype=float)) if len(df) else []
+    df["significant"] = [bool(stats.is_significant(r.p_holm, (r.ci_low, r.ci_high), 0.0, alpha))
+                         for r in df.itertuples()]
+    return df
 
 
 def winner_map(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """One row per (budget, rate): ``leader`` and ``runner_up`` (best and second
-    mean goodput; ``leader`` None when the two means are equal), the paired p
-    of their difference, ``significant`` and ``winner``: the leader when
-    significant, else ``"tie"``. Organizations are ordered by mean goodput
-    alone, never by name."""
+    mean goodput; ``leader`` None when the two means are equal), their
+    comparison's raw ``p``, ``p_holm``, interval and ``significant``
+    (`goodput_comparisons`: the one rule, Holm over the whole grid), and
+    ``winner``: the leader when significant, else ``"tie"``. Organizations
+    are ordered by mean goodput alone, never by name."""
+    comp = goodput_comparisons(cells, alpha)
     rows = []
     for (budget, rate), g in cells.groupby(["budget", "rate"], sort=False):
-        by_org = {org: dict(zip(s["seed"].astype(int), s["goodput"], strict=True))
-                  for org, s in g.groupby("org", sort=False)}
-        means = sorted(((float(np.mean(list(v.values()))), org) for org, v in by_org.items()),
+        means = sorted(((float(s["goodput"].mean()), org) for org, s in g.groupby("org", sort=True)),
                        key=lambda m: m[0], reverse=True)
         best, second = means[0][1], (means[1][1] if len(means) > 1 else None)
         equal = second is not None and means[0][0] == means[1][0]
-        p = _paired_p(by_org[best], by_org[second]) if second else math.nan
-        significant = bool(second and not equal and not math.isnan(p) and p < alpha)
-        rows.append({"budget": budget, "rate": float(rate), "winner": best if significant else TIE,
-                     "leader": None if equal else best, "runner_up": second,
-                     "goodput": means[0][0], "p": p, "significant": significant})
+        row = {"budget": budget, "rate": float(rate), "leader": None if equal else best,
+               "runner_up": second, "goodput": means[0][0], "p": math.nan, "p_holm": math.nan,
+               "ci_low": math.nan, "ci_high": math.nan, "significant": False}
+        if second is not None:
+            c = comp[(comp["budget"] == budget) & (comp["rate"] == float(rate))
+                     & (comp["a"].isin([best, second])) & (comp["b"].isin([best, second]))].iloc[0]
+            row.update(p=float(c["p"]), p_holm=float(c["p_holm"]), ci_low=float(c["ci_low"]),
+                       ci_high=float(c["ci_high"]), significant=bool(c["significant"]) and not equal)
+        row["winner"] = best if row["significant"] else TIE
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
-def crossovers(cells: pd.DataFrame) -> list[dict]:
+def crossovers(cells: pd.DataFrame, alpha: float = 0.05) -> list[dict]:
     """For each budget and each ordered pair of organizations (a, b): the lowest
-    grid rate from which a's mean goodput stays above b's at every higher grid
-    rate, if a is not already ahead at the lowest rate (otherwise no crossover)."""
+    grid rate from which a's goodput is significantly above b's
+    (`goodput_comparisons`, the one rule) at that and every higher grid rate,
+    when a is not already significantly ahead at the lowest rate (otherwise
+    no crossover). ``p_holm`` is the largest Holm p of those rates."""
+    comp = goodput_comparisons(cells, alpha)
     out = []
-    mean = cells.groupby(["budget", "org", "rate"], sort=False)["goodput"].mean()
     for budget in cells["budget"].unique():
-        orgs = list(cells.loc[cells["budget"] == budget, "org"].unique())
+        orgs = sorted(cells.loc[cells["budget"] == budget, "org"].unique())
         rates = sorted(cells.loc[cells["budget"] == budget, "rate"].unique())
+        at = comp[comp["budget"] == budget]
         for a in orgs:
             for b in orgs:
                 if a == b:
                     continue
-                ahead = [mean.get((budget, a, r), math.nan) > mean.get((budget, b, r), math.nan)
-                         for r in rates]
+                won = {float(r.rate): float(r.p_holm) for r in at.itertuples()
+                       if r.a == a and r.b == b and r.significant}
+                ahead = [float(r) in won for r in rates]
                 if ahead[0] or not ahead[-1]:
                     continue
                 k = len(ahead)
                 while k > 0 and ahead[k - 1]:
                     k -= 1
-                out.append({"budget": budget, "org": a, "beats": b, "from_rate": float(rates[k])})
+                out.append({"budget": budget, "org": a, "beats": b, "from_rate": float(rates[k]),
+                            "p_holm": max(won[float(r)] for r in rates[k:])})
     return out
 
 

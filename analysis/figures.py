@@ -34,6 +34,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analysis import stats
 from analysis.contrasts import Contrast, cells, group_keys, pair, varying_keys
+from common import metric_labels
 from common.atomic import atomic_path
 from common.palette import org_color
 
@@ -47,10 +48,6 @@ MEMORY_COLORS = {"mem_attention_bytes": "#76b7b2", "mem_ssm_bytes": "#b07aa1", "
 SERIES_COLORS = ("#222222", "#9c755f", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7")
 MEMORY_KINDS = (("mem_attention_bytes", "attention KV"), ("mem_ssm_bytes", "SSM state"),
                 ("mem_conv_bytes", "conv state"))
-METRIC_LABELS = {
-    "throughput_ledger_tok_s": "output tok/s (ledger)",
-    "throughput_span_tok_s": "output tok/s (request span)",
-}
 
 
 def budget_order(label) -> tuple:
@@ -59,17 +56,9 @@ def budget_order(label) -> tuple:
     return (0, int(m.group(1)), "") if m else (1, 0, str(label))
 
 
-# Unit of a summary metric by its name's suffix (first match wins).
-UNIT_SUFFIXES = (("_tok_s", "tok/s"), ("_bytes", "bytes"), ("_s", "s"), ("_tokens", "tokens"),
-                 ("_mean", "tokens"), ("_median", "requests"))
-
-
 def _label(metric: str) -> str:
-    """Axis label of a metric, with its unit."""
-    if metric in METRIC_LABELS:
-        return METRIC_LABELS[metric]
-    unit = next((u for suffix, u in UNIT_SUFFIXES if metric.endswith(suffix)), "count")
-    return f"{metric} ({unit})"
+    """Axis label of a metric, with its unit (`common.metric_labels`)."""
+    return metric_labels.label(metric)
 
 
 def centre_ci(values) -> tuple[float, float, float]:

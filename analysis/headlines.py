@@ -1,35 +1,42 @@
 """The answers a report opens with: sentences generated from the numbers.
 
 Each sentence states one result with what makes it trustworthy or not: the
-effect, its 95% CI, the Holm-adjusted p and the number of paired seeds. A
-contrast is called a difference only when `analysis.contrasts` found it
-significant (Holm p < alpha AND the CI excludes 0); otherwise the sentence
-says it is not significant and why (the CI contains 0, or the CI excludes 0
-but the Holm p does not pass). Contrasts whose arms are not valid are named
-as not tested, with the runs that made them so. Nothing here reads files:
-tables in, strings out (HTML escaping is the caller's).
+effect, its 95% CI, the Holm-adjusted p and the number of paired seeds.
+Whether a sentence may name a winner is read from the row it words
+(`analysis.verdicts.status`: the table's ``significant`` column, computed
+by the one rule `analysis.stats.is_significant`, Holm p < alpha AND the CI
+excludes the null), never decided here: a contrast that is not significant
+is worded as such with why (the CI contains 0, or the CI excludes 0 but the
+Holm p does not pass); one that is not tested (``excluded``: arms not
+valid; one seed; no ratio) is named as not tested with the table's reason.
+What limited the answer (runs not valid, seeds, the smallest change the
+seeds can detect) is said apart (`limits`), without run ids: those are in
+the tables at the end. Nothing here reads files: tables in, strings out
+(HTML escaping is the caller's).
 """
 
 from __future__ import annotations
 
 import math
-import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
+
+from analysis import verdicts as V
+from common import metric_labels
 
 #: Significant findings stated one by one before the rest are only counted.
 MAX_FINDINGS = 8
 #: Not-significant contrasts stated one by one (largest |effect| first).
 MAX_NULLS = 3
 
+#: Sentence words of the throughputs: verb, what is served, more, fewer.
 METRIC_PHRASES = {
     "throughput_ledger_tok_s": ("serves", "output tok/s", "more", "fewer"),
     "throughput_span_tok_s": ("serves", "output tok/s over the request span", "more", "fewer"),
     "delivered_rate_req_s": ("delivers", "req/s", "more", "fewer"),
 }
-KEY_WORDS = {"budget": "budget {v}", "rate": "{v} req/s", "headroom": "headroom {v}", "q": "q = {v}",
-             "engine": "engine {v}", "paging": "paging {v}", "retention": "retention {v}"}
 
 
 def _nan(x) -> bool:
@@ -42,32 +49,8 @@ def fmt_p(p: float) -> str:
     return "< 0.0001" if p < 1e-4 else f"{p:.2g}" if p < 0.01 else f"{p:.2f}"
 
 
-def _org(side: str) -> str | None:
-    m = re.search(r"(?:^|, )org=([^,]+)", str(side or ""))
-    return m.group(1).upper() if m else None
-
-
-def _where(name: str) -> str:
-    """``d0/s0 @ budget=b83, rate=2.0`` -> ``at budget b83, 2 req/s``; a
-    contrast named by a design keeps its own name."""
-    if " @ " not in name:
-        return f"in contrast \u201c{name}\u201d"
-    parts = []
-    for item in name.split(" @ ", 1)[1].split(", "):
-        key, _, value = item.partition("=")
-        v = value
-        try:
-            v = f"{float(value):g}"
-        except ValueError:
-            pass
-        parts.append(KEY_WORDS.get(key, key + " {v}").format(v=v))
-    return "at " + ", ".join(parts)
-
-
 def _metric_label(metric: str) -> str:
-    from analysis.figures import _label
-
-    return METRIC_PHRASES[metric][1] if metric in METRIC_PHRASES else _label(metric)
+    return METRIC_PHRASES[metric][1] if metric in METRIC_PHRASES else metric_labels.name(metric)
 
 
 def pct(x: float) -> str:
@@ -81,29 +64,33 @@ def _stats(r: Mapping) -> str:
     return f"{ci}, Holm p {fmt_p(r['p_holm'])}, {int(r['n'])} paired seeds"
 
 
+def _better(metric: str, eff: float) -> str:
+    up = metric_labels.higher_is_better(metric)
+    return "" if up is None else ", better" if (eff > 0) == up else ", worse"
+
+
 def contrast_sentence(r: Mapping, alpha: float = 0.05) -> str:
     """One evaluated contrast (a row of `analysis.contrasts.evaluate`) as a sentence."""
-    a = _org(r.get("numerator")) or str(r["name"]).split("/")[0].upper()
-    b = _org(r.get("denominator")) or str(r["name"]).split("/")[-1].split(" ")[0].upper()
-    where, metric = _where(str(r["name"])), str(r["metric"])
-    if r["verdict"] == "arms not valid":
-        return (f"{a} vs {b} {where} is not tested: its arms are not valid "
-                f"({r.get('arms_invalid') or 'see the run table'}).")
-    if _nan(r["effect_pct"]):
-        return f"{a} vs {b} {where} has no estimate: {r.get('invalid') or r['verdict']}."
+    a, b = V.sides(r)
+    where, metric = V.where(str(r["name"])), str(r["metric"])
+    state = V.status(r)
+    if state == V.NOT_TESTED:
+        return f"{a} vs {b} {where} on {_metric_label(metric)} is not tested: {V.untested_reason(r)}."
+    kept = (f"; its arms are not valid ({V.short_reason(r['arms_invalid'])}), kept by --include-invalid"
+            if str(r.get("arms_invalid") or "") else "")
     eff = float(r["effect_pct"])
-    if bool(r["significant"]):
+    if state == V.SIGNIFICANT:
         if metric in METRIC_PHRASES:
             verb, unit, more, fewer = METRIC_PHRASES[metric]
             return (f"{a} {verb} {abs(eff):.1f} % {more if eff > 0 else fewer} {unit} than {b} "
-                    f"{where} ({_stats(r)}).")
+                    f"{where} ({_stats(r)}{kept}).")
         return (f"{a}'s {_metric_label(metric)} is {abs(eff):.1f} % {'higher' if eff > 0 else 'lower'} "
-                f"than {b}'s {where} ({_stats(r)}).")
+                f"than {b}'s {where} ({_stats(r)}{_better(metric, eff)}{kept}).")
     lo, hi = r["effect_ci_low"], r["effect_ci_high"]
     why = ("the CI contains 0" if _nan(lo) or lo <= 0 <= hi
            else f"the CI excludes 0 but Holm p is not below {alpha:g}")
     return (f"{a} and {b} {where} do not differ significantly on {_metric_label(metric)}: "
-            f"{pct(eff)} % ({_stats(r)}; {why}).")
+            f"{pct(eff)} % ({_stats(r)}; {why}{kept}).")
 
 
 def contrast_headlines(contrasts: pd.DataFrame | None, alpha: float = 0.05) -> list[tuple[str, str]]:
@@ -112,13 +99,13 @@ def contrast_headlines(contrasts: pd.DataFrame | None, alpha: float = 0.05) -> l
     (``null``), those not tested (``untested``); the rest only counted."""
     if contrasts is None or contrasts.empty:
         return [("summary", "No contrast could be formed (one organization, or no arm with paired seeds).")]
-    df = contrasts.assign(_abs=contrasts["effect_pct"].abs()).sort_values("_abs", ascending=False)
-    sig = df[df["significant"].astype(bool)]
-    untested = df[df["verdict"] == "arms not valid"]
-    null = df[~df["significant"].astype(bool) & (df["verdict"] != "arms not valid")]
-    out = [("summary", f"{len(sig)} of {len(df)} contrasts are significant after Holm correction "
-                       f"(alpha {alpha:g}), {len(null)} are not, {len(untested)} are not tested "
-                       "(arms not valid).")]
+    df = contrasts.assign(_abs=contrasts["effect_pct"].abs(),
+                          _state=[V.status(r) for _, r in contrasts.iterrows()])
+    df = df.sort_values("_abs", ascending=False)
+    sig, null, untested = (df[df["_state"] == s] for s in (V.SIGNIFICANT, V.NOT_SIGNIFICANT, V.NOT_TESTED))
+    metrics = ", ".join(_metric_label(m) for m in dict.fromkeys(df["metric"]))
+    out = [("summary", f"{len(sig)} of {len(df)} contrasts ({metrics}) are significant after Holm "
+                       f"correction (alpha {alpha:g}), {len(null)} are not, {len(untested)} are not tested.")]
     out += [("sig", contrast_sentence(r, alpha)) for _, r in sig.head(MAX_FINDINGS).iterrows()]
     if len(sig) > MAX_FINDINGS:
         out.append(("summary", f"{len(sig) - MAX_FINDINGS} more significant contrasts are in the "
@@ -132,17 +119,61 @@ def contrast_headlines(contrasts: pd.DataFrame | None, alpha: float = 0.05) -> l
     return out
 
 
-def invalid_runs_sentence(runs: pd.DataFrame) -> str:
-    """The runs whose validity verdict failed, each named with its arm and reasons."""
+def _range(values, fmt) -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if lo == hi else f"{fmt(lo)} to {fmt(hi)}"
+
+
+def seeds_sentence(contrasts: pd.DataFrame | None) -> str:
+    """How many paired seeds the tested contrasts rest on, and the smallest
+    change those seeds can detect (MDE at 80 % power) ("" without contrasts)."""
+    if contrasts is None or contrasts.empty:
+        return ""
+    tested = contrasts[[V.status(r) != V.NOT_TESTED for _, r in contrasts.iterrows()]]
+    if tested.empty:
+        return "No contrast could be tested."
+    n = [int(x) for x in tested["n"]]
+    text = f"Each tested contrast rests on {_range(n, str)} paired seeds"
+    mde = [float(x) for x in tested.get("mde_pct", pd.Series(dtype=float)) if not _nan(x)]
+    if mde:
+        text += ("; at their spread, the smallest change a test detects with 80 % power is "
+                 + _range(mde, lambda x: f"\u00b1{x:.1f} %"))
+    unpaired = sum(1 for x in tested.get("unpaired", []) if str(x or ""))
+    if unpaired:
+        text += f"; {unpaired} contrasts have seeds that only one arm ran (left out, named in the table)"
+    return text + "."
+
+
+#: What happens to the runs that are not valid, by default.
+CONTRASTS_LEAVE_THEM = "their contrasts are not tested unless --include-invalid"
+CAPACITY_LEAVES_THEM = "each counts as missing the SLO unless --include-invalid"
+
+
+def limits(runs: pd.DataFrame, contrasts: pd.DataFrame | None, fate: str = CONTRASTS_LEAVE_THEM) -> list[str]:
+    """What limited the answer: runs that are not valid (counted by reason,
+    with ``fate``: what the command did with them), and the seeds behind the
+    contrasts."""
+    return [s for s in (invalid_runs_sentence(runs, fate), seeds_sentence(contrasts)) if s]
+
+
+def reasons_count(reasons) -> str:
+    """``overload: 8, failures: 2`` from each run's comma-separated reasons."""
+    counts = Counter(x.strip() for text in reasons for x in str(text or "not valid").split(",") if x.strip())
+    return ", ".join(f"{k}: {n}" for k, n in counts.most_common())
+
+
+def invalid_runs_sentence(runs: pd.DataFrame, fate: str = CONTRASTS_LEAVE_THEM) -> str:
+    """How many runs are not valid and why (counted by reason); the runs
+    themselves are named in the table at the end of the report."""
     if "valid" not in runs.columns:
         return f"{len(runs)} runs; none records a validity verdict."
-    bad = runs[~runs["valid"].astype(bool)].sort_values(["org", "budget", "rate", "seed"])
+    bad = runs[~runs["valid"].astype(bool)]
     if bad.empty:
         return f"All {len(runs)} runs are valid."
-    named = "; ".join(f"{r['run_id']} ({str(r['org']).upper()} @ {r['budget']}, {r['rate']:g} req/s, "
-                      f"seed {r['seed']}: {r.get('invalid_reasons') or 'not valid'})"
-                      for _, r in bad.iterrows())
-    return f"{len(bad)} of {len(runs)} runs are not valid: {named}."
+    arms = bad.groupby(["org", "budget"], sort=False).ngroups
+    return (f"{len(bad)} of {len(runs)} runs are not valid ({reasons_count(bad.get('invalid_reasons', []))}; "
+            f"{arms} organization x budget arms): {fate}; each run is named under "
+            "\u201cRuns not valid\u201d at the end.")
 
 
 def expression_sentences(runs: pd.DataFrame) -> list[str]:
@@ -171,8 +202,16 @@ def question(runs: pd.DataFrame, metrics: Sequence[str]) -> str:
             f"{values('rate', lambda v: f'{v:g}')} req/s (seeds {values('seed')})?")
 
 
+def crossover_sentence(c: Mapping) -> str:
+    """One entry of `analysis.capacity.crossovers` (significant by construction)."""
+    return (f"At {c['budget']}, {str(c['org']).upper()} serves significantly more goodput than "
+            f"{str(c['beats']).upper()} from {c['from_rate']:g} req/s up (Holm p \u2264 {fmt_p(c['p_holm'])} "
+            "at each rate), not below.")
+
+
 def capacity_headlines(doc: Mapping) -> list[str]:
-    """Capacity per arm with its interval, and how many winner-map cells are ties."""
+    """Capacity per arm with its interval, how many winner-map cells are ties,
+    and the crossovers (each significant by the one rule)."""
     out = []
     slo = ", ".join(doc["slo"])
     top = max(doc.get("rates") or [math.inf])
@@ -184,12 +223,26 @@ def capacity_headlines(doc: Mapping) -> list[str]:
                    f"within {slo} (interval [{c['ci_low']:.2f}, {c['ci_high']:.2f}] req/s over {n} seeds; "
                    f"per seed {c['per_seed']}).")
     cells = doc.get("winner_map") or []
-    won = [w for w in cells if w.get("significant") and w.get("winner") != "tie"]
+    won = [w for w in cells if V.claims_winner(w) and w.get("winner") != "tie"]
     if cells:
+        ties = len(cells) - len(won)
         out.append(f"{len(won)} of {len(cells)} (budget, rate) cells have a significant goodput winner; "
-                   f"{len(cells) - len(won)} are ties (equal goodput, or a difference the seeds "
-                   "cannot tell apart).")
+                   f"{ties} {'is a tie' if ties == 1 else 'are ties'} (equal goodput, or a difference "
+                   "the seeds cannot tell apart).")
+        out += [crossover_sentence(c) for c in doc.get("crossovers") or []]
     return out
+
+
+def direction_words(r: Mapping) -> str:
+    """A `analysis.reproduce.compare` row's ``direction_reproduced`` as a
+    report may say it: a sign that matches the study's is a reproduced
+    direction only when hbench's own verdict is significant."""
+    d, verdict = str(r["direction_reproduced"]), str(r["hbench_verdict"])
+    if d == "n/a" or _nan(r.get("published")) or r.get("published") == 0 or verdict == V.SIGNIFICANT:
+        return d
+    if verdict == V.NOT_SIGNIFICANT:
+        return "same sign, not significant" if d == "yes" else "opposite sign, not significant"
+    return f"not tested ({verdict})"
 
 
 def study_sentence(r: Mapping) -> str:
@@ -201,7 +254,7 @@ def study_sentence(r: Mapping) -> str:
 
     ci = "" if _nan(r["ci_low"]) else f", 95 % CI [{num(r['ci_low'])}, {num(r['ci_high'])}]"
     note = f" ({r['study_note']})" if r.get("study_note") else ""
-    agree = (f"; direction reproduced: {r['direction_reproduced']}, CI covers the study's value: "
+    agree = (f"; direction reproduced: {direction_words(r)}, CI covers the study's value: "
              f"{r['ci_covers_published']}" if r["direction_reproduced"] != "n/a" or r["ci_covers_published"] != "n/a"
              else "")
     return (f"{r['figure']}: the study reported {num(r['published'])}{note}; hbench measures "

@@ -58,19 +58,28 @@ def _img(fig: Figure | None, alt: str, caption: str = "") -> str:
 
 
 def _answers_section(runs: pd.DataFrame, contrasts: pd.DataFrame | None, asked: str,
-                     capacity_docs: Sequence[dict], study: pd.DataFrame | None, alpha: float) -> str:
+                     capacity_docs: Sequence[dict], study: pd.DataFrame | None, alpha: float,
+                     contrast_answers: bool = True) -> str:
+    """The first screen: the question, the answer (each sentence with its
+    uncertainty) and what limited it; no run id (those are in the tables at
+    the end)."""
     items: list[tuple[str, str]] = []
     if study is not None and not study.empty:
         items += [("study", headlines.study_sentence(r)) for _, r in study.iterrows()]
     for doc in capacity_docs:
         items += [("capacity", t) for t in headlines.capacity_headlines(doc)]
-    items += headlines.contrast_headlines(contrasts, alpha)
-    valid = runs["valid"].astype(bool).all() if "valid" in runs.columns else True
-    items.append(("summary" if valid else "untested", headlines.invalid_runs_sentence(runs)))
+    if contrast_answers:
+        items += headlines.contrast_headlines(contrasts, alpha)
     items += [("summary", t) for t in headlines.expression_sentences(runs)]
     lis = "".join(f"<li class='{c}'>{html.escape(t)}</li>" for c, t in items)
+    shown = contrasts if contrast_answers else None
+    valid = runs["valid"].astype(bool).all() if "valid" in runs.columns else True
+    lim = "".join(f"<li class='{'summary' if valid or i else 'untested'}'>{html.escape(t)}</li>"
+                  for i, t in enumerate(headlines.limits(runs, shown, headlines.CONTRASTS_LEAVE_THEM
+                                                         if contrast_answers else headlines.CAPACITY_LEAVES_THEM)))
     return (f"<h2>Answers</h2><p class='asked'><b>Asked:</b> {html.escape(asked)}</p>"
-            f"<p><b>What the data say:</b></p><ul class='answers'>{lis}</ul>")
+            f"<p><b>What the data say:</b></p><ul class='answers'>{lis}</ul>"
+            f"<p><b>What limits the answer:</b></p><ul class='answers'>{lim}</ul>")
 
 
 def _capacity_docs(root: Path) -> list[tuple[Path, dict]]:
@@ -92,17 +101,16 @@ def _capacity_section(docs: Sequence[tuple[Path, dict]]) -> str:
                                    "interval high req/s", "per seed req/s"],
                                   [[c["org"], c["budget"], c["capacity_req_s"], c["ci_low"], c["ci_high"],
                                     c["per_seed"]] for c in rows]))
-        for c in doc["crossovers"]:
-            parts.append(f"<p>At {html.escape(c['budget'])}, {html.escape(c['org'].upper())} beats "
-                         f"{html.escape(c['beats'].upper())} on goodput from {c['from_rate']:g} req/s.</p>")
+        parts += [f"<p>{html.escape(headlines.crossover_sentence(c))}</p>" for c in doc["crossovers"]]
         wmap = pd.DataFrame(doc["winner_map"])
         if not wmap.empty:
             parts.append(_img(winner_map_figure(wmap, f"winner by goodput ({', '.join(doc['slo'])})"),
                               "capacity winner map",
-                              "Winner map: a cell names the organization whose mean goodput is "
-                              "significantly ahead of the runner-up's (paired over seeds); grey cells "
-                              "are ties. The interval is a percentile bootstrap over seeds, within the "
-                              "per-seed capacities."))
+                              "Winner map: a cell names the organization whose goodput is "
+                              "significantly ahead of the runner-up's (seed-paired difference, Holm over "
+                              "every cell, the interval excluding 0: the rule of every table here); grey "
+                              "cells are ties. The capacity interval is a percentile bootstrap over "
+                              "seeds, within the per-seed capacities."))
     return "".join(parts)
 
 
@@ -120,12 +128,16 @@ def _figures_section(runs: pd.DataFrame, figures: Sequence[tuple[str, str, Figur
 def build_html(root, runs: pd.DataFrame, contrasts: pd.DataFrame | None = None, *,
                metrics: Sequence[str] | None = None, interactions: pd.DataFrame | None = None,
                study: pd.DataFrame | None = None, asked: str | None = None, title: str | None = None,
-               figures: Sequence[tuple[str, str, Figure | None]] | None = None, alpha: float = 0.05) -> str:
+               figures: Sequence[tuple[str, str, Figure | None]] | None = None, alpha: float = 0.05,
+               contrast_answers: bool = True) -> str:
     """The report as one HTML string (figures inlined). ``metrics``: those
     contrasted (default: the contrasts' own); ``study``: the study-vs-hbench
     table of `analysis.reproduce.compare`; ``asked``: the question the runs
     answer (default: built from what they vary); ``figures``: the
-    `analysis.figure_set.figure_set` already drawn (default: drawn here)."""
+    `analysis.figure_set.figure_set` already drawn (default: drawn here);
+    ``contrast_answers``: whether the contrasts are stated among the answers
+    (a capacity search answers with capacities; its contrasts stay in their
+    table)."""
     from analysis.figure_set import figure_set
 
     root = Path(root)
@@ -138,7 +150,8 @@ def build_html(root, runs: pd.DataFrame, contrasts: pd.DataFrame | None = None, 
         if figures is None:
             figures = figure_set(runs, metrics, contrasts)
         asked = asked or headlines.question(runs, metrics)
-        body = (_answers_section(runs, contrasts, asked, [d for _, d in docs], study, alpha)
+        body = (_answers_section(runs, contrasts, asked, [d for _, d in docs], study, alpha,
+                                 contrast_answers)
                 + _capacity_section(docs) + S.study_section(study)
                 + _figures_section(runs, figures)
                 + S.contrasts_section(contrasts) + S.interactions_section(interactions)

@@ -78,11 +78,24 @@ def runs_section(runs: pd.DataFrame) -> str:
     rows = [[r[k] for k, _ in cols] for _, r in ordered.iterrows()]
     groups = [_group_label(r) for _, r in ordered.iterrows()]
     n_bad = int((~runs["valid"].astype(bool)).sum()) if "valid" in runs.columns else 0
-    return ("<h2>Runs and validity</h2>"
+    return ("<h2>Runs and validity</h2>" + invalid_runs_table(ordered)
             + folded(f"{len(runs)} runs, {n_bad} not valid, grouped by organization and budget, "
                      "sorted by rate and seed (click to open)",
                      "<p class='note'>Validity checks: delivered load, arrival process, failures, "
                      "dispatch lag, cache state, overload.</p>" + table_html([h for _, h in cols], rows, groups)))
+
+
+def invalid_runs_table(runs: pd.DataFrame) -> str:
+    """The runs that are not valid, with their arm and reasons ("" when none):
+    the run ids the answers do not name."""
+    if "valid" not in runs.columns or runs["valid"].astype(bool).all():
+        return ""
+    bad = runs[~runs["valid"].astype(bool)]
+    cols = [k for k in ("org", "budget", "rate", "seed", "invalid_reasons", "run_id") if k in bad.columns]
+    heads = {"rate": "rate req/s", "invalid_reasons": "why not valid", "run_id": "run"}
+    return ("<h3>Runs not valid</h3>"
+            + folded(f"{len(bad)} runs not valid, by organization, budget, rate and seed (click to open)",
+                     table_html([heads.get(k, k) for k in cols], [[r[k] for k in cols] for _, r in bad.iterrows()])))
 
 
 def memory_given_section(runs: pd.DataFrame) -> str:
@@ -178,6 +191,8 @@ def study_section(table: pd.DataFrame | None) -> str:
         return ("<h2>Study vs hbench</h2><p class='note'>The study published no number for this "
                 "design; the contrasts below are what hbench measured.</p>")
 
+    from analysis.headlines import direction_words
+
     def num(x, unit):
         return "n/a" if pd.isna(x) else f"{x:,.3f} {unit}".strip() if abs(x) < 1000 else f"{x:,.1f} {unit}".strip()
 
@@ -185,7 +200,7 @@ def study_section(table: pd.DataFrame | None) -> str:
              num(r["hbench"], r["unit"]),
              "n/a" if pd.isna(r["ci_low"]) else f"[{num(r['ci_low'], '')}, {num(r['ci_high'], '')}]",
              str(r["n"]), r["hbench_verdict"], "n/a" if pd.isna(r["hbench_p_holm"]) else f"{r['hbench_p_holm']:.4g}",
-             r["direction_reproduced"], r["ci_covers_published"], num(r["magnitude_ratio"], "")]
+             direction_words(r), r["ci_covers_published"], num(r["magnitude_ratio"], "")]
             for _, r in table.iterrows()]
     return ("<h2>Study vs hbench</h2><p class='note'>One row per number the study published: its "
             "value and note, then hbench's value, interval and verdict from the runs of this "

@@ -177,12 +177,14 @@ def _p(x: float) -> str:
 
 
 def display_rows(table: pd.DataFrame) -> list[list[str]]:
+    from analysis.headlines import direction_words  # a sign is "reproduced" only when significant
+
     out = []
     for _, r in table.iterrows():
         ci = "n/a" if math.isnan(r["ci_low"]) else f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]"
         out.append([r["design"], r["figure"], f"{_num(r['published'])} {r['unit']}".strip(),
                     r["study_note"] or "", f"{_num(r['hbench'])} {r['unit']}".strip(), ci, str(r["n"]),
-                    r["direction_reproduced"], r["ci_covers_published"], _num(r["magnitude_ratio"]),
+                    direction_words(r), r["ci_covers_published"], _num(r["magnitude_ratio"]),
                     _p(r["hbench_p_holm"]), r["hbench_verdict"],
                     _num(r["hbench_arith"]) + (f" {r['unit']}" if not _nan(r["hbench_arith"]) else "")])
     return out

@@ -85,7 +85,7 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
                    on_rerun=on_rerun, include_invalid=include_invalid)
     table = capacity_table(cells, alpha)
     wmap = winner_map(cells, alpha)
-    cross = crossovers(cells)
+    cross = crossovers(cells, alpha)
     validity = RunValidity(len(cells), tuple(f"{r.run_id} ({r.org}@{r.budget} rate {r.rate:g} seed {r.seed})"
                                              for r in cells.itertuples() if not r.valid), include_invalid)
     fig = winner_map_figure(wmap, f"winner by goodput ({', '.join(map(str, limits))})")
@@ -101,7 +101,7 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
 
     runs = load_runs(out)
     runs = runs[runs["run_id"].isin(set(cells["run_id"]))].reset_index(drop=True)
-    write_report(out, out / "report.html", runs=runs, title=f"hbench capacity: {out}",
+    write_report(out, out / "report.html", runs=runs, title=f"hbench capacity: {out}", contrast_answers=False,
                  asked=f"What arrival rate does each organization sustain within {', '.join(map(str, limits))}, "
                        f"and which one serves more goodput at each budget and rate (seeds "
                        f"{', '.join(map(str, seeds))})?")

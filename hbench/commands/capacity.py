@@ -77,6 +77,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evic
     from rich.table import Table
 
     from analysis.capacity import parse_slo
+    from analysis.headlines import capacity_headlines
     from harness.grid import parse_values
     from hbench.capacity import run_capacity
     from hbench.paths import check_writable_dir
@@ -110,11 +111,12 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evic
         t.add_row(r["org"], r["budget"], f"{r['capacity_req_s']:.2f}",
                   f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]", r["per_seed"])
     console.print(t)
-    for c in cross:
-        console.print(f"crossover at {c['budget']}: {c['org']} beats {c['beats']} on goodput "
-                      f"from {c['from_rate']:g} req/s")
+    # the winner map's count and the crossovers, worded as in report.html (the one significance rule)
+    for line in capacity_headlines(doc)[len(table):]:
+        console.print(line, highlight=False, soft_wrap=True)
     if not cross:
-        console.print("no crossover: no organization overtakes another within the rate grid")
+        console.print("no crossover: no organization's goodput is significantly above another's from "
+                      "one grid rate up", highlight=False)
     console.print(result.validity.sentence("the capacity search"), highlight=False)
     shaky = result.invalid
     if shaky:

@@ -16,6 +16,7 @@ import click
 
 from adapters.registry import ENGINES
 from common.errors import HbenchError, HbenchFailure
+from common.metric_labels import SUMMARY_ROWS
 from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
 from harness.layout import PAGINGS
 from harness.orgs.evict_policy import EVICT_POLICIES
@@ -29,38 +30,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 D = RunConfig()
-
-# (summary key, label, scale, unit) for the table printed after a run
-SUMMARY_ROWS = [
-    ("throughput_ledger_tok_s", "output tok/s (ledger window)", 1, ""),
-    ("throughput_span_tok_s", "output tok/s (request span)", 1, ""),
-    ("ttft_p50_s", "TTFT p50", 1e3, "ms"), ("ttft_p99_s", "TTFT p99", 1e3, "ms"),
-    ("itl_p50_s", "ITL p50", 1e3, "ms"), ("itl_p99_s", "ITL p99", 1e3, "ms"),
-    ("tpot_p99_s", "TPOT p99", 1e3, "ms"), ("e2e_p99_s", "end-to-end p99", 1, "s"),
-    ("initial_input_tokens", "initial input tokens", 1, ""),
-    ("reused_tokens", "reused prompt tokens", 1, ""),
-    ("recomputed_tokens", "recomputed tokens", 1, ""),
-    ("j_adopt_mean", "mean J_adopt", 1, "tok"), ("r_max_mean", "mean R_max", 1, "tok"),
-    ("preemptions", "preemptions", 1, ""),
-    ("invalidations_attention", "invalidated attention blocks", 1, ""),
-    ("invalidations_checkpoint", "invalidated checkpoints", 1, ""),
-    ("waiting_median", "waiting (median)", 1, ""), ("running_median", "running (median)", 1, ""),
-    ("peak_mem_total_bytes", "peak memory incl. weights", 2**-30, "GiB"),
-    ("peak_mem_attention_bytes", "peak attention state", 2**-30, "GiB"),
-    ("peak_mem_ssm_bytes", "peak SSM state", 2**-30, "GiB"),
-    ("slab_occupancy_mean", "slab occupancy (mean)", 100, "%"),
-    ("finished", "finished", 1, ""), ("failed", "failed", 1, ""), ("cancelled", "cancelled", 1, ""),
-    # served runs only: from the send, and the server's own histograms
-    ("ttft_send_p99_s", "TTFT p99 from the send", 1e3, "ms"),
-    ("server_ttft_p99_s", "TTFT p99, server's histogram", 1e3, "ms"),
-    ("server_itl_p50_s", "ITL p50, server's histogram", 1e3, "ms"),
-    ("member_pages_peak", "peak member pages (plugin)", 1, ""),
-    # multi-turn runs only
-    ("later_turn_ttft_p50_s", "TTFT p50, turns after the first", 1e3, "ms"),
-    ("history_reuse_fraction", "history served from cache", 100, "%"),
-    ("history_recomputed_tokens", "history tokens recomputed", 1, ""),
-    ("history_survived_fraction", "turns whose history survived", 100, "%"),
-]
 
 
 def _fmt(v, scale) -> str:

@@ -61,7 +61,7 @@ def test_winner_map_crossover_and_table():
     wmap = C.winner_map(cells).set_index("rate")
     assert list(wmap["winner"]) == ["s2", "d0", "d0"]
     assert wmap.loc[2.0, "significant"] and wmap.loc[2.0, "runner_up"] == "s2"
-    assert C.crossovers(cells) == [{"budget": "b63", "org": "d0", "beats": "s2", "from_rate": 2.0}]
+    assert C.crossovers(cells) == [{"budget": "b63", "org": "d0", "beats": "s2", "from_rate": 2.0, "p_holm": 0.0}]
     table = C.capacity_table(cells)
     assert list(table["capacity_req_s"]) == [2.0, 2.0]
 

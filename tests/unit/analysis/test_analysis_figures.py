@@ -47,7 +47,7 @@ def test_headroom_figure_axes_and_files(runs, tmp_path):
     axes = fig.axes
     assert [a.get_title() for a in axes] == ["budget b63", "budget b83", "budget b108"]
     assert axes[0].get_xlabel() == "admission headroom f (fraction of budget)"
-    assert axes[0].get_ylabel() == "output tok/s (ledger)"
+    assert axes[0].get_ylabel() == "output tok/s (ledger window)"
     assert sorted(t.get_text() for t in axes[-1].get_legend().get_texts()) == ["D0", "S2"]
     _written(figures.save(fig, tmp_path, "headroom"))
 
@@ -61,7 +61,7 @@ def test_ratio_figures_vs_budget_and_rate(runs):
     ax = fig.axes[0]
     assert ax.get_xlabel() == "budget (label)"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["b63", "b83", "b108"]
-    assert ax.get_ylabel() == "D0/S2 ratio of output tok/s (ledger)\n(unitless, 1 = parity)"
+    assert ax.get_ylabel() == "D0/S2 ratio of output tok/s (ledger window)\n(unitless, 1 = parity)"
     line = ax.lines[0]
     assert list(line.get_ydata()) == pytest.approx([1.05, 1.05, 1.05])
     assert any(list(ln.get_ydata()) == [1.0, 1.0] for ln in ax.lines)  # the y = 1 reference
@@ -149,4 +149,4 @@ def test_every_axis_of_every_figure_names_its_unit(runs):
             for label in (ax.get_xlabel(), ax.get_ylabel()):
                 # a unit in parentheses or after a colon; a category axis names what it lists
                 assert not label or "(" in label or ":" in label or label == "organization", label
-    assert figs[1].axes[0].get_ylabel() == "ttft_p99_s (s)"
+    assert figs[1].axes[0].get_ylabel() == "TTFT p99 (s)"

@@ -61,8 +61,9 @@ def test_not_significant_lead_is_a_tie_and_a_significant_one_wins():
     assert wmap.loc[1.0, "winner"] == "tie" and wmap.loc[1.0, "leader"] == "s2" and wmap.loc[1.0, "p"] > 0.05
     assert wmap.loc[2.0, "winner"] == "d0" and wmap.loc[2.0, "significant"]
     fig = winner_map_figure(wmap.reset_index(), "t")
-    p = wmap.loc[1.0, "p"]
-    assert _cell_labels(fig) == [f"tie\nS2 ahead, p {p:.2f}\n1.40 req/s", "D0\n2.10 req/s"]
+    p = wmap.loc[1.0, "p_holm"]
+    assert p >= wmap.loc[1.0, "p"]
+    assert _cell_labels(fig) == [f"tie\nS2 ahead, p Holm {p:.2f}\n1.40 req/s", "D0\n2.10 req/s"]
     assert _cell_colours(fig) == [TIE_COLOR, ORG_COLORS["d0"]]
     # every cell's text has the colour that reads on its cell, never white on a light cell
     for text, colour in zip(fig.axes[0].texts, _cell_colours(fig), strict=True):
@@ -71,7 +72,7 @@ def test_not_significant_lead_is_a_tie_and_a_significant_one_wins():
     assert fig.axes[0].get_xlabel() == "arrival rate (req/s)" and fig.axes[0].get_ylabel() == "budget (label)"
     lines = capacity_headlines({"slo": ["ttft_p99<=2s"], "capacity": [], "winner_map": wmap.reset_index()
                                 .to_dict("records")})
-    assert lines == ["1 of 2 (budget, rate) cells have a significant goodput winner; 1 are ties (equal "
+    assert lines == ["1 of 2 (budget, rate) cells have a significant goodput winner; 1 is a tie (equal "
                      "goodput, or a difference the seeds cannot tell apart)."]
 
 
@@ -183,8 +184,8 @@ def test_sentences_say_not_significant_when_the_ci_contains_zero():
     tiny = {**null, "effect_pct": -0.3, "effect_ci_low": -0.6, "effect_ci_high": -0.04}
     assert "-0.3 % (95 % CI [-0.6, +0.0] %" in contrast_sentence(tiny)
     bad = {**row, "verdict": "arms not valid", "arms_invalid": "seed 1: run abc not valid"}
-    assert contrast_sentence(bad) == ("S2 vs S0 at budget b83, 2 req/s is not tested: its arms are not "
-                                      "valid (seed 1: run abc not valid).")
+    assert contrast_sentence(bad) == ("S2 vs S0 at budget b83, 2 req/s on output tok/s is not tested: arms "
+                                      "not valid: 1 run not valid (seed 1).")
 
 
 def test_capacity_sentence_says_when_every_seed_held_at_the_grid_top():
