@@ -18,6 +18,7 @@ the tables at the end. Nothing here reads files: tables in, strings out
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -73,23 +74,24 @@ def contrast_sentence(r: Mapping, alpha: float = 0.05) -> str:
     """One evaluated contrast (a row of `analysis.contrasts.evaluate`) as a sentence."""
     a, b = V.sides(r)
     where, metric = V.where(str(r["name"])), str(r["metric"])
+    where = f" {where}" if where else ""
     state = V.status(r)
     if state == V.NOT_TESTED:
-        return f"{a} vs {b} {where} on {_metric_label(metric)} is not tested: {V.untested_reason(r)}."
+        return f"{a} vs {b}{where} on {_metric_label(metric)} is not tested: {V.untested_reason(r)}."
     kept = (f"; its arms are not valid ({V.short_reason(r['arms_invalid'])}), kept by --include-invalid"
             if str(r.get("arms_invalid") or "") else "")
     eff = float(r["effect_pct"])
     if state == V.SIGNIFICANT:
         if metric in METRIC_PHRASES:
             verb, unit, more, fewer = METRIC_PHRASES[metric]
-            return (f"{a} {verb} {abs(eff):.1f} % {more if eff > 0 else fewer} {unit} than {b} "
+            return (f"{a} {verb} {abs(eff):.1f} % {more if eff > 0 else fewer} {unit} than {b}"
                     f"{where} ({_stats(r)}{kept}).")
         return (f"{a}'s {_metric_label(metric)} is {abs(eff):.1f} % {'higher' if eff > 0 else 'lower'} "
-                f"than {b}'s {where} ({_stats(r)}{_better(metric, eff)}{kept}).")
+                f"than {b}'s{where} ({_stats(r)}{_better(metric, eff)}{kept}).")
     lo, hi = r["effect_ci_low"], r["effect_ci_high"]
     why = ("the CI contains 0" if _nan(lo) or lo <= 0 <= hi
            else f"the CI excludes 0 but Holm p is not below {alpha:g}")
-    return (f"{a} and {b} {where} do not differ significantly on {_metric_label(metric)}: "
+    return (f"{a} and {b}{where} do not differ significantly on {_metric_label(metric)}: "
             f"{pct(eff)} % ({_stats(r)}; {why}{kept}).")
 
 
@@ -174,6 +176,17 @@ def invalid_runs_sentence(runs: pd.DataFrame, fate: str = CONTRASTS_LEAVE_THEM) 
     return (f"{len(bad)} of {len(runs)} runs are not valid ({reasons_count(bad.get('invalid_reasons', []))}; "
             f"{arms} organization x budget arms): {fate}; each run is named under "
             "\u201cRuns not valid\u201d at the end.")
+
+
+def validity_sentence(validity, fate: str = CONTRASTS_LEAVE_THEM) -> str:
+    """`invalid_runs_sentence` from an `analysis.run_validity.RunValidity`
+    (``run_id (reasons)`` per run) where no run table is at hand."""
+    if not validity.invalid:
+        return f"All {validity.total} runs are valid."
+    why = reasons_count(m.group(1) if (m := re.search(r"\((.*)\)$", x)) else "" for x in validity.invalid)
+    fate = "they are kept in the tests (--include-invalid)" if validity.include_invalid else fate
+    return (f"{len(validity.invalid)} of {validity.total} runs are not valid ({why}): {fate}; each run "
+            "is named under \u201cRuns not valid\u201d at the end.")
 
 
 def expression_sentences(runs: pd.DataFrame) -> list[str]:

@@ -106,9 +106,9 @@ def _capacity_section(docs: Sequence[tuple[Path, dict]]) -> str:
         if not wmap.empty:
             parts.append(_img(winner_map_figure(wmap, f"winner by goodput ({', '.join(doc['slo'])})"),
                               "capacity winner map",
-                              "Winner map: a cell names the organization whose goodput is "
-                              "significantly ahead of the runner-up's (seed-paired difference, Holm over "
-                              "every cell, the interval excluding 0: the rule of every table here); grey "
+                              "Winner map: a cell names an organization only when its goodput lead over "
+                              "the runner-up is significant (seed-paired difference, Holm over every "
+                              "cell, the interval excluding 0: the rule of every table here); grey "
                               "cells are ties. The capacity interval is a percentile bootstrap over "
                               "seeds, within the per-seed capacities."))
     return "".join(parts)

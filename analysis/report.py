@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from common import metric_labels
 from common.atomic import atomic_path, atomic_write_text
 
 JSON_SCHEMA_VERSION = 1
@@ -68,7 +69,8 @@ def _mde(x) -> str:
 def contrast_rows(df: pd.DataFrame) -> list[list[str]]:
     """Display cells of each contrast, shared by the terminal and Markdown tables."""
     return [
-        [r["family"], r["name"], _n(r), fmt_value(r["mean_numerator"]), fmt_value(r["mean_denominator"]),
+        [metric_labels.METRICS[r["family"]].label if r["family"] in metric_labels.METRICS else r["family"],
+         r["name"], _n(r), fmt_value(r["mean_numerator"]), fmt_value(r["mean_denominator"]),
          fmt_pct(r["geo_mean_ratio"]), _ci_pct(r["ci_low"], r["ci_high"]), fmt_pct(r["mean_ratio"]),
          fmt_p(r["p"]), fmt_p(r["p_signflip"]), fmt_p(r["p_holm"]), _mde(r["mde_pct"]), r["verdict"]]
         for _, r in df.iterrows()
@@ -109,8 +111,10 @@ def interaction_rows(df: pd.DataFrame) -> list[list[str]]:
     return rows
 
 
-def print_tables(console: Console, contrasts: pd.DataFrame, interactions: pd.DataFrame | None = None) -> None:
-    """The contrast (and interaction) tables on the terminal."""
+def print_tables(console: Console, contrasts: pd.DataFrame, interactions: pd.DataFrame | None = None,
+                 alpha: float = 0.05) -> None:
+    """The contrast (and interaction) tables on the terminal, then the
+    answers in words (`analysis.headlines`, as the reports say them)."""
     for title, header, rows in (
         ("contrasts (paired by seed, Holm within family)", CONTRAST_HEADER, contrast_rows(contrasts)),
         ("interactions", INTERACTION_HEADER,
@@ -128,6 +132,12 @@ def print_tables(console: Console, contrasts: pd.DataFrame, interactions: pd.Dat
         console.print(table)
     for note in contrast_notes(contrasts):
         console.print(Text(f"note: {note}"))
+    if not contrasts.empty:       # the answers, worded as report.md and report.html word them
+        from analysis.headlines import contrast_headlines, seeds_sentence
+
+        for kind, sentence in contrast_headlines(contrasts, alpha):
+            console.print(Text(sentence, style="bold" if kind == "sig" else ""))
+        console.print(Text(seeds_sentence(contrasts)))
 
 
 def _records(df: pd.DataFrame | None) -> list[dict]:
@@ -159,12 +169,23 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
-                    arms: pd.DataFrame | None, figures: Sequence[Path], out_dir, validity=None) -> str:
-    """The report.md text: runs analysed (and which are not valid, from
-    ``validity``), arm means, contrasts, interactions, figures."""
+                    arms: pd.DataFrame | None, figures: Sequence[Path], out_dir, validity=None,
+                    alpha: float = 0.05) -> str:
+    """The report.md text: the answers in words and what limits them (as
+    report.html says them), arm means, contrasts, interactions, the runs
+    that are not valid (from ``validity``), figures."""
+    from analysis import headlines
+
     parts = [f"# hbench analysis of `{root}`", ""]
-    if validity is not None:
-        parts += [validity.sentence("Holm families"), ""]
+    if not contrasts.empty:
+        parts += ["## Answers", ""]
+        parts += [f"- **{t}**" if kind == "sig" else f"- {t}"
+                  for kind, t in headlines.contrast_headlines(contrasts, alpha)] + [""]
+        limits = [headlines.validity_sentence(validity)] if validity is not None else []
+        limits += [t for t in (headlines.seeds_sentence(contrasts),) if t]
+        parts += ["What limits the answer:", ""] + [f"- {t}" for t in limits] + [""]
+    elif validity is not None:
+        parts += [headlines.validity_sentence(validity), ""]
     parts += ["Relative effects are geometric means of within-seed ratios with the back-transformed t CI of "
               "the mean log ratio (the arithmetic mean ratio is shown beside it for comparison with the "
               "study); p is a t test on the log ratios, Holm-adjusted within each family, with the exact "
@@ -174,7 +195,8 @@ def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
     if arms is not None and not arms.empty:
         parts += ["## Arms (mean over seeds)", ""]
         cols = [c for c in arms.columns if not c.endswith(("_ci_low", "_ci_high"))]
-        parts += [markdown_table(cols, [[fmt_value(v) if isinstance(v, float) else str(v) for v in r]
+        parts += [markdown_table([metric_labels.label(c) if c in metric_labels.METRICS else c for c in cols],
+                                 [[fmt_value(v) if isinstance(v, float) else str(v) for v in r]
                                         for r in arms[cols].itertuples(index=False)]), ""]
     parts += ["## Contrasts", ""]
     if contrasts.empty:
@@ -188,6 +210,10 @@ def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
             parts += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
     if interactions is not None and not interactions.empty:
         parts += ["## Interactions", "", markdown_table(INTERACTION_HEADER, interaction_rows(interactions)), ""]
+    if validity is not None and validity.invalid:
+        fate = "kept in" if validity.include_invalid else "left out of"
+        parts += ["## Runs not valid", "", f"{len(validity.invalid)} runs, {fate} the Holm families:", ""]
+        parts += [f"- {x}" for x in validity.invalid] + [""]
     if figures:
         parts += ["## Figures", ""]
         out_dir = Path(out_dir)

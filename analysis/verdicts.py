@@ -97,8 +97,11 @@ def sides(row: Mapping) -> tuple[str, str]:
 
 
 def where(name: str) -> str:
-    """``d0/s0 @ budget=b83, rate=2.0 [m]`` -> ``at budget b83, 2 req/s``; a
-    contrast named by a design keeps its own name."""
+    """``d0/s0 @ budget=b83, rate=2.0 [m]`` -> ``at budget b83, 2 req/s``;
+    ``d0/s0`` (one design cell) -> ""; a contrast named by a design keeps
+    its own name."""
+    if re.fullmatch(r"[^/ @]+/[^/ @]+( \[[^\]]*\])?", name):
+        return ""                     # an automatic contrast of a single design cell: no place to name
     if " @ " not in name:
         return f"in contrast \u201c{name}\u201d"
     parts = []
@@ -117,5 +120,5 @@ def title(row: Mapping, with_metric: bool = True) -> str:
     """A contrast row as a short title: ``D0/S2 at budget b83 (TTFT p99)``."""
     a, b = sides(row)
     place = where(str(row["name"]))
-    text = f"{a}/{b} {place[3:] if place.startswith('at ') else place}"
+    text = f"{a}/{b} {place[3:] if place.startswith('at ') else place}".strip()
     return text + (f" ({metric_labels.name(str(row['metric']))})" if with_metric else "")

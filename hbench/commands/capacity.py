@@ -115,7 +115,7 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evic
     for line in capacity_headlines(doc)[len(table):]:
         console.print(line, highlight=False, soft_wrap=True)
     if not cross:
-        console.print("no crossover: no organization's goodput is significantly above another's from "
+        console.print("no crossover: no pair of organizations differs significantly in goodput from "
                       "one grid rate up", highlight=False)
     console.print(result.validity.sentence("the capacity search"), highlight=False)
     shaky = result.invalid
