@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import stats
 from analysis.designs import (
     BEYOND_BUDGETS,
     BEYOND_ORGS,
@@ -71,18 +70,11 @@ def _values(runs, wl, b, pol, org, metric) -> np.ndarray:
 
 
 def arm_centre(values, metric: str) -> tuple[float, float, float]:
-    """(centre, lower error, upper error) of an arm over seeds: a rate in [0, 1]
-    (the token hit rate) as the mean with its t interval cut to [0, 1]; any
-    other positive quantity as `analysis.figures.centre_ci` draws it."""
-    v = np.asarray(values, dtype=float)
-    if metric != TOKEN_HIT_RATE or v.size == 0:
-        return centre_ci(v)
-    centre = float(v.mean())
-    if v.size < 2:
-        return centre, 0.0, 0.0
-    lo, hi = stats.t_interval(v)
-    lo, hi = max(lo, 0.0), min(hi, 1.0)
-    return centre, max(centre - lo, 0.0), max(hi - centre, 0.0)
+    """(centre, lower error, upper error) of an arm over seeds, as
+    `analysis.figures.centre_ci` draws ``metric`` (a rate in [0, 1] such as
+    the token hit rate: the mean with a percentile bootstrap interval within
+    the seeds' values, so within [0, 1])."""
+    return centre_ci(np.asarray(values, dtype=float), metric)
 
 
 def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
@@ -120,7 +112,7 @@ def combination_figure(runs: pd.DataFrame, metric: str) -> Figure | None:
     fig.legend(handles, labels, title="organization", loc="lower center", ncol=len(BEYOND_ORGS),
                fontsize=9, bbox_to_anchor=(0.5, -0.04))
     better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
-    how = ("mean over seeds, 95% t CI cut to [0, 1]" if metric == TOKEN_HIT_RATE
+    how = ("mean over seeds, 95% percentile bootstrap interval within the seeds" if metric == TOKEN_HIT_RATE
            else "geometric mean over seeds, 95% CI")
     fig.suptitle(f"{_label(metric)} by organization and checkpoint policy "
                  f"({better}; bars: {how})", fontsize=11)
@@ -244,7 +236,7 @@ def write_beyond(root, runs: pd.DataFrame, contrasts: pd.DataFrame,
             figs.extend(save(fig, out, stem))
     parts = ["# Beyond the study: organization x checkpoint policy", "",
              "Arm values are geometric means over seeds with 95% t intervals of the mean log "
-             "(token hit rates: means with t intervals cut to [0, 1]); effects are paired-seed "
+             "(token hit rates: means with percentile bootstrap intervals within the seeds' values); effects are paired-seed "
              "geometric-mean ratios with the 95% t interval of the mean log ratio, Holm within "
              "each family (analysis/report.md has every contrast).", ""]
     for metric in (THROUGHPUT, TTFT, TOKEN_HIT_RATE):

@@ -10,9 +10,12 @@ pyplot's global state, so analysis can run in threads and tests.
 Error bars are 95% intervals over seeds that stay inside the quantity's
 bounds by construction: a positive quantity (a throughput, a latency) is
 drawn as the geometric mean of its seeds with the back-transformed t
-interval of the mean log, so it never reaches below zero; a quantity that
-can be zero (a depth) as the mean with a percentile bootstrap interval,
-which lies between its smallest and largest seed; ratios as the geometric
+interval of the mean log, so it never reaches below zero; a bounded one (a
+count, a mean token depth such as J_adopt, a fraction:
+`common.metric_labels.bounded`) and any quantity with a zero among its
+seeds as the mean with a percentile bootstrap interval, which lies between
+its smallest and largest seed (a log-t interval on two seeds of J_adopt
+reached 7,000 tokens for a 3,213-token prefix); ratios as the geometric
 mean ratio with the back-transformed t interval of the mean log ratio.
 Every axis carries its unit (a ratio says it is unitless, a category axis
 names what it lists). Each organization has one colour in every figure
@@ -61,16 +64,19 @@ def _label(metric: str) -> str:
     return metric_labels.label(metric)
 
 
-def centre_ci(values) -> tuple[float, float, float]:
+def centre_ci(values, metric: str | None = None) -> tuple[float, float, float]:
     """(centre, lower error, upper error) of a non-negative quantity over seeds,
-    the interval inside its bounds by construction: all values positive ->
-    geometric mean and back-transformed t interval of the mean log; any zero
-    -> mean and percentile bootstrap interval (within [min, max]). Errors
-    are 0 for a single value."""
+    the interval inside its bounds by construction: a bounded ``metric``
+    (a count, a mean token depth, a fraction: `common.metric_labels.bounded`)
+    or any zero among the values -> mean and percentile bootstrap interval,
+    which lies within the seeds' own [min, max] and so within the
+    quantity's bounds; otherwise (a throughput, a latency) the geometric mean
+    and back-transformed t interval of the mean log. Errors are 0 for a
+    single value."""
     v = pd.to_numeric(pd.Series(values), errors="coerce").dropna().to_numpy(dtype=float)
     if not v.size:
         return math.nan, 0.0, 0.0
-    if np.all(v > 0):
+    if np.all(v > 0) and not (metric is not None and metric_labels.bounded(metric)):
         centre = float(np.exp(np.log(v).mean()))
         lo, hi = stats.log_t_interval(v)
     else:
@@ -198,7 +204,7 @@ def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
     fig = Figure(figsize=(max(3.6, 0.9 * len(orgs) + 1.2) * len(present), 3.4), layout="constrained")
     axes = fig.subplots(1, len(present), squeeze=False)[0]
     for ax, (m, lab) in zip(axes, present, strict=True):
-        mc = [centre_ci(runs.loc[mask, m]) for mask in masks]
+        mc = [centre_ci(runs.loc[mask, m], m) for mask in masks]
         ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[[v[1] for v in mc], [v[2] for v in mc]],
                capsize=4, color=[org_color(o) for o in orgs])
         _clip_tall_intervals(ax, [v[0] for v in mc], [v[0] + v[2] for v in mc])
@@ -207,7 +213,8 @@ def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
         ax.set_title(lab)
         ax.set_ylabel("mean per request (tokens)")
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("joint depth by organization (geometric mean over runs, or mean where one is 0; 95% CI)")
+    fig.suptitle("joint depth by organization (mean over runs; 95% percentile bootstrap interval, "
+                 "within the runs' own values)")
     return fig
 
 
@@ -230,33 +237,47 @@ def _clip_tall_intervals(ax, centres: list[float], tops: list[float], factor: fl
 
 def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
     """Every contrast of a result set: geometric-mean effect (%) with its 95%
-    CI, the seed count and a significance mark; a contrast without an
-    estimate (invalid values, one seed) is listed with the reason."""
+    CI and the seed count, filled red when significant and grey when not
+    (`analysis.verdicts.status`, the table's own verdict). A contrast that
+    is not tested (arms not valid, one seed, no ratio) is never drawn as an
+    estimate: a hollow grey marker (where an effect was computed), no
+    interval, and the words "not tested" with the reason."""
+    from analysis import verdicts as V
+
     if contrasts is None or contrasts.empty or "effect_pct" not in contrasts.columns:
         return None
-    rows = list(contrasts.itertuples(index=False))
-    fig = Figure(figsize=(7.5, 1.2 + 0.32 * len(rows)), layout="constrained")
+    rows = contrasts.to_dict("records")
+    several = contrasts["metric"].nunique() > 1 if "metric" in contrasts.columns else False
+    fig = Figure(figsize=(8.5, 1.3 + 0.34 * len(rows)), layout="constrained")
     ax = fig.subplots()
     ys = np.arange(len(rows))[::-1]
     for y, r in zip(ys, rows, strict=True):
-        lo, hi = r.effect_ci_low, r.effect_ci_high
-        if math.isnan(r.effect_pct):
-            mark = r.verdict
+        eff, lo, hi, state = r["effect_pct"], r["effect_ci_low"], r["effect_ci_high"], V.status(r)
+        if state == V.NOT_TESTED:
+            if not math.isnan(eff):
+                ax.plot([eff], [y], "o", mfc="white", mec="0.6", mew=1.2)
+            mark, colour = f"not tested: {V.untested_reason(r)}", "0.45"
         else:
-            color = "C3" if r.significant else "0.45"
+            colour = "C3" if state == V.SIGNIFICANT else "0.45"
             if math.isnan(lo):
-                ax.plot([r.effect_pct], [y], "o", color=color)
+                ax.plot([eff], [y], "o", color=colour)
             else:
-                ax.errorbar([r.effect_pct], [y], xerr=[[r.effect_pct - lo], [hi - r.effect_pct]], fmt="o",
-                            color=color, capsize=3)
-            mark = f"n={r.n}" + (" *" if r.significant else "")
-        ax.annotate(mark, xy=(1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8)
+                ax.errorbar([eff], [y], xerr=[[eff - lo], [hi - eff]], fmt="o", color=colour, capsize=3)
+            mark = f"n={r['n']}" + (" *" if state == V.SIGNIFICANT else "")
+        ax.annotate(mark, xy=(1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8,
+                    color=colour, style="italic" if state == V.NOT_TESTED else "normal")
     ax.axvline(0.0, color="black", lw=0.8, ls="--")
-    ax.set_yticks(ys, [f"{r.family}: {r.name}" for r in rows], fontsize=8)
+    labels = [V.title(r, with_metric=several) for r in rows]
+    ax.set_yticks(ys, labels, fontsize=8)
+    for tick, r in zip(ax.get_yticklabels(), rows, strict=True):
+        if V.status(r) == V.NOT_TESTED:
+            tick.set_color("0.45")
     ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.set_xlabel("effect (%): geometric mean of within-seed ratios, 95% t CI")
-    ax.set_ylabel("contrast (family: name)")
-    ax.set_title("contrasts (* significant: p Holm < alpha and CI excludes 0)")
+    metric = "" if several or not rows[0].get("metric") else f" of {_label(str(rows[0]['metric']))}"
+    ax.set_xlabel(f"effect (%){metric}: geometric mean of within-seed ratios, 95% t CI")
+    ax.set_ylabel("contrast (numerator/denominator, where)")
+    ax.set_title("red *: significant (p Holm < alpha, CI excludes 0); grey: not significant; "
+                 "hollow: not tested", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     return fig
 

@@ -126,12 +126,15 @@ def _lookup(p: Published, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
         return (float(r["effect"]), float(r["effect_ci_low"]), float(r["effect_ci_high"]),
                 int(min(r["n_a"], r["n_b"])), float(r.get("p_holm", nan)), str(r["verdict"]))
     from analysis import stats
+    from common.metric_labels import bounded
 
     vals = pd.to_numeric(select(runs, p.where)[p.metric], errors="coerce").dropna().to_numpy()
     if vals.size == 0:
         return nan, nan, nan, 0, nan, "no runs"
-    # every arm-mean quantity of the designs is non-negative: its interval stays >= 0
-    lo, hi = stats.bounded_t_interval(vals) if (vals >= 0).all() else stats.t_interval(vals)
+    # every arm-mean quantity of the designs is non-negative: its interval stays >= 0; a count, a
+    # token depth or a fraction stays within its seeds' values (percentile bootstrap), hence its bounds
+    lo, hi = (stats.bootstrap_interval(vals, stats.bootstrap_rng()) if bounded(p.metric)
+              else stats.bounded_t_interval(vals) if (vals >= 0).all() else stats.t_interval(vals))
     return stats.mean_over_seeds(vals), lo, hi, int(vals.size), nan, "arm mean"
 
 
@@ -202,7 +205,8 @@ def markdown(table: pd.DataFrame, title: str, notes: Sequence[str] = ()) -> str:
               "runs of this directory. Relative effects are geometric means of the within-seed ratios as % "
               "with the 95% t interval of the mean log ratio (interactions: differences in pp with a t "
               "interval; K_ret as a geometric mean in %); arm means are arithmetic means over seeds with "
-              "t intervals (cut at 0 for quantities that cannot be negative). The last column is the "
+              "t intervals cut at 0 (counts, token depths and fractions: a percentile bootstrap interval, "
+              "within the seeds' own values). The last column is the "
               "arithmetic mean of the within-seed ratios, the study's "
               "estimator, for comparison. magnitude ratio = hbench / study. \"study note\" is what the "
               "study reported beside its number (its own p values); \"hbench p Holm\" and \"hbench "

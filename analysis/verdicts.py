@@ -117,8 +117,13 @@ def where(name: str) -> str:
 
 
 def title(row: Mapping, with_metric: bool = True) -> str:
-    """A contrast row as a short title: ``D0/S2 at budget b83 (TTFT p99)``."""
+    """A contrast row as a short title: an automatic contrast as ``D0/S2
+    budget b83, 2 req/s (TTFT p99)``; a design's contrast by its family and
+    own name (``Q4: D0/S2 b63``)."""
+    name, family = str(row["name"]), str(row.get("family") or "")
+    if " @ " not in name and not re.fullmatch(r"[^/ @]+/[^/ @]+( \[[^\]]*\])?", name):
+        return f"{family}: {name}" if family and family not in metric_labels.METRICS else name
     a, b = sides(row)
-    place = where(str(row["name"]))
+    place = where(name)
     text = f"{a}/{b} {place[3:] if place.startswith('at ') else place}".strip()
     return text + (f" ({metric_labels.name(str(row['metric']))})" if with_metric else "")

@@ -120,14 +120,35 @@ def test_forest_figure_shows_effect_ci_n_and_significance():
     ])
     ax = figures.forest_figure(table).axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["Q4: D0/S2 b63", "Q4: D0/S2 b83", "Q4: D0/S2 b108"]
-    assert [t.get_text() for t in ax.texts] == ["n=6 *", "n=6", "invalid values"]
+    assert [t.get_text() for t in ax.texts] == ["n=6 *", "n=6", "not tested: values form no ratio"]
     assert ax.get_xlabel() == "effect (%): geometric mean of within-seed ratios, 95% t CI"
-    assert ax.get_ylabel() == "contrast (family: name)"
+    assert ax.get_ylabel() == "contrast (numerator/denominator, where)"
     first = ax.containers[0]  # errorbar of the top row: point at +5%, bar from +2% to +8%
     assert list(first.lines[0].get_xdata()) == [5.0]
     segments = first.lines[2][0].get_segments()[0]
     assert [segments[0][0], segments[1][0]] == pytest.approx([2.0, 8.0])
     assert figures.forest_figure(table.iloc[0:0]) is None
+
+
+def test_forest_figure_draws_an_untested_contrast_hollow_without_an_interval():
+    # a large, tight effect whose arms are not valid: left out of its Holm family, so not tested
+    table = pd.DataFrame([
+        {"family": METRIC, "name": "d0/s2 @ budget=b83", "metric": METRIC, "numerator": "budget=b83, org=d0",
+         "denominator": "budget=b83, org=s2", "effect_pct": 20.0, "effect_ci_low": 19.0, "effect_ci_high": 21.0,
+         "n": 3, "significant": False, "excluded": True, "verdict": "arms not valid",
+         "arms_invalid": "seed 1: run a, b not valid; seed 2: run c not valid"},
+        {"family": METRIC, "name": "d0/s2 @ budget=b108", "metric": METRIC, "numerator": "budget=b108, org=d0",
+         "denominator": "budget=b108, org=s2", "effect_pct": 5.0, "effect_ci_low": 2.0, "effect_ci_high": 8.0,
+         "n": 3, "significant": True, "excluded": False, "verdict": "significant", "arms_invalid": ""},
+    ])
+    ax = figures.forest_figure(table).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["D0/S2 budget b83", "D0/S2 budget b108"]
+    assert [t.get_text() for t in ax.texts] == ["not tested: arms not valid: 3 runs not valid (seeds 1, 2)",
+                                                "n=3 *"]
+    assert len(ax.containers) == 1            # one interval: the tested contrast's
+    (hollow,) = [ln for ln in ax.lines if list(ln.get_xdata()) == [20.0]]
+    assert hollow.get_markerfacecolor() == "white"
+    assert ax.get_xlabel() == "effect (%) of output tok/s (ledger window): geometric mean of within-seed ratios, 95% t CI"
 
 
 @pytest.mark.slow
@@ -150,3 +171,32 @@ def test_every_axis_of_every_figure_names_its_unit(runs):
                 # a unit in parentheses or after a colon; a category axis names what it lists
                 assert not label or "(" in label or ":" in label or label == "organization", label
     assert figs[1].axes[0].get_ylabel() == "TTFT p99 (s)"
+
+
+def test_intervals_of_bounded_quantities_stay_within_the_seeds():
+    # two seeds of J_adopt: the geometric mean's log-t interval (t = 12.7 on one
+    # degree of freedom) reaches past 7,000 tokens, more than the 3,213-token prefix
+    j_adopt = [2500.0, 3000.0]
+    lo, hi = figures.stats.log_t_interval(j_adopt)
+    assert hi > 7000
+    centre, below, above = figures.centre_ci(j_adopt, "j_adopt_mean")
+    assert centre == pytest.approx(2750.0)
+    assert 2500.0 <= centre - below <= centre + above <= 3000.0
+    # a fraction stays in [0, 1], a count at or above 0
+    c, below, above = figures.centre_ci([0.2, 0.9, 0.95], "token_hit_rate")
+    assert 0.2 <= c - below and c + above <= 0.95
+    c, below, above = figures.centre_ci([0.0, 1.0, 9.0], "preemptions")
+    assert c - below >= 0.0 and c + above <= 9.0
+    # a throughput keeps the geometric mean and its log-t interval
+    c, below, above = figures.centre_ci([100.0, 110.0, 121.0], METRIC)
+    assert c == pytest.approx(110.0) and c - below == pytest.approx(figures.stats.log_t_interval([100, 110, 121])[0])
+
+
+def test_joint_depth_bars_never_reach_past_their_seeds(tmp_path):
+    for seed, j in ((1, 2500.0), (2, 3000.0)):
+        write_run(tmp_path, f"s2-{seed}", org="s2", seed=seed,
+                  summary={"j_adopt_mean": j, "r_max_mean": j, "attn_depth_mean": j})
+    ax = figures.joint_depth_figure(load_runs(tmp_path)).axes[0]
+    (bars,) = [c for c in ax.containers if hasattr(c, "errorbar") and c.errorbar is not None]
+    segment = bars.errorbar.lines[2][0].get_segments()[0]
+    assert 2500.0 <= min(segment[:, 1]) and max(segment[:, 1]) <= 3000.0

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from analysis import designs as D
 from analysis import reproduce as R
+from analysis import stats
 from analysis.load import load_runs
 from hbench.cli import cli
 
@@ -106,3 +107,13 @@ def test_compare_shows_the_arithmetic_mean_beside_the_geometric_effect():
     assert math.isnan(t.loc["D0 vs S2 at b83", "hbench_arith"])  # not evaluated
     text = R.markdown(t.reset_index(), "q4")
     assert "| hbench arith. mean |" in text and "| 5.400 % |" in text
+
+
+def test_arm_interval_of_a_token_depth_stays_within_its_seeds():
+    # two seeds of J_adopt: a t interval (cut at 0) reaches far above the larger seed
+    runs = pd.DataFrame({"org": ["s2", "s2"], "seed": [1, 2], "j_adopt_mean": [2500.0, 3000.0]})
+    fig = R.Published("q7", "J_adopt", "arm", 3000.0, "tok", where={"org": "s2"}, metric="j_adopt_mean")
+    value, lo, hi, n, _, verdict = R._lookup(fig, pd.DataFrame(), None, runs)
+    assert (value, n, verdict) == (2750.0, 2, "arm mean")
+    assert 2500.0 <= lo <= value <= hi <= 3000.0
+    assert stats.bounded_t_interval([2500.0, 3000.0])[1] > 4000     # what it replaced
