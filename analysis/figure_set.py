@@ -76,7 +76,8 @@ def figure_set(runs: pd.DataFrame, metrics: Sequence[str] = ("throughput_ledger_
     figure whose runs cannot be paired (several runs for one seed) is None
     with a caption that says why."""
     figs: list[tuple[str, str, Figure | None]] = [
-        ("contrasts_forest", "Every contrast: effect with its 95% CI; red: significant after Holm.",
+        ("contrasts_forest", "Every contrast: effect with its 95% CI; red: significant (Holm p < alpha, CI excluding 0); "
+                             "grey: not significant; hollow, no interval: not tested, with why.",
          forest_figure(contrasts))]
     for m in metrics:
         for x in ("budget", "rate"):

@@ -176,8 +176,9 @@ def ratio_figure(
     if categorical:
         ax.set_xticks(range(len(order)), [str(o) for o in order])
     ax.set_xlabel("budget (label)" if categorical else "arrival rate (req/s)")
-    ax.set_ylabel(f"{num_org.upper()}/{den_org.upper()} ratio of {_label(metric)}\n(unitless, 1 = parity)")
-    ax.set_title(f"{num_org.upper()} vs {den_org.upper()} by {x} (geometric mean ratio, 95% CI)")
+    ax.set_ylabel(f"{num_org.upper()}/{den_org.upper()} ratio (unitless, 1 = parity)")
+    ax.set_title(f"{num_org.upper()} vs {den_org.upper()}: {_label(metric)} by {x}\n"
+                 "(geometric mean ratio, 95% CI)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -207,7 +208,6 @@ def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
         mc = [centre_ci(runs.loc[mask, m], m) for mask in masks]
         ax.bar(range(len(orgs)), [v[0] for v in mc], yerr=[[v[1] for v in mc], [v[2] for v in mc]],
                capsize=4, color=[org_color(o) for o in orgs])
-        _clip_tall_intervals(ax, [v[0] for v in mc], [v[0] + v[2] for v in mc])
         ax.set_xticks(range(len(orgs)), labels)
         ax.set_xlabel("organization, budget (label)" if len(budgets) > 1 else "organization")
         ax.set_title(lab)
@@ -216,23 +216,6 @@ def joint_depth_figure(runs: pd.DataFrame) -> Figure | None:
     fig.suptitle("joint depth by organization (mean over runs; 95% percentile bootstrap interval, "
                  "within the runs' own values)")
     return fig
-
-
-def _clip_tall_intervals(ax, centres: list[float], tops: list[float], factor: float = 3.0) -> None:
-    """Keep the bars readable when an interval (few seeds) reaches far above
-    every bar: the axis stops at 1.6 x the tallest bar and each interval cut
-    off there is labelled with its true upper end."""
-    finite = [c for c in centres if np.isfinite(c)]
-    tallest = max(finite, default=0.0)
-    if tallest <= 0 or not any(np.isfinite(t) and t > factor * tallest for t in tops):
-        return
-    limit = 1.6 * tallest
-    ax.set_ylim(0, limit)
-    for x, t in enumerate(tops):
-        if np.isfinite(t) and t > limit:
-            ax.annotate(f"CI to\n{t:,.0f}", (x, limit), xytext=(4, -3), textcoords="offset points",
-                        ha="left", va="top", fontsize=7,
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
 
 
 def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
@@ -275,7 +258,7 @@ def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
     ax.set_ylim(-0.7, len(rows) - 0.3)
     metric = "" if several or not rows[0].get("metric") else f" of {_label(str(rows[0]['metric']))}"
     ax.set_xlabel(f"effect (%){metric}: geometric mean of within-seed ratios, 95% t CI")
-    ax.set_ylabel("contrast (numerator/denominator, where)")
+    ax.set_ylabel("contrast (A/B, where)")
     ax.set_title("red *: significant (p Holm < alpha, CI excludes 0); grey: not significant; "
                  "hollow: not tested", fontsize=9)
     ax.grid(axis="x", alpha=0.3)

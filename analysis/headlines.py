@@ -77,7 +77,8 @@ def contrast_sentence(r: Mapping, alpha: float = 0.05) -> str:
     where = f" {where}" if where else ""
     state = V.status(r)
     if state == V.NOT_TESTED:
-        return f"{a} vs {b}{where} on {_metric_label(metric)} is not tested: {V.untested_reason(r)}."
+        subject = f"\u201c{r['name']}\u201d" if where.startswith(" in contrast") else f"{a} vs {b}{where}"
+        return f"{subject} on {_metric_label(metric)} is not tested: {V.untested_reason(r)}."
     kept = (f"; its arms are not valid ({V.short_reason(r['arms_invalid'])}), kept by --include-invalid"
             if str(r.get("arms_invalid") or "") else "")
     eff = float(r["effect_pct"])
@@ -267,8 +268,12 @@ def study_sentence(r: Mapping) -> str:
 
     ci = "" if _nan(r["ci_low"]) else f", 95 % CI [{num(r['ci_low'])}, {num(r['ci_high'])}]"
     note = f" ({r['study_note']})" if r.get("study_note") else ""
+    verdict = str(r["hbench_verdict"])
+    untested = verdict not in V.TESTED_VERDICTS and verdict != "arm mean"
     agree = (f"; direction reproduced: {direction_words(r)}, CI covers the study's value: "
-             f"{r['ci_covers_published']}" if r["direction_reproduced"] != "n/a" or r["ci_covers_published"] != "n/a"
+             f"{r['ci_covers_published']}" if not untested and (r["direction_reproduced"] != "n/a"
+                                                                 or r["ci_covers_published"] != "n/a")
              else "")
+    what = f"not tested ({verdict}): no verdict on the study's number" if untested else f"verdict {verdict}"
     return (f"{r['figure']}: the study reported {num(r['published'])}{note}; hbench measures "
-            f"{num(r['hbench'])}{ci}, {int(r['n'])} seeds, verdict {r['hbench_verdict']}{agree}.")
+            f"{num(r['hbench'])}{ci}, {int(r['n'])} seeds, {what}{agree}.")

@@ -61,7 +61,8 @@ def test_ratio_figures_vs_budget_and_rate(runs):
     ax = fig.axes[0]
     assert ax.get_xlabel() == "budget (label)"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["b63", "b83", "b108"]
-    assert ax.get_ylabel() == "D0/S2 ratio of output tok/s (ledger window)\n(unitless, 1 = parity)"
+    assert ax.get_ylabel() == "D0/S2 ratio (unitless, 1 = parity)"
+    assert ax.get_title().startswith("D0 vs S2: output tok/s (ledger window) by ")
     line = ax.lines[0]
     assert list(line.get_ydata()) == pytest.approx([1.05, 1.05, 1.05])
     assert any(list(ln.get_ydata()) == [1.0, 1.0] for ln in ax.lines)  # the y = 1 reference
@@ -122,7 +123,7 @@ def test_forest_figure_shows_effect_ci_n_and_significance():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["Q4: D0/S2 b63", "Q4: D0/S2 b83", "Q4: D0/S2 b108"]
     assert [t.get_text() for t in ax.texts] == ["n=6 *", "n=6", "not tested: values form no ratio"]
     assert ax.get_xlabel() == "effect (%): geometric mean of within-seed ratios, 95% t CI"
-    assert ax.get_ylabel() == "contrast (numerator/denominator, where)"
+    assert ax.get_ylabel() == "contrast (A/B, where)"
     first = ax.containers[0]  # errorbar of the top row: point at +5%, bar from +2% to +8%
     assert list(first.lines[0].get_xdata()) == [5.0]
     segments = first.lines[2][0].get_segments()[0]
