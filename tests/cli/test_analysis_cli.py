@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from analysis.default_metrics import DEFAULT_METRICS
 from hbench.cli import cli
-from tests.support.cli import hbench_run, invoke
+from tests.support.cli import hbench_run, invoke, one_error_line
 from tests.support.results_factory import write_design, write_run
 
 METRIC = "throughput_ledger_tok_s"
@@ -101,3 +101,15 @@ def test_analyze_after_a_repeated_run_answers_and_names_the_run_it_set_aside(tmp
     assert f"kept the newest ({newer})" in warning and f"set aside {older}" in warning
     doc = json.loads(res.output[res.output.index("{"):])
     assert {c["name"].split(" ")[0] for c in doc["contrasts"]} == {"d0/s2"}, doc["contrasts"]
+
+
+@pytest.mark.slow
+def test_analyze_reference_compares_every_organization_with_it(tmp_path):
+    root = _results(tmp_path / "res")
+    res = invoke("analyze", root, "--json", "--no-figures", "--metric", METRIC, "--reference", "S1")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output[res.output.index("{"):])
+    assert sorted(c["name"] for c in doc["contrasts"]) == ["s0/s1", "s2/s1"]
+    res = invoke("analyze", root, "--no-figures", "--reference", "d0")
+    one_error_line(res, "--reference d0: no run of d0 under the results",
+                   "(organizations there: s0, s1, s2)", other_lines=True)
