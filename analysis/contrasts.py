@@ -13,8 +13,14 @@ that changes the workload on purpose (q = 0 vs q = 1) is compared through an
 `auto_contrasts` is what ``hbench analyze DIR`` uses without a design file:
 runs are grouped by every configuration field except ``org`` and ``seed``
 (and the connection/diagnostic fields in `VOLATILE_KEYS`), and within each
-group every organization is compared to a reference (s0 if present, else s2,
-else the first by name). Each metric is one Holm family.
+group every pair of organizations is compared (the later one in the
+registry's order over the earlier: S1/S0, S2/S0, D0/S2, ...), or, given a
+reference organization, every other one over it. The metrics are throughput
+and the latency a user waits for (`DEFAULT_METRICS`), because which one
+tells the organizations apart depends on the load: under a growing queue
+throughput is the service rate each sustains, in a steady state it only
+echoes the offered load and latency is the difference. Each metric is one
+Holm family.
 """
 
 from __future__ import annotations
@@ -30,16 +36,17 @@ import numpy as np
 import pandas as pd
 
 from analysis import stats
-from analysis.load import config_keys
+from analysis.default_metrics import DEFAULT_METRICS, THROUGHPUT
+from analysis.load import config_keys, valid_column
 from common.errors import HbenchError
 from common.input_files import read_input_text
+from harness.config import ORG_NAMES
 from harness.results import CHECKED_METADATA, metadata_conflict
-from harness.validity import arm_parity
+from harness.validity import CHECK_WORDS, arm_parity, kind_words, metric_kind, spoiling_checks
 
 # Config fields that say how a run was connected or checked, not what was measured.
 VOLATILE_KEYS = ("endpoint", "launch", "server_cmd", "debug_invariants")
-REFERENCE_ORGS = ("s0", "s2")
-DEFAULT_METRIC = "throughput_ledger_tok_s"
+DEFAULT_METRIC = THROUGHPUT
 ALPHA = 0.05
 #: Largest design file read: a design is a few dozen lines.
 MAX_DESIGN_BYTES = 4 * 2**20
@@ -223,7 +230,7 @@ def evaluate(
             "invalid": "; ".join(f"seed {s}: {why}" for s, why in invalid.items()),
             "mean_numerator": stats.mean_over_seeds(pd.to_numeric(p["num"], errors="coerce")),
             "mean_denominator": stats.mean_over_seeds(pd.to_numeric(p["den"], errors="coerce")),
-            "arms_invalid": arms_invalid(runs, p),
+            "arms_invalid": arms_invalid(runs, p, c.metric),
         }
         if invalid:
             row.update(geo_mean_ratio=nan, effect_pct=nan, ci_low=nan, ci_high=nan, effect_ci_low=nan,
@@ -246,19 +253,27 @@ def evaluate(
     return _finish(df, null=1.0, alpha=alpha)
 
 
-def arms_invalid(runs: pd.DataFrame, paired: pd.DataFrame) -> str:
-    """Why the arms of a seed-paired table are not valid ("" when they are):
-    runs whose own verdict failed, and pairs without parity."""
-    if "valid" not in runs.columns:
-        return ""
+def arms_invalid(runs: pd.DataFrame, paired: pd.DataFrame, metric: str) -> str:
+    """Why the arms of a seed-paired table cannot test ``metric``, in one
+    line ("" when they can): how many of its runs are not valid for the
+    metric's kind and which checks spoiled it (`harness.validity`: a growing
+    queue spoils latency, not throughput), and the pairs without parity."""
     by_id = runs.set_index("run_id")
+    column = valid_column(metric)
     problems = []
-    for s, row in paired.iterrows():
-        a, b = by_id.loc[row["num_run"]], by_id.loc[row["den_run"]]
-        bad = [r for r, x in ((row["num_run"], a), (row["den_run"], b)) if not bool(x["valid"])]
+    if column in by_id.columns:
+        kind = metric_kind(metric)
+        ids = sorted(set(paired["num_run"]) | set(paired["den_run"]))
+        bad = [r for r in ids if not bool(by_id.at[r, column])]
         if bad:
-            problems.append(f"seed {s}: run {', '.join(bad)} not valid")
-        parity = arm_parity(a.to_dict(), b.to_dict())
+            checks: list[str] = []
+            for r in bad:
+                failed = str(by_id.at[r, "invalid_reasons"] or "").split(", ")
+                checks += [c for c in spoiling_checks(failed, kind) if c not in checks]
+            why = "; ".join(f"{c}: {CHECK_WORDS.get(c, c)}" for c in checks)
+            problems.append(f"{kind_words(kind)} not valid in {len(bad)} of {len(ids)} runs ({why})")
+    for s, row in paired.iterrows():
+        parity = arm_parity(by_id.loc[row["num_run"]].to_dict(), by_id.loc[row["den_run"]].to_dict())
         if parity:
             problems.append(f"seed {s}: {'; '.join(parity)}")
     return "; ".join(problems)
@@ -315,7 +330,8 @@ def evaluate_interactions(
             "effect_ci_low": to_effect(s.t_ci[0]), "effect_ci_high": to_effect(s.t_ci[1]),
             "boot_effect_low": to_effect(s.boot_ci[0]), "boot_effect_high": to_effect(s.boot_ci[1]),
             "p": s.p,
-            "arms_invalid": "; ".join(x for x in (arms_invalid(runs, pair(runs, c)) for c in (ca, cb)) if x),
+            "arms_invalid": "; ".join(x for x in (arms_invalid(runs, pair(runs, c), c.metric)
+                                                  for c in (ca, cb)) if x),
         })
     cols = list(rows[0]) if rows else ["family", "name", "kind", "n_a", "n_b", "ci_low", "ci_high", "p",
                                        "arms_invalid"]
@@ -351,28 +367,42 @@ def cells(runs: pd.DataFrame, keys: Sequence[str]) -> Iterator[tuple[dict, pd.Da
         yield dict(zip(keys, label, strict=True)), runs.iloc[idx]
 
 
-def reference_org(orgs: Iterable[str]) -> str:
-    orgs = sorted(orgs)
-    return next((r for r in REFERENCE_ORGS if r in orgs), orgs[0])
+def _registry_order(org: str) -> tuple[int, str]:
+    return (ORG_NAMES.index(org) if org in ORG_NAMES else len(ORG_NAMES), org)
 
 
-def auto_contrasts(runs: pd.DataFrame, metrics: Sequence[str] = (DEFAULT_METRIC,)) -> list[Contrast]:
-    """Every org against the reference org within each design cell, per metric
-    (one Holm family per metric)."""
+def org_pairs(orgs: Iterable[str], reference: str | None = None) -> list[tuple[str, str]]:
+    """The (numerator, denominator) organizations `auto_contrasts` compares
+    among ``orgs``: every other one over ``reference`` when given (none when
+    it is absent), else every pair, the later in the registry's order over
+    the earlier (S1/S0, S2/S0, D0/S2, ...)."""
+    ordered = sorted(set(orgs), key=_registry_order)
+    if reference is not None:
+        return [(o, reference) for o in ordered if o != reference] if reference in ordered else []
+    return [(b, a) for i, a in enumerate(ordered) for b in ordered[i + 1:]]
+
+
+def auto_contrasts(runs: pd.DataFrame, metrics: Sequence[str] | None = None,
+                   reference: str | None = None) -> list[Contrast]:
+    """The `org_pairs` of every design cell, per metric (one Holm family per
+    metric). ``metrics`` None: those of `DEFAULT_METRICS` the runs have."""
+    if metrics is None:
+        metrics = [m for m in DEFAULT_METRICS if m in runs.columns] or [DEFAULT_METRIC]
     for m in metrics:
         if m not in runs.columns:
             raise HbenchError(f"unknown metric {m!r}; the run summaries have no such column")
+    if reference is not None and reference not in set(runs["org"]):
+        raise HbenchError(f"--reference {reference}: no run of {reference} under the results "
+                          f"(organizations there: {', '.join(sorted(set(runs['org'])))})")
     keys = group_keys(runs)
     label_keys = varying_keys(runs, keys)
     out = []
     for where, cell in cells(runs, keys):
-        orgs = set(cell["org"])
-        ref = reference_org(orgs)
         label = ", ".join(f"{k}={where[k]}" for k in label_keys)
-        for org in sorted(orgs - {ref}):
+        for num, den in org_pairs(cell["org"], reference):
             for m in metrics:
-                name = f"{org}/{ref}" + (f" @ {label}" if label else "") + ("" if len(metrics) == 1 else f" [{m}]")
-                out.append(Contrast(name, m, {**where, "org": org}, {**where, "org": ref}, family=m))
+                name = f"{num}/{den}" + (f" @ {label}" if label else "") + ("" if len(metrics) == 1 else f" [{m}]")
+                out.append(Contrast(name, m, {**where, "org": num}, {**where, "org": den}, family=m))
     return out
 
 

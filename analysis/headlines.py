@@ -148,7 +148,8 @@ def seeds_sentence(contrasts: pd.DataFrame | None) -> str:
 
 
 #: What happens to the runs that are not valid, by default.
-CONTRASTS_LEAVE_THEM = "their contrasts are not tested unless --include-invalid"
+CONTRASTS_LEAVE_THEM = ("contrasts of the metrics they spoil are not tested unless "
+                        "--include-invalid")
 CAPACITY_LEAVES_THEM = "each counts as missing the SLO unless --include-invalid"
 
 

@@ -8,8 +8,11 @@ gives one row per run: the run's configuration as plain columns (``org``,
 ``df.attrs["config_keys"]``), every summary metric as a column, and the
 identity and checked-metadata columns in `IDENTITY_COLUMNS` (with
 ``allocated_bytes``, the state memory the engine was given). The summary's
-nested ``validity`` object becomes two columns: ``valid`` (bool) and
-``validity`` (``valid`` or ``NOT VALID: ...``).
+nested ``validity`` object becomes plain columns: ``valid`` (bool: valid for
+every metric), ``validity`` (``valid`` or what is not valid and why),
+``invalid_reasons`` and one bool per metric kind, ``valid_for_<kind>``
+(`harness.validity.metric_verdicts`; `valid_column` names the one a metric
+is judged by).
 
 A configuration run again with the same seed (``hbench run`` twice) is one
 observation, not two: `load_runs` keeps the newest run of each
@@ -29,9 +32,10 @@ from analysis.run_validity import reasons
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.results import Run, RunSkipped, iter_runs, org_expression
-from harness.validity import describe_validity, run_is_valid
+from harness.validity import describe_validity, metric_kind, metric_verdicts, run_is_valid
 
-__all__ = ["IDENTITY_COLUMNS", "RepeatedRun", "RunSkipped", "config_keys", "load_runs", "run_row"]
+__all__ = ["IDENTITY_COLUMNS", "RepeatedRun", "RunSkipped", "config_keys", "load_runs", "run_row",
+           "valid_column"]
 
 IDENTITY_COLUMNS = ("run_id", "workload_hash", "path", "git_commit", "engine", "engine_version",
                     "schema_version", "created_utc", "allocated_bytes", "org_expression")
@@ -54,6 +58,8 @@ def run_row(run: Run) -> dict:
     row["valid"] = run_is_valid(run.summary)
     row["validity"] = describe_validity(run.summary)
     row["invalid_reasons"] = reasons(run.summary)
+    for kind, v in metric_verdicts(run.summary.get("validity")).items():
+        row[f"valid_for_{kind}"] = v["valid"]
     row.update(run_id=run.run_id, workload_hash=run.workload_hash, path=str(run.path),
                git_commit=run.git_commit, engine=run.engine, engine_version=run.engine_version,
                schema_version=run.schema_version, created_utc=run.manifest.get("created_utc"),
@@ -61,6 +67,12 @@ def run_row(run: Run) -> dict:
                org_expression=org_expression(run.manifest))
     return row
 
+
+
+def valid_column(metric: str) -> str:
+    """The column of a `load_runs` table that says whether a run's ``metric``
+    is valid (``valid_for_<kind>``, `harness.validity.metric_kind`)."""
+    return f"valid_for_{metric_kind(metric)}"
 
 
 def _allocated_bytes(manifest: dict) -> int | None:

@@ -56,7 +56,7 @@ from analysis.run_validity import keeps
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.results import Run, check_pairable, iter_runs
-from harness.validity import describe_validity, run_is_valid
+from harness.validity import describe_validity, metric_is_valid, run_is_valid
 
 # The gated metrics and the direction that is better. Summary keys not listed
 # here are carried along but never gated.
@@ -258,14 +258,18 @@ def baseline_gap(b_run: Run, c_run: Run, metric: str) -> str | None:
 _PENDING = "awaiting Holm"   # the reason of a tested group until `_judge_groups` decides
 
 
-def _group_findings(where, pairs: Sequence[tuple[Run, Run]], gaps: list[str]) -> list[Finding]:
+def _group_findings(where, pairs: Sequence[tuple[Run, Run]], gaps: list[str],
+                    include_invalid: bool = True) -> list[Finding]:
     """Per metric: invalid candidate cells (each a regression) and the paired
-    test over the valid seeds (p Holm and the verdict by `_judge_groups`);
+    test over the seeds whose runs are valid for that metric (all of them
+    when ``include_invalid``; p Holm and the verdict by `_judge_groups`);
     baseline values that cannot be gated go to ``gaps``."""
     out = []
     for metric, better in GATED.items():
         ratios, bs, cs = [], [], []
         for b_run, c_run in pairs:
+            if not all(keeps(metric_is_valid(r.summary, metric), include_invalid) for r in (b_run, c_run)):
+                continue
             b = number(b_run.summary.get(metric))
             if b is None or b <= 0:
                 gap = baseline_gap(b_run, c_run, metric)
@@ -321,8 +325,9 @@ def validate_thresholds(min_effect: float, alpha: float) -> None:
 def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.05,
             allow_missing: bool = False, include_invalid: bool = False) -> RegressResult:
     """Compare the runs under ``candidate`` with those under ``baseline``. A
-    real server's seed whose baseline or candidate run is not valid is left
-    out of its group's paired test (and so of the Holm family) unless
+    real server's seed whose baseline or candidate run is not valid for a
+    metric is left out of that metric's paired test in its group (and so of
+    the Holm family) unless
     ``include_invalid`` (`analysis.run_validity`); the simulator's cells are
     each judged on their own either way. Runs that are not valid are named."""
     validate_thresholds(min_effect, alpha)
@@ -390,11 +395,10 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
         for b_run, c_run in pairs:
             groups.setdefault(_key(b_run, cell_keys), []).append((b_run, c_run))
         for members in groups.values():
-            # A group left with one matched seed (the others missing) is not
-            # tested; its missing cells are reported as such.
-            tested = [m for m in members
-                      if all(keeps(run_is_valid(r.summary), include_invalid) for r in m)]
-            findings += _group_findings(where(members[0][0], group_keys), tested, gaps)
+            # A group left with one matched seed (the others missing, or not
+            # valid for a metric) is not tested; its missing cells are
+            # reported as such.
+            findings += _group_findings(where(members[0][0], group_keys), members, gaps, include_invalid)
         findings = _judge_groups(findings, min_effect, alpha)
     problems = unpairable + ([] if allow_missing else gaps)
     if problems:

@@ -287,7 +287,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     table = C.evaluate(runs, contrasts, include_invalid=include_invalid)
     inter = (C.evaluate_interactions(runs, contrasts, d.interactions, include_invalid=include_invalid)
              if d.interactions else None)
-    validity = of_runs(runs, include_invalid)
+    validity = of_runs(runs, include_invalid, [c.metric for c in contrasts])
     arms = C.arm_means(runs, list(d.metrics))
     metrics = sorted({c.metric for c in contrasts})
     out = root / "analysis"

@@ -47,6 +47,31 @@ A verdict is ``pass``, ``warn``, ``fail`` or ``n/a``; a run is ``valid``
 when no check fails. For a contrast, `arm_parity` adds the arms' parity:
 same workload hash (hence the same request stream), same engine version,
 same measured load (delivered rates within 1 %).
+
+Validity per metric. One verdict cannot serve every metric, because a queue
+that keeps growing spoils some numbers and is the point of others. The
+study compares organizations where queues build on purpose: there the
+throughput is the service rate the organization sustains, the quantity to
+compare (under light load throughput only echoes the offered rate), while a
+latency percentile measures how long the run lasted (its last requests
+waited behind everything before them). So each summary metric has a kind
+(`metric_kind`) and each check spoils only the kinds it invalidates
+(`SPOILS`):
+
+- ``rate`` (throughput): valid under a growing queue, as the sustained
+  service rate; in a steady state, as the delivered rate (the offered load);
+- ``ledger`` (work and cache counters: reused and initial input tokens,
+  preemptions, J_adopt, R_max, memory peaks, the running queue): valid under
+  a growing queue, as the served-state ledger of this request stream; both
+  arms of a contrast serve the same stream, so they compare like with like;
+- ``latency`` (TTFT, TPOT, end-to-end, the waiting queue, goodput): valid
+  only in a steady state (``overload`` passes);
+- ``itl``: a latency that also needs the server's stream (``stream``).
+
+A load that was not the one asked for (``arrival_rate``,
+``arrival_process``, ``dispatch_lag``) or requests that failed spoil every
+kind. `metric_verdicts` gives each kind's verdict (written to summary.json
+as ``validity.metrics``); `metric_is_valid` answers for one metric.
 """
 
 from __future__ import annotations
@@ -304,10 +329,94 @@ def check_stream(itl_p50_s: float, tpot_p50_s: float) -> dict:
 
 
 def verdict(checks: Mapping[str, dict]) -> dict:
-    """The validity object: every check, ``valid`` (no check failed) and the
-    failed checks' names in ``reasons``."""
+    """The validity object: every check, ``valid`` (no check failed), the
+    failed checks' names in ``reasons`` and each metric kind's verdict in
+    ``metrics`` (`metric_verdicts`)."""
     failed = [name for name, c in checks.items() if c["status"] == FAIL]
-    return {"valid": not failed, "reasons": failed, "checks": dict(checks)}
+    out = {"valid": not failed, "reasons": failed, "checks": dict(checks)}
+    out["metrics"] = metric_verdicts(out)
+    return out
+
+
+RATE, LEDGER, LATENCY, ITL = "rate", "ledger", "latency", "itl"
+METRIC_KINDS = (RATE, LEDGER, LATENCY, ITL)
+#: The metric kinds a failed check spoils (module docstring); a check not
+#: named here (``cache_state``, which only warns; ``later_turns``, never
+#: tested) spoils none.
+SPOILS: dict[str, tuple[str, ...]] = {
+    "arrival_rate": METRIC_KINDS, "arrival_process": METRIC_KINDS,
+    "dispatch_lag": METRIC_KINDS, "failures": METRIC_KINDS,
+    "overload": (LATENCY, ITL), "stream": (ITL,),
+}
+#: What each kind measures, by the run's regime: a growing queue (the
+#: ``overload`` check failed) or a steady state.
+_MEASURES = {
+    RATE: ("the sustained service rate (the queue grew: throughput is what the organization "
+           "serves)", "the delivered rate (steady state: throughput follows the offered load)"),
+    LEDGER: ("the served-state ledger of this request stream", "the served-state ledger"),
+    LATENCY: ("", "steady-state latency"),   # never valid under a growing queue
+    ITL: ("", "steady-state latency"),
+}
+#: A failed check in a few words, for one-line reasons.
+CHECK_WORDS = {
+    "arrival_rate": "arrivals off the nominal rate", "arrival_process": "arrivals not the process asked for",
+    "dispatch_lag": "the client dispatched late", "failures": "requests failed",
+    "overload": "the waiting queue kept growing", "stream": "tokens streamed in bursts",
+}
+_KIND_WORDS = {RATE: "throughput", LEDGER: "work and cache counters", LATENCY: "latency",
+               ITL: "inter-token latency"}
+
+
+def kind_words(kind: str) -> str:
+    """A metric kind as a reader says it ("throughput", "latency", ...)."""
+    return _KIND_WORDS[kind]
+
+
+def metric_kind(metric: str) -> str:
+    """The kind of a summary metric (module docstring): ``itl`` for
+    inter-token gaps, ``latency`` for TTFT, TPOT, end-to-end times, the
+    waiting queue and goodput, ``rate`` for throughput and delivered rates,
+    ``ledger`` for the rest."""
+    words = set(metric.lower().split("_"))
+    if "itl" in words:
+        return ITL
+    if words & {"ttft", "tpot", "e2e", "goodput", "latency", "slo"} or metric == "waiting_median":
+        return LATENCY
+    if metric.startswith(("throughput", "delivered_")):
+        return RATE
+    return LEDGER
+
+
+def metric_verdicts(validity: Mapping | None) -> dict[str, dict]:
+    """Each metric kind's verdict from a validity object's checks:
+    ``{kind: {"valid", "reasons" (the checks that spoil it), "as" (what it
+    measures in this run; "" where it is not valid)}}``. A run written before
+    validity existed (None) is valid for every kind."""
+    checks = validity.get("checks", {}) if isinstance(validity, Mapping) else {}
+    failed = [n for n, c in checks.items() if isinstance(c, Mapping) and c.get("status") == FAIL]
+    growing = "overload" in failed
+    out = {}
+    for kind in METRIC_KINDS:
+        spoiled = spoiling_checks(failed, kind)
+        out[kind] = {"valid": not spoiled, "reasons": spoiled,
+                     "as": "" if spoiled else _MEASURES[kind][0 if growing else 1]}
+    return out
+
+
+def spoiling_checks(failed: Sequence[str], kind: str) -> list[str]:
+    """Which of the ``failed`` checks spoil metrics of ``kind``."""
+    return [n for n in failed if kind in SPOILS.get(n, ())]
+
+
+def metric_is_valid(summary: Mapping, metric: str) -> bool:
+    """Whether a run's ``metric`` is valid (its kind's verdict)."""
+    return kind_is_valid(summary, metric_kind(metric))
+
+
+def kind_is_valid(summary: Mapping, kind: str) -> bool:
+    """Whether a run's metrics of ``kind`` are valid; runs written before
+    validity existed count as valid."""
+    return metric_verdicts(summary.get("validity"))[kind]["valid"]
 
 
 def check_later_turns(later_turns: int) -> dict:
@@ -348,8 +457,11 @@ def run_is_valid(summary: Mapping) -> bool:
 
 
 def describe_validity(summary: Mapping, detail: bool = True) -> str:
-    """``valid`` or ``NOT VALID: check (detail); ...`` for tables (without the
-    details when not ``detail``)."""
+    """``valid``, ``NOT VALID: check (detail); ...``, or for a run valid for
+    some metric kinds only, which kinds and why the others are not
+    (``throughput, work and cache counters valid; latency, inter-token
+    latency NOT VALID: overload``), for tables (without the details when not
+    ``detail``)."""
     v = summary.get("validity")
     if not isinstance(v, Mapping):
         return "not checked"
@@ -357,10 +469,27 @@ def describe_validity(summary: Mapping, detail: bool = True) -> str:
         warns = [n for n, c in v.get("checks", {}).items() if c.get("status") == WARN]
         return "valid" + (f" (warn: {', '.join(warns)})" if warns else "")
     checks = v.get("checks", {})
-    if not detail:
-        return "NOT VALID: " + ", ".join(v.get("reasons", []))
-    return "NOT VALID: " + "; ".join(f"{n} ({checks.get(n, {}).get('detail', '')})"
-                                     for n in v.get("reasons", []))
+    reasons = list(v.get("reasons", []))
+    why = (", ".join(reasons) if not detail else
+           "; ".join(f"{n} ({checks.get(n, {}).get('detail', '')})" for n in reasons))
+    kinds = metric_verdicts(v)
+    good = [k for k in METRIC_KINDS if kinds[k]["valid"]]
+    if not good:
+        return "NOT VALID: " + why
+    bad = ", ".join(kind_words(k) for k in METRIC_KINDS if k not in good)
+    return f"{', '.join(kind_words(k) for k in good)} valid; {bad} NOT VALID: {why}"
+
+
+def valid_as(summary: Mapping) -> str:
+    """For a run valid for some metric kinds only, one line saying what each
+    valid kind measures (``valid: throughput as the sustained service rate
+    ...``); "" for a run valid for all or none."""
+    v = summary.get("validity")
+    if not isinstance(v, Mapping) or v.get("valid"):
+        return ""
+    kinds = metric_verdicts(v)
+    good = [f"{kind_words(k)} as {kinds[k]['as']}" for k in METRIC_KINDS if kinds[k]["valid"]]
+    return "valid: " + "; ".join(good) if good else ""
 
 
 def failed_details(summary: Mapping) -> list[str]:

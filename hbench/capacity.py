@@ -41,16 +41,18 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
            on_cell=None, on_rerun=None, include_invalid: bool = False) -> pd.DataFrame:
     """Run (or reuse) every cell of the rate grid; one row per cell with its
     verdict, goodput and run directory. ``meets`` is the SLO verdict of a run
-    that may count (`analysis.run_validity.keeps`: a run that is not valid
-    held its SLO in a transient and counts as missing it unless
-    ``include_invalid``); ``slo_held`` is the SLO verdict alone. A reused cell is verified against its
+    that may count (`analysis.run_validity.keeps`: a run whose SLO metrics
+    are not valid, latency under a growing queue, held its SLO in a transient
+    and counts as missing it unless ``include_invalid``); ``valid`` is that
+    verdict, ``slo_held`` the SLO verdict alone. A reused cell is verified against its
     manifest's checksums; a damaged one is rerun (``on_rerun(cell, why)``)."""
     import pandas as pd
 
     from analysis.capacity import goodput, meets_slo
-    from analysis.run_validity import keeps
+    from analysis.run_validity import keeps, reasons
     from harness.grid import expand
     from harness.results import read_run
+    from harness.validity import metric_is_valid
     from hbench.sweep import run_sweep
 
     configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
@@ -61,12 +63,13 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     for cell in result.cells:
         run = read_run(out / cell.cell_id)
         cfg = cell.config
-        valid = bool((run.summary.get("validity") or {}).get("valid", True))
+        # the SLO is a latency: it counts only where the run's latency is valid
+        valid = all(metric_is_valid(run.summary, lim.key) for lim in limits)
         held = meets_slo(run.summary, limits)
         rows.append({"org": cfg.org, "budget": cfg.budget, "rate": cfg.rate, "seed": cfg.seed,
                      "meets": held and keeps(valid, include_invalid), "slo_held": held,
                      "goodput": goodput(run.table("requests"), limits),
-                     "valid": valid, "run_id": cell.cell_id,
+                     "valid": valid, "invalid_reasons": reasons(run.summary), "run_id": cell.cell_id,
                      **{lim.key: run.summary.get(lim.key) for lim in limits},
                      "run_dir": str(run.path)})
     return pd.DataFrame(rows)
@@ -79,7 +82,7 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
     ``out/capacity.json``, ``out/winner_map.png`` and ``out/report.html``."""
     from analysis.answer_figures import winner_map_figure
     from analysis.capacity import capacity_table, crossovers, invalid_at_capacity, winner_map
-    from analysis.run_validity import RunValidity
+    from analysis.run_validity import RunValidity, kind_counts, validity_of_reasons
 
     cells = search(orgs, budgets, rates, seeds, limits, out, base, jobs=jobs, on_cell=on_cell,
                    on_rerun=on_rerun, include_invalid=include_invalid)
@@ -87,7 +90,9 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
     wmap = winner_map(cells, alpha)
     cross = crossovers(cells, alpha)
     validity = RunValidity(len(cells), tuple(f"{r.run_id} ({r.org}@{r.budget} rate {r.rate:g} seed {r.seed})"
-                                             for r in cells.itertuples() if not r.valid), include_invalid)
+                                             for r in cells.itertuples() if not r.valid), include_invalid,
+                           kind_counts(({"validity": validity_of_reasons(r)} for r in cells["invalid_reasons"]),
+                                       [lim.key for lim in limits]))
     fig = winner_map_figure(wmap, f"winner by goodput ({', '.join(map(str, limits))})")
     with atomic_path(out / "winner_map.png") as tmp:
         fig.savefig(tmp, dpi=110)

@@ -11,8 +11,10 @@ import warnings
 
 import click
 
+from analysis.default_metrics import DEFAULT_METRICS
 from analysis.run_validity import INCLUDE_INVALID_HELP
 from common.errors import HbenchError
+from harness.config import ORG_NAMES
 from hbench.flag_types import FLOAT, PATH
 
 
@@ -20,23 +22,36 @@ from hbench.flag_types import FLOAT, PATH
 @click.argument("results_dir", type=PATH)
 @click.option("--out", "out_dir", type=PATH, default=None,
               help="Where to write the analysis (default: RESULTS_DIR/analysis).")
-@click.option("--metric", "metrics", multiple=True, default=("throughput_ledger_tok_s",), show_default=True,
-              help="Summary metric to contrast (repeatable); each metric is one Holm family.")
+@click.option("--metric", "metrics", multiple=True, default=None,
+              help="Summary metric to contrast (repeatable); each metric is one Holm family. "
+                   f"Default: {', '.join(DEFAULT_METRICS)} (those the runs have).")
+@click.option("--reference", type=click.Choice(ORG_NAMES, case_sensitive=False), default=None,
+              help="Compare every other organization with this one (default: every pair).")
 @click.option("--design", "--family-file", "design", type=PATH, default=None,
               help="TOML file of [[contrast]] and [[interaction]] tables instead of the automatic contrasts.")
 @click.option("--alpha", type=FLOAT, default=0.05, show_default=True, help="Significance level after Holm.")
 @click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 @click.option("--no-figures", is_flag=True, help="Skip the figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of tables.")
-def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_figures, as_json):
+def analyze(results_dir, out_dir, metrics, reference, design, alpha, include_invalid, no_figures,
+            as_json):
     """Compare organizations across seeds in RESULTS_DIR.
 
+    \b
+    Example:
+      hbench analyze results/ --reference s2
+
     Without --design, runs are grouped by every configuration field except
-    org and seed, and each organization is contrasted with s0 (else s2) on
-    each --metric. A contrast whose arms are not valid (a run's validity
-    verdict failed, or the arms lack parity) is marked and left out of its
-    Holm family unless --include-invalid. Writes contrasts.csv,
-    contrasts.json, report.md, report.html and figures/ under --out.
+    org and seed, and within each group every pair of organizations is
+    contrasted (or every one with --reference) on throughput and latency
+    (TTFT p50/p99, TPOT p99), or on each --metric. Validity is per metric: a
+    queue that kept growing leaves throughput valid (the service rate an
+    organization sustains) but not latency, so a contrast whose arms are not
+    valid for its metric (or lack parity) is marked with why and left out of
+    its Holm family unless --include-invalid. A configuration and seed run
+    twice counts once: the newest run, the others named. Writes
+    contrasts.csv, contrasts.json, report.md, report.html and figures/
+    under --out.
     """
     from rich.console import Console
 
@@ -60,13 +75,14 @@ def analyze(results_dir, out_dir, metrics, design, alpha, include_invalid, no_fi
             d = C.load_design(design)
             contrasts, interactions = list(d.contrasts), list(d.interactions)
         else:
-            contrasts, interactions = C.auto_contrasts(runs, metrics), []
+            contrasts, interactions = C.auto_contrasts(runs, list(metrics) or None,
+                                                       reference and reference.lower()), []
         table = C.evaluate(runs, contrasts, alpha=alpha, include_invalid=include_invalid)
         inter = (C.evaluate_interactions(runs, contrasts, interactions, alpha=alpha,
                                          include_invalid=include_invalid) if interactions else None)
-        used = sorted({c.metric for c in contrasts}) or list(metrics)
+        used = sorted({c.metric for c in contrasts}) or list(metrics) or [C.DEFAULT_METRIC]
         arms = C.arm_means(runs, used)
-        validity = of_runs(runs, include_invalid)
+        validity = of_runs(runs, include_invalid, used)
         out = out_dir if out_dir is not None else results_dir / "analysis"
         # The HTML reads every run's tables: built first, a corrupt one fails
         # before any output is written.

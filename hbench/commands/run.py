@@ -43,7 +43,7 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
     from rich.table import Table
 
     from harness.results import org_expression
-    from harness.validity import describe_validity, failed_details
+    from harness.validity import describe_validity, failed_details, valid_as
 
     cfg = manifest["config"]
     t = Table(title=f"{cfg['org'].upper()} @ {manifest['budget']['label']}  "
@@ -63,6 +63,8 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
                       highlight=False, soft_wrap=True)
     for line in failed_details(summary):
         console.print(f"  {line}", highlight=False)
+    if valid_as(summary):
+        console.print(valid_as(summary), highlight=False, soft_wrap=True)
     step = next_step(summary, cfg)
     if step:
         console.print(step, highlight=False, soft_wrap=True)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from analysis.default_metrics import DEFAULT_METRICS
 from hbench.cli import cli
-from tests.support.cli import hbench_run, invoke
+from tests.support.cli import hbench_run, invoke, one_error_line
 from tests.support.results_factory import write_design, write_run
 
 METRIC = "throughput_ledger_tok_s"
@@ -34,8 +35,10 @@ def test_analyze_writes_tables_report_and_figures(tmp_path):
     out = root / "analysis"
     doc = json.loads((out / "contrasts.json").read_text())
     assert doc["schema_version"] == 1
-    assert sorted(c["name"] for c in doc["contrasts"]) == ["s1/s0", "s2/s0"]
-    assert all(c["significant"] for c in doc["contrasts"])
+    # every pair of organizations, on throughput and latency
+    assert sorted((c["name"].split(" ")[0], c["metric"]) for c in doc["contrasts"]) == sorted(
+        (pair, m) for pair in ("s1/s0", "s2/s0", "s2/s1") for m in DEFAULT_METRICS)
+    assert [c["significant"] for c in doc["contrasts"] if c["metric"] == METRIC] == [True] * 3
     assert (out / "contrasts.csv").read_text().startswith("family,name,metric")
     report = (out / "report.md").read_text()
     assert "## Contrasts" in report and "s1/s0" in report and "latency_cdf" in report
@@ -97,4 +100,16 @@ def test_analyze_after_a_repeated_run_answers_and_names_the_run_it_set_aside(tmp
     warning = next(ln for ln in res.output.splitlines() if "repeat a configuration" in ln)
     assert f"kept the newest ({newer})" in warning and f"set aside {older}" in warning
     doc = json.loads(res.output[res.output.index("{"):])
-    assert {c["name"] for c in doc["contrasts"]} >= {"d0/s2"}, doc["contrasts"]
+    assert {c["name"].split(" ")[0] for c in doc["contrasts"]} == {"d0/s2"}, doc["contrasts"]
+
+
+@pytest.mark.slow
+def test_analyze_reference_compares_every_organization_with_it(tmp_path):
+    root = _results(tmp_path / "res")
+    res = invoke("analyze", root, "--json", "--no-figures", "--metric", METRIC, "--reference", "S1")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output[res.output.index("{"):])
+    assert sorted(c["name"] for c in doc["contrasts"]) == ["s0/s1", "s2/s1"]
+    res = invoke("analyze", root, "--no-figures", "--reference", "d0")
+    one_error_line(res, "--reference d0: no run of d0 under the results",
+                   "(organizations there: s0, s1, s2)", other_lines=True)

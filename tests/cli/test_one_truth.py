@@ -61,7 +61,7 @@ def test_analyze_sentences_follow_the_contrast_table(tmp_path, values, winner):
     assert res.exit_code == 0, res.output
     md, page = (tmp_path / "a" / "report.md").read_text(), (tmp_path / "a" / "report.html").read_text()
     table = pd.read_csv(tmp_path / "a" / "contrasts.csv")
-    assert list(table["significant"]) == [winner is not None]
+    assert list(table.loc[table["metric"] == T, "significant"]) == [winner is not None]
     for text in (md, page, res.output):
         if winner is None:
             assert claims(text) == [], claims(text)
@@ -85,16 +85,16 @@ def test_report_sentences_follow_the_contrast_table(tmp_path, values, winner):
 
 
 def test_an_untested_contrast_names_no_winner_however_large(tmp_path):
-    # D0 is 20 % ahead on every seed, but its runs are not valid: the contrast is not tested
-    bad = {"validity": {"valid": False, "reasons": ["overload"]}}
+    # D0 is 20 % ahead on every seed, but its requests failed: the contrast is not tested
+    bad = {"validity": {"valid": False, "reasons": ["failures"], "checks": {"failures": {"status": "fail"}}}}
     _tree(tmp_path / "runs", CLEAR, d0=bad)
     res = invoke("report", tmp_path / "runs", "-o", tmp_path / "r.html")
     assert res.exit_code == 0, res.output
     page = (tmp_path / "r.html").read_text()
     assert claims(page) == [], claims(page)
     answers = html.unescape(page[:page.index("<h2>Figures")])
-    assert "D0 vs S2 on output tok/s is not tested: arms not valid: 3 runs not valid" in answers
-    assert "3 of 6 runs are not valid (overload: 3" in answers
+    assert "D0 vs S2 on output tok/s is not tested: arms not valid: throughput not valid in 3 of 6 runs" in answers
+    assert "3 of 6 runs are not valid (failures: 3" in answers
     # run ids are left to the table at the end
     assert "d0-b83-1" not in answers and "d0-b83-1" in page[page.index("Runs not valid"):]
 
@@ -115,7 +115,8 @@ def _capacity(tmp_path, monkeypatch, goodput: dict):
                 run_id = f"{org}-{rate:g}-{seed}"
                 d = write_run(out, run_id, org=org, budget="b63", rate=rate, seed=seed)
                 rows.append({"org": org, "budget": "b63", "rate": rate, "seed": seed, "meets": True,
-                             "slo_held": True, "goodput": g, "valid": True, "run_id": run_id,
+                             "slo_held": True, "goodput": g, "valid": True, "invalid_reasons": "",
+                             "run_id": run_id,
                              "ttft_p99_s": 1.0, "tpot_p99_s": 0.05, "run_dir": str(d)})
     monkeypatch.setattr(capacity_command, "search", lambda *a, **k: pd.DataFrame(rows))
     res = invoke("capacity", "--org", ",".join(goodput), "--budget", "b63", "--rates", "1,2",

@@ -16,7 +16,9 @@ from analysis.contrasts import (
     evaluate,
     evaluate_interactions,
     load_design,
+    org_pairs,
 )
+from analysis.default_metrics import DEFAULT_METRICS
 from analysis.load import load_runs
 from common.errors import HbenchError
 from tests.support.results_factory import write_design, write_run
@@ -113,22 +115,38 @@ def _grid(tmp_path):
     return load_runs(tmp_path)
 
 
-def test_auto_contrasts_group_by_config_and_use_s0_reference(tmp_path):
+def test_auto_contrasts_compare_every_pair_within_each_cell(tmp_path):
     runs = _grid(tmp_path)
-    cs = auto_contrasts(runs)
-    assert sorted(c.name for c in cs) == ["s1/s0 @ q=0.0", "s1/s0 @ q=1.0", "s2/s0 @ q=0.0", "s2/s0 @ q=1.0"]
+    cs = auto_contrasts(runs, [METRIC])
+    assert sorted(c.name for c in cs) == ["s1/s0 @ q=0.0", "s1/s0 @ q=1.0", "s2/s0 @ q=0.0",
+                                          "s2/s0 @ q=1.0", "s2/s1 @ q=0.0", "s2/s1 @ q=1.0"]
     assert {c.family for c in cs} == {METRIC}
     out = evaluate(runs, cs, n_resamples=200).set_index("name")
     assert out.loc["s1/s0 @ q=1.0", "effect_pct"] == pytest.approx(20.0, abs=2.0)
-    assert out["significant"].all()
+    assert out.loc["s2/s1 @ q=1.0", "effect_pct"] == pytest.approx(100 * (1.25 / 1.20 - 1), abs=1.0)
     two = auto_contrasts(runs, [METRIC, "ttft_p99_s"])
-    assert len(two) == 8 and {c.family for c in two} == {METRIC, "ttft_p99_s"}
+    assert len(two) == 12 and {c.family for c in two} == {METRIC, "ttft_p99_s"}
 
 
-def test_auto_contrasts_fall_back_to_s2_reference(tmp_path):
+def test_auto_contrasts_default_to_throughput_and_latency(tmp_path):
     runs = _grid(tmp_path)
-    cs = auto_contrasts(runs[runs["org"] != "s0"])
-    assert sorted(c.name for c in cs) == ["s1/s2 @ q=0.0", "s1/s2 @ q=1.0"]
+    assert {c.metric for c in auto_contrasts(runs)} == set(DEFAULT_METRICS)
+    assert {c.metric for c in auto_contrasts(runs.drop(columns=["tpot_p99_s"]))} == \
+        set(DEFAULT_METRICS) - {"tpot_p99_s"}
+
+
+def test_auto_contrasts_against_a_reference(tmp_path):
+    runs = _grid(tmp_path)
+    cs = auto_contrasts(runs, [METRIC], reference="s2")
+    assert sorted(c.name for c in cs) == ["s0/s2 @ q=0.0", "s0/s2 @ q=1.0", "s1/s2 @ q=0.0", "s1/s2 @ q=1.0"]
+    with pytest.raises(HbenchError, match="--reference d0: no run of d0"):
+        auto_contrasts(runs, [METRIC], reference="d0")
+
+
+def test_org_pairs_put_the_later_organization_over_the_earlier():
+    assert org_pairs(["d0", "s2", "s0"]) == [("s2", "s0"), ("d0", "s0"), ("d0", "s2")]
+    assert org_pairs(["d0", "s2"], reference="d0") == [("s2", "d0")]
+    assert org_pairs(["s1", "s2"], reference="s0") == []
 
 
 def test_auto_contrasts_unknown_metric(tmp_path):

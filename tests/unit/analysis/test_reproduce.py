@@ -117,3 +117,21 @@ def test_arm_interval_of_a_token_depth_stays_within_its_seeds():
     assert (value, n, verdict) == (2750.0, 2, "arm mean")
     assert 2500.0 <= lo <= value <= hi <= 3000.0
     assert stats.bounded_t_interval([2500.0, 3000.0])[1] > 4000     # what it replaced
+
+
+@pytest.mark.slow
+def test_reproduce_tests_its_throughput_contrasts_at_the_studys_loaded_working_point(tmp_path):
+    """Q8 at the study's working point: queues build (some runs' latency is not
+    valid), yet throughput is the service rate each arm sustains, so every
+    contrast on it is tested by default (a Holm p, no "arms not valid")."""
+    result = CliRunner().invoke(cli, ["reproduce", "q8", "--quick", "--no-figures", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    root = tmp_path / "q8-quick"
+    runs = load_runs(root)
+    assert runs["invalid_reasons"].str.contains("overload").any()
+    assert not runs["valid_for_latency"].all() and runs["valid_for_rate"].all()
+    contrasts = pd.read_csv(root / "analysis" / "contrasts.csv")
+    assert set(contrasts["metric"]) >= {"throughput_ledger_tok_s"}
+    tput = contrasts[contrasts["metric"].str.startswith("throughput")]
+    assert (tput["verdict"] != "arms not valid").all() and tput["p_holm"].notna().all()
+    assert "throughput valid in 4 of 4" in result.output
