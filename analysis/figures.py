@@ -224,15 +224,30 @@ def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
     (`analysis.verdicts.status`, the table's own verdict). A contrast that
     is not tested (arms not valid, one seed, no ratio) is never drawn as an
     estimate: a hollow grey marker (where an effect was computed), no
-    interval, and the words "not tested" with the reason."""
-    from analysis import verdicts as V
-
+    interval, and the words "not tested" with the reason. Several metrics
+    get a panel each, with its own effect axis (a TTFT p99 effect of
+    +2,000 % would flatten a throughput effect of -4 % to a dot)."""
     if contrasts is None or contrasts.empty or "effect_pct" not in contrasts.columns:
         return None
     rows = contrasts.to_dict("records")
-    several = contrasts["metric"].nunique() > 1 if "metric" in contrasts.columns else False
-    fig = Figure(figsize=(8.5, 1.3 + 0.34 * len(rows)), layout="constrained")
-    ax = fig.subplots()
+    metrics = list(dict.fromkeys(str(r.get("metric") or "") for r in rows))
+    groups = [[r for r in rows if str(r.get("metric") or "") == m] for m in metrics]
+    fig = Figure(figsize=(8.5, 1.0 * len(groups) + 0.3 + 0.34 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(groups), 1, squeeze=False,
+                        gridspec_kw={"height_ratios": [len(g) + 1.2 for g in groups]})[:, 0]
+    for ax, metric, group in zip(axes, metrics, groups, strict=True):
+        _forest_panel(ax, group)
+        of = f" of {_label(metric)}" if metric else ""
+        ax.set_xlabel(f"effect (%){of}: geometric mean of within-seed ratios, 95% t CI", fontsize=9)
+        ax.set_ylabel("contrast (A/B, where)")
+    axes[0].set_title("red *: significant (p Holm < alpha, CI excludes 0); grey: not significant; "
+                      "hollow: not tested", fontsize=9)
+    return fig
+
+
+def _forest_panel(ax, rows: list[dict]) -> None:
+    from analysis import verdicts as V
+
     ys = np.arange(len(rows))[::-1]
     for y, r in zip(ys, rows, strict=True):
         eff, lo, hi, state = r["effect_pct"], r["effect_ci_low"], r["effect_ci_high"], V.status(r)
@@ -250,19 +265,12 @@ def forest_figure(contrasts: pd.DataFrame | None) -> Figure | None:
         ax.annotate(mark, xy=(1.01, y), xycoords=("axes fraction", "data"), va="center", fontsize=8,
                     color=colour, style="italic" if state == V.NOT_TESTED else "normal")
     ax.axvline(0.0, color="black", lw=0.8, ls="--")
-    labels = [V.title(r, with_metric=several) for r in rows]
-    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_yticks(ys, [V.title(r, with_metric=False) for r in rows], fontsize=8)
     for tick, r in zip(ax.get_yticklabels(), rows, strict=True):
         if V.status(r) == V.NOT_TESTED:
             tick.set_color("0.45")
     ax.set_ylim(-0.7, len(rows) - 0.3)
-    metric = "" if several or not rows[0].get("metric") else f" of {_label(str(rows[0]['metric']))}"
-    ax.set_xlabel(f"effect (%){metric}: geometric mean of within-seed ratios, 95% t CI")
-    ax.set_ylabel("contrast (A/B, where)")
-    ax.set_title("red *: significant (p Holm < alpha, CI excludes 0); grey: not significant; "
-                 "hollow: not tested", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
-    return fig
 
 
 def _cdf(ax, values: np.ndarray, label: str, color: str, style: str = "-"):

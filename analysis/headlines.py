@@ -77,7 +77,7 @@ def contrast_sentence(r: Mapping, alpha: float = 0.05) -> str:
     where = f" {where}" if where else ""
     state = V.status(r)
     if state == V.NOT_TESTED:
-        subject = f"\u201c{r['name']}\u201d" if where.startswith(" in contrast") else f"{a} vs {b}{where}"
+        subject = f"\u201c{r['name']}\u201d" if where.startswith(" in \u201c") else f"{a} vs {b}{where}"
         return f"{subject} on {_metric_label(metric)} is not tested: {V.untested_reason(r)}."
     kept = (f"; its arms are not valid ({V.short_reason(r['arms_invalid'])}), kept by --include-invalid"
             if str(r.get("arms_invalid") or "") else "")

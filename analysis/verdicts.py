@@ -103,7 +103,7 @@ def where(name: str) -> str:
     if re.fullmatch(r"[^/ @]+/[^/ @]+( \[[^\]]*\])?", name):
         return ""                     # an automatic contrast of a single design cell: no place to name
     if " @ " not in name:
-        return f"in contrast \u201c{name}\u201d"
+        return f"in \u201c{name}\u201d"
     parts = []
     for item in re.sub(r" \[[^\]]*\]$", "", name.split(" @ ", 1)[1]).split(", "):
         key, _, value = item.partition("=")

@@ -201,3 +201,17 @@ def test_joint_depth_bars_never_reach_past_their_seeds(tmp_path):
     (bars,) = [c for c in ax.containers if hasattr(c, "errorbar") and c.errorbar is not None]
     segment = bars.errorbar.lines[2][0].get_segments()[0]
     assert 2500.0 <= min(segment[:, 1]) and max(segment[:, 1]) <= 3000.0
+
+
+def test_forest_figure_gives_each_metric_its_own_effect_axis():
+    # a -4 % throughput effect beside a +2,000 % TTFT p99 effect: one axis would flatten the first
+    rows = [{"family": m, "name": f"d0/s2 @ budget=b83 [{m}]", "metric": m, "numerator": "budget=b83, org=d0",
+             "denominator": "budget=b83, org=s2", "effect_pct": e, "effect_ci_low": e - w, "effect_ci_high": e + w,
+             "n": 3, "significant": True, "excluded": False, "verdict": "significant", "arms_invalid": ""}
+            for m, e, w in ((METRIC, -4.0, 1.0), ("ttft_p99_s", 2000.0, 500.0))]
+    fig = figures.forest_figure(pd.DataFrame(rows))
+    assert len(fig.axes) == 2
+    assert [ax.get_xlabel().split(":")[0] for ax in fig.axes] == [
+        "effect (%) of output tok/s (ledger window)", "effect (%) of TTFT p99 (s)"]
+    assert fig.axes[0].get_xlim()[1] < 100 < fig.axes[1].get_xlim()[1]
+    assert [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()] == ["D0/S2 budget b83"] * 2
