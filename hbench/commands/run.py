@@ -21,6 +21,7 @@ from harness.layout import PAGINGS
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
 from hbench.commands.workload import multiturn_options
+from hbench.flag_rules import check_flags, typed_flags
 from hbench.flag_types import FLOAT, INT, FloatOr
 from hbench.paths import check_writable_dir
 from workloads.sharegpt.arrivals import ARRIVALS
@@ -207,7 +208,7 @@ def next_step(summary: dict, cfg: dict) -> str:
 @click.option("--seed", type=INT, default=D.seed, show_default=True)
 @click.option("--workload", "workload_path", type=click.Path(), default=None,
               help="Serve a saved workload (hbench workload build) instead of building one; "
-                   "the workload flags above are then ignored.")
+                   "the workload flags above (and --seed) are then refused.")
 @click.option("--warmup", "warmup_requests", type=INT, default=0, show_default=True,
               help="Warm-up requests served first and excluded from every metric.")
 @click.option("--endpoint", default=None, help="Real engines: URL of a running server.")
@@ -253,6 +254,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     if flags["engine"] == "torch":
         flags["config_path"] = _torch_model_config(flags["model"], flags["config_path"])
     config = RunConfig(**flags)
+    check_flags(typed_flags(ctx), [config])
     check_writable_dir(out)
     validate_run(config, allow_oversubscribe=allow_oversubscribe)
     clean_stale(out)
