@@ -6,7 +6,8 @@ noticed from the config alone: ``--think-time 2`` on the study's workload, or
 ``--device cuda`` on the simulator, would be recorded and do nothing. `RULES`
 says, once for every command that takes these flags (``run``, ``sweep``,
 ``capacity``, ``workload build``), when each one applies and why not
-otherwise; `check_flags` refuses a flag the user gave (typed, in ``--set`` or
+otherwise (`TOOL_RULES`, `VERIFY_RULES`: the same for the real-engine tools
+``calibrate``, ``fidelity`` and ``verify``); `check_flags` refuses a flag the user gave (typed, in ``--set`` or
 in a grid file) that applies to none of the runs it would shape. Defaults are
 never refused: only what was given counts (`typed_flags`).
 
@@ -136,6 +137,32 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+#: The real-engine tools (``calibrate``, ``fidelity``, ``verify``) by their own
+#: parameter names; a tool's context is a `RunConfig` of its engine, its
+#: ``--launch`` and ``--endpoint``.
+TOOL_RULES: tuple[Rule, ...] = (
+    Rule(("device", "dtype"), lambda c, g: c.engine == "torch",
+         "applies to --engine torch only (the in-process engine)"),
+    Rule(("quick",), lambda c, g: "profile_path" not in g,
+         "applies without --profile only: it is the design of the calibration run first"),
+)
+#: ``hbench verify``'s: the torch engine's continuation check, vLLM's pressure
+#: check against stock (``--launch``), or hit-vs-recompute on a server.
+VERIFY_RULES: tuple[Rule, ...] = (
+    *TOOL_RULES,
+    Rule(("budget", "seed"), lambda c, g: c.engine == "torch",
+         "applies to --engine torch only (the workload of its continuation check)"),
+    Rule(("endpoint", "launch", "server_cmd", "n_prompts", "output_len"),
+         lambda c, g: c.engine != "torch",
+         "does not apply to --engine torch, which serves in process"),
+    Rule(("blocks", "control"), lambda c, g: c.engine == "vllm" and c.launch,
+         "applies to --engine vllm --launch only (stock vLLM against the plugin)"),
+    Rule(("server_cmd",), lambda c, g: c.launch, "applies with --launch only"),
+    Rule(("prompt_chars",), lambda c, g: c.engine != "torch" and not (c.engine == "vllm" and c.launch),
+         "applies to text prompts only (a server at --endpoint, or sglang --launch); "
+         "vllm --launch sends token-id prompts"),
+)
+
 #: What every run takes, whatever else it is given: which organization at which
 #: budget, on which engine, of which model, with the state dtype its geometry
 #: uses, from which saved workload, and where the results go. A flag of
@@ -145,13 +172,15 @@ APPLY_ALWAYS = ("org", "budget", "engine", "model", "config_path", "ssm_state_dt
                 "workload_path", "out", "as_json")
 
 
-def check_flags(given: Mapping[str, str], configs: Iterable[RunConfig]) -> None:
+def check_flags(given: Mapping[str, str], configs: Iterable[RunConfig],
+                rules: tuple[Rule, ...] = RULES) -> None:
     """Refuse (HbenchError, one line naming the flag) the first flag in
     ``given`` (parameter or RunConfig field name -> how the user wrote it)
-    that applies to none of ``configs`` (one run, or a grid's cells)."""
+    that applies to none of ``configs`` (one run, or a grid's cells) by
+    ``rules``."""
     configs = list(configs)
     names = frozenset(given)
-    for rule in RULES:
+    for rule in rules:
         for name in rule.names:
             if name in given and not any(rule.applies(c, names) for c in configs):
                 raise HbenchError(f"{given[name]} {rule.why}")

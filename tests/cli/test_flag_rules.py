@@ -198,3 +198,41 @@ def test_capacity_refuses_what_its_runs_would_ignore(tmp_path, flag, bad, good):
         return
     one_error_line(invoke("capacity", "--org", "s2", "--budget", "b83", "--out", UNWRITABLE,
                           *good, *flag), f"--out {UNWRITABLE}")
+
+
+# ------------------------------------------------------------ the real-engine tools
+
+VERIFY_TORCH = ["verify", "--engine", "torch"]           # then: needs --model DIR
+VERIFY_LAUNCH = ["verify", "--engine", "vllm", "--launch"]  # then: needs --model DIR
+VERIFY_AT = ["verify", "--engine", "vllm", "--endpoint", "http://127.0.0.1:9"]  # then: unreachable
+
+# (flag, the command where it does not apply, the command where it does, its next error there)
+TOOL_CASES = {
+    "verify device": (["--device", "cpu"], VERIFY_LAUNCH, VERIFY_TORCH, "needs --model DIR"),
+    "verify seed": (["--seed", "2"], VERIFY_AT, VERIFY_TORCH, "needs --model DIR"),
+    "verify budget": (["--budget", "b8"], VERIFY_LAUNCH, VERIFY_TORCH, "needs --model DIR"),
+    "verify blocks": (["--blocks", "4"], VERIFY_AT, VERIFY_LAUNCH, "needs --model DIR"),
+    "verify no-control": (["--no-control"], VERIFY_TORCH, VERIFY_LAUNCH, "needs --model DIR"),
+    "verify prompts": (["--prompts", "2"], VERIFY_TORCH, VERIFY_LAUNCH, "needs --model DIR"),
+    "verify launch": (["--launch"], VERIFY_TORCH, ["verify", "--engine", "vllm"],
+                      "needs --model DIR"),
+    "verify server-cmd": (["--server-cmd", "serve {model}"], VERIFY_AT, VERIFY_LAUNCH,
+                          "needs --model DIR"),
+    "verify prompt-chars": (["--prompt-chars", "300"], VERIFY_LAUNCH, VERIFY_AT, "cannot reach"),
+    "calibrate dtype": (["--dtype", "fp32"],
+                        ["calibrate", "--engine", "vllm", "--model", "m", "-o", "p.json"],
+                        ["calibrate", "--engine", "torch", "--model", "m", "-o",
+                         f"{UNWRITABLE}/p.json"], "--out"),
+    "fidelity device": (["--device", "cpu"], ["fidelity", "--engine", "vllm", "--model", "m"],
+                        ["fidelity", "--model", "m", "--out", UNWRITABLE], "--out"),
+    "fidelity quick": (["--quick"], ["fidelity", "--model", "m", "--profile", "p.json"],
+                       ["fidelity", "--model", "m", "--out", UNWRITABLE], "--out"),
+}
+
+
+@pytest.mark.parametrize("case", list(TOOL_CASES))
+def test_a_tool_flag_is_refused_where_it_does_not_apply_and_taken_where_it_does(tmp_path, case):
+    flag, bad, good, next_error = TOOL_CASES[case]
+    line = one_error_line(invoke(*bad, *flag), flag[0])
+    assert line.startswith(("Error: --control/", f"Error: {flag[0]}")), line
+    one_error_line(invoke(*good, *flag), next_error)
