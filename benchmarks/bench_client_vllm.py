@@ -115,12 +115,14 @@ def server_window(first, last) -> dict:
     return out
 
 
-def run_hbench_round(python, endpoint, model, wl_path, out, seed) -> dict:
+def run_hbench_round(python, endpoint, model, wl_path, out) -> dict:
+    """hbench's client against ``endpoint`` on the saved workload (which brings
+    its own seed and lengths; the server its own limits)."""
     first = read_metrics(endpoint)
     hbench_cli(python, "run", "--engine", "vllm", "--org", "s0", "--budget", "1GiB",
                "--endpoint", endpoint.url, "--model", str(model), "--config",
-               str(model / "config.json"), "--workload", str(wl_path), "--cap", "8",
-               "--max-model-len", "2048", "--seed", str(seed), "--out", str(out), "--json")
+               str(model / "config.json"), "--workload", str(wl_path),
+               "--out", str(out), "--json")
     last = read_metrics(endpoint)
     (run_dir,) = list_runs(out)
     data = read_run(run_dir)
@@ -209,7 +211,7 @@ def main() -> None:
                 out = tmp / f"{client}-{k}"
                 out.mkdir()
                 load0 = os.getloadavg()[0]
-                r = (run_hbench_round(py, endpoint, model, wl, out, k) if client == "hbench"
+                r = (run_hbench_round(py, endpoint, model, wl, out) if client == "hbench"
                      else run_vllm_round(args.vllm_python, endpoint, model, trace, out,
                                          args.requests))
                 rows.append({"round": k + 1, "client": client, "cleared": cleared,

@@ -37,6 +37,14 @@ class CapacityResult:
     validity: object = None   # analysis.run_validity.RunValidity of the grid's runs
 
 
+def capacity_configs(orgs, budgets, rates, seeds, base: dict) -> list:
+    """The runs of the grid: every organization x budget x rate x seed, each
+    with ``base``'s fields (`harness.grid.expand` types and checks them)."""
+    from harness.grid import expand
+
+    return expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
+
+
 def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int = 1,
            on_cell=None, on_rerun=None, include_invalid: bool = False) -> pd.DataFrame:
     """Run (or reuse) every cell of the rate grid; one row per cell with its
@@ -50,12 +58,11 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
 
     from analysis.capacity import goodput, meets_slo
     from analysis.run_validity import keeps, reasons
-    from harness.grid import expand
     from harness.results import read_run
     from harness.validity import metric_is_valid
     from hbench.sweep import run_sweep
 
-    configs = expand([{"org": orgs, "budget": budgets, "rate": rates, "seed": seeds}], base)
+    configs = capacity_configs(orgs, budgets, rates, seeds, base)
     result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell, on_rerun=on_rerun)
     if result.failed:
         raise HbenchFailure(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")

@@ -75,7 +75,8 @@ def print_fit(fit, profile) -> None:
 @click.option("--seed", type=INT, default=0, show_default=True)
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(),
               help="Where to write the profile (JSON).")
-def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_len, max_error,
+@click.pass_context
+def calibrate(ctx, engine, model_dir, org, device, dtype, quick, repeats, max_model_len, max_error,
               against, samples_path, seed, out_path):
     """Measure ENGINE's step times and fit the simulator's cost profile to them.
 
@@ -85,10 +86,13 @@ def calibrate(engine, model_dir, org, device, dtype, quick, repeats, max_model_l
     hbench run --engine sim --config /tmp/prop/config.json --gpu torch-cpu.json ...
     """
     from adapters.sim.profile import save_profile
+    from harness.config import RunConfig
     from hbench.calibration import calibrate_model, check_held_out, write_samples
+    from hbench.flag_rules import TOOL_RULES, check_flags, typed_flags
     from hbench.paths import check_writable_file
     from hbench.progress import progress_bar
 
+    check_flags(typed_flags(ctx), [RunConfig(engine=engine)], TOOL_RULES)
     check_writable_file(out_path, "--out")
     if samples_path:
         check_writable_file(samples_path, "--samples")

@@ -17,6 +17,9 @@ from common.errors import HbenchError
 from common.numbers import parse_float
 from hbench.flag_types import FLOAT, INT, PATH
 
+#: Requests per run when neither --requests nor a run length (--set duration_s) is given.
+DEFAULT_REQUESTS = 120
+
 
 def _list(text: str, what: str) -> list[str]:
     items = [x.strip() for x in (text or "").split(",") if x.strip()]
@@ -40,7 +43,9 @@ def _rates(text: str) -> list[float]:
 @click.option("--rates", default="0.5,1,1.5,2,3,4", show_default=True,
               help="Rate grid in req/s (the search's steps).")
 @click.option("--seeds", default="1-3", show_default=True, help="Paired seeds, e.g. 1-3 or 1,2,5.")
-@click.option("--requests", type=INT, default=120, show_default=True, help="Requests per run.")
+@click.option("--requests", type=INT, default=None,
+              help=f"Requests per run [default: {DEFAULT_REQUESTS}, or none with --set "
+                   "duration_s=S or --set workload_path=FILE].")
 @click.option("--ckpt-publish", default="every", show_default=True,
               help="Where checkpoints are published for every run: every, every-k, marconi "
                    "(see hbench run --help).")
@@ -56,7 +61,8 @@ def _rates(text: str) -> list[float]:
 @click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json instead of tables.")
-def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evict, extra, alpha, out,
+@click.pass_context
+def capacity(ctx, orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evict, extra, alpha, out,
              jobs, include_invalid, as_json):
     """Largest arrival rate each organization x budget sustains within --slo.
 
@@ -79,7 +85,8 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evic
     from analysis.capacity import parse_slo
     from analysis.headlines import capacity_headlines
     from harness.grid import parse_values
-    from hbench.capacity import run_capacity
+    from hbench.capacity import capacity_configs, run_capacity
+    from hbench.flag_rules import check_flags, typed_flags
     from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
@@ -87,14 +94,24 @@ def capacity(orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evic
     limits = parse_slo(slo)
     grid_rates = _rates(rates)
     seed_list = [int(s) for s in parse_values("seed", seeds)]
-    base = {"requests": requests, "ckpt_publish": ckpt_publish, "ckpt_evict": ckpt_evict}
+    base = {"ckpt_publish": ckpt_publish, "ckpt_evict": ckpt_evict}
+    # the grid's axes are always given; the rest where typed
+    given = {"org": "--org", "budget": "--budget", "rate": "--rates", "seed": "--seeds",
+             **{k: v for k, v in typed_flags(ctx).items() if k in ("requests", *base)}}
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise HbenchError(f"--set expects KEY=VALUE, got {item!r}")
         base[key.strip().replace("-", "_")] = value
+        given[key.strip().replace("-", "_")] = f"--set {key.strip()}"
+    if requests is not None:
+        base["requests"] = requests
+    elif not {"duration_s", "workload_path"} & set(base):
+        base["requests"] = DEFAULT_REQUESTS
+    org_list, budget_list = _list(orgs, "org"), _list(budgets, "budget")
+    check_flags(given, capacity_configs(org_list, budget_list, grid_rates, seed_list, base))
     check_writable_dir(out)
-    result = run_capacity(_list(orgs, "org"), _list(budgets, "budget"), grid_rates, seed_list,
+    result = run_capacity(org_list, budget_list, grid_rates, seed_list,
                           limits, out, base, alpha=alpha, jobs=jobs, include_invalid=include_invalid,
                           on_rerun=lambda cell, why: click.echo(f"cell {cell}: {why}; rerunning it", err=True))
     doc, table, cross = result.doc, result.table, result.crossovers

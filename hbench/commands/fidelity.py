@@ -56,7 +56,8 @@ def print_summary(summary: list[dict]) -> None:
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
 @click.option("--out", "out_dir", default="results/fidelity", show_default=True, type=click.Path())
 @click.option("--analyze-only", is_flag=True, help="Only rebuild the ledger from OUT/runs.")
-def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, device, out_dir,
+@click.pass_context
+def fidelity(ctx, engine, model_dir, orgs, budgets, seeds, profile_path, quick, device, out_dir,
              analyze_only, **fields):
     """Run the same cells on ENGINE and on the simulator; write the fidelity ledger.
 
@@ -64,8 +65,11 @@ def fidelity(engine, model_dir, orgs, budgets, seeds, profile_path, quick, devic
     hbench tiny-model --preset proportional -o /tmp/prop
     hbench fidelity --engine torch --model /tmp/prop --budget b8 --seeds 0-1 --out fid
     """
+    from harness.config import RunConfig
     from hbench.fidelity import run_fidelity, write_ledger
+    from hbench.flag_rules import TOOL_RULES, check_flags, typed_flags
 
+    check_flags(typed_flags(ctx), [RunConfig(engine=engine)], TOOL_RULES)
     out = Path(out_dir)
     if analyze_only:
         doc = write_ledger(out, engine)

@@ -22,6 +22,7 @@ from harness.layout import PAGINGS
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
 from hbench.commands.workload import multiturn_options
+from hbench.flag_rules import check_flags, typed_flags
 from hbench.flag_types import FLOAT, INT, FloatOr
 from hbench.paths import check_writable_dir
 from workloads.sharegpt.arrivals import ARRIVALS
@@ -79,24 +80,35 @@ _LOAD_CHECKS = ("overload", "arrival_rate", "arrival_process")
 def next_step(summary: dict, cfg: dict) -> str:
     """One line for a run that is not valid: why, and the command to run
     next ("" for a valid run). A load the arm cannot carry points at
-    ``hbench capacity`` with the same organization, budget and run length,
-    over rates up to this one."""
+    ``hbench capacity`` over rates up to this one, with every other setting
+    of the run (`hbench.suggest.capacity_command`), or says which setting
+    such a search could not keep."""
     v = summary.get("validity") or {}
     reasons = list(v.get("reasons", []))
     if v.get("valid", True) or not reasons:
         return ""
-    why = f"not valid ({', '.join(reasons)})"
+    why = _why_not_valid(reasons, cfg)
     if not any(r in _LOAD_CHECKS for r in reasons):
         return f"{why}: its numbers do not describe the configuration; fix the checks above and rerun"
+    from hbench.suggest import capacity_command
+
     rate = float(cfg["rate"])
-    rates = ",".join(f"{rate * k / 4:g}" for k in range(1, 5))
-    cmd = (f"hbench capacity --org {cfg['org']} --budget {cfg['budget']} --rates {rates} --seeds 1-3 "
-           f"--requests {cfg['requests']}")
-    if cfg.get("workload_kind", "sharegpt") != "sharegpt":
-        cmd += f" --set workload_kind={cfg['workload_kind']}"
+    step = capacity_command(cfg, [rate * k / 4 for k in range(1, 5)])
+    if step.command is None:
+        return (f"{why}; hbench capacity cannot search rates with this run's "
+                f"{'; '.join(step.uncarried)}")
+    return f"{why}; find a rate that is valid with: {step.command}"
+
+
+def _why_not_valid(reasons: list[str], cfg: dict) -> str:
+    """The words of `next_step` before its command: which checks failed and,
+    for a load check, what that says about the arm."""
+    why = f"not valid ({', '.join(reasons)})"
+    if not any(r in _LOAD_CHECKS for r in reasons):
+        return why
     what = (f"{cfg['rate']} req/s is more than {cfg['org'].upper()} at {cfg['budget']} sustains in a "
             "steady state" if "overload" in reasons else "the load it got is not the load it asked for")
-    return f"{why}: {what}; find a rate that is valid with: {cmd}"
+    return f"{why}: {what}"
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -178,7 +190,7 @@ def next_step(summary: dict, cfg: dict) -> str:
 @click.option("--seed", type=INT, default=D.seed, show_default=True)
 @click.option("--workload", "workload_path", type=click.Path(), default=None,
               help="Serve a saved workload (hbench workload build) instead of building one; "
-                   "the workload flags above are then ignored.")
+                   "the workload flags above (and --seed) are then refused.")
 @click.option("--warmup", "warmup_requests", type=INT, default=0, show_default=True,
               help="Warm-up requests served first and excluded from every metric.")
 @click.option("--endpoint", default=None, help="Real engines: URL of a running server.")
@@ -224,6 +236,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     if flags["engine"] == "torch":
         flags["config_path"] = _torch_model_config(flags["model"], flags["config_path"])
     config = RunConfig(**flags)
+    check_flags(typed_flags(ctx), [config])
     check_writable_dir(out)
     validate_run(config, allow_oversubscribe=allow_oversubscribe)
     clean_stale(out)

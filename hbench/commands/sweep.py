@@ -46,6 +46,20 @@ AXES = [
 ]
 
 
+def _given(grid_file, base, subgrids, axes, extra, allow_oversubscribe) -> dict[str, str]:
+    """Every field the sweep was given (a grid file's keys, axis flags, ``--set``
+    keys, ``--allow-oversubscribe``), each as the user wrote it: what
+    `hbench.flag_rules.check_flags` holds against the cells."""
+    given = {key: f"{grid_file}: {key}" for g in (base, *subgrids) for key in g}
+    flag_of = {field: flag for flag, field, _ in AXES}
+    given.update({field: flag_of[field] for field, value in axes.items() if value is not None})
+    given.update({item.partition("=")[0].strip().replace("-", "_"): f"--set {item.partition('=')[0].strip()}"
+                  for item in extra})
+    if allow_oversubscribe:
+        given["allow_oversubscribe"] = "--allow-oversubscribe"
+    return given
+
+
 def _axis_options(f):
     for flag, field, text in reversed(AXES):
         f = click.option(flag, field, default=None, metavar="LIST", help=f"Axis: {text}.")(f)
@@ -88,6 +102,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     from pathlib import Path
 
     from harness.grid import expand, load_grid_file
+    from hbench.flag_rules import check_flags
     from hbench.paths import check_dir_path, check_writable_dir
     from hbench.runner import validate_run
     from hbench.sweep import load_workload_files, preview, run_sweep
@@ -109,6 +124,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     # A flag replaces the same key inside [[grid]] tables too.
     subgrids = [{k: v for k, v in g.items() if k not in flags} for g in subgrids]
     configs = expand(subgrids, base)
+    check_flags(_given(grid_file, base, subgrids, axes, extra, allow_oversubscribe), configs)
     if "model" in flags and "config_path" in flags and any(c.engine == "sim" for c in configs):
         raise HbenchError("give --model or --config (--set config_path=...), not both")
     for cfg in configs:

@@ -56,7 +56,8 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
 @click.option("--prompt-chars", default=2500, show_default=True, type=Int(100),
               help="Characters per text prompt; raise it for models with large cache blocks "
                    "(vllm --launch sends token-id prompts of 1.5 blocks instead).")
-def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, launch, model,
+@click.pass_context
+def verify(ctx, engine_name, orgs, blocks, control, budget, device, seed, endpoint, launch, model,
            server_cmd, n_prompts, output_len, prompt_chars):
     """Greedy outputs served with prefix-cache hits must equal clean recomputes.
 
@@ -75,6 +76,11 @@ def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, l
     With --endpoint URL: sends each prompt twice (a prefix-cache hit) and once
     with a unique cache salt (a recompute) to the running server.
     """
+    from harness.config import RunConfig
+    from hbench.flag_rules import VERIFY_RULES, check_flags, typed_flags
+
+    check_flags(typed_flags(ctx), [RunConfig(engine=engine_name, launch=launch, endpoint=endpoint)],
+                VERIFY_RULES)
     if len(orgs) > 1 and not (engine_name == "vllm" and launch):
         raise HbenchError("--org is given once except with --engine vllm --launch")
     if engine_name == "torch":
@@ -84,8 +90,6 @@ def verify(engine_name, orgs, blocks, control, budget, device, seed, endpoint, l
         verify_vllm_pressure(model, endpoint, orgs, blocks, control, n_prompts, output_len,
                              server_cmd)
         return
-    if blocks is not None:
-        raise HbenchError("--blocks needs --engine vllm --launch")
     org = orgs[0] if orgs else None
     from hbench.verify import refuse_vacuous, verify_server
 

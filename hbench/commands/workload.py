@@ -156,21 +156,24 @@ def workload():
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True,
               help="Parquet file to write.")
 @multiturn_options
-def build(q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
+@click.pass_context
+def build(ctx, q, rate, requests, duration_s, seed, arrival, burstiness, contexts, mean_input,
           max_model_len, max_output, isolate, revision, tokenizer, output, **multiturn):
     """Derive a workload and save it as Parquet."""
     from rich.console import Console
 
     from harness.run_setup import check_memory
+    from hbench.flag_rules import check_flags, typed_flags
     from hbench.paths import check_writable_file
     from workloads.build import build_workload
     from workloads.io import save_workload
 
-    check_writable_file(output, "--output")
     recipe = RunConfig(q=q, rate=rate, requests=requests, duration_s=duration_s, seed=seed,
                        arrival=arrival, burstiness=burstiness, contexts=contexts,
                        mean_input=mean_input, max_model_len=max_model_len, max_output=max_output,
                        isolate=isolate, **multiturn)
+    check_flags(typed_flags(ctx), [recipe])
+    check_writable_file(output, "--output")
     check_memory(recipe.expected_requests, recipe.mean_input, subject="running this workload")
     with Console(stderr=True).status("Loading ShareGPT and deriving the workload..."):
         w = build_workload(

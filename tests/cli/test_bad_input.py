@@ -226,9 +226,8 @@ def test_an_edited_workload_fails_its_content_hash(tmp_path, saved):
 
 def test_a_workload_run_records_the_workloads_own_recipe(tmp_path, saved):
     """analyze pairs on the manifest's seed, q, rate, requests: for a saved
-    workload those are the workload's, not the (ignored) flags'."""
+    workload those are the workload's (a flag that would set one is refused)."""
     res = CliRunner().invoke(cli, ["run", "--out", str(tmp_path), "--json", "--workload", str(saved),
-                                   "--seed", "99", "--q", "0", "--rate", "1", "--requests", "500",
                                    "--warmup", "2"])
     assert res.exit_code == 0, res.output
     cfg = read_run(list_runs(tmp_path)[0])["manifest"]["config"]

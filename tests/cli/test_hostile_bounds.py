@@ -124,7 +124,7 @@ def test_tampered_workload_files_are_refused_by_every_reader(tmp_path, saved, ca
     elif command == "describe":
         res = invoke("workload", "describe", bad, "--json")
     else:
-        res = invoke("sweep", "--seeds", "1", "--set", f"workload_path={bad}", "--out", out,
+        res = invoke("sweep", "--set", f"workload_path={bad}", "--out", out,
                      *command.split()[1:])
     assert str(bad) in one_error_line(res, needle)
     assert not out.exists()
@@ -239,7 +239,7 @@ def test_run_refuses_a_saved_workload_as_large_as_a_refused_recipe(tmp_path, big
 @pytest.mark.slow
 def test_sweep_refuses_a_saved_workload_too_large_to_run(tmp_path, big):
     out = tmp_path / "out"
-    one_error_line(invoke("sweep", "--seeds", "1", "--set", f"workload_path={big}", "--out", out),
+    one_error_line(invoke("sweep", "--set", f"workload_path={big}", "--out", out),
               "GiB of memory")
     assert not out.exists()
 

@@ -274,7 +274,7 @@ def test_malformed_sessions_are_refused(wl):
         Workload(requests=wl.requests, meta=wl.meta, sessions=twice)
 
 
-def test_a_saved_workload_records_its_own_kind_whatever_the_flags_say(tmp_path):
+def test_a_saved_workload_records_its_own_kind_and_refuses_another(tmp_path):
     from click.testing import CliRunner
 
     from harness.results import read_run
@@ -288,6 +288,9 @@ def test_a_saved_workload_records_its_own_kind_whatever_the_flags_say(tmp_path):
     out = tmp_path / "runs"
     res = runner.invoke(cli, ["run", "--workload", str(path), "--workload-kind", "multiturn",
                               "--out", str(out), "--json"])
+    assert res.exit_code == 2 and "--workload-kind does not apply with --workload" in res.output
+    assert not out.exists()
+    res = runner.invoke(cli, ["run", "--workload", str(path), "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     run = read_run(next(p for p in out.iterdir() if p.is_dir()))
     assert run["manifest"]["config"]["workload_kind"] == "sharegpt"

@@ -97,7 +97,7 @@ def test_no_control_is_no_shortfall():
 
 @pytest.mark.parametrize("args, needle", [
     (["--engine", "torch", "--org", "s1", "--org", "s2", "--model", "x"], "--org is given once"),
-    (["--endpoint", "http://127.0.0.1:9", "--blocks", "10"], "--blocks needs"),
+    (["--endpoint", "http://127.0.0.1:9", "--blocks", "10"], "--blocks applies to --engine vllm --launch only"),
     (["--launch", "--model", "/nonexistent-model-dir", "--org", "s0"], "no geometry"),
 ])
 def test_bad_verify_flags_are_one_error_line(args, needle):

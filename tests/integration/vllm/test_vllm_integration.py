@@ -255,7 +255,7 @@ def test_hbench_run_against_the_server_writes_the_same_results_as_the_simulator(
     res = CliRunner().invoke(cli, [
         "run", "--engine", "vllm", "--org", "s0", "--budget", "b83",
         "--endpoint", server.endpoint.url, "--model", model,
-        "--config", str(Path(model) / "config.json"), "--cap", "8",
+        "--config", str(Path(model) / "config.json"),
         "--requests", "5", "--rate", "2", "--q", "1", "--contexts", "1",
         "--mean-input", "500", "--max-model-len", "1024",
         "--max-output", "16", "--seed", "3", "--out", str(tmp_path), "--json"])
