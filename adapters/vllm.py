@@ -1,4 +1,8 @@
-"""``--engine vllm``: the workload against a real vLLM server.
+"""``--engine vllm``: the workload against a real vLLM server, or in process.
+
+Without ``--endpoint`` or ``--launch`` the run is decided in process by
+vLLM's own V1 scheduler and block pool, without a model, each step priced
+by hbench's cost model (`adapters.vllm_inprocess`; S0 only).
 
 Stock vLLM V1 with prefix caching is S0-like: for a hybrid model it pads the
 Mamba page until attention and Mamba pages are equal (one shared pool of
@@ -262,6 +266,32 @@ class VllmEngine(ServedEngine):
             self._full_isl = source_has(self.python, "config/scheduler.py",
                                         "scheduler_reserve_full_isl")
         return self._full_isl
+
+    def run(self, workload, setup, progress=None):
+        """Serve on a server (``--endpoint`` or ``--launch``), or with neither,
+        in process: vLLM's own scheduler, KV-cache manager and block pool
+        deciding every step, each priced by hbench's cost model, in the venv
+        named by ``HBENCH_VLLM_PYTHON`` (`adapters.vllm_inprocess`)."""
+        config = setup.config
+        if config.launch or config.endpoint:
+            return super().run(workload, setup, progress)
+        self.check_in_process(config)
+        from adapters.vllm_inprocess.engine import run_in_process
+        return run_in_process(workload, setup, self.python)
+
+    def check_in_process(self, config) -> None:
+        """In process vLLM's scheduler serves stock vLLM's layout (S0) only:
+        the plugin's organizations are a server's (its environment enables them)."""
+        check_expressible(self.name, self.supported_orgs, config.org)
+        if config.org != "s0":
+            raise HbenchError(f"--org {config.org} on vllm needs --launch (hbench's plugin in a "
+                              "server); in process vLLM's scheduler serves s0 (stock vLLM) only")
+        if self.distribution() is None:
+            raise HbenchError(f"vLLM is not installed for {self.python}; run "
+                              "scripts/setup_vllm_cpu.sh and set HBENCH_VLLM_PYTHON")
+        if config.retention:
+            raise HbenchError("--retention is not expressible on vllm (it has no retention "
+                              "policy); use --engine sim")
 
     def check_config(self, config) -> None:
         """Refuse, before any server starts, what this vLLM cannot express."""

@@ -1,0 +1,192 @@
+"""One hbench run decided by vLLM's scheduler: the process in the vLLM venv.
+
+    $HBENCH_VLLM_PYTHON -m adapters.vllm_inprocess.worker IN.pkl OUT.pkl
+
+``IN.pkl`` holds ``(workload, setup)`` as hbench's process resolved them
+(`adapters.vllm_inprocess.engine` writes it); ``OUT.pkl`` receives the
+`harness.records.EngineRun`. In between, hbench's engine loop
+(`harness.engine.loop.EngineLoop`) runs on a virtual clock with
+`adapters.vllm_inprocess.scheduler.VllmScheduler` over vLLM's own
+`Scheduler`, `KVCacheManager` and block pool, built for the run by
+`adapters.vllm_inprocess.config`, each step priced by hbench's cost model
+(`adapters.sim.cost`, the run's ``--gpu``) as the simulator prices its steps.
+
+The manifest's ``engine_info["vllm"]`` records what vLLM resolved, read from
+its objects: block size, page bytes, block count and the KV-cache groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+
+from adapters.sim.cost import CostModel
+from adapters.sim.profile import hardware_for
+from common.errors import HbenchError
+from harness.engine.clock import VirtualClock
+from harness.engine.loop import EngineLoop
+from harness.engine.shape import StepShape
+from harness.records import EngineRun
+
+POLL_INTERVAL_S = 0.05      # as the simulator's: completions noticed at the next poll
+
+
+class VllmStepExecutor:
+    """Prices each step with the cost model and records a row of it, with the
+    bytes of vLLM's blocks that running requests hold, by KV-cache group
+    (attention or Mamba), whole model."""
+
+    def __init__(self, sched, cost_model, page_bytes: int, pool_layers: int):
+        self.sched, self.cost_model = sched, cost_model
+        self.block_bytes = page_bytes * pool_layers
+        managers = sched.core.kv_cache_manager.coordinator.single_type_managers
+        self.managers = [(("ssm" if type(m.kv_cache_spec).__name__ == "MambaSpec"
+                           else "attention"), m) for m in managers]
+        self.rows: list[dict] = []
+        self.peak = {"attention": 0, "ssm": 0}
+        self.start = 0.0
+
+    def begin_step(self, now: float) -> None:
+        self.start = now
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of the distinct real blocks running requests hold, by kind."""
+        held = {"attention": set(), "ssm": set()}
+        for kind, m in self.managers:
+            for blocks in m.req_to_blocks.values():
+                held[kind].update(b.block_id for b in blocks if not b.is_null)
+        return {k: len(v) * self.block_bytes for k, v in held.items()}
+
+    def execute(self, batch) -> float:
+        cost = self.cost_model.step(StepShape.of_batch(batch))
+        core = self.sched.core
+        mem = self.held_bytes()
+        for k, v in mem.items():
+            self.peak[k] = max(self.peak[k], v)
+        self.rows.append({
+            "start_s": self.start, "time_s": self.start + cost.total_s,
+            "duration_s": cost.total_s, "batch_tokens": batch.batch_tokens,
+            "running": len(core.running), "waiting": len(core.waiting),
+            "preempted": len(batch.preempted), "wait_reason": batch.wait_reason,
+            **{f"mem_{k}_bytes": v for k, v in mem.items()},
+            "kv_usage": core.kv_cache_manager.usage,
+            "vllm_free_blocks": core.kv_cache_manager.block_pool.get_num_free_blocks(),
+        })
+        return self.start + cost.total_s
+
+    def complete(self, batch, now: float) -> list:
+        return self.sched.complete(batch, now)
+
+    def generated_ids(self, request) -> list[int]:
+        """Every sampled token was appended to the request (vLLM's too)."""
+        return list(request.tokens[request.prompt_len:])
+
+    def schedule_stretch(self):
+        return None
+
+
+def describe(vllm_config, kv_cache_config, block_size: int, hash_block_size: int,
+             budget_bytes: int) -> dict:
+    """What vLLM resolved, read from its config objects."""
+    cache = vllm_config.cache_config
+    groups = [{"spec": type(g.kv_cache_spec).__name__, "layers": len(g.layer_names),
+               "block_size": g.kv_cache_spec.block_size,
+               "page_bytes": g.kv_cache_spec.page_size_bytes}
+              for g in kv_cache_config.kv_cache_groups]
+    page = max(g["page_bytes"] for g in groups)
+    return {
+        "num_blocks": kv_cache_config.num_blocks, "num_gpu_blocks": cache.num_gpu_blocks,
+        "block_size": cache.block_size, "scheduler_block_size": block_size,
+        "hash_block_size": hash_block_size, "mamba_block_size": cache.mamba_block_size,
+        "mamba_cache_mode": cache.mamba_cache_mode,
+        "mamba_page_size_padded": cache.mamba_page_size_padded,
+        "mamba_ssm_cache_dtype": cache.mamba_ssm_cache_dtype,
+        "enable_prefix_caching": cache.enable_prefix_caching,
+        "page_bytes": page, "kv_cache_groups": groups,
+        "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
+        "scheduler_reserve_full_isl": vllm_config.scheduler_config.scheduler_reserve_full_isl,
+        "max_model_len": vllm_config.model_config.max_model_len,
+        "budget_bytes_per_pool_layer": budget_bytes,
+        "allocated_bytes_per_pool_layer": kv_cache_config.num_blocks * page,
+        "scheduler": "vllm.v1.core.sched.scheduler.Scheduler",
+        "block_size_resolved_for": "FlashAttention (a CUDA platform's hybrid alignment)",
+    }
+
+
+def serve(workload, setup) -> EngineRun:
+    from adapters.vllm_inprocess.config import build
+    from adapters.vllm_inprocess.scheduler import VllmScheduler
+
+    config, geom, budget = setup.config, setup.geometry, setup.budget
+    with tempfile.TemporaryDirectory(prefix="hbench-vllm-model-") as tmp:
+        vllm_config, kv_config, block_size, hash_block_size = build(
+            config, budget.target_bytes, Path(tmp))
+    sched = VllmScheduler(vllm_config, kv_config, block_size, hash_block_size)
+    info_vllm = describe(vllm_config, kv_config, block_size, hash_block_size,
+                         budget.target_bytes)
+    executor = VllmStepExecutor(sched, CostModel(geom, hardware_for(config.gpu)),
+                                info_vllm["page_bytes"], geom.pool_layers)
+    loop = EngineLoop(workload, sched, executor, VirtualClock(),
+                      warmup_requests=config.warmup_requests)
+    records = loop.run()
+    last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+    window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
+    info = {
+        "engine": "vllm", "mode": "in-process", "pool_layers": geom.pool_layers,
+        "pools": [{"name": "shared", "pages": kv_config.num_blocks - 1,
+                   "page_bytes": info_vllm["page_bytes"]}],
+        "attn_block_tokens": block_size, "grid_tokens": block_size,
+        "cache_state": "cold", "warmup_requests": config.warmup_requests,
+        "hardware": config.gpu, "poll_interval_s": POLL_INTERVAL_S,
+        "vllm": info_vllm,
+    }
+    prefix = sched.prefix
+    counters = {
+        "preemptions": sched.preemptions,
+        "failed_unfit": sched.failed,
+        "vllm_prefix_requests": prefix["requests"],
+        "vllm_prefix_queries": prefix["queries"],
+        "vllm_prefix_hits": prefix["hits"],
+        "vllm_preempted_prefix_requests": prefix["preempted_requests"],
+        "vllm_preempted_prefix_queries": prefix["preempted_queries"],
+        "vllm_preempted_prefix_hits": prefix["preempted_hits"],
+        "vllm_num_blocks": kv_config.num_blocks,
+    }
+    return EngineRun(requests=records, steps=executor.rows, window_start_s=0.0,
+                     window_end_s=window_end, engine_info=info, peak_memory=executor.peak,
+                     counters=counters)
+
+
+def quiet_vllm() -> None:
+    """vLLM logs every config step, and warns about its CPU platform's
+    choices, which `config.resolve_gpu_block_size` replaces; its errors show."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+#: The line a refusal is written on, for hbench's process to show as its own.
+REFUSED = "hbench-refused: "
+
+
+def main(argv=None) -> None:
+    quiet_vllm()
+    src, dst = (argv or sys.argv[1:])[:2]
+    with open(src, "rb") as f:
+        workload, setup = pickle.load(f)
+    try:
+        run = serve(workload, setup)
+    except HbenchError as exc:
+        sys.stderr.write(f"\n{REFUSED}{exc}\n")
+        sys.exit(2)
+    with open(dst, "wb") as f:
+        pickle.dump(run, f)
+
+
+if __name__ == "__main__":
+    main()
