@@ -10,7 +10,8 @@ run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
 from the actual send beside TTFT from the scheduled arrival, the server's own
 latency histograms beside the client's numbers, and the plugin's page peaks.
 A run of u0 or e0 adds `REGION_SUMMARY_KEYS`; a run of SGLang's memory code
-`SGLANG_SUMMARY_KEYS`.
+`SGLANG_SUMMARY_KEYS`; a run of vLLM's scheduler in process
+`VLLM_INPROCESS_SUMMARY_KEYS`.
 
 Which requests count where:
 
@@ -187,6 +188,17 @@ POLICY_SUMMARY_KEYS = ("utility_alpha_tuned", "utility_alpha_tuned_at")
 SGLANG_SUMMARY_KEYS = (
     "sglang_evictions", "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots",
     "sglang_tombstoned_nodes", "sglang_mamba_slots_in_use_peak", "sglang_mamba_slots",
+)
+
+#: A run decided by vLLM's own scheduler in process (`--engine vllm` without a
+#: server, adapters/vllm_inprocess) adds vLLM's prefix-cache counters
+#: (``PrefixCacheStats`` summed over steps, whole run: requests looked up at
+#: first admission, their prompt tokens and the tokens hit; the same for
+#: requests resumed after a preemption) and the block count vLLM was built with.
+VLLM_INPROCESS_SUMMARY_KEYS = (
+    "vllm_prefix_requests", "vllm_prefix_queries", "vllm_prefix_hits",
+    "vllm_preempted_prefix_requests", "vllm_preempted_prefix_queries",
+    "vllm_preempted_prefix_hits", "vllm_num_blocks",
 )
 
 NAN = float("nan")
@@ -537,6 +549,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
     summary.update({k: counters[k] for k in POLICY_SUMMARY_KEYS if k in counters})
     summary.update({k: counters[k] for k in SGLANG_SUMMARY_KEYS if k in counters})
+    summary.update({k: counters[k] for k in VLLM_INPROCESS_SUMMARY_KEYS if k in counters})
     return summary
 
 

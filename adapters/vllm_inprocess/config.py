@@ -207,7 +207,8 @@ def kv_cache_config(vllm_config):
     try:
         configs = get_kv_cache_configs(vllm_config, [specs], [available])
     except ValueError as exc:
-        raise HbenchError(f"vLLM refused the budget: {str(exc).splitlines()[0]}") from None
+        raise HbenchError(f"vLLM refused {blocks} blocks of {vllm_config.cache_config.block_size} "
+                          f"tokens: {str(exc).splitlines()[0]}") from None
     for c in configs:
         c.kv_cache_layout = vllm_config.cache_config.kv_cache_layout
     kv = generate_scheduler_kv_cache_config(configs)

