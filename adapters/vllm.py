@@ -2,7 +2,8 @@
 
 Without ``--endpoint`` or ``--launch`` the run is decided in process by
 vLLM's own V1 scheduler and block pool, without a model, each step priced
-by hbench's cost model (`adapters.vllm_inprocess`; S0 only).
+by hbench's cost model (`adapters.vllm_inprocess`): S0 stock, S1/S2/D0 with
+the same plugin installed in that process.
 
 Stock vLLM V1 with prefix caching is S0-like: for a hybrid model it pads the
 Mamba page until attention and Mamba pages are equal (one shared pool of
@@ -270,8 +271,9 @@ class VllmEngine(ServedEngine):
     def run(self, workload, setup, progress=None):
         """Serve on a server (``--endpoint`` or ``--launch``), or with neither,
         in process: vLLM's own scheduler, KV-cache manager and block pool
-        deciding every step, each priced by hbench's cost model, in the venv
-        named by ``HBENCH_VLLM_PYTHON`` (`adapters.vllm_inprocess`)."""
+        (with hbench's plugin for S1/S2/D0) deciding every step, each priced
+        by hbench's cost model, in the venv named by ``HBENCH_VLLM_PYTHON``
+        (`adapters.vllm_inprocess`)."""
         config = setup.config
         if config.launch or config.endpoint:
             return super().run(workload, setup, progress)
@@ -280,15 +282,18 @@ class VllmEngine(ServedEngine):
         return run_in_process(workload, setup, self.python)
 
     def check_in_process(self, config) -> None:
-        """In process vLLM's scheduler serves stock vLLM's layout (S0) only:
-        the plugin's organizations are a server's (its environment enables them)."""
+        """Refuse what vLLM's scheduler in process cannot serve: an organization
+        neither stock vLLM nor the plugin expresses, a vLLM the plugin was not
+        written against (S1/S2/D0), no vLLM at all, retention."""
         check_expressible(self.name, self.supported_orgs, config.org)
-        if config.org != "s0":
-            raise HbenchError(f"--org {config.org} on vllm needs --launch (hbench's plugin in a "
-                              "server); in process vLLM's scheduler serves s0 (stock vLLM) only")
-        if self.distribution() is None:
+        dist = self.distribution()
+        if dist is None:
             raise HbenchError(f"vLLM is not installed for {self.python}; run "
                               "scripts/setup_vllm_cpu.sh and set HBENCH_VLLM_PYTHON")
+        if config.org in PLUGIN_ORGS and dist[1].split("+", 1)[0] != VLLM_VERSION:
+            raise HbenchError(f"--org {config.org} on vllm needs vLLM {VLLM_VERSION} (hbench's "
+                              f"plugin is written against its allocator); {self.python} has "
+                              f"{dist[1]}")
         if config.retention:
             raise HbenchError("--retention is not expressible on vllm (it has no retention "
                               "policy); use --engine sim")

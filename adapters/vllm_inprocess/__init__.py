@@ -5,6 +5,7 @@ Everything in this package except `engine` runs inside the vLLM venv
 `config` builds vLLM's `VllmConfig` and `KVCacheConfig` from the run (its
 budget's bytes in vLLM's pages), `scheduler` puts vLLM's `Scheduler` behind
 hbench's engine loop, `worker` runs the loop with each step priced by
-hbench's cost model. docs/engines.md ("vLLM's scheduler in process") says
+hbench's cost model (for S1/S2/D0 with hbench's plugin, `adapters.vllm_plugin`,
+installed in that process). docs/engines.md ("vLLM's scheduler in process") says
 which parts are vLLM's code and which are hbench's.
 """

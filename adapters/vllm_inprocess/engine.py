@@ -41,7 +41,9 @@ def run_in_process(workload, setup, python: str | None = None):
         src, dst = Path(tmp) / "in.pkl", Path(tmp) / "out.pkl"
         with open(src, "wb") as f:
             pickle.dump((workload, setup), f)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+        # HBENCH_ORG empty: vLLM's plugin loader leaves hbench's plugin inert;
+        # the worker installs it itself for a plugin organization
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HBENCH_ORG": ""}
         done = subprocess.run([python, "-m", "adapters.vllm_inprocess.worker", str(src),
                                str(dst)], cwd=REPO, env=env, capture_output=True, text=True)
         if done.returncode:

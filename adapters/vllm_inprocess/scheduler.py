@@ -55,11 +55,12 @@ class VllmScheduler:
     ``grid`` is the interval the step shape counts state copies on: vLLM's
     block, where ``align`` mode keeps a Mamba state."""
 
-    def __init__(self, vllm_config, kv_cache_config, block_size: int, hash_block_size: int):
-        self.core = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                              structured_output_manager=StructuredOutputManager(vllm_config),
-                              block_size=block_size, hash_block_size=hash_block_size,
-                              log_stats=True)
+    def __init__(self, vllm_config, kv_cache_config, block_size: int, hash_block_size: int,
+                 scheduler_cls=Scheduler):
+        self.core = scheduler_cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                                  structured_output_manager=StructuredOutputManager(vllm_config),
+                                  block_size=block_size, hash_block_size=hash_block_size,
+                                  log_stats=True)
         hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(hash_block_size, hash_fn)
@@ -99,10 +100,10 @@ class VllmScheduler:
             raise AssertionError(f"requests neither finished nor failed: {open_reqs[:10]}")
         if self.core.requests:
             raise AssertionError(f"vLLM still holds requests {sorted(self.core.requests)[:10]}")
-        pool = self.core.kv_cache_manager.block_pool
-        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:   # block 0: the null block
-            raise AssertionError(f"vLLM's block pool: {pool.get_num_free_blocks()} blocks free "
-                                 f"of {pool.num_gpu_blocks - 1} with nothing running")
+        for m in self.core.kv_cache_manager.coordinator.single_type_managers:
+            if m.req_to_blocks:
+                raise AssertionError(f"{type(m).__name__} still holds blocks for "
+                                     f"{sorted(m.req_to_blocks)[:10]}")
 
     def schedule(self) -> StepBatch:
         """One `Scheduler.schedule()` as a `StepBatch`; the `SchedulerOutput`

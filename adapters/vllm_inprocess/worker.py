@@ -119,6 +119,27 @@ def describe(vllm_config, kv_cache_config, block_size: int, hash_block_size: int
     }
 
 
+def plugin_scheduler(config):
+    """For S1, S2 or D0: hbench's plugin installed in this process (as a
+    server's plugin loader installs it from HBENCH_ORG, `adapters.vllm_plugin`)
+    and its `PinningScheduler`, the class a launched server gets; for S0
+    (stock vLLM) None."""
+    from adapters.vllm_plugin.plan import PLUGIN_ORGS, Plan
+
+    if config.org not in PLUGIN_ORGS:
+        return None
+    import vllm
+
+    from adapters.vllm_plugin import check_version
+    from adapters.vllm_plugin.hooks import install
+    from adapters.vllm_plugin.scheduler import PinningScheduler
+
+    check_version(vllm.__version__)
+    install(Plan(config.org, d0_attn_fraction=config.d0_attn_fraction)
+            if config.org == "d0" else Plan(config.org))
+    return PinningScheduler
+
+
 def serve(workload, setup) -> EngineRun:
     from adapters.vllm_inprocess.config import build
     from adapters.vllm_inprocess.scheduler import VllmScheduler
@@ -127,7 +148,9 @@ def serve(workload, setup) -> EngineRun:
     with tempfile.TemporaryDirectory(prefix="hbench-vllm-model-") as tmp:
         vllm_config, kv_config, block_size, hash_block_size = build(
             config, budget.target_bytes, Path(tmp))
-    sched = VllmScheduler(vllm_config, kv_config, block_size, hash_block_size)
+    plugin = plugin_scheduler(config)
+    sched = VllmScheduler(vllm_config, kv_config, block_size, hash_block_size,
+                          **({"scheduler_cls": plugin} if plugin else {}))
     info_vllm = describe(vllm_config, kv_config, block_size, hash_block_size,
                          budget.target_bytes)
     executor = VllmStepExecutor(sched, CostModel(geom, hardware_for(config.gpu)),
@@ -157,9 +180,19 @@ def serve(workload, setup) -> EngineRun:
         "vllm_preempted_prefix_hits": prefix["preempted_hits"],
         "vllm_num_blocks": kv_config.num_blocks,
     }
+    if plugin:
+        info["vllm"]["plugin"] = plugin_counters(sched.core)
     return EngineRun(requests=records, steps=executor.rows, window_start_s=0.0,
                      window_end_s=window_end, engine_info=info, peak_memory=executor.peak,
                      counters=counters)
+
+
+def plugin_counters(core) -> dict:
+    """What hbench's plugin counted, read from its objects: the Mamba
+    manager's pool (S1/S2 pages and slab, D0's private pool) and the pins."""
+    managers = core.kv_cache_manager.coordinator.single_type_managers
+    mamba = [m for m in managers if hasattr(m, "counters")]
+    return {**(mamba[0].counters() if mamba else {}), **dict(core.pin_counters)}
 
 
 def quiet_vllm() -> None:

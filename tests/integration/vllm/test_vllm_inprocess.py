@@ -7,7 +7,8 @@ neither --endpoint nor --launch: 50 requests at budget b20 (Falcon-H1-7B,
 vLLM preempts; the study's shared contexts give vLLM prefix hits. Every
 number asserted is read from the results directory, and each is checked
 against an independent count: hbench's per-request records against vLLM's
-own counters, vLLM's block count against the budget's bytes.
+own counters, vLLM's block count against the budget's bytes. A D0 run at the
+same budget installs hbench's plugin in the worker.
 """
 
 from __future__ import annotations
@@ -99,10 +100,37 @@ def test_results_are_read_by_analyze(run_dir, tmp_path):
     assert (tmp_path / "analysis" / "report.md").is_file()
 
 
-def test_other_organizations_are_refused_in_process(tmp_path):
-    done = hbench("run", "--engine", "vllm", "--org", "s1", "--budget", "b83",
+def test_d0_runs_in_process_with_the_plugins_split_of_the_same_blocks(tmp_path):
+    """hbench's plugin installed in the worker, as a server's plugin loader
+    would: D0's private checkpoint pool carved from the same 19 blocks."""
+    import pandas as pd
+
+    from harness.budget import vllm_d0_split
+
+    done = hbench("run", "--engine", "vllm", "--org", "d0", "--budget", BUDGET,
+                  "--requests", str(REQUESTS), "--rate", "4", "--seed", "1", "--out",
+                  str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    vllm = read(path, "manifest.json")["engine_info"]["vllm"]
+    summary = read(path, "summary.json")
+    plugin = vllm["plugin"]
+    attention, checkpoint = vllm_d0_split(vllm["num_blocks"], 0.5)
+    assert vllm["num_blocks"] == 19 and (attention, checkpoint) == (9, 9)
+    # drained: every block of each pool free again (cached ones count free)
+    assert (plugin["org"], plugin["attention_free"], plugin["checkpoint_blocks"],
+            plugin["checkpoint_free"]) == ("d0", attention, checkpoint, checkpoint)
+    reqs = pd.read_parquet(path / "requests.parquet")
+    assert (reqs["status"] == "finished").all()
+    assert summary["reused_tokens"] == summary["vllm_prefix_hits"] > 0
+    assert plugin["pins_taken"] + plugin.get("pins_without_checkpoint", 0) \
+        == summary["preemptions"]
+
+
+def test_an_organization_vllm_cannot_express_is_refused_in_one_line(tmp_path):
+    done = hbench("run", "--engine", "vllm", "--org", "u0", "--budget", "b83",
                   "--requests", "5", "--out", str(tmp_path))
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert lines == ["Error: --org s1 on vllm needs --launch (hbench's plugin in a server); "
-                     "in process vLLM's scheduler serves s0 (stock vLLM) only"]
+    assert len(lines) == 1 and lines[0].startswith("Error: organization u0 is not expressible "
+                                                   "on vllm")
