@@ -157,6 +157,7 @@ def validity_of_reasons(failed_checks) -> dict:
     """A validity object from a comma-separated list of failed checks (a
     `load_runs` row's ``invalid_reasons``): enough for
     `harness.validity.metric_verdicts`."""
+    from harness.validity import FAIL, verdict
+
     failed = [c for c in str(failed_checks or "").split(", ") if c]
-    return {"valid": not failed, "reasons": failed,
-            "checks": {c: {"status": "fail", "detail": ""} for c in failed}}
+    return verdict({c: {"status": FAIL, "detail": ""} for c in failed})

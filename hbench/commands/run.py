@@ -97,7 +97,7 @@ def next_step(summary: dict, cfg: dict) -> str:
     if step.command is None:
         return (f"{why}; hbench capacity cannot search rates with this run's "
                 f"{'; '.join(step.uncarried)}")
-    return f"{why}; find a rate that is valid with: {step.command}"
+    return f"{why}; find the rates it sustains in a steady state with: {step.command}"
 
 
 def _why_not_valid(reasons: list[str], cfg: dict) -> str:
@@ -106,6 +106,10 @@ def _why_not_valid(reasons: list[str], cfg: dict) -> str:
     why = f"not valid ({', '.join(reasons)})"
     if not any(r in _LOAD_CHECKS for r in reasons):
         return why
+    if reasons == ["overload"]:   # only latency is spoiled (harness.validity, validity per metric)
+        return (f"latency not valid (overload): {cfg['rate']} req/s is more than {cfg['org'].upper()} "
+                f"at {cfg['budget']} sustains in a steady state, so its throughput is the sustained "
+                "service rate and its latency percentiles measure the run's length")
     what = (f"{cfg['rate']} req/s is more than {cfg['org'].upper()} at {cfg['budget']} sustains in a "
             "steady state" if "overload" in reasons else "the load it got is not the load it asked for")
     return f"{why}: {what}"

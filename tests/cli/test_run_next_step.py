@@ -22,7 +22,7 @@ from hbench.suggest import capacity_command, changed_fields, value_text
 from tests.support.cli import invoke, one_error_line
 
 UNWRITABLE = "/dev/null/out"
-COMMAND_AFTER = "find a rate that is valid with: "
+COMMAND_AFTER = "find the rates it sustains in a steady state with: "
 
 
 def run_output(tmp_path, *args):
@@ -71,10 +71,11 @@ H100 = ["--org", "s2", "--budget", "b20", "--rate", "20", "--gpu", "h100-sxm",
 
 def test_overloaded_run_ends_with_the_capacity_command_for_its_arm(tmp_path):
     out = run_output(tmp_path, "--rate", "20")
-    lines = [x for x in out.splitlines() if x.startswith("not valid (")]
+    lines = [x for x in out.splitlines() if x.startswith(("not valid (", "latency not valid ("))]
     assert len(lines) == 1
     line = lines[0]
-    assert "overload" in line and "20.0 req/s is more than S2 at b63 sustains" in line
+    assert line.startswith("latency not valid (overload): 20.0 req/s is more than S2 at b63 sustains")
+    assert "its throughput is the sustained service rate" in line
     assert line.endswith("hbench capacity --org s2 --budget b63 --rates 5,10,15,20 --seeds 1-3 --requests 60")
 
 
