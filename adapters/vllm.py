@@ -64,12 +64,12 @@ import sys
 from pathlib import Path
 
 from adapters.metrics_scrape import plugin_report, plugin_state
-from adapters.registry import check_expressible, check_paging
+from adapters.registry import check_expressible
 from adapters.served_engine import ServedEngine
 from adapters.server_process import installed_distribution, split_command
 from adapters.vllm_plugin.plan import ORG_EXPRESSION, PLUGIN_ORGS, VLLM_VERSION, Plan
 from common.errors import HbenchError
-from harness.layout import vllm_block_tokens
+from harness.layout import VLLM_STUDY_PAGE_ORGS, vllm_block_tokens
 
 DEFAULT_SERVER = "{python} -m vllm.entrypoints.openai.api_server --host 127.0.0.1 --port {port} --model {model}"
 CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned so chunks fit
@@ -210,7 +210,9 @@ def block_count_for(config, cpu: bool = True) -> int | None:
 class VllmEngine(ServedEngine):
     name = "vllm"
     supported_orgs = ("s0", *PLUGIN_ORGS)
-    supported_pagings = ("vllm",)      # its own blocks (harness/layout.py)
+    # its own blocks (harness/layout.py); in process also the study's pages
+    # for S1 and S2 (harness.layout.VLLM_STUDY_PAGE_ORGS)
+    supported_pagings = ("vllm", "study")
     metrics = "vllm"
     extra_body = {"return_token_ids": True}
 
@@ -284,7 +286,7 @@ class VllmEngine(ServedEngine):
     def check_in_process(self, config) -> None:
         """Refuse what vLLM's scheduler in process cannot serve: an organization
         neither stock vLLM nor the plugin expresses, a vLLM the plugin was not
-        written against (S1/S2/D0), no vLLM at all, retention."""
+        written against (S1/S2/D0), no vLLM at all, a scheduler setting it lacks."""
         check_expressible(self.name, self.supported_orgs, config.org)
         dist = self.distribution()
         if dist is None:
@@ -294,14 +296,16 @@ class VllmEngine(ServedEngine):
             raise HbenchError(f"--org {config.org} on vllm needs vLLM {VLLM_VERSION} (hbench's "
                               f"plugin is written against its allocator); {self.python} has "
                               f"{dist[1]}")
-        if config.retention:
-            raise HbenchError("--retention is not expressible on vllm (it has no retention "
-                              "policy); use --engine sim")
+        if config.resolved_paging == "study" and config.org not in VLLM_STUDY_PAGE_ORGS:
+            raise HbenchError(f"--paging study is not expressible for --org {config.org} on "
+                              f"vLLM's scheduler: only {'/'.join(VLLM_STUDY_PAGE_ORGS)} run at "
+                              "the study's pages in process; use --paging vllm or --engine sim")
+        self.check_scheduler_flags(config)
 
-    def check_config(self, config) -> None:
-        """Refuse, before any server starts, what this vLLM cannot express."""
-        check_expressible(self.name, self.supported_orgs, config.org)
-        check_paging(self, config.resolved_paging)
+    def check_scheduler_flags(self, config) -> None:
+        """Refuse a scheduler setting this vLLM has no knob for, served or in
+        process: retention, a headroom without ``watermark``, whole-input
+        admission without ``scheduler_reserve_full_isl``."""
         if config.retention:
             raise HbenchError("--retention is not expressible on vllm (it has no retention "
                               "policy; --prefix-cache-retention-interval only spaces decode-time "
@@ -309,10 +313,19 @@ class VllmEngine(ServedEngine):
         if config.headroom > 0 and not self.has_watermark():
             raise HbenchError(f"--headroom {config.headroom} is not expressible on this vLLM "
                               "(no --watermark); use --headroom 0 or --engine sim")
-        if (config.launch and config.admission == "whole-input" and self.distribution()
+        if (config.admission == "whole-input" and self.distribution()
                 and not self.has_full_isl()):
             raise HbenchError("--admission whole-input is not expressible on this vLLM (no "
                               "scheduler_reserve_full_isl); use --admission first-chunk")
+
+    def check_config(self, config) -> None:
+        """Refuse, before any server starts, what this vLLM cannot express."""
+        check_expressible(self.name, self.supported_orgs, config.org)
+        if config.resolved_paging != "vllm":
+            raise HbenchError(f"--paging {config.resolved_paging} is not expressible on a vLLM "
+                              "server, which lays pages out in its own blocks; use --paging "
+                              "vllm, no server (vLLM's scheduler in process) or --engine sim")
+        self.check_scheduler_flags(config)
         if config.org in PLUGIN_ORGS:
             self.check_plugin(config)
         if config.launch and self.cpu and config.cap > (step := self.step_tokens(config)):

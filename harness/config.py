@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 
 from common.errors import HbenchError
 from harness.budget_label import budget_label
-from harness.layout import PAGINGS
+from harness.layout import PAGINGS, VLLM_STUDY_PAGE_ORGS
 from harness.orgs import ORGANIZATIONS
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
@@ -198,10 +198,14 @@ class RunConfig:
     @property
     def resolved_paging(self) -> str:
         """How this run's pages are laid out: ``--paging``, else the engine's
-        own (vLLM's blocks on vLLM, the study's pages elsewhere)."""
+        own: vLLM's blocks on vLLM (but the study's pages for S1 and S2 decided
+        by vLLM's scheduler in process), the study's pages elsewhere."""
         if self.paging is not None:
             return self.paging
-        return "vllm" if self.engine == "vllm" else "study"
+        if self.engine != "vllm":
+            return "study"
+        in_process = not (self.endpoint or self.launch)
+        return "study" if in_process and self.org in VLLM_STUDY_PAGE_ORGS else "vllm"
 
     @property
     def cost_profile_path(self) -> str | None:

@@ -59,6 +59,11 @@ D0_BLOCK_TOKENS = 16
 D0_GRID_TOKENS = 1792
 #: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks.
 PAGINGS = ("study", "vllm")
+#: Organizations vLLM's scheduler in process lays out at the study's pages
+#: unless --paging vllm is given (adapters/vllm_inprocess/config.py): hbench's
+#: plugin charges their checkpoints in pages of the grid, which a served vLLM
+#: cannot make smaller than a whole state.
+VLLM_STUDY_PAGE_ORGS = ("s1", "s2")
 #: vLLM's hybrid block grows in multiples of this many tokens (its kernel
 #: alignment when --block-size is given; hbench passes it on CPU).
 VLLM_BLOCK_ALIGN = 128

@@ -40,15 +40,25 @@ MULTITURN_FIELDS = ("max_turns", "max_history", "think", "think_time_s", "replay
 OWN_ENGINES = ("sim", "torch")
 
 
+#: Real engines that also run in process, their own scheduler deciding and
+#: hbench's cost model timing the steps, when no server is named.
+REAL_ENGINES = ("vllm", "sglang")
+
+
 def served(c: RunConfig) -> bool:
-    """Whether a server outside this process serves the run (vLLM always;
-    SGLang with ``--endpoint`` or ``--launch``, else in process)."""
-    return c.engine == "vllm" or (c.engine == "sglang" and bool(c.endpoint or c.launch))
+    """Whether a server outside this process serves the run (vLLM or SGLang
+    with ``--endpoint`` or ``--launch``; without either, they run in process)."""
+    return c.engine in REAL_ENGINES and bool(c.endpoint or c.launch)
+
+
+def in_process(c: RunConfig) -> bool:
+    """Whether a real engine's own scheduler runs inside hbench's process."""
+    return c.engine in REAL_ENGINES and not served(c)
 
 
 def priced(c: RunConfig) -> bool:
     """Whether hbench's cost model times the steps (`adapters.sim.cost`)."""
-    return c.engine == "sim" or (c.engine == "sglang" and not served(c))
+    return c.engine == "sim" or in_process(c)
 
 
 def own_org(c: RunConfig) -> bool:
@@ -100,25 +110,26 @@ RULES: tuple[Rule, ...] = (
          "applies with --engine vllm or sglang and --launch only: it is the command the "
          "server is started with"),
     Rule(("gpu",), lambda c, g: priced(c),
-         "applies where hbench's cost model times the steps (--engine sim, or sglang in "
-         "process); torch and a server run on the wall clock of their own hardware"),
+         "applies where hbench's cost model times the steps (--engine sim, or vllm or "
+         "sglang in process); torch and a server run on the wall clock of their own hardware"),
     Rule(("allow_oversubscribe",), lambda c, g: c.engine == "sim",
          "applies to --engine sim only: only the simulated GPU's memory is checked"),
     Rule(("debug_invariants",), lambda c, g: own_org(c),
          "applies to --engine sim or torch only, whose organizations hbench builds"),
     Rule(("warmup_requests",), lambda c, g: not served(c),
          "does not apply to a server: its client measures every request it sends; "
-         "hbench's own engine loop (sim, torch, sglang in process) serves warm-up first"),
+         "hbench's own engine loop (sim, torch, vllm or sglang in process) serves warm-up "
+         "first"),
     Rule(("cap",), lambda c, g: not (served(c) and c.endpoint and not c.launch),
          "does not apply to the server at --endpoint, which runs with its own limit; "
          "--launch starts one with it"),
-    Rule(("token_budget",), lambda c, g: own_org(c) or (c.engine == "sglang" and not served(c)),
-         "applies where hbench plans the steps (--engine sim, torch, or sglang in process); "
-         "a server plans its own"),
+    Rule(("token_budget",), lambda c, g: own_org(c) or in_process(c),
+         "applies where hbench sets the step size (--engine sim, torch, or vllm or sglang "
+         "in process); a server plans its own"),
     Rule(("headroom", "admission"),
-         lambda c, g: own_org(c) or (c.engine == "vllm" and c.launch),
-         "applies to --engine sim, torch, or vllm with --launch (its --watermark and "
-         "scheduler_reserve_full_isl) only"),
+         lambda c, g: own_org(c) or (c.engine == "vllm" and (c.launch or in_process(c))),
+         "applies to --engine sim, torch, or vllm in process or with --launch (its "
+         "--watermark and scheduler_reserve_full_isl) only"),
     Rule(("retention",), lambda c, g: own_org(c),
          "applies to --engine sim or torch only: retention is hbench's scheduler's policy"),
     Rule(("retention_threshold",), lambda c, g: c.retention,

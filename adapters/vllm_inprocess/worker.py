@@ -36,17 +36,55 @@ from harness.records import EngineRun
 POLL_INTERVAL_S = 0.05      # as the simulator's: completions noticed at the next poll
 
 
-class VllmStepExecutor:
-    """Prices each step with the cost model and records a row of it, with the
-    bytes of vLLM's blocks that running requests hold, by KV-cache group
-    (attention or Mamba), whole model."""
+def is_mamba(spec) -> bool:
+    """Whether a KV-cache spec is vLLM's Mamba state (or a subclass of it:
+    `adapters.vllm_inprocess.config.grid_page_mamba_spec`)."""
+    return any(c.__name__ == "MambaSpec" for c in type(spec).__mro__)
 
-    def __init__(self, sched, cost_model, page_bytes: int, pool_layers: int):
+
+class EvictionCount:
+    """Cached blocks vLLM's block pools evict, by kind (``attention`` or
+    ``checkpoint``): each pool's ``_remove_cached_block_hashes`` (the step of
+    `BlockPool._maybe_evict_cached_block` that drops a block from the prefix
+    cache, vllm/v1/core/block_pool.py) is wrapped to count the block once, by
+    the KV-cache group its hash names. The plugin's S1/S2 invalidate a
+    checkpoint through the same call when a member page is reused
+    (`adapters.vllm_plugin.pages`)."""
+
+    def __init__(self, core, kv_cache_config):
+        from vllm.v1.core.kv_cache_utils import get_group_id
+
+        kinds = ["checkpoint" if is_mamba(g.kv_cache_spec) else "attention"
+                 for g in kv_cache_config.kv_cache_groups]
+        self.counts = {"attention": 0, "checkpoint": 0}
+        managers = core.kv_cache_manager.coordinator.single_type_managers
+        pools = {id(m.block_pool): m.block_pool for m in managers}
+        for pool in pools.values():
+            remove = pool._remove_cached_block_hashes
+
+            def counted(block, remove=remove):
+                hashes = remove(block)
+                if hashes:
+                    self.counts[kinds[get_group_id(hashes[0])]] += 1
+                return hashes
+
+            pool._remove_cached_block_hashes = counted
+
+
+class VllmStepExecutor:
+    """Prices each step with the cost model and records a row of it: the
+    bytes of vLLM's blocks that running requests hold, by kind (attention or
+    Mamba state; for the plugin's S1/S2 a carrier with its member pages and
+    its slab page), whole model; the cached blocks evicted so far; S2's slab
+    occupancy."""
+
+    def __init__(self, sched, cost_model, page_bytes: int, pool_layers: int, evictions):
         self.sched, self.cost_model = sched, cost_model
         self.block_bytes = page_bytes * pool_layers
         managers = sched.core.kv_cache_manager.coordinator.single_type_managers
-        self.managers = [(("ssm" if type(m.kv_cache_spec).__name__ == "MambaSpec"
-                           else "attention"), m) for m in managers]
+        self.managers = [("ssm" if is_mamba(m.kv_cache_spec) else "attention", m)
+                         for m in managers]
+        self.evictions = evictions
         self.rows: list[dict] = []
         self.peak = {"attention": 0, "ssm": 0}
         self.start = 0.0
@@ -58,9 +96,29 @@ class VllmStepExecutor:
         """Bytes of the distinct real blocks running requests hold, by kind."""
         held = {"attention": set(), "ssm": set()}
         for kind, m in self.managers:
+            pool = m.block_pool
             for blocks in m.req_to_blocks.values():
-                held[kind].update(b.block_id for b in blocks if not b.is_null)
+                for b in blocks:
+                    if b.is_null:
+                        continue
+                    held[kind].add(b.block_id)
+                    members = getattr(pool, "members", {}).get(b.block_id, ())
+                    held[kind].update(p.block_id for p in members)
+                    slot = getattr(pool, "slots", {}).get(b.block_id)
+                    if slot is not None:
+                        held[kind].add(slot[0])
         return {k: len(v) * self.block_bytes for k, v in held.items()}
+
+    def slab_occupancy(self) -> float:
+        """S2's used conv slots over the slots of its open slab pages (0.0 with
+        none open, as `harness.orgs.slabs` counts); NaN without slabs."""
+        pools = [m.block_pool for _, m in self.managers
+                 if getattr(getattr(m.block_pool, "layout", None), "uses_slabs", False)]
+        if not pools:
+            return math.nan
+        pool = pools[0]
+        total = len(pool.slabs) * pool.layout.slab_slots
+        return len(pool.slots) / total if total else 0.0
 
     def execute(self, batch) -> float:
         cost = self.cost_model.step(StepShape.of_batch(batch))
@@ -74,6 +132,8 @@ class VllmStepExecutor:
             "running": len(core.running), "waiting": len(core.waiting),
             "preempted": len(batch.preempted), "wait_reason": batch.wait_reason,
             **{f"mem_{k}_bytes": v for k, v in mem.items()},
+            **{f"invalidations_{k}": v for k, v in self.evictions.counts.items()},
+            "slab_occupancy": self.slab_occupancy(),
             "kv_usage": core.kv_cache_manager.usage,
             "vllm_free_blocks": core.kv_cache_manager.block_pool.get_num_free_blocks(),
         })
@@ -153,8 +213,9 @@ def serve(workload, setup) -> EngineRun:
                           **({"scheduler_cls": plugin} if plugin else {}))
     info_vllm = describe(vllm_config, kv_config, block_size, hash_block_size,
                          budget.target_bytes)
+    evictions = EvictionCount(sched.core, kv_config)
     executor = VllmStepExecutor(sched, CostModel(geom, hardware_for(config.gpu)),
-                                info_vllm["page_bytes"], geom.pool_layers)
+                                info_vllm["page_bytes"], geom.pool_layers, evictions)
     loop = EngineLoop(workload, sched, executor, VirtualClock(),
                       warmup_requests=config.warmup_requests)
     records = loop.run()
@@ -179,6 +240,7 @@ def serve(workload, setup) -> EngineRun:
         "vllm_preempted_prefix_queries": prefix["preempted_queries"],
         "vllm_preempted_prefix_hits": prefix["preempted_hits"],
         "vllm_num_blocks": kv_config.num_blocks,
+        **{f"invalidations_{k}": v for k, v in evictions.counts.items()},
     }
     if plugin:
         info["vllm"]["plugin"] = plugin_counters(sched.core)

@@ -24,6 +24,7 @@ WL = ["--workload", "saved.parquet"]          # never read: the flag check comes
 TORCH = ["--engine", "torch", "--model", "{model}"]
 VLLM_AT = ["--engine", "vllm", "--endpoint", "http://127.0.0.1:9"]
 VLLM_LAUNCH = ["--engine", "vllm", "--launch"]
+VLLM_IN = ["--engine", "vllm"]                 # no server named: vLLM's scheduler in process
 SGLANG_IN = ["--engine", "sglang", "--org", "d0"]
 SGLANG_AT = [*SGLANG_IN, "--endpoint", "http://127.0.0.1:9"]
 UNWRITABLE = "/dev/null/out"
@@ -61,6 +62,11 @@ CASES = {
     "server-cmd": (["--server-cmd", "serve {model}"], VLLM_AT, VLLM_LAUNCH),
     "gpu, torch": (["--gpu", "h100-sxm"], TORCH, []),
     "gpu, server": (["--gpu", "h100-sxm"], SGLANG_AT, SGLANG_IN),
+    "gpu, vllm in process": (["--gpu", "h100-sxm"], VLLM_AT, VLLM_IN),
+    "warmup, vllm in process": (["--warmup", "2"], VLLM_AT, VLLM_IN),
+    "token-budget, vllm in process": (["--token-budget", "4096"], VLLM_AT, VLLM_IN),
+    "headroom, vllm in process": (["--headroom", "0.1"], VLLM_AT, VLLM_IN),
+    "admission, vllm in process": (["--admission", "whole-input"], SGLANG_IN, VLLM_IN),
     "allow-oversubscribe": (["--allow-oversubscribe"], TORCH, []),
     "debug-invariants": (["--debug-invariants"], SGLANG_IN, TORCH),
     "warmup": (["--warmup", "2"], VLLM_LAUNCH, SGLANG_IN),

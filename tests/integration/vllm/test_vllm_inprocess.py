@@ -134,3 +134,43 @@ def test_an_organization_vllm_cannot_express_is_refused_in_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: organization u0 is not expressible "
                                                    "on vllm")
+
+
+@pytest.mark.parametrize("org", ["s1", "s2"])
+def test_s1_s2_run_at_the_studys_pages_with_the_plugins_page_counts(org, tmp_path):
+    """In process S1 and S2 take the study's 512-token, 512 KiB pages: vLLM's
+    block and its Mamba group's page are the grid page, and the plugin charges
+    each checkpoint the study's pages (DESIGN.md section 2: S1 3 SSM pages + a
+    conv page, S2 3 SSM pages + a slot of a 16-slot slab). The budget's bytes
+    are the same as S0's, in pages of a third the size."""
+    import pandas as pd
+
+    geom = preset("falcon-h1-7b")
+    page = 512 * geom.attn_bytes_per_token
+    done = hbench("run", "--engine", "vllm", "--org", org, "--budget", BUDGET,
+                  "--requests", str(REQUESTS), "--rate", "4", "--seed", "1", "--out",
+                  str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    manifest, summary = read(path, "manifest.json"), read(path, "summary.json")
+    vllm = manifest["engine_info"]["vllm"]
+    budget_bytes, _ = parse_budget_bytes(BUDGET, geom, org)
+    assert page == 524288
+    assert (vllm["block_size"], vllm["mamba_block_size"], vllm["page_bytes"]) == (512, 512, page)
+    assert [g["page_bytes"] for g in vllm["kv_cache_groups"]] == [page, page]
+    assert vllm["num_blocks"] == budget_bytes // page
+    assert manifest["budget"]["paging"] == "study"
+    assert manifest["budget"]["pools"][0]["page_bytes"] == page
+    plugin = vllm["plugin"]
+    assert plugin["pages_per_checkpoint"] == {"s1": 4, "s2": 3}[org]
+    assert (plugin.get("slab_pages_allocated", 0) > 0) == (org == "s2")
+    reqs = pd.read_parquet(path / "requests.parquet")
+    assert (reqs["status"] == "finished").all()
+    assert summary["preemptions"] > 0
+    assert summary["reused_tokens"] == summary["vllm_prefix_hits"] > 0
+    assert (reqs["reused_tokens"] % 512 == 0).all()
+    # every cached checkpoint vLLM's pool evicted (counted by the hash's KV-cache
+    # group) is one the plugin invalidated, its carrier or a member page reused
+    assert summary["invalidations_checkpoint"] == \
+        plugin.get("invalidations_carrier", 0) + plugin.get("invalidations_member", 0)
+    assert (summary["slab_occupancy_mean"] is None) == (org == "s1")

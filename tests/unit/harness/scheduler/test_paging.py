@@ -103,10 +103,20 @@ def test_engines_refuse_a_paging_they_cannot_lay_out():
     check_paging(make_engine("sim"), "vllm")
     with pytest.raises(HbenchError, match="--paging vllm is not expressible on torch"):
         check_paging(make_engine("torch"), "vllm")
-    with pytest.raises(HbenchError, match="--paging study is not expressible on vllm"):
-        check_paging(make_engine("vllm", python="/nonexistent"), "study")
-    assert RunConfig(engine="vllm").resolved_paging == "vllm"
+    with pytest.raises(HbenchError, match="--paging study is not expressible on a vLLM server"):
+        make_engine("vllm", python="/nonexistent").check_config(
+            RunConfig(engine="vllm", org="s2", launch=True, paging="study"))
     assert RunConfig(engine="sim").resolved_paging == "study"
+
+
+@pytest.mark.parametrize(("org", "server", "paging"), [
+    ("s0", False, "vllm"), ("d0", False, "vllm"), ("s1", False, "study"),
+    ("s2", False, "study"), ("s2", True, "vllm"), ("s1", True, "vllm")])
+def test_vllm_lays_out_its_own_blocks_except_s1_s2_in_process(org, server, paging):
+    """In process no state tensor exists, so S1/S2 take the study's pages
+    (harness.layout.VLLM_STUDY_PAGE_ORGS); a server reads whole states per block."""
+    config = RunConfig(engine="vllm", org=org, launch=server)
+    assert config.resolved_paging == paging
 
 
 @pytest.mark.parametrize("org", ["s0", "s1", "s2", "d0"])
