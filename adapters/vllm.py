@@ -210,9 +210,10 @@ def block_count_for(config, cpu: bool = True) -> int | None:
 class VllmEngine(ServedEngine):
     name = "vllm"
     supported_orgs = ("s0", *PLUGIN_ORGS)
-    # its own blocks (harness/layout.py); in process also the study's pages
-    # for S1 and S2 (harness.layout.VLLM_STUDY_PAGE_ORGS)
-    supported_pagings = ("vllm", "study")
+    # its own blocks (harness/layout.py): a server on this CPU its CPU build's,
+    # in process a CUDA vLLM's, or the study's pages for S1 and S2
+    # (harness.layout.VLLM_STUDY_PAGE_ORGS)
+    supported_pagings = ("vllm", "vllm-gpu", "study")
     metrics = "vllm"
     extra_body = {"return_token_ids": True}
 
@@ -296,10 +297,16 @@ class VllmEngine(ServedEngine):
             raise HbenchError(f"--org {config.org} on vllm needs vLLM {VLLM_VERSION} (hbench's "
                               f"plugin is written against its allocator); {self.python} has "
                               f"{dist[1]}")
-        if config.resolved_paging == "study" and config.org not in VLLM_STUDY_PAGE_ORGS:
+        paging = config.resolved_paging
+        if paging == "study" and config.org not in VLLM_STUDY_PAGE_ORGS:
             raise HbenchError(f"--paging study is not expressible for --org {config.org} on "
                               f"vLLM's scheduler: only {'/'.join(VLLM_STUDY_PAGE_ORGS)} run at "
-                              "the study's pages in process; use --paging vllm or --engine sim")
+                              "the study's pages in process; use --paging vllm-gpu or "
+                              "--engine sim")
+        if paging not in ("study", "vllm-gpu"):
+            raise HbenchError(f"--paging {paging} is not expressible on vLLM's scheduler in "
+                              "process, which resolves a CUDA vLLM's block; use --paging "
+                              "vllm-gpu, or --engine sim for the CPU build's blocks")
         self.check_scheduler_flags(config)
 
     def check_scheduler_flags(self, config) -> None:
@@ -323,8 +330,9 @@ class VllmEngine(ServedEngine):
         check_expressible(self.name, self.supported_orgs, config.org)
         if config.resolved_paging != "vllm":
             raise HbenchError(f"--paging {config.resolved_paging} is not expressible on a vLLM "
-                              "server, which lays pages out in its own blocks; use --paging "
-                              "vllm, no server (vLLM's scheduler in process) or --engine sim")
+                              "server on this machine, which lays pages out in its CPU build's "
+                              "blocks; use --paging vllm, no server (vLLM's scheduler in "
+                              "process) or --engine sim")
         self.check_scheduler_flags(config)
         if config.org in PLUGIN_ORGS:
             self.check_plugin(config)

@@ -68,10 +68,16 @@ LEDGER_COLUMNS = (*CELL_KEYS, "metric", "family", "compare", "real", "sim", "rat
                   "error", "band", "within")
 
 
-#: Engines whose memory hbench sees by state kind (it places the pages); a
-#: served engine reports one pool (`adapters.served_engine`), so its per-kind
-#: peaks are not observed and its memory cells stay empty.
+#: Engines whose memory hbench sees by state kind (it places the pages, or
+#: reads vLLM's block tables in process); a served engine reports one pool
+#: (`adapters.served_engine`), so its per-kind peaks are not observed and its
+#: memory cells stay empty.
 KIND_MEMORY_ENGINES = ("sim", "torch")
+
+
+def observes_memory_by_kind(run: Run) -> bool:
+    return (run.engine in KIND_MEMORY_ENGINES
+            or run.manifest.get("engine_info", {}).get("mode") == "in-process")
 
 
 def _value(run: Run, metric: str) -> float:
@@ -80,7 +86,7 @@ def _value(run: Run, metric: str) -> float:
     if v is None or not isinstance(v, (int, float)) or isinstance(v, bool):
         return math.nan
     if metric.startswith("peak_mem_"):
-        if run.engine not in KIND_MEMORY_ENGINES:
+        if not observes_memory_by_kind(run):
             return math.nan
         v = v / float(run.manifest.get("engine_info", {}).get("byte_scale") or 1.0)
     return float(v)

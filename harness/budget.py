@@ -74,7 +74,7 @@ from common.numbers import MAX_NUMBER_CHARS
 from harness.budget_label import B_RE, P_RE, SIZE_RE, UNITS, budget_label
 from harness.config import ORG_NAMES
 from harness.geometry import ModelGeometry
-from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
+from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, VLLM_PAGINGS, OrgLayout
 from harness.orgs import layout_for
 
 #: Largest whole-model budget accepted (1 PiB); anything above is a typo.
@@ -138,7 +138,7 @@ class OrgBudget:
         pages, and under vLLM's paging its null block too (a page vLLM
         allocates that holds nothing). Within one page of ``target_bytes``."""
         pages = sum(p.pages * p.page_bytes for p in self.pools)
-        return pages + (self.pools[0].page_bytes if self.paging == "vllm" else 0)
+        return pages + (self.pools[0].page_bytes if self.paging in VLLM_PAGINGS else 0)
 
     @property
     def largest_page_bytes(self) -> int:
@@ -226,7 +226,7 @@ def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
     Raises HbenchError if the pools cannot hold one request's state: one
     checkpoint (as ``layout`` lays it out) plus one attention block.
     """
-    if layout.paging == "vllm":
+    if layout.paging in VLLM_PAGINGS:
         return _resolve_in_vllm_blocks(text, layout, geom, d0_attn_fraction)
     org = layout.org
     target, label = parse_budget_bytes(text, geom, org)
@@ -282,26 +282,26 @@ def _resolve_in_vllm_blocks(text: str, layout: OrgLayout, geom: ModelGeometry,
     org = layout.org
     target, label = parse_budget_bytes(text, geom, org)
     page = layout.attn_page_bytes
-    blocks = vllm_blocks(text, org, geom)
+    blocks = vllm_blocks(text, org, geom, page)
     if layout.one_region:
         if blocks < 3:
             raise HbenchError(f"{org} needs at least 3 vLLM blocks (the null block, one per "
                               f"end of its region); the budget gives {blocks}: raise the budget")
         return OrgBudget(org, label, target, (PoolCapacity("region", page, blocks - 1, target),),
-                         None, geom.pool_layers, "vllm")
+                         None, geom.pool_layers, layout.paging)
     if layout.dual_pool:
         if not 0.0 < d0_attn_fraction < 1.0:
             raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
         attn, ckpt = vllm_d0_split(blocks, d0_attn_fraction)
         pools = (PoolCapacity("attention", page, attn, target - ckpt * page),
                  PoolCapacity("checkpoint", page, ckpt, ckpt * page))
-        return OrgBudget(org, label, target, pools, d0_attn_fraction, geom.pool_layers, "vllm")
+        return OrgBudget(org, label, target, pools, d0_attn_fraction, geom.pool_layers, layout.paging)
     if blocks < 1:
         raise HbenchError(f"budget {label} is smaller than one vLLM block of "
                           f"{page:,} B per pool layer: raise the budget")
     _check_one_request(org, label, layout, blocks - 1)
     return OrgBudget(org, label, target, (PoolCapacity("shared", page, blocks - 1, target),),
-                     None, geom.pool_layers, "vllm")
+                     None, geom.pool_layers, layout.paging)
 
 
 def resolve_all(text: str, geom: ModelGeometry,

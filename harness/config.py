@@ -198,14 +198,16 @@ class RunConfig:
     @property
     def resolved_paging(self) -> str:
         """How this run's pages are laid out: ``--paging``, else the engine's
-        own: vLLM's blocks on vLLM (but the study's pages for S1 and S2 decided
-        by vLLM's scheduler in process), the study's pages elsewhere."""
+        own: vLLM's blocks on vLLM (a CUDA vLLM's, and the study's pages for S1
+        and S2, when its scheduler runs in process), the study's pages elsewhere."""
         if self.paging is not None:
             return self.paging
         if self.engine != "vllm":
             return "study"
-        in_process = not (self.endpoint or self.launch)
-        return "study" if in_process and self.org in VLLM_STUDY_PAGE_ORGS else "vllm"
+        if self.endpoint or self.launch:
+            return "vllm"
+        # vLLM's scheduler in process resolves a CUDA vLLM's block
+        return "study" if self.org in VLLM_STUDY_PAGE_ORGS else "vllm-gpu"
 
     @property
     def cost_profile_path(self) -> str | None:

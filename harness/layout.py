@@ -57,8 +57,13 @@ BLOCK_TOKENS = 512
 #: D0's attention block and checkpoint interval (the study's values).
 D0_BLOCK_TOKENS = 16
 D0_GRID_TOKENS = 1792
-#: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks.
-PAGINGS = ("study", "vllm")
+#: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks as
+#: its CPU build resolves them (``vllm``) or as a CUDA vLLM does (``vllm-gpu``).
+PAGINGS = ("study", "vllm", "vllm-gpu")
+#: Each vLLM paging's block alignment: the CPU build's 128 tokens
+#: (`VLLM_BLOCK_ALIGN`), or FlashAttention's 16-token kernel block, from
+#: which a CUDA platform raises the hybrid block (``MultipleOf(16)``).
+VLLM_PAGINGS = {"vllm": 128, "vllm-gpu": 16}
 #: Organizations vLLM's scheduler in process lays out at the study's pages
 #: unless --paging vllm is given (adapters/vllm_inprocess/config.py): hbench's
 #: plugin charges their checkpoints in pages of the grid, which a served vLLM
@@ -152,7 +157,7 @@ class OrgLayout:
         return self.ssm_pages == 1 and self.conv_pages == 0 and not self.conv_slots
 
     def in_vllm_blocks(self, block_tokens: int, attn_bytes_per_token: int,
-                       preempt_pin: str = "joint") -> OrgLayout:
+                       preempt_pin: str = "joint", paging: str = "vllm") -> OrgLayout:
         """This organization as hbench's vLLM plugin lays it out in vLLM's
         blocks of ``block_tokens`` tokens (module docstring): every attention
         block and every member page is one block of ``block_tokens x
@@ -160,10 +165,11 @@ class OrgLayout:
         page counts (members per checkpoint, slots per slab) stay this
         layout's. Logical sizes are unchanged, so waste is counted against
         the real blocks. ``preempt_pin``: "joint" under the plugin, "none"
-        for an organization vLLM serves stock (S0)."""
+        for an organization vLLM serves stock (S0); ``paging`` the vLLM paging
+        (`VLLM_PAGINGS`) the block comes from."""
         page = block_tokens * attn_bytes_per_token
         return replace(self, attn_block_tokens=block_tokens, grid_tokens=block_tokens,
                        attn_page_bytes=page, ckpt_page_bytes=page, publish_in_place=True,
-                       paging="vllm",
+                       paging=paging,
                        slot_bytes=page // self.slab_slots if self.conv_slots else 0,
                        attn_block_bytes=page, preempt_pin=preempt_pin)

@@ -9,6 +9,11 @@ agreement, into ``OUT/ledger.csv``, ``OUT/fidelity.json`` and the figure
 ``OUT/fidelity.png`` (`write_ledger`, which also rebuilds them from
 ``OUT/runs`` alone). Every cell is checked before any work, and a repeated
 call resumes: a side already in ``OUT/runs`` is not run again.
+
+`run_scheduler_fidelity` holds hbench's scheduler against vLLM's own, run in
+process (`adapters.vllm_inprocess`) at the study's scale: both sides are
+priced by the same cost model (``--gpu``), so the ledger measures only what
+the two schedulers and block pools decide differently.
 """
 
 from __future__ import annotations
@@ -132,7 +137,6 @@ def run_fidelity(engine: str, model_dir: str | Path, out: str | Path, *,
     ``progress(description, completed, total)`` each step."""
     from adapters.sim.profile import load_profile, save_profile
     from hbench.calibration import calibrate_model, check_held_out, write_samples
-    from hbench.runner import execute
 
     note = note or (lambda text: None)
     progress = progress or (lambda description, completed=None, total=None: None)
@@ -157,12 +161,25 @@ def run_fidelity(engine: str, model_dir: str | Path, out: str | Path, *,
     if cost.engine and cost.engine != engine:
         note(f"note: profile {profile} was measured on {cost.engine}, not {engine}")
 
-    runs = out / "runs"
+    run_pairs(workloads, out / "runs", engine, str(profile), progress)
+    return write_ledger(out, engine, {"profile": cost.describe(), "cells_run": cells_run(workloads)})
+
+
+def cells_run(workloads) -> list[dict]:
+    return [{"org": c.org, "budget": c.budget, "seed": c.seed} for c in workloads]
+
+
+def run_pairs(workloads: Mapping, runs: Path, engine: str, gpu: str,
+              progress: Callable[..., None]) -> None:
+    """Each cell on ``engine`` and on the simulator (priced by ``gpu``, its
+    pages laid out as the engine's), under ``runs``; a side already there stays."""
+    from hbench.runner import execute
+
     done = finished_sides(runs, engine)
     total, finished = 2 * len(workloads), 0
     for cfg, workload in workloads.items():
         # the simulator lays pages out as the real engine does (vLLM: its blocks)
-        sim_cfg = dataclasses.replace(cfg, engine="sim", gpu=str(profile), launch=False,
+        sim_cfg = dataclasses.replace(cfg, engine="sim", gpu=gpu, launch=False,
                                       device="cpu", paging=cfg.resolved_paging)
         for c in (cfg, sim_cfg):
             side = "sim" if c.engine == "sim" else "real"
@@ -171,6 +188,36 @@ def run_fidelity(engine: str, model_dir: str | Path, out: str | Path, *,
                 execute(c, runs, workload=workload)
             finished += 1
             progress(f"{c.engine} {c.org} {c.budget} seed {c.seed}", finished, total)
-    return write_ledger(out, engine, {"profile": cost.describe(),
-                                      "cells_run": [{"org": c.org, "budget": c.budget,
-                                                     "seed": c.seed} for c in workloads]})
+
+
+def run_scheduler_fidelity(model: str, out: str | Path, *, axes: Mapping[str, str],
+                           fields: Mapping[str, object],
+                           progress: Callable[..., None] | None = None) -> dict:
+    """hbench's scheduler against vLLM's, cell by cell: every cell of ``axes``
+    over ``fields`` (`RunConfig` fields, ``gpu`` among them) served by vLLM's
+    scheduler in process and by the simulator, on the same workload, bytes,
+    page layout and cost model; then the ledger. ``model`` is a preset or a
+    Falcon-H1 model directory or ``config.json`` path."""
+    from adapters.registry import make_engine
+    from adapters.sim.engine import SimEngine
+    from harness.engine.fits import check_fits
+    from harness.grid import expand
+    from harness.run_setup import validate
+    from harness.run_workload import build_run_workload
+
+    progress = progress or (lambda description, completed=None, total=None: None)
+    out = Path(out)
+    vllm = make_engine("vllm")
+    base = {"engine": "vllm", "model": model, **fields}
+    if Path(model).suffix == ".json":
+        base["config_path"] = model
+    workloads = {}
+    for cfg in expand([dict(axes)], base):
+        setup = validate(cfg)
+        vllm.check_in_process(cfg)
+        workloads[cfg] = build_run_workload(cfg)
+        check_fits(SimEngine().build(setup), workloads[cfg], cfg, setup.budget.label)
+    gpu = next(iter(workloads)).gpu
+    run_pairs(workloads, out / "runs", "vllm", gpu, progress)
+    return write_ledger(out, "vllm", {"mode": "vLLM's scheduler in process",
+                                      "cost_model": gpu, "cells_run": cells_run(workloads)})

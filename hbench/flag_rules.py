@@ -157,6 +157,17 @@ TOOL_RULES: tuple[Rule, ...] = (
     Rule(("quick",), lambda c, g: "profile_path" not in g,
          "applies without --profile only: it is the design of the calibration run first"),
 )
+#: ``hbench fidelity``'s: a real engine calibrated and served, or vLLM's
+#: scheduler in process (``--in-process``).
+FIDELITY_RULES: tuple[Rule, ...] = (
+    *TOOL_RULES,
+    Rule(("in_process",), lambda c, g: c.engine == "vllm",
+         "applies to --engine vllm only: its scheduler runs in process"),
+    Rule(("gpu", "headroom"), lambda c, g: "in_process" in g,
+         "applies with --in-process only: a real engine runs on its own hardware"),
+    Rule(("profile_path", "quick", "device"), lambda c, g: "in_process" not in g,
+         "does not apply with --in-process: both sides are priced by --gpu's cost model"),
+)
 #: ``hbench verify``'s: the torch engine's continuation check, vLLM's pressure
 #: check against stock (``--launch``), or hit-vs-recompute on a server.
 VERIFY_RULES: tuple[Rule, ...] = (

@@ -9,7 +9,7 @@ layout and pool sizes into a ready organization.
 
 from __future__ import annotations
 
-from harness.layout import PAGINGS, OrgLayout, vllm_block_tokens
+from harness.layout import PAGINGS, VLLM_PAGINGS, OrgLayout, vllm_block_tokens
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.e0 import E0
@@ -43,16 +43,17 @@ def _organization(org: str) -> type[Organization]:
 
 def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
     """The layout of ``org`` (a key of `ORGANIZATIONS`) for model geometry
-    ``geom``: the study's pages, or with ``paging="vllm"`` the same
-    organization in vLLM's blocks (`OrgLayout.in_vllm_blocks`)."""
+    ``geom``: the study's pages, or with a vLLM paging (``"vllm"``,
+    ``"vllm-gpu"``) the same organization in vLLM's blocks of that paging's
+    alignment (`OrgLayout.in_vllm_blocks`)."""
     cls = _organization(org)
     layout = cls.layout_for(geom)
     if paging == "study":
         return layout
-    if paging == "vllm":
+    if paging in VLLM_PAGINGS:
         per_token = geom.slot_attn_bytes_per_token
-        block = vllm_block_tokens(per_token, geom.slot_checkpoint_bytes)
-        return layout.in_vllm_blocks(block, per_token, cls.vllm_preempt_pin)
+        block = vllm_block_tokens(per_token, geom.slot_checkpoint_bytes, VLLM_PAGINGS[paging])
+        return layout.in_vllm_blocks(block, per_token, cls.vllm_preempt_pin, paging)
     raise ValueError(f"unknown paging {paging!r}; choose from {', '.join(PAGINGS)}")
 
 

@@ -36,7 +36,7 @@ from harness.orgs.lookup import PrefixLookup
 from harness.orgs.pins import Pins, pin_policy_for
 from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.pool import pools_for
-from harness.orgs.publication import publication_for
+from harness.orgs.publication import kept_edges, publication_for
 from harness.orgs.slabs import SlabTable
 from harness.orgs.values import Demand, PrefixHit
 from harness.orgs.views import ReadOnlyViews
@@ -101,6 +101,20 @@ class Organization(ReadOnlyViews):
     def lookup(self, keys, max_tokens: int) -> PrefixHit:
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
         return self.prefix.find(keys, max_tokens)
+
+    def chunk_stop(self, rid, start: int, end: int, hit: PrefixHit | None = None,
+                   prompt_len: int | None = None) -> int:
+        """Where a prefill chunk [start, end) must end: in place, at the first
+        edge strictly inside it whose state the request keeps (vLLM's align
+        mode caches a state only at a chunk's end: ``_mamba_block_aligned_split``
+        in vllm/v1/core/sched/scheduler.py stops at the last cacheable edge and
+        at a shared-prefix junction); else ``end``. A request not admitted yet
+        keeps the edges of ``hit`` and ``prompt_len``. Changes nothing."""
+        if not self.in_place:
+            return end
+        st = self.reqs.get(rid)
+        keep = st.keep if st is not None else kept_edges(prompt_len, hit, self.grid)
+        return next((e for e in keep if start < e < end), end)
 
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""

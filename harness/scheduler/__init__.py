@@ -268,7 +268,9 @@ class Scheduler:
             if r.decoding:
                 end, prefill = start + 1, False
             else:
-                end, prefill = self._chunk_end(start, r.prefill_until, budget), True
+                end = self.org.chunk_stop(r.rid, start,
+                                          self._chunk_end(start, r.prefill_until, budget))
+                prefill = True
             if end <= start or end - start > budget:
                 batch.skipped.append(r.rid)
                 continue
@@ -305,7 +307,8 @@ class Scheduler:
             # the first chunk is what the step's remaining token budget allows (on
             # the grid unless it ends the prefill), as in vLLM V1; if it does not
             # fit with headroom, admission stops for this step: no shorter chunk
-            end = self._chunk_end(start, r.prefill_until, budget)
+            end = org.chunk_stop(r.rid, start, self._chunk_end(start, r.prefill_until, budget),
+                                 hit, r.prompt_len)
             if end <= start:
                 batch.wait_reason = WAIT_BUDGET
                 break
@@ -345,7 +348,8 @@ class Scheduler:
             return WAIT_BUDGET
         org, r = self.org, self.waiting[0]
         hit = org.lookup(r.keys, len(r.tokens) - 1)
-        end = self._chunk_end(hit.j_adopt, r.prefill_until, budget)
+        end = org.chunk_stop(r.rid, hit.j_adopt,
+                             self._chunk_end(hit.j_adopt, r.prefill_until, budget), hit, r.prompt_len)
         if end <= hit.j_adopt:
             return WAIT_BUDGET
         if self._admissible(r, hit, end) or not self.running:

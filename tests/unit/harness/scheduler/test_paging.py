@@ -110,7 +110,7 @@ def test_engines_refuse_a_paging_they_cannot_lay_out():
 
 
 @pytest.mark.parametrize(("org", "server", "paging"), [
-    ("s0", False, "vllm"), ("d0", False, "vllm"), ("s1", False, "study"),
+    ("s0", False, "vllm-gpu"), ("d0", False, "vllm-gpu"), ("s1", False, "study"),
     ("s2", False, "study"), ("s2", True, "vllm"), ("s1", True, "vllm")])
 def test_vllm_lays_out_its_own_blocks_except_s1_s2_in_process(org, server, paging):
     """In process no state tensor exists, so S1/S2 take the study's pages
@@ -171,3 +171,44 @@ def test_stretches_are_identical_on_random_configs_under_vllm_paging(case):
     except HbenchError as exc:        # a request larger than the pool: refused alike
         pytest.skip(str(exc))
     assert_identical(slow, fast)
+
+
+def test_a_cuda_vllms_block_is_1568_tokens():
+    """FlashAttention's kernel block is 16 tokens, so a CUDA vLLM raises the
+    hybrid block in steps of 16: ceil(1,594,368 / (16 x 1,024)) = 98, 1,568
+    tokens (the CPU build's 128-token steps give 1,664)."""
+    lay = layout_for("s0", GEOM, "vllm-gpu")
+    assert (lay.attn_block_tokens, lay.attn_page_bytes, lay.paging) == (1568, 1568 * KIB,
+                                                                         "vllm-gpu")
+    # b83: floor(83 x 1,594,368 / 1,605,632) = 82 blocks, the null block among them
+    budget = resolve_budget("b83", lay, GEOM)
+    assert budget.pools[0].pages + 1 == 82 and budget.allocated_bytes == 82 * 1568 * KIB
+
+
+@pytest.mark.parametrize("paging", ["vllm", "vllm-gpu"])
+def test_a_prefill_chunk_stops_at_the_edge_vllm_caches(paging, tmp_path):
+    """vLLM's align mode caches a state only where a chunk ends, and ends a
+    prefill chunk at the last edge before the prompt's end
+    (``_mamba_block_aligned_split``): a prompt served in one 8,192-token step
+    is split there, so the next request of its shared context adopts that
+    edge. Requests 4 s apart: nothing else runs, nothing is evicted."""
+    res = CliRunner().invoke(cli, ["run", "--org", "s0", "--budget", "b83", "--paging", paging,
+                                   "--requests", "12", "--rate", "0.25", "--arrival", "constant",
+                                   "--contexts", "2", "--out", str(tmp_path), "--seed", "1"])
+    assert res.exit_code == 0, res.output
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    import pandas as pd
+
+    block = layout_for("s0", GEOM, paging).attn_block_tokens
+    reqs = pd.read_parquet(run_dir / "requests.parquet").sort_values("arrival_s")
+    first_of_group = ~reqs["prefix_group"].duplicated()
+    # the first of each context reuses nothing; a later one adopts an edge an
+    # earlier prompt of its context cached (a whole number of blocks), or, where
+    # those edges all lie past the shared context, finds its cached attention
+    # deeper than any state: the junction, whose state it caches for the next
+    assert (reqs.loc[first_of_group, "reused_tokens"] == 0).all()
+    later = reqs.loc[~first_of_group]
+    hit = later["reused_tokens"] > 0
+    assert ((later["reused_tokens"] % block == 0) & (later["reused_tokens"] < later["prompt_tokens"])).all()
+    assert (hit | (later["attn_depth"] > later["j_adopt"])).all()
+    assert hit.sum() >= len(later) - reqs["prefix_group"].nunique() > 0
