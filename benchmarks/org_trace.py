@@ -142,10 +142,12 @@ class RecordingOrg:
         self.rows.append((LOOKUP, -1, kidx, max_tokens, 0, nk, 0))
         return hit
 
-    def pages_needed(self, rid, end: int, prefill_until: int, keys=None, hit=None):
+    def pages_needed(self, rid, end: int, prefill_until: int, keys=None, hit=None,
+                     prompt_len=None):
+        # prompt_len acts only in place (vLLM's blocks), which is not traced
         kidx, nk = self._key_ref(keys)
         flag = self._hit_flag(kidx, hit)
-        d = self._org.pages_needed(rid, end, prefill_until, keys, hit)
+        d = self._org.pages_needed(rid, end, prefill_until, keys, hit, prompt_len)
         self._last_demand = (rid, d)
         self.rows.append((DEMAND, rid, kidx, end, prefill_until, nk, flag))
         return d

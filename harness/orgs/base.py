@@ -36,7 +36,7 @@ from harness.orgs.lookup import PrefixLookup
 from harness.orgs.pins import Pins, pin_policy_for
 from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.pool import pools_for
-from harness.orgs.publication import kept_edges, publication_for
+from harness.orgs.publication import exported_edge, junction_edge, kept_edges, publication_for
 from harness.orgs.slabs import SlabTable
 from harness.orgs.values import Demand, PrefixHit
 from harness.orgs.views import ReadOnlyViews
@@ -102,33 +102,43 @@ class Organization(ReadOnlyViews):
         """Deepest reusable prefix of ``keys`` no longer than ``max_tokens``."""
         return self.prefix.find(keys, max_tokens)
 
-    def chunk_stop(self, rid, start: int, end: int, hit: PrefixHit | None = None,
-                   prompt_len: int | None = None) -> int:
+    def chunk_stop(self, rid, start: int, end: int, prefill_until: int,
+                   hit: PrefixHit | None = None, prompt_len: int | None = None) -> int:
         """Where a prefill chunk [start, end) must end: in place, at the first
-        edge strictly inside it whose state the request keeps (vLLM's align
-        mode caches a state only at a chunk's end: ``_mamba_block_aligned_split``
-        in vllm/v1/core/sched/scheduler.py stops at the last cacheable edge and
-        at a shared-prefix junction); else ``end``. A request not admitted yet
+        edge strictly inside it whose state the request keeps (the junction
+        first), unless the chunk exports that state itself
+        (`publication.exported_edge`): vLLM's
+        align mode caches a state at a chunk's end or in its prefill
+        checkpoint block only (``_mamba_block_aligned_split`` in
+        vllm/v1/core/sched/scheduler.py stops at the last cacheable edge and at
+        a shared-prefix junction); else ``end``. A request not admitted yet
         keeps the edges of ``hit`` and ``prompt_len``. Changes nothing."""
         if not self.in_place:
             return end
         st = self.reqs.get(rid)
-        keep = st.keep if st is not None else kept_edges(prompt_len, hit, self.grid)
-        return next((e for e in keep if start < e < end), end)
+        if st is not None:
+            keep, junction = st.keep, st.junction
+        else:
+            keep, junction = kept_edges(prompt_len, hit, self.grid), junction_edge(hit, self.grid)
+        if start < junction < end:
+            end = junction
+        exported = exported_edge(keep, start, end, prefill_until, self.grid)
+        return next((e for e in keep if start < e < end and e != exported), end)
 
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""
         return self.prefix.version()
 
     def pages_needed(self, rid, end: int, prefill_until: int, keys=None,
-                     hit: PrefixHit | None = None) -> Demand:
+                     hit: PrefixHit | None = None, prompt_len: int | None = None) -> Demand:
         """Pages per pool that ``allocate`` with the same arguments would take."""
         st = self.reqs.get(rid)   # admitted: it adopts nothing any more
         start, pages, adopted_slabs = self.prefix.adoption(keys, hit if st is None else None)
         have_blocks = start // self.attn_block_tokens if st is None else len(st.attn)
         blocks = -(-end // self.attn_block_tokens) - have_blocks
         pages[0] += blocks if blocks > 0 else 0
-        states = self.publication.states_needed(st, start, end, prefill_until, rid, keys)
+        states = self.publication.states_needed(st, start, end, prefill_until, rid, keys,
+                                                hit, prompt_len)
         if states:
             pages[-1] += self.ckpts.pages_for(states, adopted_slabs)
         return Demand(tuple(pages))
@@ -165,7 +175,8 @@ class Organization(ReadOnlyViews):
         if (st is not None and end <= len(st.attn) * self.attn_block_tokens
                 and not self.publication.needs_state(st, end, prefill_until)):
             return True
-        if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit)):
+        if not self.can_allocate(self.pages_needed(rid, end, prefill_until, keys, hit,
+                                                   prompt_len)):
             return False
         if st is None:
             if self.table.evict is not None:

@@ -88,6 +88,7 @@ class RequestState:
     at_edge: bool = False      # in place: ``live`` is the state at the block edge ``computed``
     retiring: Entry | None = None  # in place: the edge continued past this step, held until it ends
     keep: tuple[int, ...] = ()     # in place: the edges whose state is cached (vLLM's retention)
+    junction: int = 0              # in place: the shared-prefix junction among them (0: none)
     computed: int = 0
 
 

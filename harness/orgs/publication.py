@@ -54,11 +54,38 @@ def kept_edges(prompt_len: int, hit: PrefixHit | None, block: int) -> tuple[int,
     measured on vLLM's CPU build, a request preempted past a decode edge
     finds no Mamba state there and recomputes from its last kept edge.
     """
-    kept = {(prompt_len - 1) // block * block}
-    if hit is not None and hit.attn_depth > hit.j_adopt:
-        kept.add(hit.attn_depth // block * block)
+    kept = {(prompt_len - 1) // block * block, junction_edge(hit, block)}
     kept.discard(0)
     return tuple(sorted(kept))
+
+
+def junction_edge(hit: PrefixHit | None, block: int) -> int:
+    """The shared-prefix junction (`kept_edges`) of a request admitted with
+    ``hit``, or 0 for none. A prefill chunk always ends there
+    (``junction_stop`` in ``_mamba_block_aligned_split``)."""
+    if hit is not None and hit.attn_depth > hit.j_adopt:
+        return hit.attn_depth // block * block
+    return 0
+
+
+def exported_edge(keep: tuple[int, ...], start: int, end: int, prefill_until: int,
+                  block: int) -> int | None:
+    """The kept edge whose state vLLM 0.32's align mode exports from inside
+    the chunk [start, end) instead of ending the chunk there, or None. A
+    Mamba-2 layer writes the prefill's checkpoint into an extra block in the
+    same forward pass (``MambaMixer2.get_kv_cache_spec`` sets
+    ``num_prefill_checkpoint_blocks=1``, vllm/model_executor/layers/mamba/
+    mamba_mixer2.py), for the chunk that ends the prefill, at the last edge
+    before its last token, when ``is_mamba_prefill_checkpoint_valid``
+    (vllm/v1/kv_cache_interface.py) holds: the chunk starts on an edge, and
+    the edge is at least a block past the start and in a later block column
+    than the initial state's. Any other kept edge ends the chunk
+    (``_mamba_block_aligned_split``, vllm/v1/core/sched/scheduler.py)."""
+    edge = (prefill_until - 1) // block * block
+    if (edge in keep and end >= prefill_until and start % block == 0
+            and start + block <= edge < end and -(-end // block) - 2 > (start - 1) // block):
+        return edge
+    return None
 
 
 class Publication:
@@ -73,10 +100,12 @@ class Publication:
         self.retiring: list = []    # rids whose edge `end_step` releases (in place only)
 
     def states_needed(self, st: RequestState | None, start: int, end: int,
-                      prefill_until: int, rid=None, keys=None) -> int:
+                      prefill_until: int, rid=None, keys=None, hit: PrefixHit | None = None,
+                      prompt_len: int | None = None) -> int:
         """Checkpoint-sized objects a request takes to reach ``end`` (``st``: None
         for one not admitted yet, which starts at ``start`` and needs its live
-        state too; ``rid`` and its prefix ``keys`` then say where it would publish)."""
+        state too; ``rid`` and its prefix ``keys``, its ``hit`` and
+        ``prompt_len`` then say where it would publish)."""
         raise NotImplementedError
 
     def needs_state(self, st: RequestState, end: int, prefill_until: int) -> bool:
@@ -114,7 +143,8 @@ class Publication:
 class Spares(Publication):
     """The study: a spare for every grid boundary of the prompt, all published."""
 
-    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None):
+    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None, hit=None,
+                      prompt_len=None):
         if st is None:
             reserved, live = start, 1
         else:
@@ -189,7 +219,8 @@ class SelectiveSpares(Spares):
         """Kept boundaries j with lo < j <= hi."""
         return bisect_right(keep, hi) - bisect_right(keep, lo) if hi > lo else 0
 
-    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None):
+    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None, hit=None,
+                      prompt_len=None):
         last = end if end < prefill_until else prefill_until
         if st is None:
             keep = self.policy.kept(rid, keys, start, prefill_until, self.grid)
@@ -222,18 +253,32 @@ class InPlace(Publication):
 
     in_place = True
 
-    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None):
+    def states_needed(self, st, start, end, prefill_until, rid=None, keys=None, hit=None,
+                      prompt_len=None):
         if st is None:
-            return 1
-        return 1 if st.at_edge and end > st.computed else 0
+            keep = kept_edges(prefill_until if prompt_len is None else prompt_len, hit, self.grid)
+            return 1 + (exported_edge(keep, start, end, prefill_until, self.grid) is not None)
+        moves = 1 if st.at_edge and end > st.computed else 0
+        return moves + (self._export_to_reserve(st, end, prefill_until) is not None)
 
     def needs_state(self, st, end, prefill_until):
-        return st.at_edge and end > st.computed
+        return (st.at_edge and end > st.computed) or \
+            self._export_to_reserve(st, end, prefill_until) is not None
+
+    def _export_to_reserve(self, st, end, prefill_until) -> int | None:
+        """The edge this chunk exports (`exported_edge`) if its block is not
+        reserved yet."""
+        if st.spares:
+            return None
+        return exported_edge(st.keep, st.computed, end, prefill_until, self.grid)
 
     def admit(self, st, hit, prompt_len, rid=None, keys=None, prefill_until=None):
         st.keep = kept_edges(prompt_len, hit, self.grid)
+        st.junction = junction_edge(hit, self.grid)
 
     def reserve(self, rid, st, end, prefill_until):
+        if self._export_to_reserve(st, end, prefill_until) is not None:
+            st.spares.append(self.ckpts.new())      # vLLM's prefill checkpoint block
         if st.at_edge and end > st.computed:   # continue past the edge
             edge = st.live
             st.live, st.at_edge = self.ckpts.new(), False
@@ -242,9 +287,24 @@ class InPlace(Publication):
         return ()
 
     def commit(self, rid, st, keys, computed, prefill_until):
+        published = []
+        if st.spares and computed > st.computed:
+            published = self._export(st, keys, computed, prefill_until)
         if computed % self.grid == 0 and computed > st.computed:
-            return self._reach_edge(st, keys, computed), ()
-        return [], ()
+            return published + self._reach_edge(st, keys, computed), ()
+        return published, ()
+
+    def _export(self, st: RequestState, keys, computed: int, prefill_until: int) -> list[int]:
+        """The chunk that ended at ``computed`` exported the state at its edge
+        (`exported_edge`) into the reserved block: that block is the edge's
+        cached checkpoint (a duplicate if the prefix has one already, as vLLM
+        keeps both), held by no request."""
+        j = exported_edge(st.keep, st.computed, computed, prefill_until, self.grid)
+        assert j is not None, f"{self.table.name}: a reserved export block and no exported edge"
+        k = key_at(keys, j)
+        cached = self.ckpts.map.get(k)
+        self.ckpts.publish(st.spares.pop(), k, j)
+        return [j] if cached is None else []
 
     def _reach_edge(self, st: RequestState, keys, j: int) -> list[int]:
         """The live state is now the state at edge ``j`` and stays the request's

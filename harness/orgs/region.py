@@ -179,7 +179,7 @@ class RegionOrganization(Organization):
         if (st is not None and end <= len(st.attn) * self.attn_block_tokens
                 and not self.publication.needs_state(st, end, prefill_until)):
             return super().allocate(rid, end, prefill_until)   # reserved: no page moves
-        demand = self.pages_needed(rid, end, prefill_until, keys, hit).pages
+        demand = self.pages_needed(rid, end, prefill_until, keys, hit, prompt_len).pages
         j, adopted, _ = self.prefix.adoption(keys, hit if st is None else None)
         self.adopting = (keys, j)
         try:

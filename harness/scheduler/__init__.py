@@ -269,7 +269,8 @@ class Scheduler:
                 end, prefill = start + 1, False
             else:
                 end = self.org.chunk_stop(r.rid, start,
-                                          self._chunk_end(start, r.prefill_until, budget))
+                                          self._chunk_end(start, r.prefill_until, budget),
+                                          r.prefill_until)
                 prefill = True
             if end <= start or end - start > budget:
                 batch.skipped.append(r.rid)
@@ -308,7 +309,7 @@ class Scheduler:
             # the grid unless it ends the prefill), as in vLLM V1; if it does not
             # fit with headroom, admission stops for this step: no shorter chunk
             end = org.chunk_stop(r.rid, start, self._chunk_end(start, r.prefill_until, budget),
-                                 hit, r.prompt_len)
+                                 r.prefill_until, hit, r.prompt_len)
             if end <= start:
                 batch.wait_reason = WAIT_BUDGET
                 break
@@ -349,7 +350,8 @@ class Scheduler:
         org, r = self.org, self.waiting[0]
         hit = org.lookup(r.keys, len(r.tokens) - 1)
         end = org.chunk_stop(r.rid, hit.j_adopt,
-                             self._chunk_end(hit.j_adopt, r.prefill_until, budget), hit, r.prompt_len)
+                             self._chunk_end(hit.j_adopt, r.prefill_until, budget),
+                             r.prefill_until, hit, r.prompt_len)
         if end <= hit.j_adopt:
             return WAIT_BUDGET
         if self._admissible(r, hit, end) or not self.running:
@@ -365,11 +367,12 @@ class Scheduler:
         (`SchedulerPolicy` cites vLLM's rules)."""
         org, policy = self.org, self.policy
         headroom = policy.headroom if (self.running or policy.headroom_while_idle) else 0.0
-        if not org.can_allocate(org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit),
-                                headroom):
+        if not org.can_allocate(org.pages_needed(r.rid, end, r.prefill_until, r.keys, hit,
+                                                 r.prompt_len), headroom):
             return False
         if policy.admit_whole_input and end < r.prefill_until:
-            whole = org.pages_needed(r.rid, r.prefill_until, r.prefill_until, r.keys, hit)
+            whole = org.pages_needed(r.rid, r.prefill_until, r.prefill_until, r.keys, hit,
+                                     r.prompt_len)
             return org.can_allocate(whole, headroom)
         return True
 

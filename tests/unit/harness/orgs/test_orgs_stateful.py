@@ -13,7 +13,8 @@ it plays no history the scheduler could not:
 - `schedule()`: each request acts at most once in the step. First running
   requests: each allocates its next chunk (a decode token, or a prefill
   chunk that ends where `Scheduler._chunk_end` ends one: the rest of the
-  prefill, or a grid boundary within the step's room; a failed allocate
+  prefill, or a grid boundary within the step's room, in place cut short
+  where `Organization.chunk_stop` stops it; a failed allocate
   changes nothing, so it may be asked again with a shorter chunk) or, not
   yet planned, is preempted. Then, if nobody was preempted, waiting requests
   are admitted (lookup, ask with the headroom, allocate), or one is failed
@@ -140,15 +141,19 @@ class OrgMachine(RuleBasedStateMachine):
             self._check_hit(r["keys"], hit)
             start = hit.j_adopt
         decode = admitted and start >= len(r["tokens"])
-        end = len(r["tokens"]) + 1 if decode else self._chunk_end(start, r["prefill_until"], room)
+        if decode:
+            end = len(r["tokens"]) + 1
+        else:   # as the scheduler: in place, a chunk ends where vLLM caches a state
+            end = org.chunk_stop(rid, start, self._chunk_end(start, r["prefill_until"], room),
+                                 r["prefill_until"], hit, r["prompt_len"])
         if end <= start:
             return None
         before = snapshot(org, self._admitted())
-        d = org.pages_needed(rid, end, r["prefill_until"], r["keys"], hit)
+        d = org.pages_needed(rid, end, r["prefill_until"], r["keys"], hit, r["prompt_len"])
         can = org.can_allocate(d, headroom)
         if not admitted:    # admission may also ask for the whole input (admit_whole_input)
             org.can_allocate(org.pages_needed(rid, r["prefill_until"], r["prefill_until"],
-                                              r["keys"], hit), headroom)
+                                              r["keys"], hit, r["prompt_len"]), headroom)
         assert snapshot(org, self._admitted()) == before, "asking changed the organization"
         if not can:
             if headroom == 0.0:
@@ -183,9 +188,17 @@ class OrgMachine(RuleBasedStateMachine):
         copies = org.copies()
         r["computed"] = end
         if self.in_place:
-            assert copies == () and published in ([], [end])
+            # the edge a chunk exported from inside (vLLM's prefill checkpoint
+            # block), then the edge it ended at, if kept
+            exported = [j for j in published if j != end]
+            assert copies == () and len(exported) <= 1 and set(published) <= {*exported, end}
+            for j in exported:
+                assert j < end and j % org.grid == 0
+                ck = org.checkpoint_at(r["keys"], j)
+                assert ck is not None and ck != org.live_state(rid)
+                assert not claims(ck) & claims(org.live_state(rid))
             r["on_edge"] = end % org.grid == 0    # at an edge, published or not
-            if published:
+            if end in published:
                 assert org.checkpoint_at(r["keys"], end) == org.live_state(rid)
             r["published"] = list(range(org.grid, end + 1, org.grid))
             return published

@@ -23,7 +23,7 @@ from harness.orgs.pins import (
     NoPin,
     pin_policy_for,
 )
-from harness.orgs.publication import InPlace, Spares
+from harness.orgs.publication import InPlace, Spares, exported_edge
 from harness.orgs.s1 import S1
 
 B = 16
@@ -113,9 +113,9 @@ def test_in_place_publishes_kept_edges_and_holds_a_passed_edge_until_the_step_en
 def two_edges_in_place(org, keys) -> None:
     """Request 0 computes a 40-token prompt in two 16-token chunks, one step
     each: the edge at 16 is passed, the one at 32 is its replay boundary."""
-    assert org.allocate(0, 40, 40, keys, None)
+    assert org.allocate(0, 16, 40, keys, None)
     org.commit(0, keys, 16, 40)
-    assert org.allocate(0, 40, 40)
+    assert org.allocate(0, 32, 40)
     org.commit(0, keys, 32, 40)
     org.end_step()
 
@@ -229,3 +229,61 @@ def test_the_lookup_memo_names_what_it_depends_on():
     org.lookup(keys, 99)
     assert org.prefix.memo.version == org.version() != memo.version
     assert org.prefix.memo._replace(version=memo.version) == memo
+
+
+# ---- vLLM's prefill checkpoint block ------------------------------------------
+@pytest.mark.parametrize("keep, start, end, until, want", [
+    ((32,), 0, 40, 40, 32),     # the chunk that ends the prefill passes its last edge
+    ((32,), 0, 32, 40, None),   # a chunk that does not end the prefill exports nothing
+    ((32,), 16, 40, 40, 32),    # from an edge a block before it
+    ((32,), 24, 40, 40, None),  # a chunk that starts off an edge
+    ((32,), 32, 40, 40, None),  # the edge is the chunk's start, not inside it
+    ((16,), 0, 40, 40, None),   # the last edge before the end is not a kept one
+    ((), 0, 40, 40, None),
+])
+def test_the_prefill_checkpoint_vllm_exports_from_inside_a_chunk(keep, start, end, until, want):
+    """`exported_edge` against ``is_mamba_prefill_checkpoint_valid`` worked by
+    hand, blocks of 16: the edge (until - 1) // 16 x 16 = 32 must be kept, at
+    least a block past the chunk's start, the start on an edge, the chunk
+    reaching the prefill's end."""
+    assert exported_edge(keep, start, end, until, B) == want
+
+
+def test_a_prompt_in_one_chunk_caches_its_last_edge_from_an_extra_block():
+    """vLLM's align mode on a GPU: a 40-token prompt in one chunk holds its live
+    state and the prefill checkpoint block (2 states), and the state at its
+    last edge (32) is cached from that block when the step ends, held by
+    nobody; the live state continues to 40."""
+    org = tiny(in_place=True, pin="joint")
+    keys = keys_of(40)
+    assert org.chunk_stop(0, 0, 40, 40, None, 40) == 40      # not split at 32
+    demand = org.pages_needed(0, 40, 40, keys, None, 40)
+    assert demand.pages[0] == 3 + 2 * 2                      # 3 blocks, 2 states of 2 pages
+    assert org.allocate(0, 40, 40, keys, None, 40)
+    assert org.commit(0, keys, 40, 40) == [32]
+    ck = org.checkpoint_at(keys, 32)
+    assert ck is not None and ck != org.live_state(0)
+    hit = org.lookup(keys_of(40), 39)
+    assert hit.j_adopt == 32
+    org.check_invariants()
+
+
+def test_a_chunk_ends_at_the_shared_prefix_junction_first():
+    """A request whose cached attention reaches deeper than any cached state
+    stops its chunk at that junction (vLLM's ``junction_stop``), also where
+    the junction is its prompt's last edge, which it would otherwise export
+    from inside the chunk. Blocks of 16: request 0 (56 tokens) caches
+    attention to 48 and its state at 48; a prompt sharing its first 40 tokens
+    hits attention to 32 and no state."""
+    org = tiny(in_place=True, pin="joint")
+    first = chain_keys(list(range(56)))
+    assert org.allocate(0, 56, 56, first, None, 56)
+    assert org.commit(0, first, 56, 56) == [48]
+    org.end_step()
+    org.finish(0)
+    for length in (56, 40):          # last edges 48 and 32 (= the junction)
+        keys = chain_keys(list(range(40)) + list(range(900, 900 + length - 40)))
+        hit = org.lookup(keys, length - 1)
+        assert (hit.attn_depth, hit.j_adopt) == (32, 0)
+        assert org.chunk_stop(1, 0, length, length, hit, length) == 32
+        assert org.pages_needed(1, 32, length, keys, hit, length).pages[0] == 2 + 2  # no export
