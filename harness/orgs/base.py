@@ -125,6 +125,22 @@ class Organization(ReadOnlyViews):
         exported = exported_edge(keep, start, end, prefill_until, self.grid)
         return next((e for e in keep if start < e < end and e != exported), end)
 
+    def publishes(self, rid, start: int, end: int, prefill_until: int) -> tuple[int, ...]:
+        """In place, the edges whose state the admitted request's chunk
+        [start, end) caches when the step ends: the one it exports
+        (`publication.exported_edge`) and a kept edge it ends at; () otherwise.
+        vLLM registers those blocks when it allocates them, so a request
+        admitted later in the same step would hit a state not computed yet
+        (`Scheduler.admit` defers it, as vLLM's Mamba manager does)."""
+        if not self.in_place:
+            return ()
+        st = self.reqs[rid]
+        edges = [e for e in (exported_edge(st.keep, start, end, prefill_until, self.grid),)
+                 if e is not None]
+        if end in st.keep:
+            edges.append(end)
+        return tuple(edges)
+
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""
         return self.prefix.version()

@@ -276,7 +276,9 @@ class Scheduler:
                 batch.skipped.append(r.rid)
                 continue
             while not self.org.allocate(r.rid, end, r.prefill_until):
-                if prefill:   # publish fewer checkpoints this step before preempting anyone
+                # the study's engine publishes fewer checkpoints this step before
+                # preempting anyone; vLLM (in place) preempts for the chunk it planned
+                if prefill and not self.org.in_place:
                     smaller = self._fit_chunk(r, start, end)
                     if smaller is not None:
                         end = smaller
@@ -301,9 +303,13 @@ class Scheduler:
         chunk is allocated and appended to ``batch``; one that cannot start
         with nothing running fails."""
         org = self.org
+        pending = self._states_this_step(batch)
         while self.waiting and len(self.running) < self.policy.cap and budget > 0:
             r = self.waiting[0]
             hit = org.lookup(r.keys, len(r.tokens) - 1)
+            if pending and self._hits_state_this_step(r, hit, pending):
+                batch.wait_reason = WAIT_MEMORY
+                break
             start = hit.j_adopt
             # the first chunk is what the step's remaining token budget allows (on
             # the grid unless it ends the prefill), as in vLLM V1; if it does not
@@ -332,8 +338,40 @@ class Scheduler:
             batch.admitted.append(r.rid)
             batch.items.append(BatchItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
             budget -= end - start
+            if org.in_place:
+                for e, k in self._publishes(r, start, end).items():
+                    pending.setdefault(e, set()).add(k)
         if self.waiting and not batch.wait_reason:
             batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
+
+    # vLLM registers a Mamba state's block in the prefix cache when it allocates
+    # it, and makes a request whose hit ends on a state allocated in the same
+    # step wait for the next one (``MambaManager.get_num_blocks_to_allocate``,
+    # vllm/v1/core/single_type_kv_cache_manager.py: ``cached_blocks_this_step``
+    # returns more blocks than the pool has, and the waiting queue stops).
+    def _publishes(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
+        """{position: prefix key} of the states ``r``'s chunk caches this step."""
+        return {e: key_at(r.keys, e)
+                for e in self.org.publishes(r.rid, start, end, r.prefill_until)}
+
+    def _states_this_step(self, batch: StepBatch) -> dict[int, set[int]]:
+        """{position: prefix keys} of the states the batch's chunks cache when
+        the step ends (in place only; empty otherwise)."""
+        pending: dict[int, set[int]] = {}
+        if self.org.in_place:
+            for item in batch.items:
+                if item.prefill:
+                    for e, k in self._publishes(item.req, item.start, item.end).items():
+                        pending.setdefault(e, set()).add(k)
+        return pending
+
+    def _hits_state_this_step(self, r: SchedRequest, hit: PrefixHit,
+                              pending: dict[int, set[int]]) -> bool:
+        """Whether waiting ``r``'s prefix reaches, deeper than ``hit``, a state
+        a chunk of this step caches: vLLM's hit would end on it."""
+        limit = len(r.tokens) - 1
+        return any(hit.j_adopt < e <= limit and key_at(r.keys, e) in keys
+                   for e, keys in pending.items())
 
     def refusal(self, budget: int) -> str | None:
         """Why `admit` with ``budget`` tokens left would not admit the waiting
