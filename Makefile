@@ -69,6 +69,8 @@ bench: install
 	$(BIN)/python -m benchmarks.bench_client
 	@if [ -n "$$HBENCH_VLLM_PYTHON" ]; then $(BIN)/python -m benchmarks.bench_client_vllm; \
 	else echo "bench_client_vllm skipped: set HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh)"; fi
+	@if [ -n "$$HBENCH_VLLM_PYTHON" ]; then $(BIN)/python -m benchmarks.bench_vllm_inprocess; \
+	else echo "bench_vllm_inprocess skipped: set HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh)"; fi
 	$(BIN)/python -m benchmarks.bench_torch_model
 	$(BIN)/python -m benchmarks.bench_torch_engine
 

@@ -278,6 +278,9 @@ class VllmEngine(ServedEngine):
         by hbench's cost model, in the venv named by ``HBENCH_VLLM_PYTHON``
         (`adapters.vllm_inprocess`)."""
         config = setup.config
+        if config.launch:
+            self.check_config(config)
+            self.check_served_fits(workload, setup)
         if config.launch or config.endpoint:
             return super().run(workload, setup, progress)
         self.check_in_process(config)
@@ -341,6 +344,35 @@ class VllmEngine(ServedEngine):
                               "tokens (vLLM needs max-num-seqs <= max-num-batched-tokens)")
         if config.launch:
             self.check_blocks_hold_one_sequence(config)
+
+    def as_served(self, config):
+        """``config`` as a server hbench launches steps it: on this CPU one
+        vLLM block per step whatever ``--token-budget`` says (at least the
+        organization's grid), elsewhere as given."""
+        if not self.cpu:
+            return config
+        from dataclasses import replace
+
+        from harness.model_configs import geometry_for_run
+        from harness.orgs import layout_for
+
+        grid = layout_for(config.org, geometry_for_run(config), config.resolved_paging).grid_tokens
+        return replace(config, token_budget=max(self.step_tokens(config), grid))
+
+    def check_served_fits(self, workload, setup) -> None:
+        """Refuse, before a server starts, a budget whose longest request the
+        organization cannot serve even alone: the simulator's twin in the
+        server's blocks rehearses it with vLLM's rules (`harness.engine.fits`),
+        as an in-process run is checked. Without it a launched S1/S2 at too
+        small a budget fails every request only at the first-byte timeout."""
+        from adapters.sim.engine import SimEngine
+        from harness.engine.fits import check_fits
+
+        if run_geometry(setup.config) is None:
+            return          # no geometry (a model directory without a config): nothing to rehearse
+        config = self.as_served(setup.config)
+        served = setup.with_config(config)
+        check_fits(SimEngine().build(served), workload, config, setup.budget.label)
 
     def check_blocks_hold_one_sequence(self, config) -> None:
         """vLLM refuses to start (its engine core fails to initialize) when its

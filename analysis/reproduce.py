@@ -251,6 +251,17 @@ def add_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def served_by(runs: pd.DataFrame) -> str:
+    """Which engine, model and GPU the runs are, for a report's title:
+    "engine vllm, falcon-h1-7b on a100-pcie-40gb" (several values joined)."""
+    def values(column: str) -> str:
+        if column not in runs.columns:
+            return "unknown"
+        return "/".join(sorted(str(v) for v in runs[column].dropna().unique())) or "unknown"
+
+    return f"engine {values('engine')}, {values('model')} on {values('gpu')}"
+
+
 def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
                     figures: bool = True, include_invalid: bool = False) -> Reproduction:
     """Evaluate design ``name`` on the runs under ``root`` (only ``cell_ids``
@@ -299,12 +310,14 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     write_outputs(out, root, table, inter, arms, figs, validity)
     comparison = compare(name, table, inter, runs)
     write_report(root, out / "report.html", runs=runs, contrasts=table, metrics=metrics,
-                 interactions=inter, study=comparison, title=f"hbench reproduction: {d.title}",
+                 interactions=inter, study=comparison,
+                 title=f"hbench reproduction: {d.title} ({served_by(runs)})",
                  asked=f"Does hbench reproduce the study's {d.title}? ({len(comparison)} published "
                        "numbers, compared with hbench's paired-seed estimates from these runs.)")
     with atomic_path(root / "reproduce.csv") as tmp:
         comparison.to_csv(tmp, index=False)
     notes = [d.notes, validity.sentence("Holm families"),
              "contrasts, arm means and figures: analysis/report.md."]
-    atomic_write_text(root / "reproduce.md", markdown(comparison, f"Reproduction of {d.title}", notes))
+    atomic_write_text(root / "reproduce.md",
+                      markdown(comparison, f"Reproduction of {d.title} ({served_by(runs)})", notes))
     return Reproduction(name, root, runs, table, inter, arms, comparison, tuple(figs), validity)

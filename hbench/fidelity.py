@@ -51,17 +51,12 @@ def vllm_cells(cells: list) -> list:
     step whatever ``--token-budget`` says, so the simulator gets the same step
     (at least the organization's grid). Refused here if vLLM cannot express one."""
     from adapters.registry import make_engine
-    from harness.model_configs import geometry_for_run
-    from harness.orgs import layout_for
 
     vllm = make_engine("vllm")
     out = []
     for cfg in cells:
         vllm.check_config(cfg)
-        if vllm.cpu:
-            grid = layout_for(cfg.org, geometry_for_run(cfg), cfg.resolved_paging).grid_tokens
-            cfg = dataclasses.replace(cfg, token_budget=max(vllm.step_tokens(cfg), grid))
-        out.append(cfg)
+        out.append(vllm.as_served(cfg))
     return out
 
 

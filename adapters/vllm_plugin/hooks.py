@@ -76,6 +76,7 @@ class OrgMambaManager(MambaManager):
         self.shared_pool = block_pool
         if plan.org == "d0":
             attn, ckpt = d0_split(block_pool.num_gpu_blocks, plan.d0_attn_fraction)
+            self.attention_blocks, self.checkpoint_blocks = attn, ckpt
             self.block_pool = carve_private_pool(
                 block_pool, ckpt,
                 make_pool=lambda n: BlockPool(n, block_pool.enable_caching,
@@ -96,11 +97,16 @@ class OrgMambaManager(MambaManager):
                             slab_slots=layout.slab_slots, slot_bytes=layout.slot_bytes)
         emit(RESOLVED_TAG, resolved)
 
+    # D0's checkpoint-pool headroom for the allocation under way (blocks kept
+    # free after it), set by `PinningScheduler` around an admission.
+    headroom_blocks = 0
+
     def get_num_blocks_to_allocate(self, *args, **kwargs) -> int:
         n = super().get_num_blocks_to_allocate(*args, **kwargs)
         if self.plan.org == "d0":
-            # Its own pool: nothing from the shared one, or "cannot" when it is full.
-            if n <= self.block_pool.get_num_free_blocks():
+            # Its own pool: nothing from the shared one, or "cannot" when it
+            # (with the admission's headroom) is full.
+            if n + self.headroom_blocks <= self.block_pool.get_num_free_blocks():
                 return 0
             return self.shared_pool.num_gpu_blocks + 1
         if n > self.block_pool.num_gpu_blocks:

@@ -21,6 +21,17 @@ Resumptions are counted from the scheduler's output (``resumed_req_ids``
 with the tokens each resumes from, i.e. its prefix-cache hit), separately for
 requests that held a pin, so a run shows whether a pin paid off.
 
+D0's admission headroom is per pool, as the study's engine had it (DESIGN.md
+section 4: floor(f x B) blocks of each pool stay free after an admission).
+vLLM's watermark is ``int(f x num_blocks)`` of the whole cache, checked
+against the shared pool's free blocks (``KVCacheManager.__init__`` and
+``allocate_slots``, vllm/v1/core/kv_cache_manager.py:208 and :509-537); with
+D0's checkpoint pool carved out of that pool it would keep a larger share of
+attention free and none of the checkpoint pool. `_per_pool_headroom` sets
+the watermark from the attention pool's blocks and has the checkpoint
+manager keep its own pool's share free while vLLM admits a waiting or
+preempted request (vLLM's condition: another request scheduled).
+
 The scheduler also writes the plugin's counters to the log (see
 `hooks.emit`), throttled, and once more when the engine goes idle; hbench's
 metrics scraper follows the log and puts them in every step row.
@@ -33,6 +44,7 @@ from collections import Counter
 
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+from vllm.v1.request import RequestStatus
 
 from adapters.vllm_plugin.hooks import COUNTERS_TAG, OrgMambaManager, emit
 
@@ -48,12 +60,36 @@ class PinningScheduler(Scheduler):
         self.pin_counters: Counter = Counter()
         self._last_emit = 0.0
         self._last_payload = ""
+        self._per_pool_headroom()
 
     def _managers(self):
         managers = self.kv_cache_manager.coordinator.single_type_managers
         mamba = [m for m in managers if isinstance(m, MambaManager)]
         attention = [m for m in managers if not isinstance(m, MambaManager)]
         return mamba, attention
+
+    def _per_pool_headroom(self) -> None:
+        """D0's headroom per pool (module docstring)."""
+        mamba, _ = self._managers()
+        fraction = self.scheduler_config.watermark
+        if not (fraction > 0 and mamba and isinstance(mamba[0], OrgMambaManager)
+                and mamba[0].plan.org == "d0"):
+            return
+        manager, cache = mamba[0], self.kv_cache_manager
+        cache.watermark_blocks = int(fraction * manager.attention_blocks)
+        checkpoint_headroom = int(fraction * manager.checkpoint_blocks)
+        allocate = cache.allocate_slots
+
+        def allocate_slots(request, *args, has_scheduled_reqs=True, **kwargs):
+            admitting = has_scheduled_reqs and request.status in (RequestStatus.WAITING,
+                                                                  RequestStatus.PREEMPTED)
+            manager.headroom_blocks = checkpoint_headroom if admitting else 0
+            try:
+                return allocate(request, *args, has_scheduled_reqs=has_scheduled_reqs, **kwargs)
+            finally:
+                manager.headroom_blocks = 0
+
+        cache.allocate_slots = allocate_slots
 
     def _preempt_request(self, request, *args, **kwargs):
         self._pin(request)

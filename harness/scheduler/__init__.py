@@ -341,14 +341,19 @@ class Scheduler:
             if org.in_place:
                 for e, k in self._publishes(r, start, end).items():
                     pending.setdefault(e, set()).add(k)
+                if hit.j_adopt > 0:     # the adopted state is registered again
+                    pending.setdefault(hit.j_adopt, set()).add(key_at(r.keys, hit.j_adopt))
         if self.waiting and not batch.wait_reason:
             batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
 
     # vLLM registers a Mamba state's block in the prefix cache when it allocates
-    # it, and makes a request whose hit ends on a state allocated in the same
+    # it, and makes a request whose hit ends on a state registered in the same
     # step wait for the next one (``MambaManager.get_num_blocks_to_allocate``,
-    # vllm/v1/core/single_type_kv_cache_manager.py: ``cached_blocks_this_step``
-    # returns more blocks than the pool has, and the waiting queue stops).
+    # vllm/v1/core/single_type_kv_cache_manager.py:1690: ``cached_blocks_this_step``
+    # returns more blocks than the pool has, and the waiting queue stops). A
+    # request admitted with a hit registers the state it adopted again
+    # (``MambaManager.cache_blocks``, :1961-1993, from its first block), so a
+    # second request hitting the same state in that step waits too.
     def _publishes(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
         """{position: prefix key} of the states ``r``'s chunk caches this step."""
         return {e: key_at(r.keys, e)
@@ -367,10 +372,11 @@ class Scheduler:
 
     def _hits_state_this_step(self, r: SchedRequest, hit: PrefixHit,
                               pending: dict[int, set[int]]) -> bool:
-        """Whether waiting ``r``'s prefix reaches, deeper than ``hit``, a state
-        a chunk of this step caches: vLLM's hit would end on it."""
+        """Whether waiting ``r``'s prefix reaches a state registered this step:
+        deeper than ``hit``, one a chunk of this step caches (vLLM's hit would
+        end on it), or ``hit``'s own, adopted by a request admitted this step."""
         limit = len(r.tokens) - 1
-        return any(hit.j_adopt < e <= limit and key_at(r.keys, e) in keys
+        return any(0 < e and hit.j_adopt <= e <= limit and key_at(r.keys, e) in keys
                    for e, keys in pending.items())
 
     def refusal(self, budget: int) -> str | None:

@@ -40,7 +40,8 @@ def budget_report(budgets: dict[str, OrgBudget]) -> dict:
               help="Share of D0's bytes given to its attention pool; the rest holds checkpoints.")
 @click.option("--paging", type=click.Choice(PAGINGS), default="study", show_default=True,
               help="The study's page sizes, or vLLM's blocks (the label's bytes in whole vLLM "
-                   "pages, the same count for every organization, less vLLM's null block).")
+                   "pages, the same count for every organization, less vLLM's null block): "
+                   "its CPU build's (vllm) or a CUDA vLLM's (vllm-gpu).")
 @click.option("--json", "as_json", is_flag=True, help="Print the pools as JSON.")
 def budget(budget, model, config_path, dtype, ssm_dtype, d0_attn_fraction, paging, as_json):
     """Turn BUDGET into each organization's pools and integer page counts.

@@ -36,6 +36,18 @@ def _print_table(console: Console, title: str, table) -> None:
     console.print(t)
 
 
+#: Engines that run a design at the study's scale: the simulator, and vLLM's
+#: own scheduler in process (no server: its admission, chunking, preemption,
+#: prefix hits and eviction, priced by the same cost model).
+REPRODUCE_ENGINES = ("sim", "vllm")
+
+
+def design_root(out, name: str, engine: str, quick: bool):
+    """OUT/<design>[-<engine>][-quick]: each engine's cells apart, so the
+    simulator's and vLLM's tables of one design sit side by side."""
+    return out / (name + ("" if engine == "sim" else f"-{engine}") + ("-quick" if quick else ""))
+
+
 #: The designs' names (`analysis.designs.DESIGNS`, which a test keeps equal to
 #: this), spelt out so that listing or helping commands imports no analysis.
 DESIGN_NAMES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "beyond")
@@ -44,18 +56,25 @@ DESIGN_NAMES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "beyond")
 @click.command("reproduce", context_settings={"max_content_width": 100})
 @click.argument("name", type=click.Choice([*DESIGN_NAMES, "all"]))
 @click.option("--quick", is_flag=True, help="Fewer seeds and 120 requests per run (minutes, not hours).")
+@click.option("--engine", type=click.Choice(REPRODUCE_ENGINES), default="sim", show_default=True,
+              help="Whose scheduler decides: hbench's simulator, or vLLM's own V1 scheduler, KV-cache "
+                   "manager and block pool in process (needs HBENCH_VLLM_PYTHON, "
+                   "scripts/setup_vllm_cpu.sh; S0/D0 in a CUDA vLLM's blocks, S1/S2 at the study's "
+                   "pages; designs with retention are refused).")
 @click.option("--out", default="results/reproduce", show_default=True, type=PATH,
-              help="Root; each design runs into OUT/<design>/ (OUT/<design>-quick/ with --quick).")
+              help="Root; each design runs into OUT/<design>/ (OUT/<design>-quick/ with --quick, "
+                   "OUT/<design>-vllm/ with --engine vllm).")
 @click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
 @click.option("--no-figures", is_flag=True, help="Skip rendering figures.")
 @click.option("--include-invalid", is_flag=True, help=INCLUDE_INVALID_HELP)
-def reproduce(name, quick, out, jobs, executor, no_figures, include_invalid):
+def reproduce(name, quick, engine, out, jobs, executor, no_figures, include_invalid):
     """Reproduce design NAME of the study (q1..q9, or all).
 
     \b
-    Example:
+    Examples:
       hbench reproduce q1 --quick --jobs 2
+      hbench reproduce q4 --engine vllm     # vLLM's scheduler deciding
 
     Finished cells are reused, so an interrupted reproduction continues where
     it stopped. Prints, and writes to reproduce.md / reproduce.csv, one row
@@ -65,10 +84,13 @@ def reproduce(name, quick, out, jobs, executor, no_figures, include_invalid):
     Holm families (verdict "arms not valid") unless --include-invalid; the
     runs that are not valid are counted and named below the table.
     """
+    from dataclasses import replace
+
     import pandas as pd
 
+    from adapters.registry import make_engine
     from analysis.designs import DESIGNS
-    from analysis.reproduce import evaluate_design, markdown
+    from analysis.reproduce import evaluate_design, markdown, served_by
     from common.atomic import atomic_path, atomic_write_text
     from hbench.paths import check_writable_dir
     from hbench.runner import validate_run
@@ -78,20 +100,32 @@ def reproduce(name, quick, out, jobs, executor, no_figures, include_invalid):
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     check_writable_dir(out)
     names = list(DESIGNS) if name == "all" else [name]
-    for n in names:   # every cell of every design, before any work
-        for cfg in DESIGNS[n].configs(quick):
-            validate_run(cfg)
+
+    def configs(n):
+        return [replace(c, engine=engine) for c in DESIGNS[n].configs(quick)]
+
+    # every cell of every design, before any work: the run's own checks and,
+    # for vLLM, what its scheduler in process cannot serve (retention, no venv)
+    in_process = None if engine == "sim" else make_engine(engine)
+    for n in names:
+        for cfg in configs(n):
+            try:
+                validate_run(cfg)
+                if in_process is not None:
+                    in_process.check_in_process(cfg)
+            except HbenchError as exc:
+                raise HbenchError(f"design {n} on --engine {engine}: {exc}") from None
     console = Console(stderr=True)
     tables = []
     for n in names:
         d = DESIGNS[n]
-        root = out / (f"{n}-quick" if quick else n)
+        root = design_root(out, n, engine, quick)
         base, grids = d.axes(quick)
-        configs = d.configs(quick)
+        base = {**base, "engine": engine}
         with Progress(TextColumn(f"[bold]{n}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task(n, total=None)
-            result = run_sweep(configs, root, jobs=jobs, executor=executor, grids=grids, base=base,
+            result = run_sweep(configs(n), root, jobs=jobs, executor=executor, grids=grids, base=base,
                                on_plan=lambda total, done, t=task: bar.update(t, total=total, completed=done),
                                on_cell=lambda o, t=task: bar.advance(t),
                                on_rerun=lambda cell, why: console.print(f"cell {cell}: {why}; rerunning it",
@@ -100,7 +134,9 @@ def reproduce(name, quick, out, jobs, executor, no_figures, include_invalid):
             raise HbenchFailure(f"design {n}: {len(result.failed)} cells failed; first: {result.failed[0].error}")
         rep = evaluate_design(n, root, [c.cell_id for c in result.cells], figures=not no_figures,
                               include_invalid=include_invalid)
-        _print_table(Console(width=max(Console().width, 160)), f"{d.title}  ({len(rep.runs)} runs{', quick' if quick else ''})", rep.table)
+        _print_table(Console(width=max(Console().width, 160)),
+                     f"{d.title}  ({len(rep.runs)} runs, {served_by(rep.runs)}{', quick' if quick else ''})",
+                     rep.table)
         click.echo(rep.validity.sentence("Holm families"))
         click.echo(f"wrote {root}/reproduce.md, reproduce.csv and analysis/")
         tables.append(rep.table)

@@ -139,9 +139,10 @@ def _why_not_valid(reasons: list[str], cfg: dict) -> str:
 @click.option("--d0-attn-fraction", type=FLOAT, default=D.d0_attn_fraction, show_default=True,
               help="D0: share of the budget given to the attention pool (fixed at start).")
 @click.option("--paging", type=click.Choice(PAGINGS), default=None,
-              help="How pages are laid out: the study's page sizes (sim, torch) or vLLM's "
-                   "blocks (vllm; on sim: the blocks a vLLM run at this budget serves, to "
-                   "compare with it). Default: the engine's own.")
+              help="How pages are laid out: the study's page sizes (sim, torch), vLLM's "
+                   "blocks as its CPU build resolves them (vllm; on sim: the blocks and rules "
+                   "of a vLLM run at this budget, to compare with it) or as a CUDA vLLM does "
+                   "(vllm-gpu: vLLM's scheduler in process). Default: the engine's own.")
 @click.option("--rate", type=FLOAT, default=D.rate, show_default=True, help="Arrivals per second.")
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default=D.arrival, show_default=True)
 @click.option("--burstiness", type=FLOAT, default=D.burstiness, show_default=True,

@@ -235,3 +235,14 @@ def test_a_workload_run_records_the_workloads_own_recipe(tmp_path, saved):
     assert (cfg["seed"], cfg["q"], cfg["rate"], cfg["requests"]) == (5, 0.5, 4.0, 10)
     assert cfg["mean_input"] == meta["mean_input_target"] and cfg["arrival"] == meta["arrival"]
     assert cfg["warmup_requests"] == 2
+
+
+def test_reproduce_on_vllm_without_its_venv_is_refused_before_any_cell(tmp_path, monkeypatch):
+    """`reproduce --engine vllm` checks every cell against vLLM's scheduler in
+    process first: without the vLLM venv nothing runs and nothing is written."""
+    monkeypatch.delenv("HBENCH_VLLM_PYTHON", raising=False)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["reproduce", "q4", "--quick", "--engine", "vllm",
+                                   "--out", str(out)])
+    one_error_line(res, "design q4 on --engine vllm", "vLLM is not installed")
+    assert not any(out.rglob("*"))

@@ -127,6 +127,33 @@ def test_d0_runs_in_process_with_the_plugins_split_of_the_same_blocks(tmp_path):
         == summary["preemptions"]
 
 
+@pytest.mark.parametrize("org, headroom", [("s0", "0"), ("d0", "0.19")])
+def test_hbenchs_scheduler_counts_what_vllms_counts_where_their_rules_agree(org, headroom,
+                                                                            tmp_path):
+    """The same 50 requests, bytes, layout (a CUDA vLLM's 1,568-token block:
+    the simulator's ``--paging vllm-gpu``) and cost model on the simulator and
+    on vLLM's scheduler in process: S0 without headroom, D0 with the study's
+    per-pool headroom (vLLM's watermark re-based by hbench's plugin). Where
+    the two schedulers follow the same rules they preempt the same requests
+    and reuse the same tokens, so the counters are equal, not close."""
+    summaries = {}
+    for engine, extra in (("sim", ("--paging", "vllm-gpu")), ("vllm", ())):
+        out = tmp_path / engine
+        done = hbench("run", "--engine", engine, "--org", org, "--budget", BUDGET,
+                      "--requests", str(REQUESTS), "--rate", "4", "--seed", "1",
+                      "--headroom", headroom, *extra, "--out", str(out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        (path,) = [p for p in out.iterdir() if p.is_dir()]
+        summaries[engine] = read(path, "summary.json")
+    sim, vllm = summaries["sim"], summaries["vllm"]
+    assert sim["preemptions"] > 0 and sim["reused_tokens"] > 0
+    for key in ("preemptions", "reused_tokens", "finished"):
+        assert sim.get(key) == vllm.get(key), key
+    # same decisions, same cost model: the step times agree to float rounding
+    assert sim["throughput_ledger_tok_s"] == pytest.approx(vllm["throughput_ledger_tok_s"],
+                                                           rel=1e-9)
+
+
 def test_an_organization_vllm_cannot_express_is_refused_in_one_line(tmp_path):
     done = hbench("run", "--engine", "vllm", "--org", "u0", "--budget", "b83",
                   "--requests", "5", "--out", str(tmp_path))
@@ -174,3 +201,34 @@ def test_s1_s2_run_at_the_studys_pages_with_the_plugins_page_counts(org, tmp_pat
     assert summary["invalidations_checkpoint"] == \
         plugin.get("invalidations_carrier", 0) + plugin.get("invalidations_member", 0)
     assert (summary["slab_occupancy_mean"] is None) == (org == "s1")
+
+
+def test_a_launch_at_a_budget_the_longest_request_cannot_finish_in_is_refused_first(tmp_path):
+    """--launch at b10 on the proportional model: S2's longest request cannot
+    be served even alone in the server's 8 blocks (docs/fidelity.md), which
+    the simulator's twin finds before any server starts (the server command
+    would fail if it ran)."""
+    model = tmp_path / "prop"
+    made = hbench("tiny-model", "--preset", "proportional", "-o", str(model), "--seed", "0")
+    assert made.returncode == 0, made.stderr[-2000:]
+    done = hbench("run", "--engine", "vllm", "--launch", "--server-cmd", "false", "--org", "s2",
+                  "--budget", "b10", "--model", str(model), "--requests", "16", "--rate", "50",
+                  "--mean-input", "3000", "--max-output", "400", "--contexts", "2",
+                  "--max-model-len", "4096", "--cap", "16", "--seed", "0",
+                  "--out", str(tmp_path / "out"), timeout=120)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: budget b10 cannot serve s2's longest request"), lines
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_reproduce_refuses_a_design_vllm_cannot_express_before_any_cell(tmp_path):
+    """Q8's retention cells: vLLM has no retention policy, so `reproduce q8
+    --engine vllm` stops in one line before it runs anything."""
+    out = tmp_path / "out"
+    done = hbench("reproduce", "q8", "--quick", "--engine", "vllm", "--out", str(out))
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "design q8 on --engine vllm" in errors[0] \
+        and "--retention" in errors[0], done.stderr
+    assert not out.exists() or not any(out.rglob("*"))

@@ -345,3 +345,44 @@ def test_the_run_config_chooses_the_admission_rule():
     assert SchedulerPolicy.from_config(RunConfig(admission="whole-input")).admit_whole_input
     with pytest.raises(HbenchError, match="unknown --admission 'some'"):
         RunConfig(admission="some")
+
+
+def _vllm_s0(pages=60):
+    org = build_organization(layout_for("s0", GEOM, "vllm-gpu"), (pages,))
+    return org, Scheduler(org, SchedulerPolicy())
+
+
+def test_a_hit_on_a_state_cached_in_the_same_step_waits_a_step():
+    """In a CUDA vLLM's 1,568-token blocks: r0's one chunk (its 3,300-token
+    prompt) exports the state at the edge 3,136, the last before the prompt's
+    end, into an extra block vLLM registers when it allocates it; r1, sharing
+    those 3,136 tokens and admitted behind it in the same step, would hit a
+    state not computed yet, so it waits a step and then adopts it."""
+    shared = prompt(3200)
+    org, sched = _vllm_s0()
+    sched.add(0, 0.0, shared + prompt(100, 50_000), 5, None)
+    sched.add(1, 0.0, shared + prompt(100, 60_000), 5, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 0, 3300)]
+    assert [r.rid for r in sched.waiting] == [1] and batch.wait_reason == "memory"
+    sched.complete(batch, 0.01)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start) for i in batch.items if i.req.rid == 1] == [(1, 3136)]
+
+
+def test_two_hits_on_one_cached_state_in_one_step_are_admitted_a_step_apart():
+    """vLLM registers again the state a request admitted with a hit adopts
+    (``MambaManager.cache_blocks`` from its first block), so a second request
+    hitting that state in the same step waits a step, with pages to spare."""
+    shared = prompt(3200)
+    org, sched = _vllm_s0()
+    sched.add(0, 0.0, shared + prompt(100, 50_000), 1, None)
+    drive(sched)
+    sched.add(1, 1.0, shared + prompt(100, 60_000), 5, None)
+    sched.add(2, 1.0, shared + prompt(100, 70_000), 5, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start) for i in batch.items] == [(1, 3136)]
+    assert [r.rid for r in sched.waiting] == [2] and batch.wait_reason == "memory"
+    sched.complete(batch, 1.01)
+    batch = sched.schedule()
+    assert (2, 3136) in [(i.req.rid, i.start) for i in batch.items]
