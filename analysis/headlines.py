@@ -70,6 +70,17 @@ def _better(metric: str, eff: float) -> str:
     return "" if up is None else ", better" if (eff > 0) == up else ", worse"
 
 
+def served_by(runs: pd.DataFrame) -> str:
+    """Which engine, model and GPU the runs are, for a report's title:
+    "engine vllm, falcon-h1-7b on a100-pcie-40gb" (several values joined)."""
+    def values(column: str) -> str:
+        if column not in runs.columns:
+            return "unknown"
+        return "/".join(sorted(str(v) for v in runs[column].dropna().unique())) or "unknown"
+
+    return f"engine {values('engine')}, {values('model')} on {values('gpu')}"
+
+
 def contrast_sentence(r: Mapping, alpha: float = 0.05) -> str:
     """One evaluated contrast (a row of `analysis.contrasts.evaluate`) as a sentence."""
     a, b = V.sides(r)

@@ -157,7 +157,7 @@ def build_html(root, runs: pd.DataFrame, contrasts: pd.DataFrame | None = None, 
                 + S.contrasts_section(contrasts) + S.interactions_section(interactions)
                 + S.memory_given_section(runs) + S.attribution_section(runs)
                 + S.explain_section(runs) + S.runs_section(runs))
-    title = html.escape(title or f"hbench report: {root}")
+    title = html.escape(title or f"hbench report: {root} ({headlines.served_by(runs)})")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>{title}</title>"
             f"<style>{STYLE}</style></head><body><h1>{title}</h1>{body}</body></html>\n")

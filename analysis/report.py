@@ -170,13 +170,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
                     arms: pd.DataFrame | None, figures: Sequence[Path], out_dir, validity=None,
-                    alpha: float = 0.05) -> str:
+                    alpha: float = 0.05, served: str | None = None) -> str:
     """The report.md text: the answers in words and what limits them (as
     report.html says them), arm means, contrasts, interactions, the runs
-    that are not valid (from ``validity``), figures."""
+    that are not valid (from ``validity``), figures; ``served``: which
+    engine, model and GPU the runs are (`headlines.served_by`)."""
     from analysis import headlines
 
     parts = [f"# hbench analysis of `{root}`", ""]
+    if served:
+        parts += [f"Runs: {served}.", ""]
     if not contrasts.empty:
         parts += ["## Answers", ""]
         parts += [f"- **{t}**" if kind == "sig" else f"- {t}"
@@ -226,7 +229,8 @@ def markdown_report(root, contrasts: pd.DataFrame, interactions: pd.DataFrame | 
 
 
 def write_outputs(out_dir, root, contrasts: pd.DataFrame, interactions: pd.DataFrame | None,
-                  arms: pd.DataFrame | None, figures: Sequence[Path], validity=None) -> list[Path]:
+                  arms: pd.DataFrame | None, figures: Sequence[Path], validity=None,
+                  served: str | None = None) -> list[Path]:
     """contrasts.csv (+ interactions.csv), contrasts.json and report.md under
     ``out_dir`` (``validity``: `analysis.run_validity.RunValidity` of the runs)."""
     out = Path(out_dir)
@@ -234,7 +238,8 @@ def write_outputs(out_dir, root, contrasts: pd.DataFrame, interactions: pd.DataF
     with atomic_path(written[0]) as tmp:
         contrasts.to_csv(tmp, index=False)
     atomic_write_text(written[1], to_json(contrasts, interactions, arms, validity))
-    atomic_write_text(written[2], markdown_report(root, contrasts, interactions, arms, figures, out, validity))
+    atomic_write_text(written[2], markdown_report(root, contrasts, interactions, arms, figures, out, validity,
+                                                      served=served))
     if interactions is not None and not interactions.empty:
         with atomic_path(out / "interactions.csv") as tmp:
             interactions.to_csv(tmp, index=False)

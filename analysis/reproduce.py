@@ -251,17 +251,6 @@ def add_derived_columns(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def served_by(runs: pd.DataFrame) -> str:
-    """Which engine, model and GPU the runs are, for a report's title:
-    "engine vllm, falcon-h1-7b on a100-pcie-40gb" (several values joined)."""
-    def values(column: str) -> str:
-        if column not in runs.columns:
-            return "unknown"
-        return "/".join(sorted(str(v) for v in runs[column].dropna().unique())) or "unknown"
-
-    return f"engine {values('engine')}, {values('model')} on {values('gpu')}"
-
-
 def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
                     figures: bool = True, include_invalid: bool = False) -> Reproduction:
     """Evaluate design ``name`` on the runs under ``root`` (only ``cell_ids``
@@ -276,6 +265,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
     from analysis import contrasts as C
     from analysis.designs import design, selected_headroom_contrasts
     from analysis.figure_set import render_figures
+    from analysis.headlines import served_by
     from analysis.html_report import write_report
     from analysis.load import load_runs
     from analysis.report import write_outputs
@@ -307,7 +297,7 @@ def evaluate_design(name: str, root, cell_ids: Sequence[str] | None = None,
         from analysis.beyond import write_beyond
 
         figs += write_beyond(root, runs, table, inter, figures=figures)
-    write_outputs(out, root, table, inter, arms, figs, validity)
+    write_outputs(out, root, table, inter, arms, figs, validity, served=served_by(runs))
     comparison = compare(name, table, inter, runs)
     write_report(root, out / "report.html", runs=runs, contrasts=table, metrics=metrics,
                  interactions=inter, study=comparison,

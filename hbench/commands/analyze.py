@@ -58,6 +58,7 @@ def analyze(results_dir, out_dir, metrics, reference, design, alpha, include_inv
     from analysis import contrasts as C
     from analysis.figure_set import figure_set
     from analysis.figures import save
+    from analysis.headlines import served_by
     from analysis.html_report import build_html
     from analysis.load import load_runs
     from analysis.report import print_tables, to_json, write_outputs
@@ -92,7 +93,8 @@ def analyze(results_dir, out_dir, metrics, reference, design, alpha, include_inv
         with new_dirs_removed_on_error(out):   # a failed write leaves no empty folder
             figures = [] if no_figures else [p for stem, _, fig in drawn if fig is not None
                                              for p in save(fig, out / "figures", stem)]
-            write_outputs(out, results_dir, table, inter, arms, figures, validity)
+            write_outputs(out, results_dir, table, inter, arms, figures, validity,
+                          served=served_by(runs))
             atomic_write_text(out / "report.html", html)
     for w in caught:
         click.echo(f"warning: {w.message}", err=True)

@@ -90,7 +90,8 @@ def reproduce(name, quick, engine, out, jobs, executor, no_figures, include_inva
 
     from adapters.registry import make_engine
     from analysis.designs import DESIGNS
-    from analysis.reproduce import evaluate_design, markdown, served_by
+    from analysis.headlines import served_by
+    from analysis.reproduce import evaluate_design, markdown
     from common.atomic import atomic_path, atomic_write_text
     from hbench.paths import check_writable_dir
     from hbench.runner import validate_run

@@ -42,6 +42,10 @@ def test_analyze_writes_tables_report_and_figures(tmp_path):
     assert (out / "contrasts.csv").read_text().startswith("family,name,metric")
     report = (out / "report.md").read_text()
     assert "## Contrasts" in report and "s1/s0" in report and "latency_cdf" in report
+    # both reports say whose runs they are (RunConfig's defaults here)
+    served = "engine sim, falcon-h1-7b on a100-pcie-40gb"
+    assert f"Runs: {served}." in report
+    assert f"<h1>hbench report: {root} ({served})</h1>" in (out / "report.html").read_text()
     assert (out / "figures" / "latency_cdf.png").stat().st_size > 0
     assert (out / "figures" / "memory_s0-0.svg").stat().st_size > 0
 
