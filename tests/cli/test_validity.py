@@ -234,10 +234,42 @@ def test_ks_pvalue_cache_entries_are_keyed_by_their_inputs_and_checked(tmp_path,
     assert len(files) == 3
     # a torn or edited entry is not believed: the value is computed again and rewritten
     key = V._ks_key(gaps, 2.0)
-    V._ks_file(key).write_text('{"format": 1, "key": "other", "pvalue": 0.5}')
+    V._ks_file(key).write_text('{"format": 2, "key": "other", "pvalue": 0.5}')
     monkeypatch.setattr(V, "_KS_MEMO", {})
     assert V.ks_exponential_pvalue(gaps, 2.0) == p
-    assert json.loads(V._ks_file(key).read_text())["pvalue"] == p
+    assert json.loads(V._ks_file(key).read_text())["value"]["pvalue"] == p
+
+
+@pytest.mark.parametrize("pvalue, redigest", [
+    ("1e-300", False), ("NaN", False), ("Infinity", False), ("0.5", False),
+    ("2.0", True), ("-0.5", True)])
+def test_an_edited_ks_pvalue_is_computed_again_with_one_line(tmp_path, monkeypatch, capsys,
+                                                             pvalue, redigest):
+    """An edit to a remembered p-value never reaches a verdict: its digest no
+    longer matches, or (a digest recomputed by hand) the value is out of
+    [0, 1]; an in-range forgery with its digest recomputed is the one edit
+    an unkeyed digest cannot see, so it is not among these."""
+    from common import cache
+
+    monkeypatch.setenv("HBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    monkeypatch.setattr(cache, "_NOTED", set())
+    gaps = np.random.default_rng([7, 3]).exponential(1 / 2.0, 120)
+    p = V.ks_exponential_pvalue(gaps, 2.0)
+    key = V._ks_key(gaps, 2.0)
+    stored = json.loads(V._ks_file(key).read_text())
+    text = json.dumps(stored).replace(repr(p), pvalue)
+    if redigest:
+        value = {**stored["value"], "pvalue": float(pvalue)}
+        text = json.dumps({**stored, "value": value,
+                           "digest": cache._digest(V._KS_CACHE_KIND, key, 2, value)})
+    V._ks_file(key).write_text(text)
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    capsys.readouterr()
+    assert V.ks_exponential_pvalue(gaps, 2.0) == p
+    assert V.ks_exponential_pvalue(gaps, 2.0) == p
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "ignoring cache entry" in lines[0] and "computing it again" in lines[0]
 
 
 def test_ks_remembered_says_whether_the_test_would_import_scipy(tmp_path, monkeypatch):
