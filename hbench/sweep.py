@@ -2,7 +2,7 @@
 
 A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
 grid). Every config is one **cell**, whose id is
-`harness.results.cell_id(config, workload_hash, engine_version)`: the same
+`harness.run_address.cell_id(config, workload_hash, engine_version)`: the same
 knobs, request stream, input files and engine code always give the same id,
 and the run directory of a cell is ``<out>/<cell id>/``.
 
@@ -46,7 +46,6 @@ from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.grid import Axes, normalize_axes
 from harness.results import (
-    cell_id,
     clean_stale,
     is_done,
     read_run,
@@ -54,7 +53,8 @@ from harness.results import (
     to_jsonable,
     why_not_done,
 )
-from harness.run_workload import build_run_workload
+from harness.run_address import cell_id
+from harness.run_workload import build_run_workload, recorded_config
 from hbench.executors import EXECUTORS
 from hbench.runner import execute, validate_run
 
@@ -135,15 +135,17 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
         key = workload_key(cfg)
         if key not in hashes:
             hashes[key] = cached_workload(cfg).content_hash
+        # addressed by what its manifest will record (a saved workload's own recipe)
+        recorded = recorded_config(cfg, cached_workload(cfg)) if cfg.workload_path else cfg
         cells.append(Cell(cfg, hashes[key], versions[cfg.engine],
-                          cell_id(cfg, hashes[key], versions[cfg.engine])))
+                          cell_id(recorded, hashes[key], versions[cfg.engine])))
     return cells
 
 
 def done_index(out: Path) -> dict[tuple[str, str], str]:
     """(config digest, engine version) -> cell id of every done cell directly
     under ``out`` whose directory name is the content address of what its
-    manifest records (`harness.results.cell_id` of its config, workload hash
+    manifest records (`harness.run_address.cell_id` of its config, workload hash
     and engine version). Runs of a saved workload are left out: their
     manifest records the workload's recipe, not the planned config."""
     index: dict[tuple[str, str], str] = {}

@@ -24,6 +24,7 @@ from harness import validity as V
 from hbench.cli import cli
 from tests.support import REPO_ROOT
 from tests.support.cli import invoke, one_error_line
+from tests.support.results_factory import readdress, record_files, run_id_of
 
 SMOKE = REPO_ROOT / "results" / "baselines" / "smoke"
 
@@ -48,7 +49,7 @@ def edit_summary(root: Path, org: str, seed: int, **changes) -> Path:
                 else:
                     summary[k] = v
             path.write_text(json.dumps(summary))
-            return manifest.parent
+            return record_files(manifest.parent)
     raise AssertionError(f"no {org} seed {seed} run")
 
 
@@ -137,9 +138,7 @@ def test_many_baseline_gaps_are_counted_in_one_line(tmp_path):
 def test_a_regression_next_to_a_hash_mismatch_is_named_and_bad_input_wins(tmp_path):
     cand = smoke_copy(tmp_path / "cand")
     edit_summary(cand, "d0", 1, throughput_ledger_tok_s=lambda v: v / 2)
-    other = edit_summary(cand, "s0", 2)
-    manifest = json.loads((other / "manifest.json").read_text())
-    (other / "manifest.json").write_text(json.dumps({**manifest, "workload_hash": "f" * 64}))
+    readdress(edit_summary(cand, "s0", 2), workload_hash="f" * 64)
     report = tmp_path / "r.md"
     line = one_error_line(regress(SMOKE, cand, "--report", report), "workload hash")
     assert "1 problem in the input" in line
@@ -164,9 +163,8 @@ def test_bad_input_alone_names_no_regression(tmp_path):
 
 def test_every_pair_unpairable_is_bad_input_not_no_matching_cells(tmp_path):
     cand = smoke_copy(tmp_path / "cand")
-    for manifest in cand.glob("*/manifest.json"):
-        doc = json.loads(manifest.read_text())
-        manifest.write_text(json.dumps({**doc, "workload_hash": "0" * 64}))
+    for manifest in list(cand.glob("*/manifest.json")):
+        readdress(manifest.parent, workload_hash="0" * 64)
     one_error_line(regress(SMOKE, cand), "8 problems in the input")
 
 
@@ -194,12 +192,12 @@ def _noisy(root, edit=None):
 def test_noisy_engine_baseline_gap_is_bad_input_unless_allowed(tmp_path, value):
     base = _noisy(tmp_path / "b", {"ttft_p99_s": value})
     cand = _noisy(tmp_path / "c")
-    one_error_line(regress(base, cand), "baseline s2-1: ttft_p99_s")
+    one_error_line(regress(base, cand), f"baseline {run_id_of(base / 's2-1')}: ttft_p99_s")
     res = regress(base, cand, "--allow-missing")
     assert res.exit_code == 0, res.output
     r = compare(base, cand, allow_missing=True)
     (gap,) = r.baseline_gaps
-    assert gap.startswith("baseline s2-1: ttft_p99_s is ")
+    assert gap.startswith(f"baseline {run_id_of(base / 's2-1')}: ttft_p99_s is ")
     assert {f.n for f in r.findings if f.metric == "ttft_p99_s"} == {3}   # the other seeds still tested
 
 

@@ -20,7 +20,8 @@ from harness import results as R
 from harness.config import RunConfig
 from harness.grid import expand
 from harness.records import FAILED
-from harness.results import cell_id, is_complete, list_runs
+from harness.results import is_complete, list_runs
+from harness.run_address import cell_id
 from harness.run_setup import RunSetup
 from hbench import sweep as S
 from tests.support import REPO_ROOT

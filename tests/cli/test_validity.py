@@ -16,7 +16,7 @@ from harness import validity as V
 from hbench.cli import cli
 from tests.support import REPO_ROOT
 from tests.support.cli import hbench_run
-from tests.support.results_factory import write_run
+from tests.support.results_factory import record_files, run_id_of, write_run
 
 METRIC = "throughput_ledger_tok_s"
 
@@ -158,6 +158,7 @@ def test_analyze_tests_each_metric_where_its_arms_are_valid_for_it(tmp_path):
     s = json.loads((root / "s2-1" / "summary.json").read_text())
     s["validity"] = _invalid("failures")
     (root / "s2-1" / "summary.json").write_text(json.dumps(s))
+    record_files(root / "s2-1")
     rows = _analyze_rows(root, "--reference", "s0")
     assert rows[("s2/s0", METRIC)]["verdict"] == "arms not valid"
     assert "throughput not valid in 1 of 8 runs (failures: requests failed)" == \
@@ -167,6 +168,7 @@ def test_analyze_tests_each_metric_where_its_arms_are_valid_for_it(tmp_path):
     s = json.loads((root2 / "s1-2" / "summary.json").read_text())
     s["delivered_rate_req_s"] = 2.5
     (root2 / "s1-2" / "summary.json").write_text(json.dumps(s))
+    record_files(root2 / "s1-2")
     rows = _analyze_rows(root2, "--reference", "s0")
     assert "measured load differs" in rows[("s1/s0", METRIC)]["arms_invalid"]
     assert rows[("s2/s0", METRIC)]["arms_invalid"] == ""
@@ -177,7 +179,7 @@ def test_regress_names_runs_that_are_not_valid(tmp_path):
     cand = _results(tmp_path / "cand")
     res = CliRunner().invoke(cli, ["regress", "--baseline", str(base), "--candidate", str(cand)])
     assert "Runs that are not valid" in res.output
-    assert ("candidate s2-1: throughput, work and cache counters valid; latency, inter-token "
+    assert (f"candidate {run_id_of(cand / 's2-1')}: throughput, work and cache counters valid; latency, inter-token "
             "latency NOT VALID: overload") in res.output
 
 

@@ -18,7 +18,7 @@ from analysis import stats
 from analysis.regress import GATED, compare
 from hbench.cli import cli
 from tests.support import REPO_ROOT
-from tests.support.results_factory import write_run
+from tests.support.results_factory import record_files, write_run
 
 SMOKE = REPO_ROOT / "results" / "baselines" / "smoke"
 
@@ -45,7 +45,7 @@ def _edit(root: Path, org: str, seed: int | None = None, **changes) -> list[Path
         for key, value in changes.items():
             summary[key] = value(summary[key]) if callable(value) else value
         path.write_text(json.dumps(summary))
-        edited.append(manifest.parent)
+        edited.append(record_files(manifest.parent))
     assert edited, f"no {org} run to edit"
     return edited
 
@@ -128,6 +128,7 @@ def test_empty_list_summary_exits_two(tmp_path):
     cand = _smoke_copy(tmp_path / "cand")
     (run,) = _edit(cand, "d0", seed=1)
     (run / "summary.json").write_text("[]")
+    record_files(run)
     res = _invoke("--baseline", SMOKE, "--candidate", cand)
     assert res.exit_code == 2
     assert "JSON list, not an object" in _error_line(res)
@@ -135,8 +136,8 @@ def test_empty_list_summary_exits_two(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("breakage, message", [
-    (lambda root: (next(root.glob("*/summary.json"))).write_text("{oops"), "not valid JSON"),
-    (lambda root: (next(root.glob("*/summary.json"))).unlink(), "missing summary.json"),
+    (lambda root: (next(root.glob("*/summary.json"))).write_text("{oops"), "summary.json has 5 bytes"),
+    (lambda root: (next(root.glob("*/summary.json"))).unlink(), "summary.json is missing"),
     (lambda root: (next(root.glob("*/manifest.json"))).write_text("3"), "not an object"),
     (lambda root: [shutil.rmtree(p) for p in root.iterdir() if p.is_dir()], "no run directories"),
     (lambda root: shutil.rmtree(root), "no results directory"),
@@ -232,6 +233,7 @@ def test_noisy_engine_null_cell_is_a_regression(tmp_path):
     b = _noisy_root(tmp_path / "b", noise=0.01)
     c = _noisy_root(tmp_path / "c", noise=0.01)
     (c / "s2-1" / "summary.json").write_text(json.dumps({**BASE, "ttft_p99_s": None}))
+    record_files(c / "s2-1")
     (finding,) = compare(b, c).regressions
     assert finding.where == {"org": "s2", "budget": "b83", "seed": 1} and finding.metric == "ttft_p99_s"
     assert _invoke("--baseline", b, "--candidate", c).exit_code == 1
