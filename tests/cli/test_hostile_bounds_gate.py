@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.capacity import parse_slo
-from analysis.regress import GATED, compare
+from analysis.gated_metrics import GATES
+from analysis.regress import compare
 from common.errors import HbenchError
 from harness import validity as V
 from hbench.cli import cli
@@ -87,7 +88,7 @@ def test_a_baseline_value_that_cannot_be_gated_is_bad_input(tmp_path, metric, va
     base = smoke_copy(tmp_path / "base")
     cand = smoke_copy(tmp_path / "cand")
     run = edit_summary(base, "s2", 1, **{metric: value})
-    worse = (lambda v: v / 100) if GATED[metric] == "higher" else (lambda v: v * 100)
+    worse = (lambda v: v / 100) if GATES[metric].better == "higher" else (lambda v: v * 100)
     edit_summary(cand, "s2", 1, **{metric: worse})
     report = tmp_path / "report.md"
     line = one_error_line(regress(base, cand, "--report", report), needle)
