@@ -6,7 +6,9 @@ does the work (the runner, sweeps, calibration, fidelity and verification in
 `hbench`; organizations, workloads, engines, analysis below it) and prints.
 No command calls another command. A user error raises `HbenchError`, which
 the group turns into ``Error: ...`` and exit status 2 (1 for an
-`HbenchFailure`: good input, a documented check failed).
+`HbenchFailure`: good input, a documented check failed); an interrupt
+(SIGINT, SIGTERM, SIGHUP: `hbench.interrupts`) becomes one ``Error:`` line and
+the signal's exit status, 128 + its number.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import click
 
 from common.errors import HbenchError
 from harness import __version__
+from hbench.interrupts import as_interrupted, signals_interrupt
 
 # (module, attribute) of each registered command; imported lazily so that a
 # command's heavy imports (pandas, matplotlib) do not slow the others.
@@ -57,7 +60,12 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with signals_interrupt():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as exc:   # SIGINT, SIGTERM, SIGHUP: unwound, cleaned up
+            interrupted = as_interrupted(exc)
+            click.echo(f"Error: {interrupted.message}", err=True)
+            sys.exit(interrupted.exit_code)
         except HbenchError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(exc.exit_code)

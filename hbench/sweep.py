@@ -31,8 +31,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,6 +54,7 @@ from harness.results import (
 from harness.run_address import cell_id
 from harness.run_workload import build_run_workload, recorded_config
 from hbench.executors import EXECUTORS
+from hbench.interrupts import signals_interrupt
 from hbench.runner import execute, validate_run
 
 SWEEP_FILE = "sweep.json"
@@ -433,24 +432,6 @@ def _arrivals(w) -> list[float]:
     return list(column) if column is not None else [r.arrival_s for r in w.requests]
 
 
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """While a sweep runs, SIGTERM unwinds it like Ctrl-C (SystemExit 143), so
-    its workers are stopped and sweep.json is written."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
               force: bool = False, allow_oversubscribe: bool = False,
               grids: Sequence[Axes] = (), base: Mapping | None = None,
@@ -544,7 +525,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             execute_local(run_cell, cells_now, out, jobs, args, report)
 
     try:
-        with _sigterm_raises():
+        with signals_interrupt():
             execute(_pending_order(todo), wait=False)
             if busy:
                 execute(list(busy), wait=True)
@@ -556,8 +537,10 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             _remove_lock_dir(out)
             _remove_if_empty(out, made_out)
         raise
-    except BaseException:   # Ctrl-C, SIGTERM: the record says what was done and what was not
+    except BaseException:   # an interrupt: the record says what was done and what was not
         record.write(outcomes)
+        clean_stale(out)          # the killed workers' temporaries
+        _clear_stale_locks(out)   # and the locks they held
         raise
     record.write(outcomes)
     _clear_stale_locks(out)
