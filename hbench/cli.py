@@ -21,6 +21,7 @@ import click
 
 from common.errors import HbenchError
 from harness import __version__
+from hbench.flag_once import OnceGroup
 from hbench.interrupts import as_interrupted, signals_interrupt
 
 # (module, attribute) of each registered command; imported lazily so that a
@@ -48,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(OnceGroup):
     def list_commands(self, ctx):
         return sorted(COMMANDS)
 
