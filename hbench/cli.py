@@ -13,12 +13,15 @@ the signal's exit status, 128 + its number.
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib
+import os
 import sys
 
 import click
 
+from common.atomic import DISK_ERRNOS
 from common.errors import HbenchError
 from harness import __version__
 from hbench.flag_once import OnceGroup
@@ -73,6 +76,26 @@ class LazyGroup(OnceGroup):
         except click.UsageError as exc:   # bad flag value: one line, not the usage text
             click.echo(f"Error: {exc.format_message()}", err=True)
             sys.exit(2)
+        except OSError as exc:   # the terminal or file that stdout goes to took no more
+            if exc.errno not in OUTPUT_ERRNOS:
+                raise
+            _stdout_to_devnull()
+            click.echo(f"Error: cannot write the output: {exc.strerror}", err=True)
+            sys.exit(2)
+
+
+#: What writing the output (stdout: a full disk, a closed pipe) may fail with.
+OUTPUT_ERRNOS = DISK_ERRNOS | {errno.EPIPE}
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what could
+    not be written fails no second time at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # no real file behind stdout (a test's)
+        pass
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -305,3 +305,58 @@ def test_ledger_refuses_a_lengths_file_with_no_lengths(tmp_path, text):
     lengths = tmp_path / "lengths.txt"
     lengths.write_text(text)
     one_error_line(invoke("ledger", "--lengths-from", lengths), "no request lengths")
+
+
+# ------------------------------------------- what a user watches, gated
+
+@pytest.mark.parametrize("metric, worse", [
+    ("tpot_p99_s", lambda v: v * 3), ("ttft_p50_s", lambda v: v * 3),
+    ("finished", lambda v: v // 2), ("reused_tokens", lambda v: 0),
+    ("failed", lambda v: v + 3), ("cancelled", lambda v: v + 1), ("preemptions", lambda v: v + 5),
+    ("peak_mem_ssm_bytes", lambda v: v * 1.5), ("e2e_p50_s", lambda v: v * 1.2),
+])
+def test_a_regression_a_user_would_see_fails_the_gate_naming_it(tmp_path, metric, worse):
+    """Metrics the gate used to pass over (six were gated): one cell made worse
+    exits 1, and the report names that cell and that metric."""
+    cand = smoke_copy(tmp_path / "cand")
+    edit_summary(cand, "s2", 1, **{metric: worse})
+    res = regress(SMOKE, cand)
+    assert res.exit_code == 1, res.output
+    regressions = res.output.split("### Regressions")[1].split("###")[0]
+    rows = [ln for ln in regressions.splitlines() if ln.startswith("| org=")]
+    assert len(rows) == 1 and "org=s2" in rows[0] and "seed=1" in rows[0] and f"| {metric} |" in rows[0]
+
+
+# ------------------------------------------- numbers at a float's edge, output nowhere
+
+def test_throughputs_a_float_apart_give_an_analysis_not_a_traceback(tmp_path):
+    """1e308 over 1e-300 overflows a ratio, and a log-scale interval of ratios
+    near 1e308 overflows math.exp: the pairs are named not comparable, the
+    bounds written as unbounded (null in JSON), and every output written."""
+    from tests.support.results_factory import write_run
+
+    for org in ("s2", "d0"):
+        for seed in (1, 2, 3):
+            write_run(tmp_path / "runs", f"{org}-{seed}", org=org, seed=seed,
+                      summary={"throughput_ledger_tok_s": 1e308 / seed if org == "d0" else 1.0,
+                               "throughput_span_tok_s": 1e308 if org == "d0" else 1e-300 * seed})
+    for args in (["analyze", tmp_path / "runs", "--out", tmp_path / "a"],
+                 ["analyze", tmp_path / "runs", "--no-figures", "--json", "--out", tmp_path / "b"],
+                 ["report", tmp_path / "runs", "-o", tmp_path / "r.html"]):
+        res = invoke(*args)
+        assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    json.loads((tmp_path / "a" / "contrasts.json").read_text())   # valid JSON: no Infinity
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["budget", "b83"], ["hardware"],
+                                  ["regress", "--baseline", SMOKE, "--candidate", SMOKE]])
+def test_output_to_a_full_device_is_one_error_line(args):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "hbench.cli", *map(str, args)], cwd=REPO_ROOT,
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["Error: cannot write the output: No space left on device"]

@@ -1,12 +1,15 @@
 """Hostile results trees: manifest and summary files with fields of the wrong
-type, nested 200,000 deep, not UTF-8; parquet tables that are garbage or cut
-short. Every reader (analyze, report, explain, regress) refuses them in one
+type, nested 200,000 deep, not UTF-8; a configuration edited after the run
+(an organization or a budget relabelled, a run id renamed, the files'
+record deleted); a manifest or summary that is a FIFO, a link to /dev/zero
+or a directory; parquet tables that are garbage or cut short. Every reader (analyze, report, explain, regress) refuses them in one
 ``Error:`` line naming the file, with exit 2 (for regress too: bad input, not
 "regression found"), and writes nothing."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -28,6 +31,34 @@ def _manifest(**changes):
             else:
                 m[key] = value
         (run / "manifest.json").write_text(json.dumps(m))
+    return edit
+
+
+def _config(**changes):
+    """The manifest's configuration edited after the run (and, with ``also``,
+    the fields the manifest repeats outside it), its run id left as it was."""
+    also = changes.pop("also", False)
+
+    def edit(run):
+        m = json.loads((run / "manifest.json").read_text())
+        m["config"].update(changes)
+        if also:
+            m.update({k: v for k, v in changes.items() if k in m})
+            m["budget"].update({k: v for k, v in changes.items() if k in m["budget"]})
+        (run / "manifest.json").write_text(json.dumps(m))
+    return edit
+
+
+def _special(name: str, kind: str):
+    """``name`` replaced by a FIFO, a link to /dev/zero or a directory."""
+    def edit(run):
+        (run / name).unlink()
+        if kind == "fifo":
+            os.mkfifo(run / name)
+        elif kind == "zero":
+            (run / name).symlink_to("/dev/zero")
+        else:
+            (run / name).mkdir()
     return edit
 
 
@@ -74,6 +105,21 @@ DAMAGE = {
     "summary-list": (_write("summary.json", b"[]"), "summary.json"),
     "summary-validity-string": (_summary(validity="valid"), "summary.json"),
     "summary-cut": (_cut("summary.json", 100), "summary.json"),
+    # the configuration is bound to the run id: an edit is refused, never read
+    "org-relabelled": (_config(org="d0", also=True), "does not hash to its run id"),
+    "org-only-in-config": (_config(org="d0"), "is not its configuration's"),
+    "budget-relabelled": (_config(budget="b63"), "does not hash to its run id"),
+    "seed-relabelled": (_config(seed=9), "does not hash to its run id"),
+    "rate-relabelled": (_config(rate=9.5), "does not hash to its run id"),
+    "run-id-renamed": (_manifest(run_id="my-run"), "not a content address"),
+    "files-record-deleted": (_manifest(files=_DROP), "records no size and sha256"),
+    "workload-hash-edited": (_manifest(workload_hash="0" * 16), "does not hash to its run id"),
+    # special files: never opened, never hang, never read without end
+    "manifest-fifo": (_special("manifest.json", "fifo"), "not a regular file"),
+    "manifest-dev-zero": (_special("manifest.json", "zero"), "not a regular file"),
+    "manifest-directory": (_special("manifest.json", "dir"), "is a directory"),
+    "summary-fifo": (_special("summary.json", "fifo"), "summary.json"),
+    "summary-dev-zero": (_special("summary.json", "zero"), "summary.json"),
 }
 TABLE_DAMAGE = {
     "requests-garbage": (_write("requests.parquet", b"garbage" * 100), "requests.parquet"),
