@@ -309,6 +309,7 @@ def test_ledger_refuses_a_lengths_file_with_no_lengths(tmp_path, text):
 
 # ------------------------------------------- what a user watches, gated
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric, worse", [
     ("tpot_p99_s", lambda v: v * 3), ("ttft_p50_s", lambda v: v * 3),
     ("finished", lambda v: v // 2), ("reused_tokens", lambda v: 0),
@@ -329,6 +330,7 @@ def test_a_regression_a_user_would_see_fails_the_gate_naming_it(tmp_path, metric
 
 # ------------------------------------------- numbers at a float's edge, output nowhere
 
+@pytest.mark.slow
 def test_throughputs_a_float_apart_give_an_analysis_not_a_traceback(tmp_path):
     """1e308 over 1e-300 overflows a ratio, and a log-scale interval of ratios
     near 1e308 overflows math.exp: the pairs are named not comparable, the
@@ -348,6 +350,7 @@ def test_throughputs_a_float_apart_give_an_analysis_not_a_traceback(tmp_path):
     json.loads((tmp_path / "a" / "contrasts.json").read_text())   # valid JSON: no Infinity
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [["budget", "b83"], ["hardware"],
                                   ["regress", "--baseline", SMOKE, "--candidate", SMOKE]])

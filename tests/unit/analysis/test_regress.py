@@ -149,6 +149,7 @@ SMOKE_GATED = sorted(m for m in GATES
                      if json.loads(next(SMOKE.glob("*/summary.json")).read_text()).get(m) is not None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("metric", SMOKE_GATED)
 def test_a_ten_percent_regression_of_one_cell_is_caught_in_every_gated_metric(tmp_path, metric):
     """Each gated metric the smoke runs report, 10 % worse in one cell (from a
