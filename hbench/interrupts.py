@@ -39,23 +39,44 @@ class Interrupted(KeyboardInterrupt):
                 "kept; run the same command again to resume")
 
 
+#: Signals received in the current block. Python swallows an exception raised
+#: where it cannot propagate (a finalizer, logging's lock handlers around a
+#: fork): a signal that lands there is kept here, for `raise_if_received`.
+_RECEIVED: list[int] = []
+
+
 def _raise(signum, frame):
+    _RECEIVED.append(signum)
     raise Interrupted(signum)
+
+
+def raise_if_received() -> None:
+    """Raise `Interrupted` for a signal received in the block whose exception
+    was swallowed where it was raised; a long command calls this between its
+    steps (a sweep, as each cell ends)."""
+    if _RECEIVED:
+        raise Interrupted(_RECEIVED[-1])
 
 
 @contextmanager
 def signals_interrupt() -> Iterator[None]:
     """Within the block, `SIGNALS` raise `Interrupted` (main thread only: a
-    signal handler can be set nowhere else); the previous handlers after."""
+    signal handler can be set nowhere else); the previous handlers after. A
+    block that ends normally after a signal whose exception was swallowed
+    raises it then."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+    outer = list(_RECEIVED)
+    _RECEIVED.clear()
     try:
         yield
+        raise_if_received()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        _RECEIVED[:] = outer + _RECEIVED
 
 
 def as_interrupted(exc: KeyboardInterrupt) -> Interrupted:

@@ -54,7 +54,7 @@ from harness.results import (
 from harness.run_address import cell_id
 from harness.run_workload import build_run_workload, recorded_config
 from hbench.executors import EXECUTORS
-from hbench.interrupts import signals_interrupt
+from hbench.interrupts import raise_if_received, signals_interrupt
 from hbench.runner import execute, validate_run
 
 SWEEP_FILE = "sweep.json"
@@ -502,6 +502,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     busy: list[Cell] = []
 
     def report(o: CellOutcome) -> None:
+        raise_if_received()   # a signal whose exception a worker's fork swallowed
         if o.status == "busy":
             busy.append(by_id[o.cell_id])
             return
