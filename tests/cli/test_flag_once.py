@@ -68,3 +68,19 @@ def test_a_budget_and_organization_are_stored_in_one_spelling(tmp_path, budget, 
     assert (manifest["config"]["budget"], manifest["budget"]["label"]) == ("b83", "b83")
     assert (manifest["config"]["org"], manifest["org"]) == ("s2", "s2")
     assert "-s2-b83-" in run_dir
+
+
+@pytest.mark.parametrize("first, again", [
+    (["--org", "s2", "--budget", "b83"], ["--set", "org=S2", "--set", "budget= B083 "]),
+    (["--org", "s2", "--budget", "b83"], ["--org", " S2", "--set", "budget=b0083,B83"]),
+    (["--org", "s2", "--budget", "12GiB"], ["--set", "org=s2", "--set", "budget= 012.0 gib "]),
+])
+def test_a_sweep_typed_another_way_finds_its_cell_done(tmp_path, first, again):
+    """The cell id hashes the canonical labels: the second spelling is the same
+    cell, so the rerun skips it rather than running (and pairing) it twice."""
+    common = ["--requests", "4", "--seeds", "1", "--out", tmp_path / "o"]
+    assert invoke("sweep", *first, *common).exit_code == 0
+    res = invoke("sweep", *again, *common)
+    assert res.exit_code == 0, res.output
+    assert "1 cells: 0 ran, 1 already done, 0 failed" in res.output
+    assert len([p for p in (tmp_path / "o").iterdir() if p.is_dir()]) == 1
