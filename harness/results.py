@@ -15,14 +15,17 @@ into a hidden sibling ``.tmp-<run_id>-<pid>`` and renamed into place last, so
 an interrupted write never leaves a directory that looks like a run.
 The manifest, written last, is the completion marker: it records each other
 file's size and sha256, so a file damaged afterwards (truncated, emptied,
-edited) is found, and its run id is the content address of its configuration
-(`harness.run_address`), so a configuration edited afterwards is found too.
-`is_complete` checks sizes, hashes and the address (a sweep then reruns the
-cell); `read_run` checks sizes and the address, and each file's hash when it
-reads it, and refuses a damaged run (`DamagedRun`). A manifest without the
-files' record (results written before it existed) cannot be verified and is
-refused the same way. Every file is opened only if it is a regular file and
-read no further than its recorded size.
+edited) is found, its run id is the content address of its configuration
+(`harness.run_address`), so a configuration edited afterwards is found too,
+and it is sealed last (`harness.manifest_seal`: the sha256 of all its other
+fields), so an edit to any other field is found as well.
+`is_complete` checks sizes, hashes, the address and the seal (a sweep then
+reruns the cell); `read_run` checks sizes, the address and the seal, and each
+file's hash when it reads it, and refuses a damaged run (`DamagedRun`). A
+manifest without the files' record or the seal (results written before they
+existed) cannot be verified and is refused the same way. Every file is
+opened only if it is a regular file and read no further than its recorded
+size; a manifest no further than `MAX_MANIFEST_BYTES`.
 This module is the one reader of run directories: `read_run` opens one and
 returns a `Run` (manifest, summary, lazily loaded tables, the checked
 metadata as attributes), `iter_runs` reads every run under a root,
@@ -64,9 +67,10 @@ from common.atomic import (
 from common.cache import file_sha256
 from common.errors import HbenchError
 from common.input_files import read_input_bytes
-from common.safe_json import MAX_JSON_BYTES, load_json_object, loads_json
+from common.safe_json import load_json_object, loads_json
 from harness import metrics, provenance
 from harness.config import RunConfig
+from harness.manifest_seal import SEAL, seal_problem, sealed
 from harness.records import EngineRun
 from harness.results_schema import check_manifest, check_summary, read_table
 from harness.run_address import address_problem, input_files
@@ -85,6 +89,9 @@ RUN_FILES = (MANIFEST, SUMMARY, REQUESTS, STEPS)
 CHECKED_FILES = (SUMMARY, REQUESTS, STEPS)   # what the manifest's "files" record covers
 FILES = "files"                   # manifest key: {name: {"bytes": int, "sha256": hex}}
 DROPPED = "dropped_files"         # manifest key: files removed on purpose (`drop_files`)
+#: Largest manifest read: hbench writes a few kilobytes; a manifest padded to
+#: hundreds of megabytes would cost every reader seconds and gigabytes.
+MAX_MANIFEST_BYTES = 4 * 2**20
 
 
 # ---------------------------------------------------------------- identifiers
@@ -224,7 +231,8 @@ def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: di
         pq.write_table(requests, tmp / REQUESTS)
         write_steps(steps, tmp / STEPS)   # a chunk at a time, not as one frame
         # The completion marker, last: what every other file must still be.
-        _write_json(tmp / MANIFEST, {**manifest, FILES: {n: _file_record(tmp / n) for n in CHECKED_FILES}})
+        _write_json(tmp / MANIFEST, sealed({**manifest, FILES: {n: _file_record(tmp / n)
+                                                                for n in CHECKED_FILES}}))
         for name in RUN_FILES:
             fsync_path(tmp / name)
         if final.exists():
@@ -375,7 +383,7 @@ def _damage(path: Path, manifest: dict, *, hashes: bool) -> str | None:
             return f"{name} has {size} bytes, its manifest records {rec['bytes']}"
         if hashes and file_sha256(file) != rec["sha256"]:
             return f"{name} does not match its sha256 in {MANIFEST}"
-    problem = address_problem(manifest)
+    problem = address_problem(manifest) or seal_problem(manifest)
     return f"{MANIFEST}: {problem}" if problem else None
 
 
@@ -405,6 +413,8 @@ def drop_files(run_dir: Path, names) -> None:
     readers do not take their absence for damage."""
     run_dir = Path(run_dir)
     manifest = _json_object(run_dir, MANIFEST, "an object")
+    if problem := seal_problem(manifest):   # re-sealing must not make an edit good
+        raise _damaged(run_dir, f"{MANIFEST}: {problem}")
     files = dict(manifest.get(FILES) or {})
     dropped = list(manifest.get(DROPPED, []))
     for name in names:
@@ -416,7 +426,7 @@ def drop_files(run_dir: Path, names) -> None:
     if FILES in manifest:
         manifest[FILES] = files
     manifest[DROPPED] = dropped
-    text = json.dumps(to_jsonable(manifest), indent=2, allow_nan=False) + "\n"
+    text = json.dumps(sealed(to_jsonable(manifest)), indent=2, allow_nan=False) + "\n"
     atomic_write_text(run_dir / MANIFEST, text)
     for name in names:
         (run_dir / name).unlink(missing_ok=True)
@@ -425,7 +435,7 @@ def drop_files(run_dir: Path, names) -> None:
 def _load_manifest(path: Path) -> dict | None:
     """The manifest of a complete run directory, or None."""
     try:
-        manifest = load_json_object(path / MANIFEST, "manifest")
+        manifest = load_json_object(path / MANIFEST, "manifest", max_bytes=MAX_MANIFEST_BYTES)
     except HbenchError:
         return None
     if manifest.get("status") != "complete":
@@ -510,7 +520,7 @@ def _json_object(run_dir: Path, name: str, what: str, files: dict | None = None)
     file = run_dir / name
     if not os.path.lexists(file):
         raise HbenchError(f"{run_dir} is not a complete run directory (missing {name})")
-    data = (read_input_bytes(file, "results file", MAX_JSON_BYTES) if files is None
+    data = (read_input_bytes(file, "results file", MAX_MANIFEST_BYTES) if files is None
             else _verified_bytes(run_dir, name, files))
     try:
         text = data.decode("utf-8")
@@ -536,6 +546,9 @@ def read_run(path: Path) -> Run:
         raise HbenchError(f"no run directory at {path}")
     manifest = _json_object(path, MANIFEST, "an object")
     if manifest.get("status") != "complete":
+        if SEAL in manifest and (problem := seal_problem(manifest)):
+            # hbench seals only complete runs: this one's status was edited
+            raise _damaged(path, f"{MANIFEST}: {problem}")
         raise IncompleteRun(f"{path}: manifest status {manifest.get('status')!r} is not complete")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise HbenchError(

@@ -62,6 +62,40 @@ def _special(name: str, kind: str):
     return edit
 
 
+def _field(path: str, value):
+    """One field of the manifest (``a.b`` for a nested one) changed: a field
+    the run id does not hash, which the manifest's seal covers."""
+    def edit(run):
+        m = json.loads((run / "manifest.json").read_text())
+        *parents, last = path.split(".")
+        holder = m
+        for key in parents:
+            holder = holder[key]
+        holder[last] = value
+        (run / "manifest.json").write_text(json.dumps(m))
+    return edit
+
+
+def _padded(run):
+    """The manifest padded past the bound readers read (4 MiB), its seal made good."""
+    from harness.manifest_seal import sealed
+
+    m = json.loads((run / "manifest.json").read_text())
+    m["host"]["platform"] = "x" * (5 * 2**20)
+    (run / "manifest.json").write_text(json.dumps(sealed(m)))
+
+
+def _linked_elsewhere(name: str, change):
+    """``name`` a symbolic link to an edited copy kept outside the run."""
+    def edit(run):
+        copy = run.parent.parent / f"elsewhere-{name}"
+        copy.write_text((run / name).read_text())
+        change(copy)
+        (run / name).unlink()
+        (run / name).symlink_to(copy)
+    return edit
+
+
 def _summary(**changes):
     def edit(run):
         s = json.loads((run / "summary.json").read_text())
@@ -120,6 +154,21 @@ DAMAGE = {
     "manifest-directory": (_special("manifest.json", "dir"), "is a directory"),
     "summary-fifo": (_special("summary.json", "fifo"), "summary.json"),
     "summary-dev-zero": (_special("summary.json", "zero"), "summary.json"),
+    # every other field is sealed (manifest_sha256): an edit is refused, never read
+    "budget-bytes-edited": (_field("budget.allocated_whole_model_bytes", 7), "manifest_sha256"),
+    "engine-info-edited": (_field("engine_info.attn_block_tokens", 16), "manifest_sha256"),
+    "workload-meta-edited": (_field("workload_meta.context_tokens", 5), "manifest_sha256"),
+    "created-edited": (_field("created_utc", "2099-01-01T00:00:00Z"), "manifest_sha256"),
+    "weights-edited": (_field("weights_bytes", 1), "manifest_sha256"),
+    "status-edited": (_field("status", "running"), "manifest_sha256"),
+    "field-added": (_field("note", "x"), "manifest_sha256"),
+    "seal-removed": (_manifest(manifest_sha256=_DROP), "records no manifest_sha256"),
+    "seal-edited": (_manifest(manifest_sha256="0" * 64), "manifest_sha256"),
+    "manifest-padded": (_padded, "at most 4,194,304 are read"),
+    "manifest-linked-edited": (_linked_elsewhere("manifest.json", lambda f: f.write_text(
+        f.read_text().replace('"weights_bytes": ', '"weights_bytes": 1', 1))), "manifest_sha256"),
+    "summary-linked-edited": (_linked_elsewhere("summary.json", lambda f: f.write_text(
+        f.read_text().replace('"finished": ', '"finished": 1', 1))), "summary.json"),
 }
 TABLE_DAMAGE = {
     "requests-garbage": (_write("requests.parquet", b"garbage" * 100), "requests.parquet"),

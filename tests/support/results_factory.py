@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness.config import RunConfig
+from harness.manifest_seal import sealed
 from harness.run_address import address_of, new_run_id
 
 WORKLOAD_KEYS = ("rate", "arrival", "burstiness", "q", "requests", "duration_s", "contexts",
@@ -107,7 +108,7 @@ def readdress(run_dir: Path, **changes) -> Path:
 
 def record_files(run_dir: Path) -> Path:
     """Record in ``run_dir``'s manifest the size and sha256 of the files it holds
-    now (the rest as dropped), as a run written with them would: a test that
+    now (the rest as dropped), and seal it, as a run written with them would: a test that
     means a run *with* other values, not a run damaged after it was written."""
     names = ("summary.json", "requests.parquet", "steps.parquet")
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -115,7 +116,7 @@ def record_files(run_dir: Path) -> Path:
                              "sha256": hashlib.sha256((run_dir / n).read_bytes()).hexdigest()}
                          for n in names if (run_dir / n).is_file()}
     manifest["dropped_files"] = [n for n in names if n not in manifest["files"]]
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "manifest.json").write_text(json.dumps(sealed(manifest)))
     return run_dir
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from analysis.load import RepeatedRun, RunSkipped, config_keys, load_runs
 from common.errors import HbenchError
-from tests.support.results_factory import run_id_of, write_run
+from tests.support.results_factory import record_files, run_id_of, write_run
 
 
 def test_load_runs_reads_config_summary_and_identity(tmp_path):
@@ -54,6 +54,7 @@ def test_load_runs_errors_on_missing_or_empty_root(tmp_path):
 def _written_at(run_dir, created_utc: str) -> None:
     manifest = run_dir / "manifest.json"
     manifest.write_text(manifest.read_text().replace("2026-01-01T00:00:00Z", created_utc))
+    record_files(run_dir)   # as written then: sealed again
 
 
 def test_a_configuration_run_again_counts_once_the_newest_kept_and_the_rest_named(tmp_path):

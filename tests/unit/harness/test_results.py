@@ -19,6 +19,7 @@ import pytest
 from common.errors import HbenchError
 from harness import provenance, results, run_address
 from harness.config import RunConfig
+from harness.manifest_seal import SEAL, sealed
 from harness.metrics import per_request_table, summarize
 from harness.records import EngineRun, RequestRecord
 
@@ -174,6 +175,11 @@ def test_to_jsonable_converts_numpy_and_non_finite():
         results.to_jsonable(object())
 
 
+def _unsealed(manifest: dict) -> dict:
+    """``manifest`` as an older writer left it while it wrote: no seal."""
+    return {k: v for k, v in manifest.items() if k != SEAL}
+
+
 def test_read_run_rejects_missing_incomplete_and_foreign_schema(tmp_path):
     with pytest.raises(HbenchError, match="no run directory"):
         results.read_run(tmp_path / "nope")
@@ -185,8 +191,11 @@ def test_read_run_rejects_missing_incomplete_and_foreign_schema(tmp_path):
         results.read_run(path)
 
     (path / results.MANIFEST).write_text(json.dumps({**manifest, "status": "running"}))
-    with pytest.raises(HbenchError, match="not complete"):
-        results.read_run(path)
+    with pytest.raises(results.DamagedRun, match=f"do not match its {SEAL}"):
+        results.read_run(path)   # hbench seals only complete runs: an edited status
+    (path / results.MANIFEST).write_text(json.dumps(_unsealed({**manifest, "status": "running"})))
+    with pytest.raises(results.IncompleteRun, match="not complete"):
+        results.read_run(path)   # an older writer's, still running or crashed
 
     (path / results.MANIFEST).unlink()
     with pytest.raises(HbenchError, match="missing manifest.json"):
@@ -274,7 +283,7 @@ def test_read_run_refuses_a_malformed_summary(tmp_path, text, match):
     manifest = json.loads((path / results.MANIFEST).read_text())
     manifest[results.FILES][results.SUMMARY] = {
         "bytes": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    (path / results.MANIFEST).write_text(json.dumps(manifest))
+    (path / results.MANIFEST).write_text(json.dumps(sealed(manifest)))
     with pytest.raises(HbenchError, match=match):
         results.read_run(path)
 
@@ -283,7 +292,7 @@ def test_iter_runs_skips_only_incomplete_runs_and_refuses_the_rest(tmp_path):
     good = write(tmp_path, run_id=rid(1))
     running = write(tmp_path, run_id=rid(2))
     manifest = json.loads((running / results.MANIFEST).read_text())
-    (running / results.MANIFEST).write_text(json.dumps({**manifest, "status": "running"}))
+    (running / results.MANIFEST).write_text(json.dumps(_unsealed({**manifest, "status": "running"})))
     with pytest.warns(results.RunSkipped, match="'running' is not complete"):
         assert [r.path for r in results.iter_runs(tmp_path)] == [good]
     with pytest.raises(HbenchError, match="'running' is not complete"):
@@ -364,3 +373,81 @@ def test_a_cell_id_is_checked_against_its_manifest_with_the_named_files(tmp_path
         (path / results.MANIFEST).write_text(json.dumps({**manifest, key: value}))
         with pytest.raises(results.DamagedRun):
             results.read_run(path)
+
+
+def _every_field_edited(manifest: dict):
+    """(field path, manifest with that one field changed) for every field,
+    nested ones included, and a field added and one removed."""
+    def walk(value, path):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from walk(v, (*path, k))
+        else:
+            yield path
+
+    for path in walk(manifest, ()):
+        if path == (SEAL,):
+            continue
+        edited = json.loads(json.dumps(manifest))
+        *parents, last = path
+        holder = edited
+        for k in parents:
+            holder = holder[k]
+        old = holder[last]
+        holder[last] = (not old if isinstance(old, bool) else old + 1 if isinstance(old, int | float)
+                        else [*old, 0] if isinstance(old, list) else f"{old}x")
+        yield ".".join(path), edited
+    yield "added", {**manifest, "note": "edited"}
+    yield "host removed", {k: v for k, v in manifest.items() if k != "host"}
+
+
+def test_an_edit_to_any_manifest_field_is_refused(tmp_path):
+    """Fields the run id does not hash (the budget's bytes, the engine's info,
+    the workload's meta, the creation time, the versions) still feed what
+    readers print and choose: the seal refuses an edit to any of them."""
+    path = write(tmp_path, budget={"label": "b83", "org": "s2", "allocated_whole_model_bytes": 7},
+                 weights_bytes=1000)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    assert manifest[SEAL] and results.read_run(path).manifest == manifest
+    cases = list(_every_field_edited(manifest))
+    assert {"budget.allocated_whole_model_bytes", "engine_info.blocks", "workload_meta.requests",
+            "created_utc", "weights_bytes", "host.platform"} <= {name for name, _ in cases}
+    for name, edited in cases:
+        (path / results.MANIFEST).write_text(json.dumps(edited))
+        # most are the seal's; a few fail an earlier check (a schema version
+        # this hbench does not read, a field of the wrong type): one line each
+        with pytest.raises(HbenchError) as exc:
+            results.read_run(path)
+        assert "\n" not in str(exc.value) and "manifest" in str(exc.value), name
+        with pytest.raises(HbenchError):   # refused, never passed over with a warning
+            list(results.iter_runs(tmp_path))
+        assert not results.is_complete(path), name
+
+
+def test_a_manifest_without_its_seal_is_refused(tmp_path):
+    path = write(tmp_path)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    (path / results.MANIFEST).write_text(json.dumps(_unsealed(manifest)))
+    with pytest.raises(results.DamagedRun, match=f"records no {SEAL}"):
+        results.read_run(path)
+
+
+def test_drop_files_reseals_a_good_manifest_and_refuses_an_edited_one(tmp_path):
+    good, edited = write(tmp_path, run_id=rid(1)), write(tmp_path, run_id=rid(2))
+    results.drop_files(good, [results.STEPS])
+    assert results.read_run(good).manifest[results.DROPPED] == [results.STEPS]
+    manifest = json.loads((edited / results.MANIFEST).read_text())
+    (edited / results.MANIFEST).write_text(json.dumps({**manifest, "weights_bytes": 1}))
+    with pytest.raises(results.DamagedRun, match=f"do not match its {SEAL}"):
+        results.drop_files(edited, [results.STEPS])   # re-sealing never launders an edit
+    assert (edited / results.STEPS).is_file()
+
+
+def test_a_manifest_padded_past_its_bound_is_refused_unread(tmp_path):
+    path = write(tmp_path)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    manifest["host"]["platform"] = "x" * results.MAX_MANIFEST_BYTES
+    (path / results.MANIFEST).write_text(json.dumps(sealed(manifest)))
+    with pytest.raises(HbenchError, match=f"at most {results.MAX_MANIFEST_BYTES:,} are read"):
+        results.read_run(path)
+    assert not results.is_complete(path)
