@@ -169,6 +169,31 @@ def test_a_ten_percent_regression_of_one_cell_is_caught_in_every_gated_metric(tm
     assert [(f.where["org"], f.where["seed"], f.metric) for f in r.regressions] == [(org, 1, metric)]
 
 
+def _every_metric_root(root: Path, worse: str | None = None) -> Path:
+    """Simulator runs of s2 and d0 (seeds 1, 2) whose summaries hold every gated
+    metric, at 2.0; with ``worse``, that metric 10 % worse in d0's seed-1 cell."""
+    for org in ("s2", "d0"):
+        for seed in (1, 2):
+            summary = dict.fromkeys(GATES, 2.0)
+            if worse and (org, seed) == ("d0", 1):
+                summary[worse] = _worse_by(GATES[worse], 0.10)(2.0)
+            write_run(root, f"{org}-{seed}", org=org, seed=seed, summary=summary)
+    return root
+
+
+@pytest.mark.slow
+def test_a_ten_percent_regression_of_one_cell_is_caught_in_every_gated_metric_of_any_engine(tmp_path):
+    """The metrics the smoke runs do not report (a served run's, SGLang's, the
+    multi-turn and u0/e0 ones) too: each, 10 % worse in one cell, is the one
+    regression found."""
+    base = _every_metric_root(tmp_path / "base")
+    assert compare(base, _every_metric_root(tmp_path / "same")).regressions == ()
+    for metric in sorted(GATES):
+        r = compare(base, _every_metric_root(tmp_path / metric, worse=metric))
+        assert [(f.where["org"], f.where["seed"], f.metric) for f in r.regressions] == [
+            ("d0", 1, metric)], metric
+
+
 def test_the_report_says_which_metrics_it_gated_and_by_which_rule(tmp_path):
     cand = _smoke_copy(tmp_path / "cand")
     report = tmp_path / "r.md"
