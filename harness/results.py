@@ -565,15 +565,35 @@ def read_run(path: Path) -> Run:
     return Run(path, manifest, summary)
 
 
-def _run_dirs(root: Path) -> Iterator[Path]:
+def _run_dirs(root: Path, *, refuse_strays: bool = False) -> Iterator[Path]:
     """Directories at or below ``root`` holding a manifest, hidden ones skipped;
-    a run directory's own contents are not searched further."""
-    for dirpath, dirnames, filenames in os.walk(root):
+    a run directory's own contents are not searched further.
+
+    With ``refuse_strays`` (a reader's walk), what would otherwise be passed
+    over in silence is an error: a directory that holds a run's files but no
+    manifest (`DamagedRun`: its manifest was deleted), a symbolic link to a
+    directory (never followed: it could loop, or lead out of the tree) and a
+    directory that cannot be listed."""
+    def unlisted(exc: OSError):
+        raise HbenchError(f"cannot read results directory {exc.filename}: "
+                          f"{exc.strerror or type(exc).__name__}")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlisted if refuse_strays else None):
         if MANIFEST in filenames or MANIFEST in dirnames:
             dirnames.clear()
             yield Path(dirpath)
             continue
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if not refuse_strays:
+            continue
+        if lost := [n for n in CHECKED_FILES if n in filenames]:
+            raise _damaged(Path(dirpath), f"it holds {lost[0]} but no {MANIFEST}, so nothing in "
+                                          "it can be verified")
+        for d in dirnames:
+            if os.path.islink(os.path.join(dirpath, d)):
+                raise HbenchError(f"{os.path.join(dirpath, d)} is a symbolic link to a directory; "
+                                  "hbench reads the run directories a results tree holds, not "
+                                  "links (copy the run in, or give the link's target)")
 
 
 def iter_runs(root: Path, *, strict: bool = False) -> Iterator[Run]:
@@ -584,14 +604,16 @@ def iter_runs(root: Path, *, strict: bool = False) -> Iterator[Run]:
     otherwise skipped with a `RunSkipped` warning. Every other run that cannot
     be read is an error: a manifest that cannot be read, a foreign schema
     version (its numbers mean something else), a damaged run (`DamagedRun`:
-    a file, or its configuration, changed since it was written). Nothing is
-    passed over in silence. A missing root is an error; an empty one yields
+    a file, or its configuration, changed since it was written), and what a
+    walk would otherwise miss: a directory holding a run's files but no
+    manifest, a symbolic link to a directory (`_run_dirs`). Nothing is passed
+    over in silence. A missing root is an error; an empty one yields
     nothing.
     """
     root = Path(root)
     if not root.is_dir():
         raise HbenchError(f"no results directory at {root}")
-    for path in sorted(_run_dirs(root)):
+    for path in sorted(_run_dirs(root, refuse_strays=True)):
         try:
             yield read_run(path)
         except IncompleteRun as exc:

@@ -213,3 +213,33 @@ def test_a_corrupt_parquet_table_is_refused_naming_it(tmp_path, good, damage, re
     root, run = _damaged(tmp_path, good, edit)
     line = refused(READERS[reader](root, run, tmp_path), name, watch=tmp_path)
     assert "Traceback" not in line and str(run) in line
+
+
+def _manifest_deleted(run):
+    (run / "manifest.json").unlink()
+
+
+def _linked_in(run):
+    """The run moved out of the tree and a symbolic link left in its place."""
+    outside = run.parent.parent / "outside"
+    run.rename(outside)
+    run.symlink_to(outside, target_is_directory=True)
+
+
+STRAYS = {"manifest-deleted": (_manifest_deleted, "holds summary.json but no manifest.json"),
+          "run-dir-linked": (_linked_in, "is a symbolic link to a directory")}
+TREE_READERS = {**{k: v for k, v in READERS.items() if k != "explain"},
+                "reuse": lambda root, run, tmp: ["reuse", root]}
+
+
+@pytest.mark.parametrize("stray", sorted(STRAYS))
+@pytest.mark.parametrize("reader", sorted(TREE_READERS))
+def test_a_cell_a_tree_walk_would_pass_over_is_refused_naming_it(tmp_path, good, stray, reader):
+    """A cell whose manifest was deleted, or a link where a cell was, would
+    drop out of a walk in silence (a baseline cell then goes ungated): each
+    reader of a tree refuses it in one line instead."""
+    edit, needle = STRAYS[stray]
+    root, run = _damaged(tmp_path, good, edit)
+    shutil.copytree(good, tmp_path / "base")
+    line = refused(TREE_READERS[reader](root, run, tmp_path), needle, watch=tmp_path)
+    assert run.name in line
