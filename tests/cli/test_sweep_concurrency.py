@@ -235,6 +235,31 @@ def test_an_interrupt_stops_the_sweep_and_its_workers_and_leaves_nothing_behind(
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interrupted_sweep_run_again_runs_only_what_was_left(tmp_path):
+    """Stopped by SIGHUP (a closed terminal) after a cell finished: the same
+    command runs exactly the cells not done, reads the rest as done, and ends
+    with every cell complete."""
+    out = tmp_path / "out"
+    proc = _start_long_sweep(out)
+    wait_until(lambda: _a_cell_ran(proc, out), 300, "the sweep to finish a cell")
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 129
+    done = sorted(p.name for p in out.iterdir() if is_complete(p))
+    assert done and len(done) < 12
+    again = hbench("sweep", "--org", "s0,s1,s2,d0", "--budget", "b83", "--seeds", "1-3",
+                   "--requests", "240", "--jobs", "2", "--out", str(out))
+    said, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    assert f"12 cells: {12 - len(done)} ran, {len(done)} already done, 0 failed" in said, said
+    assert sorted(c["status"] for c in sweep_doc(out)["cells"]) == sorted(
+        ["ran"] * (12 - len(done)) + ["skipped"] * len(done))
+    assert all(is_complete(out / c["cell_id"]) for c in sweep_doc(out)["cells"])
+    assert not (out / ".locks").exists() and not list(out.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
                                        (signal.SIGHUP, 129)], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_an_interrupted_run_leaves_nothing_and_runs_again(tmp_path, sig, code):
