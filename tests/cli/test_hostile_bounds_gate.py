@@ -363,3 +363,17 @@ def test_output_to_a_full_device_is_one_error_line(args):
                               stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == ["Error: cannot write the output: No space left on device"]
+
+
+@pytest.mark.parametrize("args, blocked", [
+    (["sweep", "--org", "s2", "--requests", "4", "--seeds", "1", "--out", "{o}"], "sweep.json"),
+    (["analyze", SMOKE, "--no-figures", "--out", "{o}"], "report.md"),
+])
+def test_an_output_file_that_is_a_directory_is_one_error_line(tmp_path, args, blocked):
+    """A rename cannot replace a directory: the command says so in one line
+    (it used to end in a traceback) and leaves the directory as it was."""
+    (tmp_path / "o" / blocked).mkdir(parents=True)
+    res = invoke(*[str(a).replace("{o}", str(tmp_path / "o")) for a in args])
+    one_error_line(res, f"cannot write {tmp_path / 'o' / blocked}: it is a directory",
+                   other_lines=True)
+    assert (tmp_path / "o" / blocked).is_dir() and not list((tmp_path / "o").glob(".tmp-*"))
