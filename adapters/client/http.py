@@ -6,14 +6,16 @@ a streaming benchmark client needs. This room owns the endpoint address, the
 timeouts every wait is bounded by, opening a connection, writing a POST, the
 one-shot GETs (``/v1/models``, ``/version``, ``/health``, ``/metrics``) and
 which exceptions count as I/O failures. Every read is bounded in size and in
-time as a whole (`read_pieces`: a socket timeout alone bounds each wait, so a
-server dripping a byte a second would never be stopped). It knows nothing about streams or
+time as a whole (`read_pieces`, and `get_response` for the status line and
+headers: a socket timeout alone bounds each wait, so a server dripping a byte
+a second would never be stopped). It knows nothing about streams or
 schedules; `adapters.client.stream` and `adapters.client.dispatch` build on it.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import time
 from collections.abc import Iterator
@@ -138,6 +140,55 @@ def read_pieces(resp: http.client.HTTPResponse, sock, deadline: float, idle_s: f
         yield piece
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes as `http.client` reads them, no wait past ``deadline``
+    (a `time.monotonic` time): each wait is capped at the time left, and none
+    starts after it (TimeoutError)."""
+
+    def __init__(self, sock, deadline: float):
+        super().__init__()
+        self._sock, self._deadline = sock, deadline
+        self._raw = sock.makefile("rb", buffering=0)   # holds the socket open, as http.client's own
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer took longer than its deadline")
+        wait = self._sock.gettimeout()
+        self._sock.settimeout(left if wait is None else min(wait, left))
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """``sock`` as `http.client` sees it, but the file it reads the answer from
+    is a `_DeadlineReader`; everything else is the socket's."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def get_response(conn: http.client.HTTPConnection, deadline: float) -> http.client.HTTPResponse:
+    """``conn.getresponse()`` with every byte of the answer read by ``deadline``:
+    the status line and the headers (which `http.client` reads a line at a
+    time, each wait bounded only by the socket's timeout: a server dripping
+    them would hold the reader for hours) as well as the body."""
+    conn.sock = _DeadlineSocket(conn.sock, deadline)
+    return conn.getresponse()
+
+
 def http_get(endpoint: Endpoint, path: str, timeout_s: float = 5.0,
              max_bytes: int = MAX_GET_BYTES) -> tuple[int, bytes]:
     """One GET, all of it (connecting, sending, every byte of the answer)
@@ -149,7 +200,7 @@ def http_get(endpoint: Endpoint, path: str, timeout_s: float = 5.0,
         conn.request("GET", path)
         sock = conn.sock   # getresponse() detaches it from conn when the server will close
         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-        resp = conn.getresponse()
+        resp = get_response(conn, deadline)
         if resp.length is not None and resp.length > max_bytes:
             raise BoundExceeded(f"{path} answered {resp.length:,} bytes; at most {max_bytes:,} are read")
         body = bytearray()

@@ -30,6 +30,7 @@ from adapters.client.http import (
     Endpoint,
     Timeouts,
     describe_error,
+    get_response,
     open_connection,
     post_json,
     read_pieces,
@@ -221,7 +222,8 @@ def stream_exchange(conn: http.client.HTTPConnection, out: StreamOutcome,
         start = out.dispatch_s
         sock = conn.sock  # getresponse() detaches it from conn when the server will close
         sock.settimeout(timeouts.first_byte_s)
-        resp = conn.getresponse()
+        deadline = time.monotonic() + timeouts.total_s - (clock() - t0 - start)
+        resp = get_response(conn, deadline)   # its headers too: none read past the deadline
         if resp.status != 200:
             head = bytearray()
             for piece in read_pieces(resp, sock, time.monotonic() + timeouts.idle_s, timeouts.idle_s):
@@ -230,7 +232,6 @@ def stream_exchange(conn: http.client.HTTPConnection, out: StreamOutcome,
                     break
             detail = bytes(head[:300]).decode(errors="replace").strip().replace("\n", " ")
             return stream.fail(f"HTTP {resp.status}: {detail}", clock() - t0, keep_tokens=False)
-        deadline = time.monotonic() + timeouts.total_s - (clock() - t0 - start)
         for line in stream_lines(resp, sock, deadline, timeouts.idle_s):
             now = clock() - t0
             if now - start > timeouts.total_s:

@@ -1,7 +1,7 @@
 """Every HTTP read is bounded in size and in time, against a local server that
 misbehaves on purpose: a body far over the bound (stated, or streamed without
-a length), a body dripped a byte at a time (each wait short, the whole
-endless), a line that never ends, and a connection closed mid-body. The
+a length), a body or the headers dripped a byte at a time (each wait short, the
+whole endless), a line that never ends, and a connection closed mid-body. The
 one-shot GETs (``/v1/models``, ``/metrics``: what the probe and the served
 engines read) fail with an OSError the callers already handle; a stream
 fails its request with a reason; neither takes much longer than its bound
@@ -41,6 +41,9 @@ BEHAVIOURS = {
     "drip": lambda w: (w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"),
                        _drip(w, b"x" * 100000, 0.05)),
     "cut": lambda w: w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + b"{" * 10),
+    # the status line and headers dripped: http.client reads them a line at a
+    # time, each wait bounded only by the socket's timeout
+    "drip-headers": lambda w: _drip(w, b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 400 + b"\r\n\r\n", 0.05),
     # a stream: one line that never ends, or an endless drip of events
     "endless-line": lambda w: (w.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                        b"Connection: close\r\n\r\ndata: "),
@@ -86,13 +89,14 @@ class Misbehaving(socketserver.ThreadingTCPServer):
 
 @pytest.mark.parametrize("behaviour, needle", [
     ("huge-stated", "at most"), ("huge-unstated", "at most"), ("drip", "timed out|deadline"),
-    ("cut", "mid-body")])
+    ("drip-headers", "timed out|deadline"), ("cut", "mid-body")])
 def test_a_get_is_bounded_in_size_and_time(behaviour, needle):
     with Misbehaving(behaviour) as srv:
         t0 = time.monotonic()
         with pytest.raises(OSError, match=needle):
             http_get(srv.endpoint, "/metrics", timeout_s=1.0, max_bytes=4 * MiB)
         assert time.monotonic() - t0 < 10      # a generous bound: the deadline is 1 s
+        # (dripped headers took 21 s before `get_response` bounded them)
         assert read_metrics(srv.endpoint, timeout_s=1.0) is None   # the scraper: no answer
         with pytest.raises(HbenchError, match="cannot reach"):      # the probe's first question
             model_entries(srv.endpoint, timeout_s=1.0)
@@ -100,7 +104,7 @@ def test_a_get_is_bounded_in_size_and_time(behaviour, needle):
 
 @pytest.mark.parametrize("behaviour, needle", [
     ("endless-line", "line over"), ("drip-events", "total timeout"), ("huge-unstated", "line over"),
-    ("cut", "before [DONE]")])
+    ("drip-headers", "total timeout"), ("cut", "before [DONE]")])
 def test_a_stream_is_bounded_in_size_and_time(behaviour, needle, monkeypatch):
     monkeypatch.setattr(S, "MAX_LINE_BYTES", 256 * 1024)
     with Misbehaving(behaviour) as srv:
