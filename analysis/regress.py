@@ -127,7 +127,7 @@ def _index(side: Side, name: str, keys: Sequence[str]) -> dict[tuple, Run]:
     for run in side.runs:
         key = _key(run, keys)
         if key in out:
-            raise HbenchError(f"{name}: runs {out[key].run_id} and {run.run_id} have the same "
+            raise HbenchError(f"{name}: runs {out[key].path} and {run.path} have the same "
                               "configuration and seed; keep one run per cell")
         out[key] = run
     return out

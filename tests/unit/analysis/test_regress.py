@@ -364,3 +364,18 @@ def test_noisy_engine_gates_counts_on_paired_differences(tmp_path, metric, base_
     c = root(tmp_path / "c", lambda seed: 3.0 if factor is None else base_value * factor)
     r = compare(b, c)
     assert [(f.where["org"], f.metric) for f in r.regressions] == ([("d0", metric)] if regressed else [])
+
+
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_a_cell_copied_under_another_name_is_bad_input_naming_both(tmp_path, side):
+    """Two runs of one cell would let either stand for it (a copy of the
+    baseline's could hide a candidate's regression): refused, naming both."""
+    tree = _smoke_copy(tmp_path / side)
+    cell = sorted(p for p in tree.iterdir() if p.is_dir())[0]
+    shutil.copytree(cell, tree / "zz-copy")
+    args = ("--baseline", tree, "--candidate", SMOKE) if side == "baseline" else (
+        "--baseline", SMOKE, "--candidate", tree)
+    res = _invoke(*args)
+    assert res.exit_code == 2, res.output
+    line = _error_line(res)
+    assert line.startswith(f"Error: {side}: runs ") and str(cell) in line and "zz-copy" in line
