@@ -17,7 +17,7 @@ The manifest, written last, is the completion marker: it records each other
 file's size and sha256, so a file damaged afterwards (truncated, emptied,
 edited) is found, its run id is the content address of its configuration
 (`harness.run_address`), so a configuration edited afterwards is found too,
-and it is sealed last (`harness.manifest_seal`: the sha256 of all its other
+and it is sealed last (`harness.seal`: the sha256 of all its other
 fields), so an edit to any other field is found as well.
 `is_complete` checks sizes, hashes, the address and the seal (a sweep then
 reruns the cell); `read_run` checks sizes, the address and the seal, and each
@@ -68,12 +68,13 @@ from common.cache import file_sha256
 from common.errors import HbenchError
 from common.input_files import read_input_bytes
 from common.safe_json import load_json_object, loads_json
+from common.tree_walk import walk
 from harness import metrics, provenance
 from harness.config import RunConfig
-from harness.manifest_seal import SEAL, seal_problem, sealed
 from harness.records import EngineRun
 from harness.results_schema import check_manifest, check_summary, read_table
 from harness.run_address import address_problem, input_files
+from harness.seal import SEAL, seal_problem, sealed
 from harness.step_table import write_steps
 
 if TYPE_CHECKING:
@@ -573,12 +574,13 @@ def _run_dirs(root: Path, *, refuse_strays: bool = False) -> Iterator[Path]:
     over in silence is an error: a directory that holds a run's files but no
     manifest (`DamagedRun`: its manifest was deleted), a symbolic link to a
     directory (never followed: it could loop, or lead out of the tree) and a
-    directory that cannot be listed."""
+    directory that cannot be listed. Any depth of nesting is walked
+    (`common.tree_walk`)."""
     def unlisted(exc: OSError):
         raise HbenchError(f"cannot read results directory {exc.filename}: "
                           f"{exc.strerror or type(exc).__name__}")
 
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unlisted if refuse_strays else None):
+    for dirpath, dirnames, filenames in walk(root, unlisted if refuse_strays else None):
         if MANIFEST in filenames or MANIFEST in dirnames:
             dirnames.clear()
             yield Path(dirpath)

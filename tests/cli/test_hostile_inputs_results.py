@@ -13,8 +13,10 @@ import os
 import shutil
 
 import pytest
+from click.testing import CliRunner
 
-from tests.support.hostile import deep_json, deep_object, make_results_tree, refused
+from hbench.cli import cli
+from tests.support.hostile import deep_chain, deep_json, deep_object, make_results_tree, refused
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def _field(path: str, value):
 
 def _padded(run):
     """The manifest padded past the bound readers read (4 MiB), its seal made good."""
-    from harness.manifest_seal import sealed
+    from harness.seal import sealed
 
     m = json.loads((run / "manifest.json").read_text())
     m["host"]["platform"] = "x" * (5 * 2**20)
@@ -243,3 +245,65 @@ def test_a_cell_a_tree_walk_would_pass_over_is_refused_naming_it(tmp_path, good,
     shutil.copytree(good, tmp_path / "base")
     line = refused(TREE_READERS[reader](root, run, tmp_path), needle, watch=tmp_path)
     assert run.name in line
+
+
+def _capacity_file(kind: str):
+    """A ``capacity.json`` beside the run, as `hbench capacity` seals it, then
+    damaged (``kind``): a number edited, the seal removed, a FIFO, a link to
+    /dev/zero, a directory, padded past the bound read."""
+    from analysis.capacity_file import capacity_text
+
+    def edit(run):
+        f = run.parent / "capacity.json"
+        f.write_text(capacity_text({"slo": ["ttft_p99<=2s"], "rates": [1.0, 2.0], "seeds": [1],
+                                    "capacity": [{"org": "s2", "budget": "b83", "capacity": 2.0}]}))
+        if kind == "edited":
+            f.write_text(f.read_text().replace('"capacity": 2.0', '"capacity": 20.0'))
+        elif kind == "unsealed":
+            doc = json.loads(f.read_text())
+            doc.pop("capacity_sha256")
+            f.write_text(json.dumps(doc))
+        elif kind == "padded":
+            f.write_text(f.read_text() + " " * (33 * 2**20))
+        elif kind != "sealed":
+            f.unlink()
+            {"fifo": os.mkfifo, "zero": lambda p: p.symlink_to("/dev/zero"),
+             "directory": os.mkdir}[kind](f)
+    return edit
+
+
+CAPACITY_DAMAGE = {"edited": "do not match its capacity_sha256", "unsealed": "records no capacity_sha256",
+                   "fifo": "not a regular file", "zero": "not a regular file",
+                   "directory": "is a directory", "padded": "at most 33,554,432 are read"}
+
+
+@pytest.mark.parametrize("kind", sorted(CAPACITY_DAMAGE))
+@pytest.mark.parametrize("reader", ["report", "analyze"])
+def test_a_capacity_file_edited_or_special_is_refused(tmp_path, good, kind, reader):
+    """The report prints capacity.json's numbers: an edit is refused, never
+    printed, and a FIFO or /dev/zero neither hangs the report nor fills memory."""
+    root, run = _damaged(tmp_path, good, _capacity_file(kind))
+    refused(READERS[reader](root, run, tmp_path), CAPACITY_DAMAGE[kind], watch=tmp_path)
+
+
+def test_a_sealed_capacity_file_is_read(tmp_path, good):
+    """The control: the same file undamaged is read (and its section written)."""
+    from analysis.capacity_file import capacity_docs
+
+    root, run = _damaged(tmp_path, good, _capacity_file("sealed"))
+    ((f, doc),) = capacity_docs(root)
+    assert f == root / "capacity.json" and doc["capacity"][0]["capacity"] == 2.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader", ["analyze", "report", "regress-candidate", "reuse"])
+def test_a_tree_nested_deeper_than_the_recursion_limit_is_read(tmp_path, good, reader):
+    """Readers walk a results tree with their own stack: a tree nested 1,200
+    directories deep (a RecursionError traceback once) is read as any other."""
+    root = tmp_path / "tree"
+    shutil.copytree(good, root)
+    shutil.copytree(good, tmp_path / "base")
+    with deep_chain(root, 1200):
+        args = TREE_READERS[reader](root, None, tmp_path)
+        res = CliRunner().invoke(cli, [str(a) for a in args])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output

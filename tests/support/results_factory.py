@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from harness.config import RunConfig
-from harness.manifest_seal import sealed
 from harness.run_address import address_of, new_run_id
+from harness.seal import sealed
 
 WORKLOAD_KEYS = ("rate", "arrival", "burstiness", "q", "requests", "duration_s", "contexts",
                  "max_model_len", "max_output", "warmup_requests", "seed")

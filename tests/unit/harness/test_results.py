@@ -19,9 +19,9 @@ import pytest
 from common.errors import HbenchError
 from harness import provenance, results, run_address
 from harness.config import RunConfig
-from harness.manifest_seal import SEAL, sealed
 from harness.metrics import per_request_table, summarize
 from harness.records import EngineRun, RequestRecord
+from harness.seal import SEAL, sealed
 
 WORKLOAD_HASH = "ab" * 32
 
