@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis import headlines
 from analysis import html_sections as S
+from analysis.capacity_file import capacity_docs
 from common.atomic import atomic_write_text
 from common.errors import HbenchError
 
@@ -80,10 +80,6 @@ def _answers_section(runs: pd.DataFrame, contrasts: pd.DataFrame | None, asked: 
     return (f"<h2>Answers</h2><p class='asked'><b>Asked:</b> {html.escape(asked)}</p>"
             f"<p><b>What the data say:</b></p><ul class='answers'>{lis}</ul>"
             f"<p><b>What limits the answer:</b></p><ul class='answers'>{lim}</ul>")
-
-
-def _capacity_docs(root: Path) -> list[tuple[Path, dict]]:
-    return [(f, json.loads(f.read_text())) for f in sorted(root.rglob("capacity.json"))]
 
 
 def _capacity_section(docs: Sequence[tuple[Path, dict]]) -> str:
@@ -144,7 +140,7 @@ def build_html(root, runs: pd.DataFrame, contrasts: pd.DataFrame | None = None, 
     if metrics is None:
         metrics = (sorted(set(contrasts["metric"])) if contrasts is not None and not contrasts.empty
                    else ["throughput_ledger_tok_s"])
-    docs = _capacity_docs(root)
+    docs = capacity_docs(root)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if figures is None:

@@ -11,25 +11,29 @@ How a cell is judged depends on the engine (the manifest's ``engine``):
 
 * deterministic (the simulator: same inputs, same bits) -- cell by cell.
   A cell regresses when a gated metric is worse than the baseline by more
-  than ``min_effect`` (a fraction: 0.02 = 2%). Nothing is pooled, so a change
+  than its rule tolerates (``min_effect``, a fraction: 0.02 = 2%). Nothing is pooled, so a change
   confined to one organization is caught however many cells agree.
 * noisy (a real server: vllm, sglang, anything else) -- per seed group: the
   cells that differ only in seed form one paired comparison (log ratios
   candidate / baseline, t test, geometric-mean change with its log-scale t
-  CI); Holm across groups x metrics; a group regresses when it is
+  CI; for a ``count`` metric, differences over the baseline mean); Holm across groups x metrics; a group regresses when it is
   significant by the rule `analyze` uses (p Holm < alpha AND the CI excludes
   1) and its change is worse than ``min_effect``. One seed per group cannot
   be tested and is refused.
 
-In both modes a candidate value that is zero, negative, null, NaN or not a
-number where the baseline is positive is a regression of that cell, and so
-is a baseline cell missing from the candidate (unless ``allow_missing``).
+Every summary metric with a direction is gated, each by its tolerance rule
+(`analysis.gated_metrics`: ``relative`` for quantities every served run has
+above zero, ``count`` for those that are zero when nothing of their kind
+happened); the report lists them. In both modes a candidate value that is
+null, NaN, not a number, negative, or zero for a ``relative`` metric is a
+regression of that cell, and so is a baseline cell missing from the
+candidate (unless ``allow_missing``).
 
 A baseline value is what every candidate is measured against, so one that
 cannot be (a gated metric missing from a baseline summary, null, not a
-number, or zero or negative: no run that served requests has a throughput,
-a latency p99 or a peak memory of 0) is a problem of the input, never a
-pass: `compare` raises `HbenchError` naming it, unless ``allow_missing``,
+number, negative, or zero for a ``relative`` metric: no run that served
+requests has a throughput, a latency p99 or a total memory peak of 0) is a
+problem of the input, never a pass: `compare` raises `HbenchError` naming it, unless ``allow_missing``,
 which lists it in the report (`RegressResult.baseline_gaps`) and gates the
 cell's other metrics. A metric neither side reports (null or absent on
 both: an engine that does not measure it) is not gated and not a problem.
@@ -52,22 +56,13 @@ from pathlib import Path
 import numpy as np
 
 from analysis import stats
+from analysis.gated_metrics import GATES, Gate
 from analysis.run_validity import keeps
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.results import Run, check_pairable, iter_runs
 from harness.validity import describe_validity, metric_is_valid, run_is_valid
 
-# The gated metrics and the direction that is better. Summary keys not listed
-# here are carried along but never gated.
-GATED: dict[str, str] = {
-    "throughput_ledger_tok_s": "higher",
-    "throughput_span_tok_s": "higher",
-    "ttft_p99_s": "lower",
-    "itl_p99_s": "lower",
-    "e2e_p99_s": "lower",
-    "peak_mem_total_bytes": "lower",
-}
 DETERMINISTIC_ENGINES = ("sim",)
 # Config fields that say how a run was connected or checked, not what was measured.
 VOLATILE_KEYS = ("endpoint", "launch", "server_cmd", "debug_invariants")
@@ -132,7 +127,7 @@ def _index(side: Side, name: str, keys: Sequence[str]) -> dict[tuple, Run]:
     for run in side.runs:
         key = _key(run, keys)
         if key in out:
-            raise HbenchError(f"{name}: runs {out[key].run_id} and {run.run_id} have the same "
+            raise HbenchError(f"{name}: runs {out[key].path} and {run.path} have the same "
                               "configuration and seed; keep one run per cell")
         out[key] = run
     return out
@@ -212,23 +207,38 @@ class RegressResult:
         return bool(self.regressions) or (bool(self.missing) and not self.allow_missing)
 
 
-def _invalid(where, metric, better, b, raw) -> Finding:
-    return Finding(where, metric, better, b, None, math.nan, True,
-                   f"candidate value {raw!r} is not a positive number (baseline {b:.6g})")
+def usable(value, gate: Gate) -> float | None:
+    """``value`` as a number a gate can measure against or judge (above 0 for
+    a ``relative`` metric, at least 0 for a ``count``), else None."""
+    v = number(value)
+    if v is None or v < 0 or (v == 0 and gate.rule == "relative"):
+        return None
+    return v
 
 
-def _cell_finding(where, metric, better, b: float, raw, min_effect: float) -> Finding:
-    """The deterministic verdict of one metric of one cell (``b`` > 0: see
-    `baseline_gap`)."""
-    c = number(raw)
-    if c is None or c <= 0:
-        return _invalid(where, metric, better, b, raw)
-    change = c / b - 1.0
-    worse = bad_change(change, better)
+def _invalid(where, metric, gate: Gate, b, raw) -> Finding:
+    what = "a positive number" if gate.rule == "relative" else "a number of at least 0"
+    return Finding(where, metric, gate.better, b, None, math.nan, True,
+                   f"candidate value {raw!r} is not {what} (baseline {b:.6g})")
+
+
+def _cell_finding(where, metric, gate: Gate, b: float, raw, min_effect: float) -> Finding:
+    """The deterministic verdict of one metric of one cell by its gate's rule
+    (`analysis.gated_metrics.RULES`; ``b`` is `usable`: see `baseline_gap`)."""
+    c = usable(raw, gate)
+    if c is None:
+        return _invalid(where, metric, gate, b, raw)
+    if b > 0:
+        change = c / b - 1.0
+        worse = bad_change(change, gate.better)
+        why = f"worse by {worse:.2%} (tolerance {min_effect:.2%})"
+    else:   # a count from 0: judged in units of the metric
+        worse = bad_change(c, gate.better)
+        change = math.inf if c > 0 else 0.0
+        why = f"worse by {worse:.6g} from 0 (tolerance {min_effect:.6g} of one unit)"
     if worse > min_effect:
-        return Finding(where, metric, better, b, c, change, True,
-                       f"worse by {worse:.2%} (tolerance {min_effect:.2%})")
-    return Finding(where, metric, better, b, c, change, False, "within tolerance")
+        return Finding(where, metric, gate.better, b, c, change, True, why)
+    return Finding(where, metric, gate.better, b, c, change, False, "within tolerance")
 
 
 _ABSENT = object()
@@ -236,14 +246,15 @@ _ABSENT = object()
 
 def baseline_gap(b_run: Run, c_run: Run, metric: str) -> str | None:
     """Why ``b_run``'s value of ``metric`` cannot be gated on (missing, null,
-    not a number, zero or negative), or None when it can, or when neither
-    side reports the metric (null or absent on both)."""
+    not a number, negative, or zero for a ``relative`` metric), or None when
+    it can, or when neither side reports the metric (null or absent on both)."""
+    gate = GATES[metric]
     raw = b_run.summary.get(metric, _ABSENT)
-    b = number(raw)
-    if b is not None and b > 0:
+    if usable(raw, gate) is not None:
         return None
     if (raw is None or raw is _ABSENT) and c_run.summary.get(metric) is None:
         return None
+    b = number(raw)
     if raw is _ABSENT:
         what = "missing"
     elif raw is None:
@@ -265,32 +276,45 @@ def _group_findings(where, pairs: Sequence[tuple[Run, Run]], gaps: list[str],
     when ``include_invalid``; p Holm and the verdict by `_judge_groups`);
     baseline values that cannot be gated go to ``gaps``."""
     out = []
-    for metric, better in GATED.items():
-        ratios, bs, cs = [], [], []
+    for metric, gate in GATES.items():
+        bs, cs = [], []
         for b_run, c_run in pairs:
             if not all(keeps(metric_is_valid(r.summary, metric), include_invalid) for r in (b_run, c_run)):
                 continue
-            b = number(b_run.summary.get(metric))
-            if b is None or b <= 0:
+            b = usable(b_run.summary.get(metric), gate)
+            if b is None:
                 gap = baseline_gap(b_run, c_run, metric)
                 if gap:
                     gaps.append(gap)
                 continue
             raw = c_run.summary.get(metric)
-            c = number(raw)
-            if c is None or c <= 0:
-                out.append(_invalid({**where, "seed": b_run.config.get("seed")}, metric, better, b, raw))
+            c = usable(raw, gate)
+            if c is None:
+                out.append(_invalid({**where, "seed": b_run.config.get("seed")}, metric, gate, b, raw))
                 continue
-            ratios.append(c / b)
             bs.append(b)
             cs.append(c)
-        if not ratios:
-            continue
-        r = np.asarray(ratios)
-        geo = stats.geometric_mean_ratio(r)
-        out.append(Finding(where, metric, better, float(np.mean(bs)), float(np.mean(cs)), geo - 1.0,
-                           False, _PENDING, n=r.size, ci=stats.log_t_interval(r), p=stats.ttest_log_ratios(r)))
+        if bs:
+            out.append(_group_test(where, metric, gate, np.asarray(bs), np.asarray(cs)))
     return out
+
+
+def _group_test(where, metric, gate: Gate, bs: np.ndarray, cs: np.ndarray) -> Finding:
+    """The paired test of one group's seeds, its verdict left to `_judge_groups`:
+    a ``relative`` metric on log ratios (geometric-mean change, log-scale t CI);
+    a ``count`` on differences (mean change over the baseline mean, or over
+    one unit from a baseline of 0, with its t CI on that scale)."""
+    if gate.rule == "relative":
+        r = cs / bs
+        change, ci, p = (stats.geometric_mean_ratio(r) - 1.0, stats.log_t_interval(r),
+                         stats.ttest_log_ratios(r))
+    else:
+        d = cs - bs
+        scale = float(bs.mean()) or 1.0
+        lo, hi = stats.t_interval(d)
+        change, ci, p = float(d.mean()) / scale, (1 + lo / scale, 1 + hi / scale), stats.ttest_zero(d)
+    return Finding(where, metric, gate.better, float(bs.mean()), float(cs.mean()), change, False,
+                   _PENDING, n=bs.size, ci=ci, p=p)
 
 
 def _judge_groups(findings: list[Finding], min_effect: float, alpha: float) -> list[Finding]:
@@ -370,14 +394,14 @@ def compare(baseline, candidate, *, min_effect: float = 0.02, alpha: float = 0.0
     gaps: list[str] = []
     if deterministic:
         for b_run, c_run in pairs:
-            for metric, better in GATED.items():
-                b = number(b_run.summary.get(metric))
-                if b is None or b <= 0:
+            for metric, gate in GATES.items():
+                b = usable(b_run.summary.get(metric), gate)
+                if b is None:
                     gap = baseline_gap(b_run, c_run, metric)
                     if gap:
                         gaps.append(gap)
                     continue
-                findings.append(_cell_finding(where(b_run), metric, better, b,
+                findings.append(_cell_finding(where(b_run), metric, gate, b,
                                               c_run.summary.get(metric), min_effect))
     else:
         group_keys = [k for k in label_keys if k != "seed"]

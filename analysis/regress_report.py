@@ -9,7 +9,8 @@ import math
 from collections.abc import Sequence
 
 from analysis import stats
-from analysis.regress import GATED, Finding, RegressResult
+from analysis.gated_metrics import GATES, RULES
+from analysis.regress import Finding, RegressResult
 from analysis.report import markdown_table
 
 
@@ -40,17 +41,18 @@ def markdown(result: RegressResult) -> str:
     if result.missing:
         counts.append(f"{len(result.missing)} missing cells" + (" (allowed)" if result.allow_missing else ""))
     mode = (f"engine `{result.engine}` is deterministic: each of the {result.cells} matched cells is compared "
-            f"on its own; a gated metric worse by more than {result.min_effect:.2%} is a regression"
+            f"on its own; a gated metric worse than its rule tolerates ({result.min_effect:.2%}) is a "
+            "regression"
             if result.deterministic else
             f"engine `{result.engine}` is noisy: the {result.cells} matched cells are compared per seed group "
             f"(paired t test on log ratios, geometric-mean change with its 95% t CI, Holm across groups x "
             f"metrics); a group regresses when p Holm < {result.alpha}, its CI excludes 0 and it is worse by "
             f"more than {result.min_effect:.2%}")
     lines = [f"## hbench regress: {head}" + (f" ({'; '.join(counts)})" if counts else ""), "",
-             f"Cells are matched by configuration and seed; {mode}. A candidate value that is zero, "
-             "negative, null or not a number where the baseline is positive is a regression, and so is a "
-             "baseline cell the candidate lacks. A baseline value that is not a positive number is bad "
-             "input, listed here only under --allow-missing.", "",
+             f"Cells are matched by configuration and seed; {mode}. A candidate value that is null, "
+             "not a number, negative, or zero for a relative metric is a regression, and so is a "
+             "baseline cell the candidate lacks. A baseline value that cannot be measured against is "
+             "bad input, listed here only under --allow-missing.", "", _gated(result), "",
              _table(["side", "root", "runs", "engine version", "commit"],
                     [[name, f"`{s['root']}`", str(s["runs"]), ", ".join(s["engine_version"]),
                       ", ".join(s["git_commit"])] for name, s in result.sides.items()]), ""]
@@ -93,21 +95,42 @@ def _p(p: float) -> str:
     return "n/a" if math.isnan(p) else ("<0.0001" if p < 1e-4 else f"{p:.4f}")
 
 
+def _gated(result: RegressResult) -> str:
+    """Which metrics were gated (compared in at least one cell), by direction
+    and rule, and the rules' words."""
+    seen = {f.metric for f in result.findings}
+    groups = {}
+    for metric, gate in GATES.items():
+        if metric in seen:
+            groups.setdefault((gate.better, gate.rule), []).append(f"`{metric}`")
+    lines = [f"Gated: {len(seen)} metrics (every summary metric with a direction that these runs report)."]
+    lines += [f"- {better} is better, {rule} rule ({RULES[rule]}): {', '.join(names)}"
+              for (better, rule), names in sorted(groups.items())]
+    return "\n".join(lines)
+
+
+def _worst(findings: Sequence[Finding]) -> Finding | None:
+    judged = [f for f in findings if f.candidate is not None and not math.isnan(f.change)]
+    invalid = [f for f in findings if f.candidate is None]
+    if invalid:
+        return invalid[0]
+    return max(judged, key=lambda f: -f.change if f.better == "higher" else f.change, default=None)
+
+
 def _cell_table(findings: Sequence[Finding]) -> str:
-    """One row per cell, the change of each gated metric as a column."""
-    rows: dict[str, dict[str, Finding]] = {}
+    """One row per cell: how many metrics it was gated on, which regressed, and
+    its worst change."""
+    rows: dict[str, list[Finding]] = {}
     for f in findings:
-        rows.setdefault(f.label, {})[f.metric] = f
-    metrics = [m for m in GATED if any(m in r for r in rows.values())]
+        rows.setdefault(f.label, []).append(f)
     body = []
-    for label, by_metric in rows.items():
-        cells = []
-        for m in metrics:
-            f = by_metric.get(m)
-            text = "n/a" if f is None else (_pct(f.change) if f.candidate is not None else "invalid")
-            cells.append(f"**{text}**" if f is not None and f.regression else text)
-        body.append([label, *cells])
-    return _table(["cell", *metrics], body)
+    for label, fs in rows.items():
+        worst = _worst(fs)
+        regressed = [f.metric for f in fs if f.regression]
+        text = ("n/a" if worst is None else
+                f"{worst.metric} {'invalid' if worst.candidate is None else _pct(worst.change)}")
+        body.append([label, str(len(fs)), ", ".join(f"**{m}**" for m in regressed) or "none", text])
+    return _table(["cell", "metrics gated", "regressed", "worst change"], body)
 
 
 _table = markdown_table

@@ -141,17 +141,23 @@ def print_tables(console: Console, contrasts: pd.DataFrame, interactions: pd.Dat
 
 
 def _records(df: pd.DataFrame | None) -> list[dict]:
+    """Rows as JSON values: NaN and infinities (an interval's bound past a
+    float's range) become null."""
     if df is None:
         return []
     out = []
     for rec in df.to_dict(orient="records"):
-        out.append({k: (None if _nan(v) else (v.item() if hasattr(v, "item") else v)) for k, v in rec.items()})
+        row = {}
+        for k, v in rec.items():
+            v = v.item() if hasattr(v, "item") else v
+            row[k] = None if _nan(v) or (isinstance(v, float) and math.isinf(v)) else v
+        out.append(row)
     return out
 
 
 def to_json(contrasts: pd.DataFrame, interactions: pd.DataFrame | None = None,
             arms: pd.DataFrame | None = None, validity=None) -> str:
-    """Versioned JSON document; NaN becomes null. ``validity`` (an
+    """Versioned JSON document; NaN and infinities become null. ``validity`` (an
     `analysis.run_validity.RunValidity`) adds the runs that are not valid."""
     doc = {"schema_version": JSON_SCHEMA_VERSION, "contrasts": _records(contrasts),
            "interactions": _records(interactions), "arms": _records(arms)}

@@ -82,11 +82,14 @@ def paired_ratios(numerator: Mapping[int, float], denominator: Mapping[int, floa
 def invalid_pairs(numerator: Mapping[int, object], denominator: Mapping[int, object]) -> dict[int, str]:
     """Seeds both arms ran whose values cannot form a ratio, with the reason
     (``"numerator 0"``, ``"denominator null"``, ...): each value must be a
-    finite positive number."""
+    finite positive number, and so must their ratio (1e308 over 1e-300
+    overflows)."""
     out = {}
     for s in sorted(set(numerator) & set(denominator)):
         bad = [f"{side} {_describe(v)}" for side, v in (("numerator", numerator[s]), ("denominator", denominator[s]))
                if not _positive(v)]
+        if not bad and not _positive(float(numerator[s]) / float(denominator[s])):
+            bad = [f"ratio {_describe(numerator[s])} / {_describe(denominator[s])} out of range"]
         if bad:
             out[s] = " and ".join(bad)
     return out
@@ -104,6 +107,15 @@ def _describe(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "null/NaN"
     return repr(v) if not isinstance(v, (int, float, np.number)) else f"{float(v):g}"
+
+
+def _exp(x: float) -> float:
+    """``math.exp``, infinite past a float's range (a log-scale bound of ratios
+    near 1e308 apart) instead of raising OverflowError."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 def mean_ratio(ratios) -> float:
@@ -149,7 +161,7 @@ def bounded_t_interval(values, lower: float = 0.0, level: float = LEVEL) -> Inte
 def log_t_interval(ratios, level: float = LEVEL) -> Interval:
     """t interval on the mean log ratio, back-transformed (CI of the geometric mean)."""
     lo, hi = t_interval(np.log(np.asarray(ratios, dtype=float)), level)
-    return (math.exp(lo), math.exp(hi)) if not math.isnan(lo) else NAN_INTERVAL
+    return (_exp(lo), _exp(hi)) if not math.isnan(lo) else NAN_INTERVAL
 
 
 def bootstrap_interval(
@@ -277,7 +289,7 @@ def min_detectable_effect(ratios, alpha: float = 0.05, power: float = POWER) -> 
     logs = np.log(np.asarray(ratios, dtype=float))
     if logs.size < 2:
         return math.nan
-    return math.exp(power_effect_size(logs.size, alpha, power) * float(logs.std(ddof=1)))
+    return _exp(power_effect_size(logs.size, alpha, power) * float(logs.std(ddof=1)))
 
 
 def excludes(interval: Interval, null: float) -> bool:

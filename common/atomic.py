@@ -180,6 +180,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     target = Path(path)
     made: list[Path] = []
     tmp = _tmp_for(target)
+    if target.is_dir() and not target.is_symlink():   # a rename cannot replace it
+        raise HbenchError(f"cannot write {target}: it is a directory; remove it or write elsewhere")
     try:
         try:
             made = _make_parents(target.parent)

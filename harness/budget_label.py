@@ -12,6 +12,7 @@ below the configuration that normalizes it.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from common.numbers import MAX_NUMBER_CHARS
 
@@ -28,8 +29,8 @@ SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)", re.IGNORECASE | re.ASC
 
 
 def budget_label(text: str) -> str:
-    """The canonical label of a budget's text (``B083`` -> ``b83``, ``12 gib`` ->
-    ``12GiB``); text in no budget form, or too long to be one, comes back
+    """The canonical label of a budget's text (``B083`` -> ``b83``, ``12 gib``,
+    ``12.0GiB`` and ``012GiB`` -> ``12GiB``, ``1.50GB`` -> ``1.5GB``); text in no budget form, or too long to be one, comes back
     stripped, for `harness.budget.parse_budget_bytes` to refuse."""
     s = str(text).strip()
     if len(s) > MAX_NUMBER_CHARS:      # a typo, not a budget: the parser says so, unread
@@ -39,5 +40,10 @@ def budget_label(text: str) -> str:
     if m := P_RE.fullmatch(s):
         return f"{int(m.group(1))}p"
     if (m := SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
-        return f"{m.group(1)}{UNITS[m.group(2).lower()][0]}"
+        return f"{_number(m.group(1))}{UNITS[m.group(2).lower()][0]}"
     return s
+
+
+def _number(digits: str) -> str:
+    """A decimal's one spelling: no leading zeros, no trailing fractional zeros."""
+    return format(Decimal(digits).normalize(), "f")

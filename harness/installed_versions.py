@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -39,8 +40,10 @@ from pathlib import Path
 from common.cache import read_entry, write_entry
 
 #: Bumped when the layout of a kept entry or what its key covers changes.
-FORMAT = 1
+FORMAT = 2
 KIND = "installed-versions"
+#: What a kept version may look like (PEP 440 and local labels): printable, no blanks.
+VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
 #: How long a path must have stood unchanged before an answer read through it is kept.
 SETTLE_NS = 2 * 10**9
 #: The files `importlib.metadata` reads a distribution's version from.
@@ -103,17 +106,18 @@ def _settled(identities: list[Identity], now_ns: int) -> bool:
 
 
 def _kept(key: str, names: Sequence[str]) -> dict[str, str | None] | None:
-    entry = read_entry(KIND, key, FORMAT)
-    if entry is None or entry.get("key") != key:
+    def fits(entry: dict) -> bool:
+        versions, files = entry.get("versions"), entry.get("files")
+        return (entry.get("key") == key and isinstance(versions, dict)
+                and list(versions) == list(names)
+                and all(v is None or (isinstance(v, str) and VERSION.fullmatch(v))
+                        for v in versions.values())
+                and isinstance(files, dict))
+
+    entry = read_entry(KIND, key, FORMAT, fits)
+    if entry is None or any(identity(path) != ident for path, ident in entry["files"].items()):
         return None
-    versions, files = entry.get("versions"), entry.get("files")
-    if (not isinstance(versions, dict) or list(versions) != list(names)
-            or not all(v is None or isinstance(v, str) for v in versions.values())
-            or not isinstance(files, dict)):
-        return None
-    if any(identity(path) != ident for path, ident in files.items()):
-        return None
-    return versions
+    return entry["versions"]
 
 
 def installed_versions(names: Sequence[str]) -> dict[str, str | None]:

@@ -15,10 +15,17 @@ into a hidden sibling ``.tmp-<run_id>-<pid>`` and renamed into place last, so
 an interrupted write never leaves a directory that looks like a run.
 The manifest, written last, is the completion marker: it records each other
 file's size and sha256, so a file damaged afterwards (truncated, emptied,
-edited) is found. `is_complete` checks sizes and hashes (a sweep then reruns
-the cell); `read_run` checks sizes, and each file's hash when it reads it,
-and refuses a damaged run (`DamagedRun`). A manifest without that record
-(results written before it existed) is read unverified.
+edited) is found, its run id is the content address of its configuration
+(`harness.run_address`), so a configuration edited afterwards is found too,
+and it is sealed last (`harness.seal`: the sha256 of all its other
+fields), so an edit to any other field is found as well.
+`is_complete` checks sizes, hashes, the address and the seal (a sweep then
+reruns the cell); `read_run` checks sizes, the address and the seal, and each
+file's hash when it reads it, and refuses a damaged run (`DamagedRun`). A
+manifest without the files' record or the seal (results written before they
+existed) cannot be verified and is refused the same way. Every file is
+opened only if it is a regular file and read no further than its recorded
+size; a manifest no further than `MAX_MANIFEST_BYTES`.
 This module is the one reader of run directories: `read_run` opens one and
 returns a `Run` (manifest, summary, lazily loaded tables, the checked
 metadata as attributes), `iter_runs` reads every run under a root,
@@ -57,12 +64,17 @@ from common.atomic import (
     new_dirs_removed_on_error,
     pid_alive,
 )
+from common.cache import file_sha256
 from common.errors import HbenchError
-from common.safe_json import MAX_JSON_BYTES, load_json_object, loads_json
+from common.input_files import read_input_bytes
+from common.safe_json import load_json_object, loads_json
+from common.tree_walk import walk
 from harness import metrics, provenance
 from harness.config import RunConfig
 from harness.records import EngineRun
 from harness.results_schema import check_manifest, check_summary, read_table
+from harness.run_address import address_problem, input_files
+from harness.seal import SEAL, seal_problem, sealed
 from harness.step_table import write_steps
 
 if TYPE_CHECKING:
@@ -78,34 +90,12 @@ RUN_FILES = (MANIFEST, SUMMARY, REQUESTS, STEPS)
 CHECKED_FILES = (SUMMARY, REQUESTS, STEPS)   # what the manifest's "files" record covers
 FILES = "files"                   # manifest key: {name: {"bytes": int, "sha256": hex}}
 DROPPED = "dropped_files"         # manifest key: files removed on purpose (`drop_files`)
+#: Largest manifest read: hbench writes a few kilobytes; a manifest padded to
+#: hundreds of megabytes would cost every reader seconds and gigabytes.
+MAX_MANIFEST_BYTES = 4 * 2**20
 
 
 # ---------------------------------------------------------------- identifiers
-
-def _canonical(obj) -> str:
-    return json.dumps(to_jsonable(obj), sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_") or "x"
-
-
-def new_run_id(config: RunConfig, workload_hash: str, *, now: datetime | None = None) -> str:
-    """A readable, sortable run id: ``<utc>-<engine>-<org>-<budget>-s<seed>-<hash8>``.
-
-    The trailing hash covers the whole config and the workload, so two cells of
-    a sweep started in the same second (differing only in, say, headroom) get
-    different ids. The identical run repeated within one second gets the same
-    id: `free_run_id` gives it the next free one (``-2``, ``-3``, ...), and
-    `write_run` refuses rather than overwrite where two writers still race.
-    """
-    utc = (now or datetime.now(UTC)).astimezone(UTC)
-    short = hashlib.sha256(
-        _canonical({"config": config.to_dict(), "workload_hash": workload_hash}).encode()
-    ).hexdigest()[:8]
-    parts = [f"{utc:%Y%m%dT%H%M%SZ}", config.engine, config.org, config.budget, f"s{config.seed}"]
-    return "-".join(_slug(str(p)) for p in parts) + f"-{short}"
-
 
 def free_run_id(out_root: Path, run_id: str) -> str:
     """``run_id``, or with ``-2``, ``-3``, ... the first id no entry under
@@ -123,37 +113,6 @@ def free_run_id(out_root: Path, run_id: str) -> str:
         n += 1
         candidate = f"{run_id}-{n}"
     return candidate
-
-
-def _file_sha256(path: str, flag: str) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError as exc:
-        raise HbenchError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
-
-
-def cell_id(config: RunConfig, workload_hash: str, engine_version: str) -> str:
-    """Content address of a sweep cell: first 16 hex of sha256 over the
-    canonical JSON of the config, the workload hash, the engine version and
-    the sha256 of the bytes of the files the config names (``--config``,
-    ``--workload``, a cost profile as ``--gpu``), so editing such a file gives
-    a new cell.
-
-    Equal ids mean the same engine saw the same request stream under the same
-    knobs, so a sweep can skip a cell whose id already has a complete run.
-    """
-    doc = {
-        "config": config.to_dict(),
-        "workload_hash": workload_hash,
-        "engine_version": engine_version,
-    }
-    named = [("--config", config.config_path), ("--workload", config.workload_path)]
-    if config.engine == "sim":
-        named.append(("--gpu", config.cost_profile_path))
-    files = {flag: _file_sha256(path, flag) for flag, path in named if path}
-    if files:
-        doc["input_files"] = files
-    return hashlib.sha256(_canonical(doc).encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------- JSON
@@ -228,6 +187,7 @@ def write_run(
         "engine_info": run.engine_info,
         "org": config.org,
         "budget": budget,
+        "input_files": input_files(config),
         # the weights are part of peak_mem_total_bytes; the state is the rest
         "weights_bytes": int(weights_bytes),
         "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -272,7 +232,8 @@ def _write_tmp_and_rename(out_root: Path, run_id: str, final: Path, manifest: di
         pq.write_table(requests, tmp / REQUESTS)
         write_steps(steps, tmp / STEPS)   # a chunk at a time, not as one frame
         # The completion marker, last: what every other file must still be.
-        _write_json(tmp / MANIFEST, {**manifest, FILES: {n: _file_record(tmp / n) for n in CHECKED_FILES}})
+        _write_json(tmp / MANIFEST, sealed({**manifest, FILES: {n: _file_record(tmp / n)
+                                                                for n in CHECKED_FILES}}))
         for name in RUN_FILES:
             fsync_path(tmp / name)
         if final.exists():
@@ -380,17 +341,24 @@ class RunSkipped(UserWarning):
     """A directory that looks like a run but is not a complete one."""
 
 
+class IncompleteRun(HbenchError):
+    """A run directory whose manifest says it is not complete (a run still
+    being written by an older writer, or a crashed one): the one kind of run a
+    reader may pass over, with a warning."""
+
+
 class DamagedRun(HbenchError):
     """A complete run directory whose files no longer match what its manifest
     records: a reader refuses it, a sweep reruns it."""
 
 
-def _files_record(path: Path, manifest: dict) -> dict | None:
-    """The manifest's record of each file's size and sha256; None for a run
-    written before runs recorded it (read unverified)."""
+def _files_record(path: Path, manifest: dict) -> dict:
+    """The manifest's record of each file's size and sha256; `DamagedRun` if
+    it has none (nothing it holds could be verified) or a malformed one."""
     files = manifest.get(FILES)
     if files is None:
-        return None
+        raise DamagedRun(f"damaged run {path}: {MANIFEST} records no size and sha256 of its "
+                         "files, so nothing in it can be verified (rerun it)")
     dropped = manifest.get(DROPPED, [])
     ok = (isinstance(files, dict) and isinstance(dropped, list)
           and all(isinstance(v, dict) and type(v.get("bytes")) is int and isinstance(v.get("sha256"), str)
@@ -405,7 +373,7 @@ def _damage(path: Path, manifest: dict, *, hashes: bool) -> str | None:
     """The first file of ``path`` that does not match the manifest's record,
     as "<file> <what is wrong>"; sizes only unless ``hashes``."""
     files = _files_record(path, manifest)
-    for name, rec in (files or {}).items():
+    for name, rec in files.items():
         if name not in CHECKED_FILES:
             continue
         file = path / name
@@ -414,9 +382,10 @@ def _damage(path: Path, manifest: dict, *, hashes: bool) -> str | None:
         size = file.stat().st_size
         if size != rec["bytes"]:
             return f"{name} has {size} bytes, its manifest records {rec['bytes']}"
-        if hashes and hashlib.sha256(file.read_bytes()).hexdigest() != rec["sha256"]:
+        if hashes and file_sha256(file) != rec["sha256"]:
             return f"{name} does not match its sha256 in {MANIFEST}"
-    return None
+    problem = address_problem(manifest) or seal_problem(manifest)
+    return f"{MANIFEST}: {problem}" if problem else None
 
 
 def _damaged(path: Path, problem: str) -> DamagedRun:
@@ -424,15 +393,17 @@ def _damaged(path: Path, problem: str) -> DamagedRun:
                       "or remove the directory)")
 
 
-def _verified_bytes(path: Path, name: str, files: dict | None) -> bytes:
-    """The bytes of ``path/name``, checked against the manifest's record."""
-    data = (path / name).read_bytes()
-    rec = (files or {}).get(name)
-    if rec is not None:
-        if len(data) != rec["bytes"]:
-            raise _damaged(path, f"{name} has {len(data)} bytes, its manifest records {rec['bytes']}")
-        if hashlib.sha256(data).hexdigest() != rec["sha256"]:
-            raise _damaged(path, f"{name} does not match its sha256 in {MANIFEST}")
+def _verified_bytes(path: Path, name: str, files: dict) -> bytes:
+    """The bytes of ``path/name`` (a regular file, read no further than the
+    size the manifest records), checked against the manifest's record."""
+    rec = files.get(name)
+    if rec is None:
+        raise _damaged(path, f"{MANIFEST} records no sha256 of {name}")
+    data = read_input_bytes(path / name, "results file", rec["bytes"] + 1)
+    if len(data) != rec["bytes"]:
+        raise _damaged(path, f"{name} has {len(data)} bytes, its manifest records {rec['bytes']}")
+    if hashlib.sha256(data).hexdigest() != rec["sha256"]:
+        raise _damaged(path, f"{name} does not match its sha256 in {MANIFEST}")
     return data
 
 
@@ -443,6 +414,8 @@ def drop_files(run_dir: Path, names) -> None:
     readers do not take their absence for damage."""
     run_dir = Path(run_dir)
     manifest = _json_object(run_dir, MANIFEST, "an object")
+    if problem := seal_problem(manifest):   # re-sealing must not make an edit good
+        raise _damaged(run_dir, f"{MANIFEST}: {problem}")
     files = dict(manifest.get(FILES) or {})
     dropped = list(manifest.get(DROPPED, []))
     for name in names:
@@ -454,7 +427,7 @@ def drop_files(run_dir: Path, names) -> None:
     if FILES in manifest:
         manifest[FILES] = files
     manifest[DROPPED] = dropped
-    text = json.dumps(to_jsonable(manifest), indent=2, allow_nan=False) + "\n"
+    text = json.dumps(sealed(to_jsonable(manifest)), indent=2, allow_nan=False) + "\n"
     atomic_write_text(run_dir / MANIFEST, text)
     for name in names:
         (run_dir / name).unlink(missing_ok=True)
@@ -463,7 +436,7 @@ def drop_files(run_dir: Path, names) -> None:
 def _load_manifest(path: Path) -> dict | None:
     """The manifest of a complete run directory, or None."""
     try:
-        manifest = load_json_object(path / MANIFEST, "manifest")
+        manifest = load_json_object(path / MANIFEST, "manifest", max_bytes=MAX_MANIFEST_BYTES)
     except HbenchError:
         return None
     if manifest.get("status") != "complete":
@@ -545,17 +518,15 @@ RunData = Run  # the name earlier callers import
 def _json_object(run_dir: Path, name: str, what: str, files: dict | None = None) -> dict:
     """The JSON object in ``run_dir/name`` (checked against ``files``, the
     manifest's record); HbenchError if missing, unreadable or not one."""
-    if not (run_dir / name).is_file():
-        raise HbenchError(f"{run_dir} is not a complete run directory (missing {name})")
     file = run_dir / name
-    if file.stat().st_size > MAX_JSON_BYTES:
-        raise HbenchError(f"results file {file} is over {MAX_JSON_BYTES // 2**20} MiB")
+    if not os.path.lexists(file):
+        raise HbenchError(f"{run_dir} is not a complete run directory (missing {name})")
+    data = (read_input_bytes(file, "results file", MAX_MANIFEST_BYTES) if files is None
+            else _verified_bytes(run_dir, name, files))
     try:
-        text = _verified_bytes(run_dir, name, files).decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise HbenchError(f"results file {file} is not UTF-8 text") from None
-    except OSError as exc:
-        raise HbenchError(f"cannot read results file {file}: {exc.strerror or exc}") from None
     obj = loads_json(text, f"results file {file}")
     if not isinstance(obj, dict):
         raise HbenchError(f"{run_dir / name} holds a JSON {type(obj).__name__}, not {what}")
@@ -576,7 +547,10 @@ def read_run(path: Path) -> Run:
         raise HbenchError(f"no run directory at {path}")
     manifest = _json_object(path, MANIFEST, "an object")
     if manifest.get("status") != "complete":
-        raise HbenchError(f"{path}: manifest status {manifest.get('status')!r} is not complete")
+        if SEAL in manifest and (problem := seal_problem(manifest)):
+            # hbench seals only complete runs: this one's status was edited
+            raise _damaged(path, f"{MANIFEST}: {problem}")
+        raise IncompleteRun(f"{path}: manifest status {manifest.get('status')!r} is not complete")
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise HbenchError(
             f"{path} has results schema version {manifest.get('schema_version')!r}; "
@@ -592,34 +566,60 @@ def read_run(path: Path) -> Run:
     return Run(path, manifest, summary)
 
 
-def _run_dirs(root: Path) -> Iterator[Path]:
+def _run_dirs(root: Path, *, refuse_strays: bool = False) -> Iterator[Path]:
     """Directories at or below ``root`` holding a manifest, hidden ones skipped;
-    a run directory's own contents are not searched further."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        if MANIFEST in filenames:
+    a run directory's own contents are not searched further.
+
+    With ``refuse_strays`` (a reader's walk), what would otherwise be passed
+    over in silence is an error: a directory that holds a run's files but no
+    manifest (`DamagedRun`: its manifest was deleted), a symbolic link to a
+    directory (never followed: it could loop, or lead out of the tree) and a
+    directory that cannot be listed. Any depth of nesting is walked
+    (`common.tree_walk`)."""
+    def unlisted(exc: OSError):
+        raise HbenchError(f"cannot read results directory {exc.filename}: "
+                          f"{exc.strerror or type(exc).__name__}")
+
+    for dirpath, dirnames, filenames in walk(root, unlisted if refuse_strays else None):
+        if MANIFEST in filenames or MANIFEST in dirnames:
             dirnames.clear()
             yield Path(dirpath)
             continue
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if not refuse_strays:
+            continue
+        if lost := [n for n in CHECKED_FILES if n in filenames]:
+            raise _damaged(Path(dirpath), f"it holds {lost[0]} but no {MANIFEST}, so nothing in "
+                                          "it can be verified")
+        for d in dirnames:
+            if os.path.islink(os.path.join(dirpath, d)):
+                raise HbenchError(f"{os.path.join(dirpath, d)} is a symbolic link to a directory; "
+                                  "hbench reads the run directories a results tree holds, not "
+                                  "links (copy the run in, or give the link's target)")
 
 
 def iter_runs(root: Path, *, strict: bool = False) -> Iterator[Run]:
     """Every run directory at or below ``root``, read by `read_run`, in path order.
 
-    A directory with a manifest that is not a readable complete run is an
+    A run whose manifest says it is not complete (`IncompleteRun`) is an
     error when ``strict`` (a regression gate must not ignore a broken run),
-    otherwise skipped with a `RunSkipped` warning (a crashed cell of a sweep).
-    A foreign schema version is always an error: its numbers mean something
-    else; so is a damaged run (`DamagedRun`): it was complete once. A missing root is an error; an empty one yields nothing.
+    otherwise skipped with a `RunSkipped` warning. Every other run that cannot
+    be read is an error: a manifest that cannot be read, a foreign schema
+    version (its numbers mean something else), a damaged run (`DamagedRun`:
+    a file, or its configuration, changed since it was written), and what a
+    walk would otherwise miss: a directory holding a run's files but no
+    manifest, a symbolic link to a directory (`_run_dirs`). Nothing is passed
+    over in silence. A missing root is an error; an empty one yields
+    nothing.
     """
     root = Path(root)
     if not root.is_dir():
         raise HbenchError(f"no results directory at {root}")
-    for path in sorted(_run_dirs(root)):
+    for path in sorted(_run_dirs(root, refuse_strays=True)):
         try:
             yield read_run(path)
-        except HbenchError as exc:
-            if strict or isinstance(exc, DamagedRun) or "schema version" in str(exc):
+        except IncompleteRun as exc:
+            if strict:
                 raise
             warnings.warn(f"skipping {path}: {exc}", RunSkipped, stacklevel=2)
 

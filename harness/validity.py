@@ -172,7 +172,7 @@ def check_process(arrivals: Sequence[float], process: str | None, nominal: float
 
 
 #: Bumped when the layout of a remembered KS p-value (`ks_exponential_pvalue`) changes.
-_KS_CACHE_FORMAT = 1
+_KS_CACHE_FORMAT = 2
 _KS_CACHE_KIND = "ks-expon"
 _KS_MEMO: dict[str, float] = {}
 _KS_MEMO_LIMIT = 256
@@ -211,10 +211,12 @@ def _ks_file(key: str) -> Path:
 
 
 def _ks_cached(key: str) -> float | None:
-    entry = read_entry(_KS_CACHE_KIND, key, _KS_CACHE_FORMAT)
-    if entry is None or entry.get("key") != key or not isinstance(entry.get("pvalue"), float):
-        return None
-    return entry["pvalue"]
+    def is_pvalue(entry: dict) -> bool:
+        p = entry.get("pvalue")
+        return entry.get("key") == key and isinstance(p, float) and 0.0 <= p <= 1.0
+
+    entry = read_entry(_KS_CACHE_KIND, key, _KS_CACHE_FORMAT, is_pvalue)
+    return None if entry is None else entry["pvalue"]
 
 
 def ks_exponential_pvalue(gaps: np.ndarray, nominal: float) -> float:

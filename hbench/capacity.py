@@ -10,7 +10,6 @@ each run against the SLO and evaluates the grid with `analysis.capacity`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -89,6 +88,7 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
     ``out/capacity.json``, ``out/winner_map.png`` and ``out/report.html``."""
     from analysis.answer_figures import winner_map_figure
     from analysis.capacity import capacity_table, crossovers, invalid_at_capacity, winner_map
+    from analysis.capacity_file import capacity_text
     from analysis.run_validity import RunValidity, kind_counts, validity_of_reasons
 
     cells = search(orgs, budgets, rates, seeds, limits, out, base, jobs=jobs, on_cell=on_cell,
@@ -107,7 +107,7 @@ def run_capacity(orgs, budgets, rates, seeds, limits, out: Path, base: dict, *,
            "requests": base.get("requests"), "capacity": table.to_dict("records"),
            "crossovers": cross, "winner_map": wmap.to_dict("records"), "validity": validity.as_dict(),
            "cells": cells.drop(columns=["run_dir"]).to_dict("records")}
-    atomic_write_text(out / "capacity.json", json.dumps(doc, indent=1, default=float) + "\n")
+    atomic_write_text(out / "capacity.json", capacity_text(doc))
     from analysis.html_report import write_report
     from analysis.load import load_runs
 

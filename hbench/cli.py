@@ -6,19 +6,26 @@ does the work (the runner, sweeps, calibration, fidelity and verification in
 `hbench`; organizations, workloads, engines, analysis below it) and prints.
 No command calls another command. A user error raises `HbenchError`, which
 the group turns into ``Error: ...`` and exit status 2 (1 for an
-`HbenchFailure`: good input, a documented check failed).
+`HbenchFailure`: good input, a documented check failed); an interrupt
+(SIGINT, SIGTERM, SIGHUP: `hbench.interrupts`) becomes one ``Error:`` line and
+the signal's exit status, 128 + its number.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib
+import os
 import sys
 
 import click
 
+from common.atomic import DISK_ERRNOS
 from common.errors import HbenchError
 from harness import __version__
+from hbench.flag_once import OnceGroup
+from hbench.interrupts import as_interrupted, signals_interrupt
 
 # (module, attribute) of each registered command; imported lazily so that a
 # command's heavy imports (pandas, matplotlib) do not slow the others.
@@ -45,7 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(OnceGroup):
     def list_commands(self, ctx):
         return sorted(COMMANDS)
 
@@ -57,13 +64,38 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with signals_interrupt():
+                return super().invoke(ctx)
+        except KeyboardInterrupt as exc:   # SIGINT, SIGTERM, SIGHUP: unwound, cleaned up
+            interrupted = as_interrupted(exc)
+            click.echo(f"Error: {interrupted.message}", err=True)
+            sys.exit(interrupted.exit_code)
         except HbenchError as exc:
             click.echo(f"Error: {exc}", err=True)
             sys.exit(exc.exit_code)
         except click.UsageError as exc:   # bad flag value: one line, not the usage text
             click.echo(f"Error: {exc.format_message()}", err=True)
             sys.exit(2)
+        except OSError as exc:   # the terminal or file that stdout goes to took no more
+            if exc.errno not in OUTPUT_ERRNOS:
+                raise
+            _stdout_to_devnull()
+            click.echo(f"Error: cannot write the output: {exc.strerror}", err=True)
+            sys.exit(2)
+
+
+#: What writing the output (stdout: a full disk, a closed pipe) may fail with.
+OUTPUT_ERRNOS = DISK_ERRNOS | {errno.EPIPE}
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what could
+    not be written fails no second time at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):   # no real file behind stdout (a test's)
+        pass
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

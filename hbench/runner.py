@@ -15,7 +15,8 @@ from pathlib import Path
 from adapters.registry import check_expressible, check_paging, make_engine
 from adapters.sim.profile import check_gpu_memory, hardware_for
 from harness.config import RunConfig
-from harness.results import free_run_id, new_run_id, write_run
+from harness.results import free_run_id, write_run
+from harness.run_address import new_run_id
 from harness.run_setup import RunSetup, validate
 from harness.run_workload import build_run_workload, recorded_config
 

@@ -2,7 +2,7 @@
 
 A sweep runs a list of `RunConfig`s (usually `harness.grid.expand` of a
 grid). Every config is one **cell**, whose id is
-`harness.results.cell_id(config, workload_hash, engine_version)`: the same
+`harness.run_address.cell_id(config, workload_hash, engine_version)`: the same
 knobs, request stream, input files and engine code always give the same id,
 and the run directory of a cell is ``<out>/<cell id>/``.
 
@@ -31,8 +31,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,7 +44,6 @@ from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.grid import Axes, normalize_axes
 from harness.results import (
-    cell_id,
     clean_stale,
     is_done,
     read_run,
@@ -54,8 +51,10 @@ from harness.results import (
     to_jsonable,
     why_not_done,
 )
-from harness.run_workload import build_run_workload
+from harness.run_address import cell_id
+from harness.run_workload import build_run_workload, recorded_config
 from hbench.executors import EXECUTORS
+from hbench.interrupts import raise_if_received, signals_interrupt
 from hbench.runner import execute, validate_run
 
 SWEEP_FILE = "sweep.json"
@@ -135,15 +134,17 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
         key = workload_key(cfg)
         if key not in hashes:
             hashes[key] = cached_workload(cfg).content_hash
+        # addressed by what its manifest will record (a saved workload's own recipe)
+        recorded = recorded_config(cfg, cached_workload(cfg)) if cfg.workload_path else cfg
         cells.append(Cell(cfg, hashes[key], versions[cfg.engine],
-                          cell_id(cfg, hashes[key], versions[cfg.engine])))
+                          cell_id(recorded, hashes[key], versions[cfg.engine])))
     return cells
 
 
 def done_index(out: Path) -> dict[tuple[str, str], str]:
     """(config digest, engine version) -> cell id of every done cell directly
     under ``out`` whose directory name is the content address of what its
-    manifest records (`harness.results.cell_id` of its config, workload hash
+    manifest records (`harness.run_address.cell_id` of its config, workload hash
     and engine version). Runs of a saved workload are left out: their
     manifest records the workload's recipe, not the planned config."""
     index: dict[tuple[str, str], str] = {}
@@ -431,24 +432,6 @@ def _arrivals(w) -> list[float]:
     return list(column) if column is not None else [r.arrival_s for r in w.requests]
 
 
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """While a sweep runs, SIGTERM unwinds it like Ctrl-C (SystemExit 143), so
-    its workers are stopped and sweep.json is written."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
               force: bool = False, allow_oversubscribe: bool = False,
               grids: Sequence[Axes] = (), base: Mapping | None = None,
@@ -519,6 +502,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
     busy: list[Cell] = []
 
     def report(o: CellOutcome) -> None:
+        raise_if_received()   # a signal whose exception a worker's fork swallowed
         if o.status == "busy":
             busy.append(by_id[o.cell_id])
             return
@@ -542,7 +526,7 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             execute_local(run_cell, cells_now, out, jobs, args, report)
 
     try:
-        with _sigterm_raises():
+        with signals_interrupt():
             execute(_pending_order(todo), wait=False)
             if busy:
                 execute(list(busy), wait=True)
@@ -554,8 +538,10 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
             _remove_lock_dir(out)
             _remove_if_empty(out, made_out)
         raise
-    except BaseException:   # Ctrl-C, SIGTERM: the record says what was done and what was not
+    except BaseException:   # an interrupt: the record says what was done and what was not
         record.write(outcomes)
+        clean_stale(out)          # the killed workers' temporaries
+        _clear_stale_locks(out)   # and the locks they held
         raise
     record.write(outcomes)
     _clear_stale_locks(out)

@@ -4,7 +4,8 @@ Like `hbench.sweep_ray`, it is given the cell function (`hbench.sweep.run_cell`)
 and imports nothing from `hbench.sweep`.
 
 Workers belong to the sweep that started them. They ignore Ctrl-C (the
-terminal sends it to the whole process group; the sweep decides) and, on
+terminal sends it to the whole process group; the sweep decides), die of
+SIGTERM and SIGHUP as any process does, and, on
 Linux, are killed by the kernel if the sweep process dies, even by SIGKILL.
 When the sweep is interrupted (Ctrl-C, SIGTERM, an error) its workers are
 killed, not waited for: a killed cell leaves only a ``.tmp-*`` directory of a
@@ -24,7 +25,8 @@ PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 def _worker_init(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # not the sweep's handler, inherited by fork
+    for sig in (signal.SIGTERM, signal.SIGHUP):   # not the sweep's handlers, inherited by fork
+        signal.signal(sig, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -25,8 +25,10 @@ before.
 A file is one Arrow IPC file, zstd-compressed (a 240-request workload of
 ~5.6 MB keeps in 0.2 - 1.1 MB), written atomically, with the workload's
 ``meta`` as JSON and its `content_hash` in the schema metadata. Reading it
-back recomputes the stream hash and refuses the file unless it matches, so a
-damaged file is derived again, never served. The directory is kept under
+back checks the file's size and sha256, recorded beside it when it was
+written (`common.cache.keep_file`; they cover the meta, which the stream hash
+does not), and recomputes the stream hash; a file that fails either is
+derived again, never served, with one line saying so. The directory is kept under
 `LIMIT_BYTES` by removing the least recently used files. Everything here is
 a cache (`common.cache`): deleting it costs time, never a result.
 """
@@ -46,14 +48,14 @@ import pyarrow as pa
 
 from common.arrow_arrays import numbers
 from common.atomic import atomic_path
-from common.cache import cache_dir
+from common.cache import cache_dir, keep_file, recomputed, record_file, verified_bytes
 from common.errors import HbenchError
 from workloads.request_seq import MADE_AT_ONCE
 from workloads.spec import WorkloadSpec
 from workloads.workload import Workload, WorkloadRequest, stream_hash, token_ids
 
 #: Bumped when the file layout or what the key covers changes.
-FORMAT = 1
+FORMAT = 2
 #: The cache directory's size bound: least recently used files go first.
 LIMIT_BYTES = 256 * 2**20
 _META = b"hbench.derived.meta"
@@ -102,22 +104,28 @@ def _file(key: str) -> Path:
 
 
 def read(key: str) -> Workload | None:
-    """The workload stored under ``key``, or None (absent, unreadable, or its
-    requests no longer hash to the stored content hash)."""
+    """The workload stored under ``key``, or None: absent, or not verified
+    (`common.cache.verified_bytes`: its file's size and sha256, meta included;
+    then its key, and its requests against the stored content hash)."""
     path = _file(key)
+    data = verified_bytes(path, LIMIT_BYTES)
+    if data is None:
+        return None
     try:
-        with pa.OSFile(str(path), "rb") as f:
-            table = pa.ipc.open_file(f).read_all()
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
         md = table.schema.metadata or {}
         if md.get(_KEY) != key.encode():
-            return None
+            raise ValueError("kept under another key")
         meta = json.loads(md[_META])
+        if not isinstance(meta, dict):
+            raise ValueError("its meta is not an object")
         stored = md[_HASH].decode()
         requests = _requests(table)
         if stream_hash(requests) != stored:
-            return None
+            raise ValueError("its requests do not hash to its content hash")
         w = Workload(requests=requests, meta=meta)
-    except (OSError, KeyError, ValueError, TypeError, IndexError, HbenchError, pa.ArrowException):
+    except (KeyError, ValueError, TypeError, IndexError, HbenchError, pa.ArrowException) as exc:
+        recomputed(path, f"it does not read as the workload it names ({exc})")
         return None
     w.__dict__["content_hash"] = stored   # the cached_property, verified just above
     try:
@@ -178,14 +186,15 @@ def write(key: str, w: Workload) -> None:
                                                                     options=options) as writer:
                 writer.write_table(table)
             os.chmod(tmp, 0o644)
+        keep_file(_file(key))
         _prune(directory(), LIMIT_BYTES)
     except (OSError, HbenchError, pa.ArrowException):
         pass
 
 
 def _prune(folder: Path, limit: int) -> None:
-    """Remove the least recently used ``.arrow`` files of ``folder`` until the
-    rest take at most ``limit`` bytes."""
+    """Remove the least recently used ``.arrow`` files of ``folder`` (with
+    their records) until the rest take at most ``limit`` bytes."""
     entries = []
     for f in folder.glob("*.arrow"):
         try:
@@ -198,4 +207,5 @@ def _prune(folder: Path, limit: int) -> None:
         if total <= limit:
             break
         f.unlink(missing_ok=True)
+        record_file(f).unlink(missing_ok=True)
         total -= size

@@ -5,14 +5,20 @@ decodes chunked transfer encoding, and gives per-socket timeouts, which is all
 a streaming benchmark client needs. This room owns the endpoint address, the
 timeouts every wait is bounded by, opening a connection, writing a POST, the
 one-shot GETs (``/v1/models``, ``/version``, ``/health``, ``/metrics``) and
-which exceptions count as I/O failures. It knows nothing about streams or
+which exceptions count as I/O failures. Every read is bounded in size and in
+time as a whole (`read_pieces`, and `get_response` for the status line and
+headers: a socket timeout alone bounds each wait, so a server dripping a byte
+a second would never be stopped). It knows nothing about streams or
 schedules; `adapters.client.stream` and `adapters.client.dispatch` build on it.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -42,6 +48,19 @@ class Timeouts:
 DEFAULT_TIMEOUTS = Timeouts()
 #: Longest endpoint URL read (a host and a port need far fewer).
 MAX_URL_CHARS = 2048
+#: Largest body a one-shot GET reads: a big server's /metrics page is about 1 MB.
+MAX_GET_BYTES = 32 * 2**20
+#: Longest line of a stream (a chunk of a few tokens is under 1 KB), and the
+#: most bytes one stream may send (a 100,000-token answer is ~30 MB of chunks).
+MAX_LINE_BYTES = 1 * 2**20
+MAX_STREAM_BYTES = 256 * 2**20
+_READ_BYTES = 64 * 1024
+
+
+class BoundExceeded(OSError):
+    """A server's answer broke a bound: too large, too slow in all, or cut
+    off mid-body. An OSError, so every caller that handles a failed read
+    handles it."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +112,105 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def http_get(endpoint: Endpoint, path: str, timeout_s: float = 5.0) -> tuple[int, bytes]:
-    """One GET; returns (status, body). Network errors propagate as OSError."""
+def read_pieces(resp: http.client.HTTPResponse, sock, deadline: float, idle_s: float,
+                *, cut_ends: bool = False) -> Iterator[bytes]:
+    """The body of ``resp`` as it arrives (``read1``: chunked encoding decoded),
+    every wait at most ``idle_s`` and none past ``deadline`` (a
+    `time.monotonic` time): a server that drips a byte at a time is stopped
+    at the deadline, not once per byte. TimeoutError past either. A body cut
+    off before its end is `BoundExceeded`, or, with ``cut_ends`` (a stream,
+    whose parser says what is missing), its end."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer took longer than its deadline")
+        sock.settimeout(min(idle_s, left))
+        try:
+            piece = resp.read1(_READ_BYTES)
+        except http.client.IncompleteRead as exc:
+            if cut_ends:
+                if exc.partial:
+                    yield exc.partial
+                return
+            raise BoundExceeded(f"the answer stopped mid-body after {len(exc.partial):,} bytes") from None
+        if not piece:
+            if resp.length and not cut_ends:   # read1 of a stated length says nothing of a cut
+                raise BoundExceeded(f"the answer stopped mid-body, {resp.length:,} bytes short")
+            return
+        yield piece
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes as `http.client` reads them, no wait past ``deadline``
+    (a `time.monotonic` time): each wait is capped at the time left, and none
+    starts after it (TimeoutError)."""
+
+    def __init__(self, sock, deadline: float):
+        super().__init__()
+        self._sock, self._deadline = sock, deadline
+        self._raw = sock.makefile("rb", buffering=0)   # holds the socket open, as http.client's own
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer took longer than its deadline")
+        wait = self._sock.gettimeout()
+        self._sock.settimeout(left if wait is None else min(wait, left))
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """``sock`` as `http.client` sees it, but the file it reads the answer from
+    is a `_DeadlineReader`; everything else is the socket's."""
+
+    def __init__(self, sock, deadline: float):
+        self._sock, self._deadline = sock, deadline
+
+    def makefile(self, mode: str = "rb", *args, **kwargs):
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def get_response(conn: http.client.HTTPConnection, deadline: float) -> http.client.HTTPResponse:
+    """``conn.getresponse()`` with every byte of the answer read by ``deadline``:
+    the status line and the headers (which `http.client` reads a line at a
+    time, each wait bounded only by the socket's timeout: a server dripping
+    them would hold the reader for hours) as well as the body."""
+    conn.sock = _DeadlineSocket(conn.sock, deadline)
+    return conn.getresponse()
+
+
+def http_get(endpoint: Endpoint, path: str, timeout_s: float = 5.0,
+             max_bytes: int = MAX_GET_BYTES) -> tuple[int, bytes]:
+    """One GET, all of it (connecting, sending, every byte of the answer)
+    within ``timeout_s`` and at most ``max_bytes`` of body; returns (status,
+    body). A failure, a broken bound included, is an OSError."""
+    deadline = time.monotonic() + timeout_s
     conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
     try:
         conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
+        sock = conn.sock   # getresponse() detaches it from conn when the server will close
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        resp = get_response(conn, deadline)
+        if resp.length is not None and resp.length > max_bytes:
+            raise BoundExceeded(f"{path} answered {resp.length:,} bytes; at most {max_bytes:,} are read")
+        body = bytearray()
+        for piece in read_pieces(resp, sock, deadline, timeout_s):
+            body += piece
+            if len(body) > max_bytes:
+                raise BoundExceeded(f"{path} answered over {max_bytes:,} bytes; at most that many are read")
+        return resp.status, bytes(body)
+    except http.client.HTTPException as exc:   # a malformed answer: an I/O failure like the rest
+        raise BoundExceeded(describe_error(exc)) from None
     finally:
         conn.close()
 

@@ -17,18 +17,23 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from adapters.client.http import (
     COMPLETIONS_PATH,
     DEFAULT_TIMEOUTS,
     IO_ERRORS,
+    MAX_LINE_BYTES,
+    MAX_STREAM_BYTES,
+    BoundExceeded,
     Endpoint,
     Timeouts,
     describe_error,
+    get_response,
     open_connection,
     post_json,
+    read_pieces,
 )
 from harness.records import FAILED, FINISHED
 
@@ -179,6 +184,29 @@ def token_times(chunk_times: list[float], chunk_tokens: list[int], usage: dict) 
     return times[:total]
 
 
+def stream_lines(resp: http.client.HTTPResponse, sock, deadline: float,
+                 idle_s: float) -> Iterator[bytes]:
+    """The lines of a streamed answer (each with its newline; a last one
+    without), read by `adapters.client.http.read_pieces` (every wait at most
+    ``idle_s``, none past ``deadline``); `BoundExceeded` for a line over
+    `MAX_LINE_BYTES` or a stream over `MAX_STREAM_BYTES`."""
+    buf, total = bytearray(), 0
+    for piece in read_pieces(resp, sock, deadline, idle_s, cut_ends=True):
+        total += len(piece)
+        if total > MAX_STREAM_BYTES:
+            raise BoundExceeded(f"the stream sent over {MAX_STREAM_BYTES:,} bytes")
+        buf += piece
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield bytes(buf[start:end + 1])
+            start = end + 1
+        del buf[:start]
+        if len(buf) > MAX_LINE_BYTES:
+            raise BoundExceeded(f"the stream sent a line over {MAX_LINE_BYTES:,} bytes")
+    if buf:
+        yield bytes(buf)
+
+
 def stream_exchange(conn: http.client.HTTPConnection, out: StreamOutcome,
                     send: Callable[[], None], t0: float, timeouts: Timeouts,
                     clock: Clock) -> StreamOutcome:
@@ -194,16 +222,18 @@ def stream_exchange(conn: http.client.HTTPConnection, out: StreamOutcome,
         start = out.dispatch_s
         sock = conn.sock  # getresponse() detaches it from conn when the server will close
         sock.settimeout(timeouts.first_byte_s)
-        resp = conn.getresponse()
+        deadline = time.monotonic() + timeouts.total_s - (clock() - t0 - start)
+        resp = get_response(conn, deadline)   # its headers too: none read past the deadline
         if resp.status != 200:
-            detail = resp.read(300).decode(errors="replace").strip().replace("\n", " ")
+            head = bytearray()
+            for piece in read_pieces(resp, sock, time.monotonic() + timeouts.idle_s, timeouts.idle_s):
+                head += piece
+                if len(head) >= 300:
+                    break
+            detail = bytes(head[:300]).decode(errors="replace").strip().replace("\n", " ")
             return stream.fail(f"HTTP {resp.status}: {detail}", clock() - t0, keep_tokens=False)
-        sock.settimeout(timeouts.idle_s)
-        while True:
-            line = resp.readline()
+        for line in stream_lines(resp, sock, deadline, timeouts.idle_s):
             now = clock() - t0
-            if not line:
-                break
             if now - start > timeouts.total_s:
                 return stream.fail(f"total timeout {timeouts.total_s:g}s exceeded", now,
                                    keep_tokens=False)
@@ -217,10 +247,13 @@ def stream_exchange(conn: http.client.HTTPConnection, out: StreamOutcome,
                                "chunks", clock() - t0)
         return stream.finish(clock() - t0)
     except TimeoutError:
+        now = clock() - t0
+        if out.dispatch_s is not None and now - out.dispatch_s >= timeouts.total_s:
+            return stream.fail(f"total timeout {timeouts.total_s:g}s exceeded", now, keep_tokens=False)
         first = not stream.chunk_times
         what = "first byte" if first else "next chunk"
         limit = timeouts.first_byte_s if first else timeouts.idle_s
-        return stream.fail(f"timed out after {limit:g}s waiting for {what}", clock() - t0)
+        return stream.fail(f"timed out after {limit:g}s waiting for {what}", now)
     except IO_ERRORS as exc:
         return stream.fail(describe_error(exc), clock() - t0)
     finally:

@@ -18,6 +18,7 @@ import ast
 import functools
 import hashlib
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -35,8 +36,10 @@ _ROOTS = ("adapters.sim.engine", "harness.metrics", "hbench.runner", "workloads.
           "workloads.io", *(module for module, _ in WORKLOAD_KINDS.values()))
 _PACKAGES = ("adapters", "common", "harness", "hbench", "workloads")
 #: Bumped when the cache file's layout changes.
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 _CACHE_KIND = "sim-digest"
+#: What `_hash_files` gives: 12 lowercase hex digits.
+_DIGEST = re.compile(r"[0-9a-f]{12}")
 
 
 def _module_file(root: Path, name: str) -> Path | None:
@@ -146,9 +149,13 @@ def _cache_file(root: Path) -> Path:
 
 
 def _cached(root: Path) -> str | None:
-    entry = read_entry(_CACHE_KIND, _cache_name(root), _CACHE_FORMAT)
-    if (entry is None or entry.get("root") != str(root) or not isinstance(entry.get("digest"), str)
-            or not isinstance(entry.get("identity"), list)):
+    def fits(entry: dict) -> bool:
+        return (entry.get("root") == str(root) and isinstance(entry.get("digest"), str)
+                and _DIGEST.fullmatch(entry["digest"]) is not None
+                and isinstance(entry.get("identity"), list))
+
+    entry = read_entry(_CACHE_KIND, _cache_name(root), _CACHE_FORMAT, fits)
+    if entry is None:
         return None
     try:
         return entry["digest"] if _current(root, entry["identity"]) else None

@@ -86,6 +86,7 @@ def capacity(ctx, orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt
     from analysis.headlines import capacity_headlines
     from harness.grid import parse_values
     from hbench.capacity import capacity_configs, run_capacity
+    from hbench.flag_once import set_fields
     from hbench.flag_rules import check_flags, typed_flags
     from hbench.paths import check_writable_dir
 
@@ -98,12 +99,10 @@ def capacity(ctx, orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt
     # the grid's axes are always given; the rest where typed
     given = {"org": "--org", "budget": "--budget", "rate": "--rates", "seed": "--seeds",
              **{k: v for k, v in typed_flags(ctx).items() if k in ("requests", *base)}}
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise HbenchError(f"--set expects KEY=VALUE, got {item!r}")
-        base[key.strip().replace("-", "_")] = value
-        given[key.strip().replace("-", "_")] = f"--set {key.strip()}"
+    typed = {k: v for k, v in typed_flags(ctx).items() if k != "extra"}
+    for field, value in set_fields(extra, {**given, **typed}).items():
+        base[field] = value
+        given[field] = f"--set {field}"
     if requests is not None:
         base["requests"] = requests
     elif not {"duration_s", "workload_path"} & set(base):

@@ -54,8 +54,13 @@ def _fail(message: str) -> None:
               help="Write the Markdown report here (for a CI comment).")
 def regress(baseline, candidate, min_effect, alpha, allow_missing, include_invalid, report_path):
     """Compare CANDIDATE runs with BASELINE runs cell by cell (same
-    configuration and seed) on throughput (both timebases), p99 TTFT, ITL and
-    end-to-end latency, and peak memory.
+    configuration and seed) on every summary metric with a direction:
+    throughput, TTFT, ITL, TPOT and end-to-end percentiles, finished, failed
+    and cancelled requests, reuse, preemptions, memory peaks, the parts of
+    TTFT, ... (analysis/gated_metrics.py). A relative metric regresses when
+    worse than the baseline by more than --min-effect of it; a count (zero
+    when nothing of its kind happened) also when worse, from 0, by more than
+    --min-effect of one unit. The report names every metric it gated.
 
     The simulator is deterministic, so each cell is judged on its own; a
     real server's cells are judged per seed group by a paired test.

@@ -102,6 +102,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     from pathlib import Path
 
     from harness.grid import expand, load_grid_file
+    from hbench.flag_once import set_fields
     from hbench.flag_rules import check_flags
     from hbench.paths import check_dir_path, check_writable_dir
     from hbench.runner import validate_run
@@ -115,11 +116,8 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
         check_writable_dir(out)
     base, subgrids = load_grid_file(grid_file) if grid_file else ({}, [])
     flags = {field: value for field, value in axes.items() if value is not None}
-    for item in extra:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise HbenchError(f"--set expects KEY=LIST, got {item!r}")
-        flags[key.strip().replace("-", "_")] = value
+    flag_of = {field: flag for flag, field, _ in AXES}
+    flags.update(set_fields(extra, {field: flag_of[field] for field in flags}, "KEY=LIST"))
     base = {**base, **flags}
     # A flag replaces the same key inside [[grid]] tables too.
     subgrids = [{k: v for k, v in g.items() if k not in flags} for g in subgrids]

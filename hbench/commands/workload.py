@@ -15,6 +15,7 @@ import numpy as np
 
 from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
+from hbench.flag_once import OnceGroup
 from hbench.flag_types import FLOAT, INT
 from workloads.kinds import WORKLOAD_KINDS
 from workloads.sharegpt.arrivals import ARRIVALS, THINK_TIMES
@@ -126,7 +127,7 @@ def plot_lengths(w: Workload, path: Path) -> Path:
     return path
 
 
-@click.group()
+@click.group(cls=OnceGroup)
 def workload():
     """Derive and inspect ShareGPT-derived request streams."""
 

@@ -28,7 +28,7 @@ from harness.orgs import layout_for
 from harness.results import list_runs, read_run
 from harness.run_setup import check_memory
 from hbench.cli import cli
-from tests.support.cli import one_error_line
+from tests.support.cli import one_error_line, overridden
 from workloads.bounds import MAX_REQUESTS
 from workloads.build import build_workload
 from workloads.io import save_workload, stored_hashes
@@ -61,7 +61,7 @@ RUN_CASES = [
 @pytest.mark.parametrize("args, needle", RUN_CASES)
 def test_run_refuses_bad_input_in_one_line(tmp_path, args, needle):
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli, ["run", "--out", str(out), *SMALL, *args])
+    res = CliRunner().invoke(cli, ["run", "--out", str(out), *overridden(SMALL, args)])
     one_error_line(res, needle, code=None)
     assert not out.exists()
 

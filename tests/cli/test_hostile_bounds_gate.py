@@ -18,12 +18,14 @@ import pytest
 from click.testing import CliRunner
 
 from analysis.capacity import parse_slo
-from analysis.regress import GATED, compare
+from analysis.gated_metrics import GATES
+from analysis.regress import compare
 from common.errors import HbenchError
 from harness import validity as V
 from hbench.cli import cli
 from tests.support import REPO_ROOT
 from tests.support.cli import invoke, one_error_line
+from tests.support.results_factory import readdress, record_files, run_id_of
 
 SMOKE = REPO_ROOT / "results" / "baselines" / "smoke"
 
@@ -48,7 +50,7 @@ def edit_summary(root: Path, org: str, seed: int, **changes) -> Path:
                 else:
                     summary[k] = v
             path.write_text(json.dumps(summary))
-            return manifest.parent
+            return record_files(manifest.parent)
     raise AssertionError(f"no {org} seed {seed} run")
 
 
@@ -86,7 +88,7 @@ def test_a_baseline_value_that_cannot_be_gated_is_bad_input(tmp_path, metric, va
     base = smoke_copy(tmp_path / "base")
     cand = smoke_copy(tmp_path / "cand")
     run = edit_summary(base, "s2", 1, **{metric: value})
-    worse = (lambda v: v / 100) if GATED[metric] == "higher" else (lambda v: v * 100)
+    worse = (lambda v: v / 100) if GATES[metric].better == "higher" else (lambda v: v * 100)
     edit_summary(cand, "s2", 1, **{metric: worse})
     report = tmp_path / "report.md"
     line = one_error_line(regress(base, cand, "--report", report), needle)
@@ -137,9 +139,7 @@ def test_many_baseline_gaps_are_counted_in_one_line(tmp_path):
 def test_a_regression_next_to_a_hash_mismatch_is_named_and_bad_input_wins(tmp_path):
     cand = smoke_copy(tmp_path / "cand")
     edit_summary(cand, "d0", 1, throughput_ledger_tok_s=lambda v: v / 2)
-    other = edit_summary(cand, "s0", 2)
-    manifest = json.loads((other / "manifest.json").read_text())
-    (other / "manifest.json").write_text(json.dumps({**manifest, "workload_hash": "f" * 64}))
+    readdress(edit_summary(cand, "s0", 2), workload_hash="f" * 64)
     report = tmp_path / "r.md"
     line = one_error_line(regress(SMOKE, cand, "--report", report), "workload hash")
     assert "1 problem in the input" in line
@@ -164,9 +164,8 @@ def test_bad_input_alone_names_no_regression(tmp_path):
 
 def test_every_pair_unpairable_is_bad_input_not_no_matching_cells(tmp_path):
     cand = smoke_copy(tmp_path / "cand")
-    for manifest in cand.glob("*/manifest.json"):
-        doc = json.loads(manifest.read_text())
-        manifest.write_text(json.dumps({**doc, "workload_hash": "0" * 64}))
+    for manifest in list(cand.glob("*/manifest.json")):
+        readdress(manifest.parent, workload_hash="0" * 64)
     one_error_line(regress(SMOKE, cand), "8 problems in the input")
 
 
@@ -194,12 +193,12 @@ def _noisy(root, edit=None):
 def test_noisy_engine_baseline_gap_is_bad_input_unless_allowed(tmp_path, value):
     base = _noisy(tmp_path / "b", {"ttft_p99_s": value})
     cand = _noisy(tmp_path / "c")
-    one_error_line(regress(base, cand), "baseline s2-1: ttft_p99_s")
+    one_error_line(regress(base, cand), f"baseline {run_id_of(base / 's2-1')}: ttft_p99_s")
     res = regress(base, cand, "--allow-missing")
     assert res.exit_code == 0, res.output
     r = compare(base, cand, allow_missing=True)
     (gap,) = r.baseline_gaps
-    assert gap.startswith("baseline s2-1: ttft_p99_s is ")
+    assert gap.startswith(f"baseline {run_id_of(base / 's2-1')}: ttft_p99_s is ")
     assert {f.n for f in r.findings if f.metric == "ttft_p99_s"} == {3}   # the other seeds still tested
 
 
@@ -306,3 +305,75 @@ def test_ledger_refuses_a_lengths_file_with_no_lengths(tmp_path, text):
     lengths = tmp_path / "lengths.txt"
     lengths.write_text(text)
     one_error_line(invoke("ledger", "--lengths-from", lengths), "no request lengths")
+
+
+# ------------------------------------------- what a user watches, gated
+
+@pytest.mark.slow
+@pytest.mark.parametrize("metric, worse", [
+    ("tpot_p99_s", lambda v: v * 3), ("ttft_p50_s", lambda v: v * 3),
+    ("finished", lambda v: v // 2), ("reused_tokens", lambda v: 0),
+    ("failed", lambda v: v + 3), ("cancelled", lambda v: v + 1), ("preemptions", lambda v: v + 5),
+    ("peak_mem_ssm_bytes", lambda v: v * 1.5), ("e2e_p50_s", lambda v: v * 1.2),
+])
+def test_a_regression_a_user_would_see_fails_the_gate_naming_it(tmp_path, metric, worse):
+    """Metrics the gate used to pass over (six were gated): one cell made worse
+    exits 1, and the report names that cell and that metric."""
+    cand = smoke_copy(tmp_path / "cand")
+    edit_summary(cand, "s2", 1, **{metric: worse})
+    res = regress(SMOKE, cand)
+    assert res.exit_code == 1, res.output
+    regressions = res.output.split("### Regressions")[1].split("###")[0]
+    rows = [ln for ln in regressions.splitlines() if ln.startswith("| org=")]
+    assert len(rows) == 1 and "org=s2" in rows[0] and "seed=1" in rows[0] and f"| {metric} |" in rows[0]
+
+
+# ------------------------------------------- numbers at a float's edge, output nowhere
+
+@pytest.mark.slow
+def test_throughputs_a_float_apart_give_an_analysis_not_a_traceback(tmp_path):
+    """1e308 over 1e-300 overflows a ratio, and a log-scale interval of ratios
+    near 1e308 overflows math.exp: the pairs are named not comparable, the
+    bounds written as unbounded (null in JSON), and every output written."""
+    from tests.support.results_factory import write_run
+
+    for org in ("s2", "d0"):
+        for seed in (1, 2, 3):
+            write_run(tmp_path / "runs", f"{org}-{seed}", org=org, seed=seed,
+                      summary={"throughput_ledger_tok_s": 1e308 / seed if org == "d0" else 1.0,
+                               "throughput_span_tok_s": 1e308 if org == "d0" else 1e-300 * seed})
+    for args in (["analyze", tmp_path / "runs", "--out", tmp_path / "a"],
+                 ["analyze", tmp_path / "runs", "--no-figures", "--json", "--out", tmp_path / "b"],
+                 ["report", tmp_path / "runs", "-o", tmp_path / "r.html"]):
+        res = invoke(*args)
+        assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    json.loads((tmp_path / "a" / "contrasts.json").read_text())   # valid JSON: no Infinity
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["budget", "b83"], ["hardware"],
+                                  ["regress", "--baseline", SMOKE, "--candidate", SMOKE]])
+def test_output_to_a_full_device_is_one_error_line(args):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "hbench.cli", *map(str, args)], cwd=REPO_ROOT,
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["Error: cannot write the output: No space left on device"]
+
+
+@pytest.mark.parametrize("args, blocked", [
+    (["sweep", "--org", "s2", "--requests", "4", "--seeds", "1", "--out", "{o}"], "sweep.json"),
+    (["analyze", SMOKE, "--no-figures", "--out", "{o}"], "report.md"),
+])
+def test_an_output_file_that_is_a_directory_is_one_error_line(tmp_path, args, blocked):
+    """A rename cannot replace a directory: the command says so in one line
+    (it used to end in a traceback) and leaves the directory as it was."""
+    (tmp_path / "o" / blocked).mkdir(parents=True)
+    res = invoke(*[str(a).replace("{o}", str(tmp_path / "o")) for a in args])
+    one_error_line(res, f"cannot write {tmp_path / 'o' / blocked}: it is a directory",
+                   other_lines=True)
+    assert (tmp_path / "o" / blocked).is_dir() and not list((tmp_path / "o").glob(".tmp-*"))

@@ -221,7 +221,7 @@ def test_capacity_reruns_a_damaged_cell_it_reuses(tmp_path, name, file, damage):
     assert results.is_done(victim) and (victim / file).read_bytes() == kept
 
 
-# ---------------------------------------------------------------- legacy
+# ------------------------------------------------ no record, no verification
 
 def _strip_record(run_dir: Path):
     m = json.loads((run_dir / results.MANIFEST).read_text())
@@ -229,20 +229,24 @@ def _strip_record(run_dir: Path):
     (run_dir / results.MANIFEST).write_text(json.dumps(m, indent=2) + "\n")
 
 
-def test_the_committed_baseline_without_checksums_still_reads():
+def test_the_committed_baseline_records_its_checksums_and_reads():
     smoke = REPO_ROOT / "results" / "baselines" / "smoke"
+    assert all("files" in json.loads(m.read_text()) for m in smoke.glob("*/manifest.json"))
     res = CliRunner().invoke(cli, ["regress", "--baseline", str(smoke), "--candidate", str(smoke)])
     assert res.exit_code == 0, res.output
 
 
 @pytest.mark.slow
-def test_a_legacy_run_without_a_record_reads_unverified(tree, tmp_path):
+def test_a_run_without_a_record_is_refused_not_read_unverified(tree, tmp_path):
+    """Its summary could have been edited without a trace: no reader trusts it,
+    and a sweep reruns it."""
     for d in cells(tree):
         _strip_record(d)
-        (d / "steps.parquet").unlink()           # as the CI baseline: no per-step table
+    before = snapshot(tree)
     res = CliRunner().invoke(cli, ["analyze", str(tree), "--no-figures", "--out", str(tmp_path / "a")])
-    assert res.exit_code == 0, res.output
-    assert not results.is_done(cells(tree)[0])   # but not a done sweep cell
+    one_error_line(res, "records no size and sha256")
+    assert snapshot(tree) == before and not (tmp_path / "a").exists()
+    assert not results.is_done(cells(tree)[0])
 
 
 def test_a_baseline_that_dropped_its_step_tables_on_purpose_reads(tree, pristine):

@@ -31,7 +31,7 @@ from harness import results
 from hbench import sweep as S
 from hbench.cli import cli
 from tests.support import REPO_ROOT
-from tests.support.cli import one_error_line
+from tests.support.cli import one_error_line, overridden
 
 GRID = {"org": "s2,d0", "budget": "b83", "requests": "20", "seed": "1"}
 RUN_ARGS = ["run", "--org", "s2", "--budget", "b83", "--requests", "20", "--seed", "1", "--json"]
@@ -119,7 +119,8 @@ def test_run_on_a_full_disk_keeps_the_runs_already_there(disk):
     assert CliRunner().invoke(cli, [*RUN_ARGS, "--out", str(out)]).exit_code == 0
     before = disk.contents()
     disk.fill(0)
-    res = CliRunner().invoke(cli, [*RUN_ARGS, "--seed", "2", "--out", str(out)])
+    res = CliRunner().invoke(cli, ["run", *overridden(RUN_ARGS[1:-1], ["--seed", "2"]), "--json",
+                                   "--out", str(out)])
     one_error_line(res, NO_SPACE, str(out), other_lines=True)
     assert disk.contents() == before and all(results.is_done(p) for p in out.iterdir())
 

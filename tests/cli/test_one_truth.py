@@ -19,7 +19,7 @@ import pytest
 
 import hbench.capacity as capacity_command
 from tests.support.cli import invoke
-from tests.support.results_factory import write_run
+from tests.support.results_factory import run_id_of, write_run
 
 T = "throughput_ledger_tok_s"
 #: Sentences that name a winner or a difference: a signed effect worded as
@@ -96,7 +96,8 @@ def test_an_untested_contrast_names_no_winner_however_large(tmp_path):
     assert "D0 vs S2 on output tok/s is not tested: arms not valid: throughput not valid in 3 of 6 runs" in answers
     assert "3 of 6 runs are not valid (failures: 3" in answers
     # run ids are left to the table at the end
-    assert "d0-b83-1" not in answers and "d0-b83-1" in page[page.index("Runs not valid"):]
+    d0_1 = run_id_of(tmp_path / "runs" / "d0-b83-1")
+    assert d0_1 not in answers and d0_1 in page[page.index("Runs not valid"):]
 
 
 # ------------------------------------------------------------------ capacity

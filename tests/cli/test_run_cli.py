@@ -150,20 +150,25 @@ def test_run_serves_a_saved_workload(tmp_path):
 def test_the_same_run_twice_in_one_second_gets_a_second_folder(tmp_path, monkeypatch):
     """Run ids are second-resolution: repeating the identical run within a
     second must not throw the finished run away with 'already exists'."""
+    from datetime import UTC, datetime
+
     import hbench.runner
     from harness.results import free_run_id, is_done
+    from harness.run_address import new_run_id
 
-    monkeypatch.setattr(hbench.runner, "new_run_id", lambda config, wl_hash: "20260101T000000Z-same")
+    monkeypatch.setattr(hbench.runner, "new_run_id", lambda config, wl_hash: new_run_id(
+        config, wl_hash, now=datetime(2026, 1, 1, tzinfo=UTC)))
     args = ["run", "--org", "s2", "--budget", "b83", "--requests", "20", "--seed", "1",
             "--out", str(tmp_path)]
     for _ in range(2):
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["20260101T000000Z-same",
-                                                          "20260101T000000Z-same-2"]
+    same = min(p.name for p in tmp_path.iterdir())
+    assert same.startswith("20260101T000000Z-sim-s2-b83-s1-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [same, f"{same}-2"]
     assert all(is_done(p) for p in tmp_path.iterdir())
-    (tmp_path / ".tmp-20260101T000000Z-same-3-4242").mkdir()    # a writer of -3 at work
-    assert free_run_id(tmp_path, "20260101T000000Z-same") == "20260101T000000Z-same-4"
+    (tmp_path / f".tmp-{same}-3-4242").mkdir()    # a writer of -3 at work
+    assert free_run_id(tmp_path, same) == f"{same}-4"
     assert free_run_id(tmp_path, "other") == "other"
 
 

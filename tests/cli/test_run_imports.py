@@ -45,8 +45,9 @@ def test_a_repeated_study_sized_run_loads_no_pandas_scipy_http_client_rich_corpu
     cache = tmp_path / "cache"
     cache.mkdir()
     # the parsed ShareGPT pairs of this test session, if any: parsing them is not the point
-    for f in Path(os.environ.get("HBENCH_CACHE_DIR", "/nonexistent")).glob("sharegpt-*.arrow"):
-        shutil.copy(f, cache / f.name)
+    kept = Path(os.environ.get("HBENCH_CACHE_DIR", "/nonexistent")) / "sharegpt-pairs"
+    if kept.is_dir():
+        shutil.copytree(kept, cache / kept.name)
     first, summary1 = probed_run(cache, tmp_path / "a")
     assert {"scipy", "workloads.corpus", "importlib.metadata"} <= set(first["loaded"])   # seen
     again, summary2 = probed_run(cache, tmp_path / "b")

@@ -19,7 +19,7 @@ from harness.results import list_runs, read_run
 from hbench.cli import cli
 from hbench.commands.run import next_step
 from hbench.suggest import capacity_command, changed_fields, value_text
-from tests.support.cli import invoke, one_error_line
+from tests.support.cli import invoke, one_error_line, overridden
 
 UNWRITABLE = "/dev/null/out"
 COMMAND_AFTER = "find the rates it sustains in a steady state with: "
@@ -28,8 +28,8 @@ COMMAND_AFTER = "find the rates it sustains in a steady state with: "
 def run_output(tmp_path, *args):
     """``hbench run``'s printed answer (S2 at b63, 60 requests, seed 3, unless
     ``args`` say otherwise)."""
-    res = CliRunner().invoke(cli, ["run", "--out", str(tmp_path), "--org", "s2", "--budget", "b63",
-                                   "--requests", "60", "--seed", "3", *args])
+    res = CliRunner().invoke(cli, ["run", "--out", str(tmp_path), *overridden(
+        ["--org", "s2", "--budget", "b63", "--requests", "60", "--seed", "3"], args)])
     assert res.exit_code == 0, res.output
     return res.output
 

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from common.errors import HbenchError
 from harness import grid as G
 from harness.config import RunConfig
-from harness.results import cell_id, is_complete
+from harness.results import is_complete
+from harness.run_address import cell_id
 from hbench import sweep as S
 from hbench.cli import cli
 

@@ -20,7 +20,8 @@ from harness import results as R
 from harness.config import RunConfig
 from harness.grid import expand
 from harness.records import FAILED
-from harness.results import cell_id, is_complete, list_runs
+from harness.results import is_complete, list_runs
+from harness.run_address import cell_id
 from harness.run_setup import RunSetup
 from hbench import sweep as S
 from tests.support import REPO_ROOT
@@ -166,6 +167,14 @@ def test_write_run_loses_a_rename_race_with_one_error_and_no_debris(tmp_path, mo
 
 # ------------------------------------------------------------ interruption
 
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _start_long_sweep(out: Path) -> subprocess.Popen:
     proc = hbench("sweep", "--org", "s0,s1,s2,d0", "--budget", "b83", "--seeds", "1-3",
                   "--requests", "240", "--jobs", "2", "--out", str(out))
@@ -200,18 +209,72 @@ def _sweep_json_is_accurate(out: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_sigterm_stops_the_sweep_and_its_workers(tmp_path):
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
+                                       (signal.SIGHUP, 129)], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_an_interrupt_stops_the_sweep_and_its_workers_and_leaves_nothing_behind(tmp_path, sig, code):
+    """The sweep exits with the shell's code for the signal and one line,
+    its workers are gone, no lock or temporary is left, sweep.json says what
+    was done, and the same command finishes the rest."""
     out = tmp_path / "out"
     proc = _start_long_sweep(out)
     workers = children(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
-    assert proc.returncode != 0
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.strip() and "━" not in ln]
+    assert lines[-1:] == [f"Error: interrupted by {sig.name}: stopped, nothing partial kept; "
+                          "run the same command again to resume"], err[-2000:]
+    assert "Traceback" not in err
     _workers_exit(workers)
     _sweep_json_is_accurate(out)
+    assert not (out / ".locks").exists() and not list(out.glob(".tmp-*"))
     resumed = hbench("sweep", "--org", "s0,s1,s2,d0", "--budget", "b83", "--seeds", "1-3",
                      "--requests", "240", "--jobs", "2", "--out", str(out), "--dry-run")
     assert resumed.communicate(timeout=120)[0].strip().endswith("to run")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_interrupted_sweep_run_again_runs_only_what_was_left(tmp_path):
+    """Stopped by SIGHUP (a closed terminal) after a cell finished: the same
+    command runs exactly the cells not done, reads the rest as done, and ends
+    with every cell complete."""
+    out = tmp_path / "out"
+    proc = _start_long_sweep(out)
+    wait_until(lambda: _a_cell_ran(proc, out), 300, "the sweep to finish a cell")
+    proc.send_signal(signal.SIGHUP)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 129
+    done = sorted(p.name for p in out.iterdir() if is_complete(p))
+    assert done and len(done) < 12
+    again = hbench("sweep", "--org", "s0,s1,s2,d0", "--budget", "b83", "--seeds", "1-3",
+                   "--requests", "240", "--jobs", "2", "--out", str(out))
+    said, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-2000:]
+    assert f"12 cells: {12 - len(done)} ran, {len(done)} already done, 0 failed" in said, said
+    assert sorted(c["status"] for c in sweep_doc(out)["cells"]) == sorted(
+        ["ran"] * (12 - len(done)) + ["skipped"] * len(done))
+    assert all(is_complete(out / c["cell_id"]) for c in sweep_doc(out)["cells"])
+    assert not (out / ".locks").exists() and not list(out.glob(".tmp-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143),
+                                       (signal.SIGHUP, 129)], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_an_interrupted_run_leaves_nothing_and_runs_again(tmp_path, sig, code):
+    out = tmp_path / "out"
+    proc = hbench("run", "--requests", "3000", "--rate", "30", "--out", str(out))
+    wait_until(lambda: proc.poll() is not None or _cpu_seconds(proc.pid) > 1.5, 120,
+               "the run to be past its imports")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("the run finished before the signal arrived")
+    assert proc.returncode == code, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(f"Error: interrupted by {sig.name}")
+    assert "Traceback" not in err
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from harness import validity as V
 from hbench.cli import cli
 from tests.support import REPO_ROOT
 from tests.support.cli import hbench_run
-from tests.support.results_factory import write_run
+from tests.support.results_factory import record_files, run_id_of, write_run
 
 METRIC = "throughput_ledger_tok_s"
 
@@ -158,6 +158,7 @@ def test_analyze_tests_each_metric_where_its_arms_are_valid_for_it(tmp_path):
     s = json.loads((root / "s2-1" / "summary.json").read_text())
     s["validity"] = _invalid("failures")
     (root / "s2-1" / "summary.json").write_text(json.dumps(s))
+    record_files(root / "s2-1")
     rows = _analyze_rows(root, "--reference", "s0")
     assert rows[("s2/s0", METRIC)]["verdict"] == "arms not valid"
     assert "throughput not valid in 1 of 8 runs (failures: requests failed)" == \
@@ -167,6 +168,7 @@ def test_analyze_tests_each_metric_where_its_arms_are_valid_for_it(tmp_path):
     s = json.loads((root2 / "s1-2" / "summary.json").read_text())
     s["delivered_rate_req_s"] = 2.5
     (root2 / "s1-2" / "summary.json").write_text(json.dumps(s))
+    record_files(root2 / "s1-2")
     rows = _analyze_rows(root2, "--reference", "s0")
     assert "measured load differs" in rows[("s1/s0", METRIC)]["arms_invalid"]
     assert rows[("s2/s0", METRIC)]["arms_invalid"] == ""
@@ -177,7 +179,7 @@ def test_regress_names_runs_that_are_not_valid(tmp_path):
     cand = _results(tmp_path / "cand")
     res = CliRunner().invoke(cli, ["regress", "--baseline", str(base), "--candidate", str(cand)])
     assert "Runs that are not valid" in res.output
-    assert ("candidate s2-1: throughput, work and cache counters valid; latency, inter-token "
+    assert (f"candidate {run_id_of(cand / 's2-1')}: throughput, work and cache counters valid; latency, inter-token "
             "latency NOT VALID: overload") in res.output
 
 
@@ -234,10 +236,42 @@ def test_ks_pvalue_cache_entries_are_keyed_by_their_inputs_and_checked(tmp_path,
     assert len(files) == 3
     # a torn or edited entry is not believed: the value is computed again and rewritten
     key = V._ks_key(gaps, 2.0)
-    V._ks_file(key).write_text('{"format": 1, "key": "other", "pvalue": 0.5}')
+    V._ks_file(key).write_text('{"format": 2, "key": "other", "pvalue": 0.5}')
     monkeypatch.setattr(V, "_KS_MEMO", {})
     assert V.ks_exponential_pvalue(gaps, 2.0) == p
-    assert json.loads(V._ks_file(key).read_text())["pvalue"] == p
+    assert json.loads(V._ks_file(key).read_text())["value"]["pvalue"] == p
+
+
+@pytest.mark.parametrize("pvalue, redigest", [
+    ("1e-300", False), ("NaN", False), ("Infinity", False), ("0.5", False),
+    ("2.0", True), ("-0.5", True)])
+def test_an_edited_ks_pvalue_is_computed_again_with_one_line(tmp_path, monkeypatch, capsys,
+                                                             pvalue, redigest):
+    """An edit to a remembered p-value never reaches a verdict: its digest no
+    longer matches, or (a digest recomputed by hand) the value is out of
+    [0, 1]; an in-range forgery with its digest recomputed is the one edit
+    an unkeyed digest cannot see, so it is not among these."""
+    from common import cache
+
+    monkeypatch.setenv("HBENCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    monkeypatch.setattr(cache, "_NOTED", set())
+    gaps = np.random.default_rng([7, 3]).exponential(1 / 2.0, 120)
+    p = V.ks_exponential_pvalue(gaps, 2.0)
+    key = V._ks_key(gaps, 2.0)
+    stored = json.loads(V._ks_file(key).read_text())
+    text = json.dumps(stored).replace(repr(p), pvalue)
+    if redigest:
+        value = {**stored["value"], "pvalue": float(pvalue)}
+        text = json.dumps({**stored, "value": value,
+                           "digest": cache._digest(V._KS_CACHE_KIND, key, 2, value)})
+    V._ks_file(key).write_text(text)
+    monkeypatch.setattr(V, "_KS_MEMO", {})
+    capsys.readouterr()
+    assert V.ks_exponential_pvalue(gaps, 2.0) == p
+    assert V.ks_exponential_pvalue(gaps, 2.0) == p
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "ignoring cache entry" in lines[0] and "computing it again" in lines[0]
 
 
 def test_ks_remembered_says_whether_the_test_would_import_scipy(tmp_path, monkeypatch):

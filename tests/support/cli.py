@@ -14,6 +14,16 @@ def invoke(*args) -> Result:
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+def overridden(pairs, args) -> list:
+    """``pairs`` (flag, value, flag, value, ...) less the flags ``args`` give,
+    then ``args``: a case replaces a default flag, since hbench refuses a flag
+    given twice."""
+    given = {str(a) for a in args}
+    kept = [x for flag, value in zip(pairs[::2], pairs[1::2], strict=True) if flag not in given
+            for x in (flag, value)]
+    return [*kept, *args]
+
+
 def one_error_line(res: Result, *needles: str, code: int | None = 2,
                    other_lines: bool = False) -> str:
     """Assert a refusal: exit ``code`` (any non-zero when None), no traceback,

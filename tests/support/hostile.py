@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,24 @@ def refused(args: list, needle: str = "", *, watch: Path | None = None, code: in
         assert snapshot(watch) == before, "the command wrote something"
     assert elapsed < REFUSAL_SECONDS, f"took {elapsed:.1f} s"
     return lines[0]
+
+
+@contextlib.contextmanager
+def deep_chain(root: Path, depth: int) -> Iterator[Path]:
+    """``root/d/d/.../d``, ``depth`` directories deep, made and removed a level
+    at a time (``os.makedirs`` and ``shutil.rmtree`` recurse once per level,
+    and would fail on it as the code under test once did); yields the deepest."""
+    chain = [root]
+    for _ in range(depth):
+        chain.append(chain[-1] / "d")
+        chain[-1].mkdir()
+    try:
+        yield chain[-1]
+    finally:
+        for d in reversed(chain[1:]):
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
 
 
 def deep_json(depth: int = DEEP) -> str:

@@ -5,13 +5,17 @@ reads looks exactly like what ``hbench run`` writes."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from harness.config import RunConfig
+from harness.run_address import address_of, new_run_id
+from harness.seal import sealed
 
 WORKLOAD_KEYS = ("rate", "arrival", "burstiness", "q", "requests", "duration_s", "contexts",
                  "max_model_len", "max_output", "warmup_requests", "seed")
@@ -32,21 +36,30 @@ def workload_hash(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+_WRITTEN = itertools.count(2)
+
+
 def write_run(root, run_id: str, status: str = "complete", summary: dict | None = None,
               workload: str | None = None, tables: bool = False, n_requests: int = 8, **config) -> Path:
-    """Write ``root/run_id`` in the results format; ``config`` overrides RunConfig defaults."""
-    cfg = RunConfig(**config).to_dict()
+    """Write ``root/run_id`` in the results format; ``config`` overrides RunConfig defaults.
+
+    The directory is named ``run_id``; its manifest records the content address
+    `hbench run` would (`harness.run_address.new_run_id`, made unique with a
+    ``-N`` suffix) and the size and sha256 of every file, as `read_run` requires."""
+    run_config = RunConfig(**config)
+    cfg = run_config.to_dict()
     d = Path(root) / run_id
     d.mkdir(parents=True, exist_ok=True)
+    wl = workload if workload is not None else workload_hash(cfg)
+    address = new_run_id(run_config, wl, now=datetime(2026, 1, 1, tzinfo=UTC))
     manifest = {
-        "schema_version": 1, "run_id": run_id, "config": cfg,
-        "workload_hash": workload if workload is not None else workload_hash(cfg),
+        "schema_version": 1, "run_id": f"{address}-{next(_WRITTEN)}", "config": cfg,
+        "workload_hash": wl,
         "git_commit": "0" * 40, "packages": {"numpy": np.__version__}, "engine": cfg["engine"],
         "engine_version": "test", "org": cfg["org"],
         "budget": {"label": cfg["budget"], "pools": [{"name": "shared", "page_bytes": 524288, "pages": 100}]},
         "created_utc": "2026-01-01T00:00:00Z", "status": status,
     }
-    (d / "manifest.json").write_text(json.dumps(manifest))
     if status == "complete":
         values = {k: 1.0 for k in SUMMARY_KEYS}
         values.update(summary or {})
@@ -71,7 +84,40 @@ def write_run(root, run_id: str, status: str = "complete", summary: dict | None 
             "mem_attention_bytes": (1 + np.sin(t)) * 2**30, "mem_ssm_bytes": np.full(t.size, 3 * 2**30),
             "mem_conv_bytes": np.full(t.size, 0.1 * 2**30),
         }).to_parquet(d / "steps.parquet")
-    return d
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return record_files(d)
+
+
+def run_id_of(run_dir: Path) -> str:
+    """The run id `write_run` recorded for the directory ``run_dir`` (what reports name it by)."""
+    return json.loads((Path(run_dir) / "manifest.json").read_text())["run_id"]
+
+
+def readdress(run_dir: Path, **changes) -> Path:
+    """``run_dir`` as a run written with ``changes`` in its manifest would be:
+    the changes made, the run id recomputed (`harness.run_address.address_of`)
+    and the directory renamed to it when it was named by it."""
+    run_dir = Path(run_dir)
+    manifest = {**json.loads((run_dir / "manifest.json").read_text()), **changes}
+    old, manifest["run_id"] = manifest["run_id"], address_of(manifest)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    if run_dir.name == old:
+        run_dir = run_dir.rename(run_dir.parent / manifest["run_id"])
+    return record_files(run_dir)
+
+
+def record_files(run_dir: Path) -> Path:
+    """Record in ``run_dir``'s manifest the size and sha256 of the files it holds
+    now (the rest as dropped), and seal it, as a run written with them would: a test that
+    means a run *with* other values, not a run damaged after it was written."""
+    names = ("summary.json", "requests.parquet", "steps.parquet")
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["files"] = {n: {"bytes": (run_dir / n).stat().st_size,
+                             "sha256": hashlib.sha256((run_dir / n).read_bytes()).hexdigest()}
+                         for n in names if (run_dir / n).is_file()}
+    manifest["dropped_files"] = [n for n in names if n not in manifest["files"]]
+    (run_dir / "manifest.json").write_text(json.dumps(sealed(manifest)))
+    return run_dir
 
 
 def write_design(path, text: str) -> Path:

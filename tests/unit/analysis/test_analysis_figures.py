@@ -83,7 +83,7 @@ def test_joint_depth_figure(runs):
 
 
 def test_latency_cdfs_and_memory(runs, tmp_path):
-    with_tables = runs[runs["run_id"].str.endswith("b63-0.0-0")]
+    with_tables = runs[runs["path"].str.endswith("b63-0.0-0")]
     by_org = {r["org"]: read_run(r["path"]).table("requests") for _, r in with_tables.iterrows()}
     fig = figures.latency_cdf_figure(by_org)
     assert [a.get_title() for a in fig.axes] == ["TTFT", "ITL (per-request mean)"]
@@ -101,9 +101,10 @@ def test_latency_cdfs_and_memory(runs, tmp_path):
 @pytest.mark.slow
 def test_render_figures_writes_every_supported_figure(runs, tmp_path):
     paths = figure_set.render_figures(runs[runs["rate"] == 3.0], tmp_path)
+    d0_b63 = next(p for p in runs["path"] if p.endswith("d0-b63-0.0-0"))
     stems = sorted({p.stem for p in paths})
     assert stems == ["d0_s2_ratio_vs_budget_" + METRIC, "headroom_" + METRIC, "joint_depth", "latency_cdf",
-                     "memory_d0-b63-0.0-0"]
+                     "memory_" + runs.set_index("path").loc[d0_b63, "run_id"]]
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     table = evaluate(runs, auto_contrasts(runs))
     with_forest = figure_set.render_figures(runs[runs["rate"] == 3.0], tmp_path / "f", contrasts=table)
@@ -155,7 +156,7 @@ def test_forest_figure_draws_an_untested_contrast_hollow_without_an_interval():
 @pytest.mark.slow
 def test_every_axis_of_every_figure_names_its_unit(runs):
     at_rate3 = runs[runs["rate"] == 3.0]
-    with_tables = runs[runs["run_id"].str.endswith("b63-0.0-0")]
+    with_tables = runs[runs["path"].str.endswith("b63-0.0-0")]
     figs = [figures.headroom_figure(at_rate3, METRIC), figures.headroom_figure(at_rate3, "ttft_p99_s"),
             figures.ratio_figure(at_rate3[at_rate3["headroom"] == 0.0], "budget"),
             figures.joint_depth_figure(runs),

@@ -15,10 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from analysis import stats
-from analysis.regress import GATED, compare
+from analysis.gated_metrics import GATES
+from analysis.regress import compare
 from hbench.cli import cli
 from tests.support import REPO_ROOT
-from tests.support.results_factory import write_run
+from tests.support.results_factory import record_files, write_run
 
 SMOKE = REPO_ROOT / "results" / "baselines" / "smoke"
 
@@ -45,7 +46,7 @@ def _edit(root: Path, org: str, seed: int | None = None, **changes) -> list[Path
         for key, value in changes.items():
             summary[key] = value(summary[key]) if callable(value) else value
         path.write_text(json.dumps(summary))
-        edited.append(manifest.parent)
+        edited.append(record_files(manifest.parent))
     assert edited, f"no {org} run to edit"
     return edited
 
@@ -118,8 +119,90 @@ def test_tolerance_is_per_cell_and_direction_aware(tmp_path):
 def test_summary_keys_that_are_not_gated_are_tolerated(tmp_path):
     cand = _smoke_copy(tmp_path / "cand")
     for org in ("s0", "s1", "s2", "d0"):
-        _edit(cand, org, invalidations=None, invalidations_attention=7, slab_occupancy_mean="n/a")
+        _edit(cand, org, unknown_key=None, running_median=999.0, slab_occupancy_mean="n/a",
+              requests=1, initial_input_tokens=5, delivered_rate_req_s=0.1)
     assert _invoke("--baseline", SMOKE, "--candidate", cand).exit_code == 0
+
+
+def test_every_summary_key_is_gated_or_said_to_have_no_direction():
+    """A metric added to the summary must be placed: gated with a direction and
+    a rule, or named as having none, with why."""
+    from analysis.gated_metrics import RULES, UNGATED
+    from harness import metrics
+
+    keys = {*metrics.SUMMARY_KEYS, *metrics.TURN_SUMMARY_KEYS, *metrics.SERVED_SUMMARY_KEYS,
+            *metrics.REGION_SUMMARY_KEYS, *metrics.POLICY_SUMMARY_KEYS, *metrics.SGLANG_SUMMARY_KEYS}
+    assert keys == set(GATES) | set(UNGATED) and not set(GATES) & set(UNGATED)
+    assert all(g.better in ("higher", "lower") and g.rule in RULES for g in GATES.values())
+
+
+def _worse_by(gate, fraction):
+    """A value ``fraction`` worse than ``v`` by ``gate``'s rule (one unit from 0)."""
+    def worse(v):
+        if v == 0:
+            return 1 if gate.better == "lower" else v
+        return v * (1 - fraction) if gate.better == "higher" else v * (1 + fraction)
+    return worse
+
+
+SMOKE_GATED = sorted(m for m in GATES
+                     if json.loads(next(SMOKE.glob("*/summary.json")).read_text()).get(m) is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("metric", SMOKE_GATED)
+def test_a_ten_percent_regression_of_one_cell_is_caught_in_every_gated_metric(tmp_path, metric):
+    """Each gated metric the smoke runs report, 10 % worse in one cell (from a
+    baseline of 0: one unit worse), fails the gate naming that cell and metric;
+    the other cells and metrics pass."""
+    gate = GATES[metric]
+    cand = _smoke_copy(tmp_path / "cand")
+    seed1 = {}
+    for m in sorted(SMOKE.glob("*/manifest.json")):
+        config = json.loads(m.read_text())["config"]
+        if config["seed"] == 1:
+            seed1[config["org"]] = json.loads((m.parent / "summary.json").read_text())[metric]
+    # a higher-is-better count cannot get worse from 0: take a cell where it is above
+    org = next(o for o in ("s2", "s1", "s0", "d0") if gate.better == "lower" or seed1[o] > 0)
+    _edit(cand, org, seed=1, **{metric: _worse_by(gate, 0.10)})
+    r = compare(SMOKE, cand)
+    assert [(f.where["org"], f.where["seed"], f.metric) for f in r.regressions] == [(org, 1, metric)]
+
+
+def _every_metric_root(root: Path, worse: str | None = None) -> Path:
+    """Simulator runs of s2 and d0 (seeds 1, 2) whose summaries hold every gated
+    metric, at 2.0; with ``worse``, that metric 10 % worse in d0's seed-1 cell."""
+    for org in ("s2", "d0"):
+        for seed in (1, 2):
+            summary = dict.fromkeys(GATES, 2.0)
+            if worse and (org, seed) == ("d0", 1):
+                summary[worse] = _worse_by(GATES[worse], 0.10)(2.0)
+            write_run(root, f"{org}-{seed}", org=org, seed=seed, summary=summary)
+    return root
+
+
+@pytest.mark.slow
+def test_a_ten_percent_regression_of_one_cell_is_caught_in_every_gated_metric_of_any_engine(tmp_path):
+    """The metrics the smoke runs do not report (a served run's, SGLang's, the
+    multi-turn and u0/e0 ones) too: each, 10 % worse in one cell, is the one
+    regression found."""
+    base = _every_metric_root(tmp_path / "base")
+    assert compare(base, _every_metric_root(tmp_path / "same")).regressions == ()
+    for metric in sorted(GATES):
+        r = compare(base, _every_metric_root(tmp_path / metric, worse=metric))
+        assert [(f.where["org"], f.where["seed"], f.metric) for f in r.regressions] == [
+            ("d0", 1, metric)], metric
+
+
+def test_the_report_says_which_metrics_it_gated_and_by_which_rule(tmp_path):
+    cand = _smoke_copy(tmp_path / "cand")
+    report = tmp_path / "r.md"
+    assert _invoke("--baseline", SMOKE, "--candidate", cand, "--report", report).exit_code == 0
+    text = report.read_text()
+    assert f"Gated: {len(SMOKE_GATED)} metrics" in text
+    for metric in SMOKE_GATED:
+        assert f"`{metric}`" in text
+    assert "lower is better, count rule" in text and "higher is better, relative rule" in text
 
 
 # ------------------------------------------------------------------ bad input
@@ -128,6 +211,7 @@ def test_empty_list_summary_exits_two(tmp_path):
     cand = _smoke_copy(tmp_path / "cand")
     (run,) = _edit(cand, "d0", seed=1)
     (run / "summary.json").write_text("[]")
+    record_files(run)
     res = _invoke("--baseline", SMOKE, "--candidate", cand)
     assert res.exit_code == 2
     assert "JSON list, not an object" in _error_line(res)
@@ -135,8 +219,8 @@ def test_empty_list_summary_exits_two(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("breakage, message", [
-    (lambda root: (next(root.glob("*/summary.json"))).write_text("{oops"), "not valid JSON"),
-    (lambda root: (next(root.glob("*/summary.json"))).unlink(), "missing summary.json"),
+    (lambda root: (next(root.glob("*/summary.json"))).write_text("{oops"), "summary.json has 5 bytes"),
+    (lambda root: (next(root.glob("*/summary.json"))).unlink(), "summary.json is missing"),
     (lambda root: (next(root.glob("*/manifest.json"))).write_text("3"), "not an object"),
     (lambda root: [shutil.rmtree(p) for p in root.iterdir() if p.is_dir()], "no run directories"),
     (lambda root: shutil.rmtree(root), "no results directory"),
@@ -213,7 +297,8 @@ def test_noisy_engine_consistent_drop_in_one_group_is_a_regression(tmp_path):
     assert finding.where == {"org": "d0", "budget": "b83"} and finding.n == 4
     assert finding.metric == "throughput_ledger_tok_s" and finding.change == pytest.approx(-0.15, abs=0.02)
     tested = [f for f in r.findings if not np.isnan(f.p)]
-    assert len(tested) == 2 * len(GATED)  # two groups x gated metrics: one Holm family
+    reported = {m for m in GATES if m in json.loads(next(b.glob("*/summary.json")).read_text())}
+    assert len(tested) == 2 * len(reported)  # two groups x gated metrics: one Holm family
     assert [f.p_holm for f in tested] == pytest.approx(list(stats.holm([f.p for f in tested])))
 
 
@@ -231,7 +316,9 @@ def test_noisy_engine_change_needs_significance(tmp_path):
 def test_noisy_engine_null_cell_is_a_regression(tmp_path):
     b = _noisy_root(tmp_path / "b", noise=0.01)
     c = _noisy_root(tmp_path / "c", noise=0.01)
-    (c / "s2-1" / "summary.json").write_text(json.dumps({**BASE, "ttft_p99_s": None}))
+    kept = json.loads((c / "s2-1" / "summary.json").read_text())
+    (c / "s2-1" / "summary.json").write_text(json.dumps({**kept, "ttft_p99_s": None}))
+    record_files(c / "s2-1")
     (finding,) = compare(b, c).regressions
     assert finding.where == {"org": "s2", "budget": "b83", "seed": 1} and finding.metric == "ttft_p99_s"
     assert _invoke("--baseline", b, "--candidate", c).exit_code == 1
@@ -253,3 +340,42 @@ def test_noisy_engine_missing_seed_is_a_missing_cell_not_a_refusal(tmp_path):
     assert r.missing == ({"org": "s2", "budget": "b83", "seed": 1},) and r.regressed
     assert {f.reason for f in r.findings} == {"one valid seed: not tested"}
     assert _invoke("--baseline", b, "--candidate", c, "--allow-missing").exit_code == 0
+
+
+@pytest.mark.parametrize("metric, base_value, factor, regressed", [
+    ("failed", 0.0, None, True),        # none failed in the baseline, some in every candidate seed
+    ("preemptions", 10.0, 1.5, True),   # half as many again on every seed
+    ("preemptions", 10.0, 1.01, False),  # within the 2 % tolerance
+    ("reused_tokens", 1000.0, 0.5, True),
+])
+def test_noisy_engine_gates_counts_on_paired_differences(tmp_path, metric, base_value, factor, regressed):
+    """A count is zero when nothing happened: a noisy group is tested on the
+    seeds' differences, judged over the baseline mean (one unit from 0)."""
+    def root(path, value):
+        for org in ("s2", "d0"):
+            for seed in range(4):
+                summary = {k: v * (1 + 0.1 * seed) for k, v in BASE.items()}
+                summary[metric] = value(seed) if org == "d0" else base_value
+                write_run(path, f"{org}-{seed}", org=org, seed=seed, engine="vllm",
+                          endpoint="http://h:8000", summary=summary)
+        return path
+
+    b = root(tmp_path / "b", lambda seed: base_value)
+    c = root(tmp_path / "c", lambda seed: 3.0 if factor is None else base_value * factor)
+    r = compare(b, c)
+    assert [(f.where["org"], f.metric) for f in r.regressions] == ([("d0", metric)] if regressed else [])
+
+
+@pytest.mark.parametrize("side", ["baseline", "candidate"])
+def test_a_cell_copied_under_another_name_is_bad_input_naming_both(tmp_path, side):
+    """Two runs of one cell would let either stand for it (a copy of the
+    baseline's could hide a candidate's regression): refused, naming both."""
+    tree = _smoke_copy(tmp_path / side)
+    cell = sorted(p for p in tree.iterdir() if p.is_dir())[0]
+    shutil.copytree(cell, tree / "zz-copy")
+    args = ("--baseline", tree, "--candidate", SMOKE) if side == "baseline" else (
+        "--baseline", SMOKE, "--candidate", tree)
+    res = _invoke(*args)
+    assert res.exit_code == 2, res.output
+    line = _error_line(res)
+    assert line.startswith(f"Error: {side}: runs ") and str(cell) in line and "zz-copy" in line

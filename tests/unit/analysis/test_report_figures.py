@@ -4,6 +4,8 @@ that do not collide. Hand-made tables, no engine runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from matplotlib.colors import to_hex
@@ -164,12 +166,16 @@ def test_attribution_titles_do_not_overlap_with_one_organization(spread_runs):
             assert box.x0 >= 0 and box.x1 <= width, label.get_text()
 
 
+def _has_steps(path: str) -> bool:
+    return (Path(path) / "steps.parquet").is_file()
+
+
 def test_memory_figure_shows_the_run_with_the_highest_peak(spread_runs):
     # the factory's steps peak at the same bytes; the tie goes to the first run id
     row, steps = FS.peak_memory_run(spread_runs)
-    assert row["run_id"] == "d0-0.0-2"
+    assert row["run_id"] == min(spread_runs.loc[spread_runs["path"].map(_has_steps), "run_id"])
     (stem, caption, fig) = next(f for f in FS.figure_set(spread_runs) if f[0].startswith("memory_"))
-    assert stem == "memory_d0-0.0-2" and "highest peak" in caption and "highest peak" in fig.axes[0].get_title()
+    assert stem == f"memory_{row['run_id']}" and "highest peak" in caption and "highest peak" in fig.axes[0].get_title()
 
 
 def test_sentences_say_not_significant_when_the_ci_contains_zero():

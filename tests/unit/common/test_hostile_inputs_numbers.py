@@ -10,6 +10,7 @@ import pytest
 
 from common.errors import HbenchError
 from common.numbers import MAX_NUMBER_CHARS, parse_float, parse_int
+from tests.support.cli import overridden
 from tests.support.hostile import in_a_scratch_directory, refused  # noqa: F401 (autouse fixture)
 
 HUGE = "9" * 5000
@@ -75,7 +76,7 @@ RUN_FLAGS = [
 
 @pytest.mark.parametrize("flag, value, words", RUN_FLAGS, ids=lambda v: str(v)[:24])
 def test_run_refuses_a_hostile_number(tmp_path, flag, value, words):
-    refused(["run", "--out", tmp_path / "out", *SMALL, flag, value], words, watch=tmp_path)
+    refused(["run", "--out", tmp_path / "out", *overridden(SMALL, [flag, value])], words, watch=tmp_path)
 
 
 WORKLOAD_FLAGS = [
@@ -142,8 +143,8 @@ SWEEP_VALUES = [
 @pytest.mark.parametrize("dry", [True, False], ids=["dry-run", "run"])
 def test_sweep_refuses_a_hostile_grid_value(tmp_path, args, dry):
     words = dict((tuple(a), w) for a, w in SWEEP_VALUES)[tuple(args)]
-    refused(["sweep", "--org", "s2", "--seeds", "1", "--requests", "8", "--out", tmp_path / "o",
-             *(["--dry-run"] if dry else []), *args], words, watch=tmp_path)
+    refused(["sweep", "--out", tmp_path / "o", *(["--dry-run"] if dry else []),
+             *overridden(["--org", "s2", "--seeds", "1", "--requests", "8"], args)], words, watch=tmp_path)
 
 
 def test_a_sweep_grid_file_with_hostile_text_values_is_refused(tmp_path):
@@ -171,7 +172,7 @@ CAPACITY = [
 
 @pytest.mark.parametrize("args, words", CAPACITY, ids=lambda v: str(v)[:30])
 def test_capacity_refuses_a_hostile_number(tmp_path, args, words):
-    refused(["capacity", "--out", tmp_path / "cap", "--rates", "1", "--seeds", "1", *args],
+    refused(["capacity", "--out", tmp_path / "cap", *overridden(["--rates", "1", "--seeds", "1"], args)],
             words, watch=tmp_path)
 
 

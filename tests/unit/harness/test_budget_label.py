@@ -20,6 +20,9 @@ GEOM = preset("falcon-h1-7b")
     ("252p", "252p"), ("252P", "252p"), ("0252p", "252p"),
     ("12GiB", "12GiB"), ("12gib", "12GiB"), ("12 GIB", "12GiB"), ("1.5gb", "1.5GB"),
     ("123456789b", "123456789B"),
+    # one number, one spelling: zeros before it or after its point name the same bytes
+    ("12.0GiB", "12GiB"), ("012 gib", "12GiB"), ("1.50GB", "1.5GB"), ("00.50GiB", "0.5GiB"),
+    ("120.000MB", "120MB"), ("100GiB", "100GiB"),
 ])
 def test_each_typing_of_a_budget_has_one_label(typed, label):
     assert budget_label(typed) == label
@@ -45,3 +48,11 @@ def test_a_configuration_typed_two_ways_is_one_configuration():
     b = RunConfig(org="s2", budget="b83")
     assert (a.org, a.budget) == ("s2", "b83")
     assert a == b and a.to_dict() == b.to_dict()
+
+
+@given(st.integers(min_value=1, max_value=10**4), st.integers(min_value=0, max_value=3),
+       st.integers(min_value=0, max_value=3), st.sampled_from(["GiB", "gib", " MB", "KiB"]))
+def test_a_size_padded_with_zeros_is_the_same_label_and_bytes(n, lead, trail, unit):
+    plain, padded = f"{n}{unit}", f"{'0' * lead}{n}{'.' + '0' * trail if trail else ''}{unit}"
+    assert budget_label(padded) == budget_label(plain)
+    assert parse_budget_bytes(padded, GEOM, "s2") == parse_budget_bytes(plain, GEOM, "s2")

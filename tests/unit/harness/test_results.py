@@ -4,6 +4,7 @@ and provenance."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import shutil
@@ -16,10 +17,11 @@ import pandas as pd
 import pytest
 
 from common.errors import HbenchError
-from harness import provenance, results
+from harness import provenance, results, run_address
 from harness.config import RunConfig
 from harness.metrics import per_request_table, summarize
 from harness.records import EngineRun, RequestRecord
+from harness.seal import SEAL, sealed
 
 WORKLOAD_HASH = "ab" * 32
 
@@ -41,18 +43,25 @@ def make_run(*, with_warmup=False):
                      peak_memory={"attention": 10, "ssm": 20, "conv": 3})
 
 
-def write(root, run_id="run-a", run=None, config=None, **kw):
+def rid(n: int = 1) -> str:
+    """The ``n``-th run id of `RunConfig()` on `WORKLOAD_HASH` (``-2``, ``-3``, ... as
+    `results.free_run_id` names repeats): a content address `read_run` accepts."""
+    base = run_address.new_run_id(RunConfig(), WORKLOAD_HASH, now=datetime(2026, 1, 1, tzinfo=UTC))
+    return base if n == 1 else f"{base}-{n}"
+
+
+def write(root, run_id=None, run=None, config=None, **kw):
     return results.write_run(
-        root, run_id=run_id, config=config or RunConfig(), run=run or make_run(),
-        workload_hash=WORKLOAD_HASH, workload_meta={"requests": 3}, budget={"label": "b83"},
-        engine_name="sim", engine_version="sim-1", **kw,
+        root, run_id=rid() if run_id is None else run_id, config=config or RunConfig(), run=run or make_run(),
+        workload_hash=WORKLOAD_HASH, workload_meta={"requests": 3},
+        engine_name="sim", engine_version="sim-1", **{"budget": {"label": "b83"}, **kw},
     )
 
 
 def test_round_trip_preserves_manifest_summary_and_tables(tmp_path):
     run = make_run()
     path = write(tmp_path, run=run, weights_bytes=1000, extra_manifest={"sweep": "q1"})
-    assert path == tmp_path / "run-a"
+    assert path == tmp_path / rid()
     assert sorted(p.name for p in path.iterdir()) == sorted(results.RUN_FILES)
 
     data = results.read_run(path)
@@ -101,7 +110,7 @@ def test_failure_mid_write_leaves_no_run(tmp_path, monkeypatch, exc):
     with pytest.raises(type(exc)):
         write(tmp_path)
     assert len(calls) == 1                    # it really failed in the middle
-    assert not (tmp_path / "run-a").exists()
+    assert not (tmp_path / rid()).exists()
     assert list(tmp_path.iterdir()) == []     # the temporary directory is cleaned up
     assert results.list_runs(tmp_path) == []
 
@@ -109,14 +118,14 @@ def test_failure_mid_write_leaves_no_run(tmp_path, monkeypatch, exc):
 def test_leftover_tmp_directory_is_ignored(tmp_path):
     done = write(tmp_path)
     # A crash can leave a temporary directory behind even with every file in it.
-    shutil.copytree(done, tmp_path / ".tmp-run-b-12345")
+    shutil.copytree(done, tmp_path / f".tmp-{rid(2)}-12345")
     assert results.list_runs(tmp_path) == [done]
 
 
 def test_list_runs_finds_nested_runs_and_skips_incomplete(tmp_path):
-    a = write(tmp_path / "sweep1", run_id="run-a")
-    b = write(tmp_path / "sweep2", run_id="run-b")
-    broken = tmp_path / "sweep2" / "run-c"
+    a = write(tmp_path / "sweep1", run_id=rid(1))
+    b = write(tmp_path / "sweep2", run_id=rid(2))
+    broken = tmp_path / "sweep2" / rid(3)
     shutil.copytree(b, broken)
     (broken / results.STEPS).unlink()
     assert results.list_runs(tmp_path) == [a, b]
@@ -128,7 +137,7 @@ def test_refuses_to_overwrite_existing_run(tmp_path):
     with pytest.raises(HbenchError, match="already exists"):
         write(tmp_path, run=make_run(with_warmup=True))
     assert (first / results.MANIFEST).read_text() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["run-a"]
+    assert [p.name for p in tmp_path.iterdir()] == [rid()]
 
 
 @pytest.mark.parametrize("bad", ["", ".hidden", "a/b"])
@@ -166,6 +175,11 @@ def test_to_jsonable_converts_numpy_and_non_finite():
         results.to_jsonable(object())
 
 
+def _unsealed(manifest: dict) -> dict:
+    """``manifest`` as an older writer left it while it wrote: no seal."""
+    return {k: v for k, v in manifest.items() if k != SEAL}
+
+
 def test_read_run_rejects_missing_incomplete_and_foreign_schema(tmp_path):
     with pytest.raises(HbenchError, match="no run directory"):
         results.read_run(tmp_path / "nope")
@@ -177,8 +191,11 @@ def test_read_run_rejects_missing_incomplete_and_foreign_schema(tmp_path):
         results.read_run(path)
 
     (path / results.MANIFEST).write_text(json.dumps({**manifest, "status": "running"}))
-    with pytest.raises(HbenchError, match="not complete"):
-        results.read_run(path)
+    with pytest.raises(results.DamagedRun, match=f"do not match its {SEAL}"):
+        results.read_run(path)   # hbench seals only complete runs: an edited status
+    (path / results.MANIFEST).write_text(json.dumps(_unsealed({**manifest, "status": "running"})))
+    with pytest.raises(results.IncompleteRun, match="not complete"):
+        results.read_run(path)   # an older writer's, still running or crashed
 
     (path / results.MANIFEST).unlink()
     with pytest.raises(HbenchError, match="missing manifest.json"):
@@ -193,22 +210,22 @@ def test_list_runs_of_missing_root_is_an_error(tmp_path):
 def test_run_id_is_readable_and_separates_configs():
     now = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
     cfg = RunConfig(org="s1", budget="b83", seed=4)
-    rid = results.new_run_id(cfg, WORKLOAD_HASH, now=now)
+    rid = run_address.new_run_id(cfg, WORKLOAD_HASH, now=now)
     assert re.fullmatch(r"20240506T070809Z-sim-s1-b83-s4-[0-9a-f]{8}", rid), rid
-    assert results.new_run_id(cfg, WORKLOAD_HASH, now=now) == rid
-    other = results.new_run_id(dataclasses.replace(cfg, headroom=0.1), WORKLOAD_HASH, now=now)
+    assert run_address.new_run_id(cfg, WORKLOAD_HASH, now=now) == rid
+    other = run_address.new_run_id(dataclasses.replace(cfg, headroom=0.1), WORKLOAD_HASH, now=now)
     assert other != rid and other.startswith("20240506T070809Z-sim-s1-b83-s4-")
 
 
 def test_cell_id_addresses_config_workload_and_engine_version():
     cfg = RunConfig()
-    base = results.cell_id(cfg, WORKLOAD_HASH, "sim-1")
+    base = run_address.cell_id(cfg, WORKLOAD_HASH, "sim-1")
     assert re.fullmatch(r"[0-9a-f]{16}", base)
-    assert results.cell_id(RunConfig(), WORKLOAD_HASH, "sim-1") == base
+    assert run_address.cell_id(RunConfig(), WORKLOAD_HASH, "sim-1") == base
     variants = {
-        results.cell_id(dataclasses.replace(cfg, seed=1), WORKLOAD_HASH, "sim-1"),
-        results.cell_id(cfg, "cd" * 32, "sim-1"),
-        results.cell_id(cfg, WORKLOAD_HASH, "sim-2"),
+        run_address.cell_id(dataclasses.replace(cfg, seed=1), WORKLOAD_HASH, "sim-1"),
+        run_address.cell_id(cfg, "cd" * 32, "sim-1"),
+        run_address.cell_id(cfg, WORKLOAD_HASH, "sim-2"),
     }
     assert base not in variants and len(variants) == 3
 
@@ -246,7 +263,7 @@ def test_read_run_exposes_checked_metadata_and_loads_tables_lazily(tmp_path):
     path = write(tmp_path)
     results.drop_files(path, [results.STEPS])  # a CI baseline keeps no per-step table
     run = results.read_run(path)
-    assert (run.run_id, run.engine, run.engine_version) == ("run-a", "sim", "sim-1")
+    assert (run.run_id, run.engine, run.engine_version) == (rid(), "sim", "sim-1")
     assert run.workload_hash == WORKLOAD_HASH and run.schema_version == results.SCHEMA_VERSION
     assert run.config["org"] == RunConfig().org and run.summary["finished"] == 3
     assert run.has_table("requests") and not run.has_table("steps")
@@ -261,26 +278,38 @@ def test_read_run_exposes_checked_metadata_and_loads_tables_lazily(tmp_path):
     ("[]", "JSON list, not an object"), ("{not json", "not valid JSON"), ("null", "JSON NoneType")])
 def test_read_run_refuses_a_malformed_summary(tmp_path, text, match):
     path = write(tmp_path)
-    # As written before manifests recorded checksums, so the format check is reached.
-    manifest = json.loads((path / results.MANIFEST).read_text())
-    del manifest[results.FILES]
-    (path / results.MANIFEST).write_text(json.dumps(manifest))
+    # Recorded in the manifest, so the format check is reached.
     (path / results.SUMMARY).write_text(text)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    manifest[results.FILES][results.SUMMARY] = {
+        "bytes": len(text), "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    (path / results.MANIFEST).write_text(json.dumps(sealed(manifest)))
     with pytest.raises(HbenchError, match=match):
         results.read_run(path)
 
 
-def test_iter_runs_skips_or_refuses_broken_runs(tmp_path):
-    good = write(tmp_path, run_id="a")
-    bad = write(tmp_path, run_id="b")
-    (bad / results.SUMMARY).unlink()
-    results.drop_files(bad, [results.SUMMARY])   # not damage: a run that never had one
-    with pytest.warns(results.RunSkipped, match="missing summary.json"):
+def test_iter_runs_skips_only_incomplete_runs_and_refuses_the_rest(tmp_path):
+    good = write(tmp_path, run_id=rid(1))
+    running = write(tmp_path, run_id=rid(2))
+    manifest = json.loads((running / results.MANIFEST).read_text())
+    (running / results.MANIFEST).write_text(json.dumps(_unsealed({**manifest, "status": "running"})))
+    with pytest.warns(results.RunSkipped, match="'running' is not complete"):
         assert [r.path for r in results.iter_runs(tmp_path)] == [good]
-    with pytest.raises(HbenchError, match="missing summary.json"):
+    with pytest.raises(HbenchError, match="'running' is not complete"):
         list(results.iter_runs(tmp_path, strict=True))
+    shutil.rmtree(running)
+    bad = write(tmp_path, run_id=rid(3))
+    (bad / results.SUMMARY).unlink()
+    results.drop_files(bad, [results.SUMMARY])   # a run that never had one is not skipped
+    with pytest.raises(HbenchError, match="missing summary.json"):
+        list(results.iter_runs(tmp_path))
     shutil.rmtree(bad)
-    foreign = write(tmp_path, run_id="c")
+    unreadable = write(tmp_path, run_id=rid(4))
+    (unreadable / results.MANIFEST).write_text("{")
+    with pytest.raises(HbenchError, match="not valid JSON"):
+        list(results.iter_runs(tmp_path))
+    shutil.rmtree(unreadable)
+    foreign = write(tmp_path, run_id=rid(5))
     manifest = json.loads((foreign / results.MANIFEST).read_text())
     (foreign / results.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 2}))
     with pytest.raises(HbenchError, match="schema version 2"):
@@ -288,15 +317,137 @@ def test_iter_runs_skips_or_refuses_broken_runs(tmp_path):
 
 
 def test_check_pairable_refuses_disagreeing_metadata(tmp_path):
-    a = results.read_run(write(tmp_path, run_id="a"))
-    b = results.read_run(write(tmp_path, run_id="b"))
+    a = results.read_run(write(tmp_path, run_id=rid(1)))
+    b = results.read_run(write(tmp_path, run_id=rid(2)))
     results.check_pairable(a, b)
-    other_version = results.read_run(write(tmp_path / "v", run_id="c"))
+    other_version = results.read_run(write(tmp_path / "v", run_id=rid(3)))
     other_version.manifest["engine_version"] = "sim-2"
     with pytest.raises(HbenchError, match=r"engine version differs \(sim-1 vs sim-2\)"):
         results.check_pairable(a, other_version)
     results.check_pairable(a, other_version, same_engine_version=False)
-    other_stream = results.read_run(write(tmp_path / "w", run_id="d"))
+    other_stream = results.read_run(write(tmp_path / "w", run_id=rid(4)))
     other_stream.manifest["workload_hash"] = "cd" * 32
-    with pytest.raises(HbenchError, match="refusing to pair a with d: workload hash differs"):
+    with pytest.raises(HbenchError, match=f"refusing to pair {rid(1)} with {rid(4)}: workload hash differs"):
         results.check_pairable(a, other_stream, same_engine_version=False)
+
+
+@pytest.mark.parametrize("edit, why", [
+    (lambda m: m["config"].update(org="d0"), "org 's2' is not its configuration's 'd0'"),
+    (lambda m: (m["config"].update(org="d0"), m.update(org="d0"), m["budget"].update(org="d0")),
+     "does not hash to its run id"),
+    (lambda m: m["config"].update(budget="b63"), "does not hash to its run id"),
+    (lambda m: m["config"].update(seed=7), "does not hash to its run id"),
+    (lambda m: m.update(workload_hash="cd" * 32), "does not hash to its run id"),
+    (lambda m: m.update(run_id="renamed"), "is not a content address"),
+    (lambda m: m.update(engine="torch"), "engine 'torch' is not its configuration's 'sim'"),
+    (lambda m: m.pop(results.FILES), "records no size and sha256"),
+])
+def test_a_manifest_edited_since_the_run_is_refused_by_every_reader(tmp_path, edit, why):
+    """The run id hashes the configuration and the workload: an edit to either
+    (or to the fields the manifest repeats outside the configuration) is
+    damage, refused by `read_run` and `iter_runs` and not done for a sweep."""
+    path = write(tmp_path, budget={"label": "b83", "org": "s2"})
+    assert results.read_run(path).config["org"] == "s2"
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    edit(manifest)
+    (path / results.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(results.DamagedRun, match=re.escape(why)):
+        results.read_run(path)
+    with pytest.raises(results.DamagedRun, match=re.escape(why)):
+        list(results.iter_runs(tmp_path))
+    assert not results.is_complete(path)
+
+
+def test_a_cell_id_is_checked_against_its_manifest_with_the_named_files(tmp_path):
+    """A sweep cell's id covers the engine version and the bytes of the files
+    its configuration names, recorded as ``input_files``."""
+    profile = tmp_path / "profile.json"
+    profile.write_text("{}")
+    cfg = dataclasses.replace(RunConfig(), config_path=str(profile))
+    cid = run_address.cell_id(cfg, WORKLOAD_HASH, "sim-1")
+    path = write(tmp_path / "out", run_id=cid, config=cfg)
+    assert results.read_run(path).run_id == cid
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    assert manifest["input_files"] == {"--config": hashlib.sha256(b"{}").hexdigest()}
+    for key, value in (("engine_version", "sim-2"), ("input_files", {})):
+        (path / results.MANIFEST).write_text(json.dumps({**manifest, key: value}))
+        with pytest.raises(results.DamagedRun):
+            results.read_run(path)
+
+
+def _every_field_edited(manifest: dict):
+    """(field path, manifest with that one field changed) for every field,
+    nested ones included, and a field added and one removed."""
+    def walk(value, path):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from walk(v, (*path, k))
+        else:
+            yield path
+
+    for path in walk(manifest, ()):
+        if path == (SEAL,):
+            continue
+        edited = json.loads(json.dumps(manifest))
+        *parents, last = path
+        holder = edited
+        for k in parents:
+            holder = holder[k]
+        old = holder[last]
+        holder[last] = (not old if isinstance(old, bool) else old + 1 if isinstance(old, int | float)
+                        else [*old, 0] if isinstance(old, list) else f"{old}x")
+        yield ".".join(path), edited
+    yield "added", {**manifest, "note": "edited"}
+    yield "host removed", {k: v for k, v in manifest.items() if k != "host"}
+
+
+def test_an_edit_to_any_manifest_field_is_refused(tmp_path):
+    """Fields the run id does not hash (the budget's bytes, the engine's info,
+    the workload's meta, the creation time, the versions) still feed what
+    readers print and choose: the seal refuses an edit to any of them."""
+    path = write(tmp_path, budget={"label": "b83", "org": "s2", "allocated_whole_model_bytes": 7},
+                 weights_bytes=1000)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    assert manifest[SEAL] and results.read_run(path).manifest == manifest
+    cases = list(_every_field_edited(manifest))
+    assert {"budget.allocated_whole_model_bytes", "engine_info.blocks", "workload_meta.requests",
+            "created_utc", "weights_bytes", "host.platform"} <= {name for name, _ in cases}
+    for name, edited in cases:
+        (path / results.MANIFEST).write_text(json.dumps(edited))
+        # most are the seal's; a few fail an earlier check (a schema version
+        # this hbench does not read, a field of the wrong type): one line each
+        with pytest.raises(HbenchError) as exc:
+            results.read_run(path)
+        assert "\n" not in str(exc.value) and "manifest" in str(exc.value), name
+        with pytest.raises(HbenchError):   # refused, never passed over with a warning
+            list(results.iter_runs(tmp_path))
+        assert not results.is_complete(path), name
+
+
+def test_a_manifest_without_its_seal_is_refused(tmp_path):
+    path = write(tmp_path)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    (path / results.MANIFEST).write_text(json.dumps(_unsealed(manifest)))
+    with pytest.raises(results.DamagedRun, match=f"records no {SEAL}"):
+        results.read_run(path)
+
+
+def test_drop_files_reseals_a_good_manifest_and_refuses_an_edited_one(tmp_path):
+    good, edited = write(tmp_path, run_id=rid(1)), write(tmp_path, run_id=rid(2))
+    results.drop_files(good, [results.STEPS])
+    assert results.read_run(good).manifest[results.DROPPED] == [results.STEPS]
+    manifest = json.loads((edited / results.MANIFEST).read_text())
+    (edited / results.MANIFEST).write_text(json.dumps({**manifest, "weights_bytes": 1}))
+    with pytest.raises(results.DamagedRun, match=f"do not match its {SEAL}"):
+        results.drop_files(edited, [results.STEPS])   # re-sealing never launders an edit
+    assert (edited / results.STEPS).is_file()
+
+
+def test_a_manifest_padded_past_its_bound_is_refused_unread(tmp_path):
+    path = write(tmp_path)
+    manifest = json.loads((path / results.MANIFEST).read_text())
+    manifest["host"]["platform"] = "x" * results.MAX_MANIFEST_BYTES
+    (path / results.MANIFEST).write_text(json.dumps(sealed(manifest)))
+    with pytest.raises(HbenchError, match=f"at most {results.MAX_MANIFEST_BYTES:,} are read"):
+        results.read_run(path)
+    assert not results.is_complete(path)

@@ -72,6 +72,27 @@ def test_workloads_it_does_not_keep(cache, tmp_path):
     assert D.derived_key(WorkloadSpec(**dict(SPEC, workload_kind="multiturn"))) is None
 
 
+def test_an_edited_meta_is_derived_again_with_one_line(cache, monkeypatch, capsys):
+    """The meta is outside the stream hash: the file's recorded sha256 covers it."""
+    import pyarrow as pa
+
+    from common import cache as C
+
+    monkeypatch.setattr(C, "_NOTED", set())
+    derived = build.build_workload(**SPEC)
+    (file,) = cache.glob("*.arrow")
+    table = pa.ipc.open_file(pa.py_buffer(file.read_bytes())).read_all()
+    md = dict(table.schema.metadata)
+    meta = json.loads(md[D._META])
+    md[D._META] = json.dumps({**meta, "requests": 999}).encode()
+    with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table.replace_schema_metadata(md))
+    capsys.readouterr()
+    _same(build.build_workload(**SPEC), derived)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert str(file) in line and "computing it again" in line
+
+
 def test_a_damaged_file_is_derived_again_and_replaced(cache, monkeypatch):
     derived = build.build_workload(**SPEC)
     (file,) = cache.glob("*.arrow")

@@ -111,7 +111,7 @@ def test_missing_dataset_is_a_user_error(tmp_path):
 def test_cache_is_written_once_and_read_back_identically(tmp_path, monkeypatch):
     path = _write_array(tmp_path)
     first = load_pairs(path)
-    files = list((tmp_path / "cache").glob("sharegpt-*.arrow"))
+    files = list((tmp_path / "cache").glob("sharegpt-pairs/*.arrow"))
     assert len(files) == 1 and not list((tmp_path / "cache").glob("*.tmp"))
     monkeypatch.setattr(loader, "_LOADED", {})
     monkeypatch.setattr(loader, "parse_file", lambda *a, **k: pytest.fail("cache not used"))
@@ -149,7 +149,31 @@ def test_changed_file_gets_a_new_cache_key(tmp_path):
 def test_corrupt_cache_is_reparsed(tmp_path, monkeypatch):
     path = _write_array(tmp_path)
     load_pairs(path)
-    (cache_file,) = (tmp_path / "cache").glob("sharegpt-*.arrow")
+    (cache_file,) = (tmp_path / "cache").glob("sharegpt-pairs/*.arrow")
     cache_file.write_bytes(b"garbage")
     monkeypatch.setattr(loader, "_LOADED", {})
     assert load_pairs(path).records_read == 7
+
+
+def test_a_kept_copy_with_rows_cut_is_parsed_again_with_one_line(tmp_path, monkeypatch, capsys):
+    """A valid Arrow file with half the pairs, written where the cache keeps
+    the pairs, has another sha256 than its record: the source is parsed again
+    and the legitimate pairs replace it."""
+    from common import cache
+
+    monkeypatch.setattr(cache, "_NOTED", set())
+    path = _write_array(tmp_path)
+    first = load_pairs(path)
+    (cache_file,) = (tmp_path / "cache").glob("sharegpt-pairs/*.arrow")
+    table = pa.ipc.open_file(pa.py_buffer(cache_file.read_bytes())).read_all()
+    with pa.OSFile(str(cache_file), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table.slice(0, 2))
+    monkeypatch.setattr(loader, "_LOADED", {})
+    capsys.readouterr()
+    again = load_pairs(path)
+    assert len(again) == len(first) and again.human.equals(first.human)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert str(cache_file) in line and "computing it again" in line
+    monkeypatch.setattr(loader, "_LOADED", {})
+    monkeypatch.setattr(loader, "parse_file", lambda *a, **k: pytest.fail("cache not rewritten"))
+    assert len(load_pairs(path)) == len(first)

@@ -22,7 +22,8 @@ from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.engine.shape import StepShape
 from harness.model_configs import preset
-from harness.results import cell_id, list_runs, read_run
+from harness.results import list_runs, read_run
+from harness.run_address import cell_id
 from hbench.cli import cli
 
 TRUE = Rates(mem_bytes_s=2e9, state_bytes_s=5e8, gemm_flops_s=3e10, attn_flops_s=1e10,

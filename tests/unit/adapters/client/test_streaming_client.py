@@ -74,7 +74,8 @@ class ScriptedConnection:
     def getresponse(self) -> ScriptedConnection:
         return self
 
-    def readline(self) -> bytes:
+    def read1(self, n: int) -> bytes:
+        """One scripted line a read (each shorter than ``n``)."""
         if not self.lines:
             return b""
         self.clock.now, line = self.lines.pop(0)

@@ -63,7 +63,7 @@ def test_a_torn_cache_file_is_recomputed_and_replaced(tree):
     file = V._cache_file(tree.resolve())
     file.write_text('{"format": 1, "root"')
     assert digest(tree) == expected
-    assert json.loads(file.read_text())["digest"] == expected
+    assert json.loads(file.read_text())["value"]["digest"] == expected
 
 
 @pytest.mark.slow
