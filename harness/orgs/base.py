@@ -111,13 +111,14 @@ class Organization(ReadOnlyViews):
         """Pages per pool that ``allocate`` with the same arguments would take."""
         st = self.reqs.get(rid)   # admitted: it adopts nothing any more
         start, pages, adopted_slabs = self.prefix.adoption(keys, hit if st is None else None)
+        adopted = tuple(pages)
         have_blocks = start // self.attn_block_tokens if st is None else len(st.attn)
         blocks = -(-end // self.attn_block_tokens) - have_blocks
         pages[0] += blocks if blocks > 0 else 0
         states = self.publication.states_needed(st, start, end, prefill_until, rid, keys)
         if states:
             pages[-1] += self.ckpts.pages_for(states, adopted_slabs)
-        return Demand(tuple(pages))
+        return Demand(tuple(pages), adopted)
 
     def headroom_pages(self, fraction: float) -> tuple[int, ...]:
         """H = floor(f x B) per pool (pool sizes are fixed, so this is memoized)."""
