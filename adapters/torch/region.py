@@ -78,6 +78,9 @@ class RegionSlots:
             self.slot.append({p: s for s, p in enumerate(inside)})
             self.at.append(inside)
         self.relocations = 0          # pages copied into a hole
+        # pools placed by the organization: page generations at the last sync
+        self.gens = [org.page_lifecycle(k)[0] if org.page_slots(k) is not None else ()
+                     for k in range(len(views))]
         self.poison = False           # NaN into each retired page's slot
         self.poisoned = 0
         self.grown = [0] * len(views)
@@ -120,15 +123,19 @@ class RegionSlots:
 
     def _follow(self, k: int, placed: tuple[int, ...], retired: frozenset[int]) -> None:
         """Put pool ``k``'s pages where the organization placed them: every page
-        with content whose slot changed is copied from its old slot (all read
-        before any is written), a retired page's old slot poisoned first."""
-        old_slot = self.slot[k]
+        with content, not handed out anew since the last sync, whose slot
+        changed is copied from its old slot (all read before any is written),
+        a retired page's old slot poisoned first."""
+        old_slot, old_gens = self.slot[k], self.gens[k]
+        gens, empty = self.org.page_lifecycle(k)
         src, dst = [], []
         for s, page in enumerate(placed):
             was = old_slot.get(page)
-            if was is not None and was != s and self.org.page_state(PageRef(k, page)) != "empty":
+            if (was is not None and was != s and page not in empty
+                    and gens[page] == old_gens[page]):
                 src.append(self._row(k, was))
                 dst.append(self._row(k, s))
+        self.gens[k] = gens
         if self.poison and retired:
             for p in retired:
                 self.views[k][self._row(k, old_slot[p])] = float("nan")

@@ -154,19 +154,21 @@ class U0(RegionOrganization):
 
     # ---- acting ----------------------------------------------------------------
     def _apply(self, plan: UnifiedPlan) -> None:
-        if plan.compact[0]:
-            self._compact(ATTN_POOL)
+        """Evictions first, then compactions keeping the holes the allocation
+        takes, then growth: so no page is moved and then evicted, or moved twice,
+        in one action (`plan.donate` implies `plan.compact[0]`)."""
         cascaded = self.cascaded
         if plan.donate:
             self._evict(ATTN_POOL, plan.donate)
             self.donated += plan.donate
-            self._compact(ATTN_POOL)
-        # a donated block's checkpoint, gone with it, is a hole already
+        self._evict(ATTN_POOL, plan.evict[0])
+        # a block's checkpoint, gone with it, is a hole already
         self._evict(CKPT_POOL, plan.evict[1] - (self.cascaded - cascaded))
+        if plan.compact[0]:
+            self._compact(ATTN_POOL, keep=plan.evict[0])
         if plan.compact[1]:
             self._compact(CKPT_POOL, keep=plan.keep)
         self._grow(CKPT_POOL, plan.grow[1])
-        self._evict(ATTN_POOL, plan.evict[0])
         self._grow(ATTN_POOL, plan.grow[0])
 
     def _grow(self, kind: int, n: int) -> None:

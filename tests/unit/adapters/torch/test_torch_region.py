@@ -50,6 +50,11 @@ class PlacingOrg(FakeRegionOrg):
     def page_slots(self, pool):
         return tuple(self.slots[pool])
 
+    def page_lifecycle(self, pool):
+        """No page handed out anew here: generations stay 0."""
+        n = REGION.pools[pool].pages
+        return (0,) * n, frozenset(p for p in range(n) if (pool, p) not in self.full)
+
 
 def region(org):
     storage = torch.zeros(REGION.region_bytes * LAYERS)
@@ -177,7 +182,7 @@ def test_every_organization_allocates_the_budgets_bytes_within_one_page(model_di
 
 @pytest.mark.slow
 def test_u0_s_compaction_moves_real_pages_and_continuation_still_matches(model_dir):
-    """U0 at b5, 8 requests of ~2,000 tokens over 3 contexts: a side is
+    """U0 at b6, 8 requests of ~2,000 tokens over 3 contexts: a side is
     compacted, the engine copies every page the organization moved (as many
     relocations as moved pages), and every continuation from an adopted
     checkpoint equals a clean recomputation token for token."""
@@ -185,7 +190,7 @@ def test_u0_s_compaction_moves_real_pages_and_continuation_still_matches(model_d
 
     from adapters.torch.continuation import verify_config, verify_continuation
 
-    config = dataclasses.replace(verify_config("u0", str(model_dir), budget="b5"), requests=8,
+    config = dataclasses.replace(verify_config("u0", str(model_dir), budget="b6"), requests=8,
                                  max_output=3, mean_input=2000, contexts=3)
     rep = verify_continuation(config, kernels=False)
     assert rep.all_identical, [c.describe() for c in rep.checks]
