@@ -179,30 +179,36 @@ class U0(RegionOrganization):
             at.append(page)
 
     def _evict(self, kind: int, n: int) -> None:
-        """Invalidate ``n`` cached pages of side ``kind``, least recently released
-        first, never one the allocation adopts; each becomes a hole. A block
+        """Invalidate ``n`` cached pages of side ``kind`` (blocks least recently
+        released first, checkpoints as the run's eviction policy picks), never
+        one the allocation adopts; each becomes a hole. A block
         takes the cached checkpoint at the position it ends with it, unless a copy
         of the block takes its place or the allocation adopts the checkpoint."""
         if n <= 0:
             return
         pool, keep = self.pools[kind], self._adopted_pages(kind)
-        adopted = self._adopted_pages(CKPT_POOL) if kind == ATTN_POOL else keep
+        if kind == CKPT_POOL:   # the run's eviction policy chooses, as `take_page` lets it
+            policy = self.table.evict
+            for _ in range(n):
+                page = (policy.victim(self.table, kind, frozenset(keep)) if policy is not None
+                        else next((p for p in pool.lru if p not in keep), None))
+                assert page is not None, f"u0: {n} cached pages of {pool.name} planned"
+                for eid in list(pool.dependents[page]):
+                    self.table.invalidate(self.table.entries[eid])
+            return
+        adopted = self._adopted_pages(CKPT_POOL)
         victims = [p for p in pool.lru if p not in keep][:n]
         assert len(victims) == n, f"u0: {n} cached pages of {pool.name} planned, {len(victims)}"
         for page in victims:
-            if kind == ATTN_POOL:
-                key = self.attn.key[page]
-                self.attn.invalidate(page)
-                if key is None or key in self.attn.map:   # private, or a copy takes over
-                    continue
-                e = self.ckpts.map.get(key)
-                if (e is not None and e.refs == 0 and not e.held
-                        and not any(p in adopted for _, p in e.pages)):
-                    self.table.invalidate(e)
-                    self.cascaded += 1
-            else:
-                for eid in list(pool.dependents[page]):
-                    self.table.invalidate(self.table.entries[eid])
+            key = self.attn.key[page]
+            self.attn.invalidate(page)
+            if key is None or key in self.attn.map:   # private, or a copy takes over
+                continue
+            e = self.ckpts.map.get(key)
+            if (e is not None and e.refs == 0 and not e.held
+                    and not any(p in adopted for _, p in e.pages)):
+                self.table.invalidate(e)
+                self.cascaded += 1
 
     def _compact(self, kind: int, keep: int = 0) -> None:
         """Give the holes of side ``kind`` but its ``keep`` lowest to the gap: the
