@@ -13,7 +13,8 @@ needs before the action and settles the region after it:
       demand = pages_needed(...)              per pool, as for D0
       plan   = _plan(demand, new pages)       the organization's rule; None:
                                               refused (counted), nothing changed
-      _apply(plan)                            pages grown into the pools
+      _apply(plan)                            pages grown into the pools (u0
+                                              evicts and compacts first)
       Organization.allocate(rid, ...)         takes empty pages first, then
                                               evicts cached ones (LRU), as ever
       _settle()                               the region after the action
