@@ -45,6 +45,13 @@ admission charge of ``managers/schedule_policy.py:701``). After every action a
 side gives back the empty pages at its end without moving anything (a
 flush's ``_absorb_boundary_holes``, ``unified_sub_pool.py:1779``).
 
+Acting evicts first, then compacts once keeping the holes the allocation
+takes, so no page is moved and then evicted in one action. Where u0 is not
+SGLang: it compacts only when the other side is short (SGLang compacts on
+every free, or lazily at quiescent points as well); a state's ids are every
+unit the region could hold (SGLang's, the split's Mamba slots); checkpoints
+are cached at grid boundaries (SGLang's states where requests end).
+
 The budget gives the region as whole attention pages (floor(bytes / A), loss
 under one A); both sides start empty.
 """
