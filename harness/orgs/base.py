@@ -47,6 +47,10 @@ class Organization(ReadOnlyViews):
     (u0 and e0 also how their pools share one region: `harness.orgs.region`)."""
 
     name = "base"
+    #: whether pages taken (and nothing freed) leave a refused allocation
+    #: refused, so a stretch of decode steps need not ask the waiting head
+    #: again after its blocks were taken (`harness.scheduler.stretch`)
+    takes_keep_refusals = True
     #: what a preemption pins under ``paging="vllm"`` (`OrgLayout.preempt_pin`):
     #: hbench's vLLM plugin serves the organization and pins its joint hit
     vllm_preempt_pin = "joint"

@@ -82,6 +82,9 @@ class UnifiedPlan:
 
 class U0(RegionOrganization):
     name = "u0"
+    #: blocks taken can compact a side or take cached checkpoints with them, and a
+    #: state prefers a hole to cached attention: a refused admission may then fit
+    takes_keep_refusals = False
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:
