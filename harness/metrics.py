@@ -168,11 +168,16 @@ SERVED_SUMMARY_KEYS = ("ttft_send_p50_s", "ttft_send_p99_s", *SERVER_LATENCY_KEY
 #: (warm-up included): allocations refused, those refused with the region's
 #: free bytes at least the bytes asked, the largest free bytes such a refusal
 #: could not use, and e0's capacity moves, bytes moved and the seconds the
-#: simulator charged for remapping them (``capacity_move_s``, docs/cost-model.md).
+#: simulator charged for remapping them (``capacity_move_s``, docs/cost-model.md);
+#: u0's compactions, the pages and bytes they copied and the seconds charged
+#: for the copies (``compaction_copy_s``), the cached attention pages evicted
+#: to fund states and the cached checkpoints that went with their blocks.
 REGION_SUMMARY_KEYS = (
     "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak",
     "capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
     "capacity_moved_to_checkpoint_bytes", "capacity_move_s",
+    "compactions", "compaction_moved_pages", "compaction_moved_bytes", "compaction_copy_s",
+    "donated_attention_pages", "cascaded_checkpoints",
 )
 
 #: A run that tunes the utility eviction's alpha (``--utility-alpha auto``,

@@ -18,6 +18,7 @@ PY="${PYTHON:-python}"
 rm -rf "$OUT/runs"
 mkdir -p "$OUT/runs"
 cells=(
+  "study b83 --budget b83 --seed 0"
   "shared b83 --budget b83 --requests 40 --seed 0"
   "shared b16 --budget b16 --requests 40 --seed 0"
   "multiturn b16 --budget b16 --workload-kind multiturn --requests 40 --rate 1 --think-time 2 --seed 1"
@@ -37,19 +38,35 @@ import csv
 import sys
 from pathlib import Path
 
+from harness.model_configs import preset
+from harness.orgs.keys import KEY_TOKENS
 from harness.results import iter_runs
 
 out = Path(sys.argv[1])
 keys = ("reused_tokens", "j_adopt_mean", "preemptions", "recomputed_tokens",
         "throughput_ledger_tok_s", "ttft_p50_s", "finished", "failed", "sglang_evictions",
         "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots", "sglang_tombstoned_nodes",
-        "invalidations_attention", "invalidations_checkpoint")
+        "sglang_mamba_slots_in_use_peak", "invalidations_attention", "invalidations_checkpoint",
+        "peak_mem_ssm_bytes", "compactions", "donated_attention_pages", "cascaded_checkpoints")
+# one side by side for both engines: attention tokens and states evicted, states held at once
+both = ("evicted_attention_tokens", "evicted_states", "peak_states")
+state_bytes = preset("falcon-h1-7b").model_ssm_state_bytes
 rows = []
 for cell in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
     for run in iter_runs(cell):
+        s = run.summary
         row = {"cell": cell.name, "engine": run.manifest["engine"]}
-        row.update({k: run.summary.get(k, "") for k in keys})
+        row.update({k: s.get(k, "") for k in keys})
+        if row["engine"] == "sglang":
+            row.update(evicted_attention_tokens=s["sglang_evicted_kv_tokens"],
+                       evicted_states=s["sglang_evicted_mamba_slots"],
+                       peak_states=s["sglang_mamba_slots_in_use_peak"])
+        else:   # hbench's attention blocks are 16 tokens (D0's, u0's)
+            row.update(evicted_attention_tokens=s["invalidations_attention"] * KEY_TOKENS,
+                       evicted_states=s["invalidations_checkpoint"],
+                       peak_states=s["peak_mem_ssm_bytes"] // state_bytes)
         rows.append(row)
+keys = keys + both
 with open(out / "ledger.csv", "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=["cell", "engine", *keys])
     w.writeheader()

@@ -321,6 +321,11 @@ class CostModel:
         c = self.constants
         return moved_bytes / c.vmm_granule_bytes * c.vmm_remap_s
 
+    def copy_s(self, copied_bytes: float) -> float:
+        """Seconds to copy ``copied_bytes`` (whole model) of pages within device
+        memory: each byte read and written once at the memory bandwidth."""
+        return 2.0 * copied_bytes / self.rates.mem_bytes_s
+
     def work(self, shape: StepShape) -> StepWork:
         """The step's work in physical units: the one definition of what a step
         moves and computes (``step`` divides it by the rates; both through

@@ -85,8 +85,11 @@ class SimEngine:
         if hasattr(hardware, "describe"):      # a measured cost profile (hbench calibrate)
             info["cost_profile"] = hardware.describe()
         counters = recorder.counters(sched.preemptions, budget.rounding_loss_bytes)
+        priced = pricing.counters() if isinstance(pricing, MovePricing) else {}
         if "capacity_moves" in counters:      # an organization that moves capacity (e0)
-            counters.update(pricing.counters())
+            counters["capacity_move_s"] = priced["capacity_move_s"]
+        if "compactions" in counters:         # one that compacts its sides (u0)
+            counters["compaction_copy_s"] = priced["compaction_copy_s"]
         counters.update(org.policy_counters())   # --utility-alpha auto: the tuned alpha
         return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,

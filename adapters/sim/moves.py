@@ -1,4 +1,4 @@
-"""Pricing capacity moves: the step that moves capacity between pools pays for it.
+"""Pricing capacity moves and compaction: the step that moves pages pays for it.
 
 An organization whose pools trade capacity while serving (e0,
 `harness.orgs.e0`) moves free pages from one pool's virtual range to the
@@ -17,7 +17,10 @@ Every step is priced right after its planning, so the bytes are charged to
 the step whose planning moved them. A step that moved nothing is priced
 exactly as the cost model prices it (the same object or tuple), so an
 organization that never moves capacity runs bit-identical with or without it.
-``move_s_total`` and ``priced_moves`` (steps charged) are the run's counters.
+U0 (`harness.orgs.u0`) instead moves pages with content within its side
+when it compacts; those are device copies (`CostModel.copy_s`), charged the
+same way from ``compacted_bytes``. ``move_s_total``, ``copy_s_total`` and
+``priced_moves`` (steps charged) are the run's counters.
 """
 
 from __future__ import annotations
@@ -32,17 +35,27 @@ class MovePricing:
     def __init__(self, model, org, layers: int):
         self.model, self.org, self.layers = model, org, layers
         self._seen = org.moved_capacity_bytes
+        self._seen_copied = org.compacted_bytes
         self.move_s_total = 0.0
+        self.copy_s_total = 0.0
         self.priced_moves = 0
 
     def _pending_s(self) -> float:
-        """Seconds of the moves since the last priced step (0.0 if none); marks them charged."""
-        moved = self.org.moved_capacity_bytes
-        if moved == self._seen:
+        """Seconds of the moves and copies since the last priced step (0.0 if
+        none); marks them charged."""
+        moved, copied = self.org.moved_capacity_bytes, self.org.compacted_bytes
+        if moved == self._seen and copied == self._seen_copied:
             return 0.0
-        delta, self._seen = moved - self._seen, moved
-        s = self.model.move_s(delta * self.layers)
-        self.move_s_total += s
+        s = 0.0
+        if moved != self._seen:
+            delta, self._seen = moved - self._seen, moved
+            s = self.model.move_s(delta * self.layers)
+            self.move_s_total += s
+        if copied != self._seen_copied:
+            delta, self._seen_copied = copied - self._seen_copied, copied
+            c = self.model.copy_s(delta * self.layers)
+            self.copy_s_total += c
+            s += c
         self.priced_moves += 1
         return s
 
@@ -68,5 +81,6 @@ class MovePricing:
         return (*values[:4], values[4] + s, values[5] + s, *values[6:])
 
     def counters(self) -> dict:
-        """The run's move pricing: seconds charged (``capacity_move_s``)."""
-        return {"capacity_move_s": self.move_s_total}
+        """The run's pricing: seconds charged for remapping (``capacity_move_s``)
+        and for compaction's copies (``compaction_copy_s``)."""
+        return {"capacity_move_s": self.move_s_total, "compaction_copy_s": self.copy_s_total}

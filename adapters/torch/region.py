@@ -29,9 +29,10 @@ After each organization call that may change the pools (`sync`):
   the hole (a relocation, counted);
 * a page that joined the pool takes the next slot at its end.
 
-U0 grows and shrinks each side only at its end, and its page ids are the
-positions from that end (`harness.orgs.u0`), so every page's slot is its id
-and nothing is ever relocated. E0 moves free pages of its choice between
+U0 places its pages itself (`page_slots`, `harness.orgs.u0`): it compacts
+a side by moving the pages above its holes into them, and `sync` copies each
+page with content whose slot changed (the relocations, as many as the
+organization's ``compaction_moved_pages``). E0 moves free pages of its choice between
 the pools, as a virtual-memory mapping would move physical pages; without
 such a mapping, a page leaving the middle of a pool costs one page copy
 here (the simulator, which models the mapping, charges a move nothing).
@@ -77,6 +78,9 @@ class RegionSlots:
             self.slot.append({p: s for s, p in enumerate(inside)})
             self.at.append(inside)
         self.relocations = 0          # pages copied into a hole
+        # pools placed by the organization: page generations at the last sync
+        self.gens = [org.page_lifecycle(k)[0] if org.page_slots(k) is not None else ()
+                     for k in range(len(views))]
         self.poison = False           # NaN into each retired page's slot
         self.poisoned = 0
         self.grown = [0] * len(views)
@@ -94,13 +98,21 @@ class RegionSlots:
 
     def sync(self) -> None:
         """Follow the pools' changes since the last call: retirements first (the
-        holes they leave filled from the end), then the pages grown."""
+        holes they leave filled from the end), then the pages grown. A pool
+        whose organization places its pages (`page_slots`, u0) is followed
+        page for page instead (`_follow`)."""
         now = [self.org.outside_pages(k) for k in range(len(self.views))]
         for k in range(len(self.views)):
+            placed = self.org.page_slots(k)
+            if placed is not None:
+                self._follow(k, placed, now[k] - self.outside[k])
+                continue
             retired = now[k] - self.outside[k]
             if retired:
                 self._retire(k, retired)
         for k in range(len(self.views)):
+            if self.org.page_slots(k) is not None:
+                continue
             grown = sorted(self.outside[k] - now[k])
             for page in grown:
                 self.slot[k][page] = len(self.at[k])
@@ -108,6 +120,34 @@ class RegionSlots:
             self.grown[k] += len(grown)
         self.outside = now
         self._check()
+
+    def _follow(self, k: int, placed: tuple[int, ...], retired: frozenset[int]) -> None:
+        """Put pool ``k``'s pages where the organization placed them: every page
+        with content, not handed out anew since the last sync, whose slot
+        changed is copied from its old slot (all read before any is written),
+        a retired page's old slot poisoned first."""
+        old_slot, old_gens = self.slot[k], self.gens[k]
+        gens, empty = self.org.page_lifecycle(k)
+        src, dst = [], []
+        for s, page in enumerate(placed):
+            was = old_slot.get(page)
+            if (was is not None and was != s and page not in empty
+                    and gens[page] == old_gens[page]):
+                src.append(self._row(k, was))
+                dst.append(self._row(k, s))
+        self.gens[k] = gens
+        if self.poison and retired:
+            for p in retired:
+                self.views[k][self._row(k, old_slot[p])] = float("nan")
+            self.poisoned += len(retired)
+        if src:
+            view = self.views[k]
+            view[torch.tensor(dst)] = view[torch.tensor(src)]
+            self.relocations += len(src)
+        self.given_back[k] += len(retired)
+        self.grown[k] += sum(1 for p in placed if p not in old_slot)
+        self.slot[k] = {p: s for s, p in enumerate(placed)}
+        self.at[k] = list(placed)
 
     def _retire(self, k: int, retired: frozenset[int]) -> None:
         at, slot = self.at[k], self.slot[k]

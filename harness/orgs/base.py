@@ -47,6 +47,10 @@ class Organization(ReadOnlyViews):
     (u0 and e0 also how their pools share one region: `harness.orgs.region`)."""
 
     name = "base"
+    #: whether pages taken (and nothing freed) leave a refused allocation
+    #: refused, so a stretch of decode steps need not ask the waiting head
+    #: again after its blocks were taken (`harness.scheduler.stretch`)
+    takes_keep_refusals = True
     #: what a preemption pins under ``paging="vllm"`` (`OrgLayout.preempt_pin`):
     #: hbench's vLLM plugin serves the organization and pins its joint hit
     vllm_preempt_pin = "joint"
@@ -150,6 +154,7 @@ class Organization(ReadOnlyViews):
         """Pages per pool that ``allocate`` with the same arguments would take."""
         st = self.reqs.get(rid)   # admitted: it adopts nothing any more
         start, pages, adopted_slabs = self.prefix.adoption(keys, hit if st is None else None)
+        adopted = tuple(pages)
         have_blocks = start // self.attn_block_tokens if st is None else len(st.attn)
         blocks = -(-end // self.attn_block_tokens) - have_blocks
         pages[0] += blocks if blocks > 0 else 0
@@ -157,7 +162,7 @@ class Organization(ReadOnlyViews):
                                                 hit, prompt_len)
         if states:
             pages[-1] += self.ckpts.pages_for(states, adopted_slabs)
-        return Demand(tuple(pages))
+        return Demand(tuple(pages), adopted)
 
     def headroom_pages(self, fraction: float) -> tuple[int, ...]:
         """H = floor(f x B) per pool (pool sizes are fixed, so this is memoized)."""

@@ -36,7 +36,6 @@ from dataclasses import replace
 from harness.geometry import ModelGeometry
 from harness.layout import OrgLayout
 from harness.orgs.d0 import D0
-from harness.orgs.keys import KEY_TOKENS, key_at
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, ElasticPool, RegionOrganization
 
@@ -121,16 +120,6 @@ class E0(RegionOrganization):
                     self.table.invalidate(self.table.entries[eid])
             pool.claim(page)
         pool.retire(page)
-
-    def _adopted_pages(self, kind: int) -> set[int]:
-        """Pages of pool ``kind`` the allocation being staged adopts."""
-        keys, j = self.adopting
-        if not j:
-            return set()
-        if kind == ATTN_POOL:
-            step = self.attn.step
-            return {self.attn.map[k] for k in keys[step - 1:j // KEY_TOKENS:step]}
-        return {page for _, page in self.ckpts.map[key_at(keys, j)].pages}
 
     @property
     def moved_capacity_bytes(self) -> int:

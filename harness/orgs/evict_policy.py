@@ -45,9 +45,10 @@ from harness.orgs.pool import ATTN
 class EvictPolicy:
     """Chooses the cached page `EntryTable.take_page` reclaims."""
 
-    def victim(self, table, pool_idx: int) -> int | None:
-        """A cached page of pool ``pool_idx`` (None if none is cached). Changes nothing
-        in the cache."""
+    def victim(self, table, pool_idx: int, exclude: frozenset = frozenset()) -> int | None:
+        """A cached page of pool ``pool_idx`` not in ``exclude`` (None if none is
+        cached). Changes nothing in the cache. ``exclude``: pages an allocation
+        adopts, when an organization evicts before it adopts (u0)."""
         raise NotImplementedError
 
     def admitted(self, rid, keys, prompt_len: int, running: int) -> None:
@@ -58,8 +59,11 @@ class EvictPolicy:
 class LRU(EvictPolicy):
     """The least recently released cached page."""
 
-    def victim(self, table, pool_idx):
-        return table.pools[pool_idx].lru_victim()
+    def victim(self, table, pool_idx, exclude=frozenset()):
+        pool = table.pools[pool_idx]
+        if not exclude:
+            return pool.lru_victim()
+        return next((p for p in pool.lru if p not in exclude), None)
 
 
 class Utility(EvictPolicy):
@@ -102,14 +106,17 @@ class Utility(EvictPolicy):
                 out.append(e)
         return out
 
-    def victim(self, table, pool_idx):
+    def victim(self, table, pool_idx, exclude=frozenset()):
         pool = table.pools[pool_idx]
-        page = pool.lru_victim()
+        page = (pool.lru_victim() if not exclude
+                else next((p for p in pool.lru if p not in exclude), None))
         if self.tuner is not None and page is not None:
             self.tuner.evicting()
         if page is None or pool.kind[page] == ATTN:
             return page
         cands = self.candidates(table, pool)
+        if exclude:
+            cands = [e for e in cands if e.members[0][1] not in exclude]
         if not cands:
             return page
         flops = [self.flops(e.pos) for e in cands]

@@ -13,7 +13,8 @@ needs before the action and settles the region after it:
       demand = pages_needed(...)              per pool, as for D0
       plan   = _plan(demand, new pages)       the organization's rule; None:
                                               refused (counted), nothing changed
-      _apply(plan)                            pages grown into the pools
+      _apply(plan)                            pages grown into the pools (u0
+                                              evicts and compacts first)
       Organization.allocate(rid, ...)         takes empty pages first, then
                                               evicts cached ones (LRU), as ever
       _settle()                               the region after the action
@@ -43,6 +44,7 @@ allocation and is not counted.
 from __future__ import annotations
 
 from harness.orgs.base import Organization
+from harness.orgs.keys import KEY_TOKENS, key_at
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.pool import PagePool
 from harness.orgs.values import Demand, PoolInfo, RegionCapacity
@@ -139,7 +141,9 @@ class RegionOrganization(Organization):
     def can_allocate(self, demand: Demand, headroom: float = 0.0) -> bool:
         """True iff `_plan` finds the pages and, with ``headroom`` f, at least
         floor(f x region bytes) stay free afterwards (module docstring)."""
-        if self._plan(demand.pages, demand.pages) is None:
+        new = (tuple(d - a for d, a in zip(demand.pages, demand.adopted, strict=True))
+               if demand.adopted else demand.pages)
+        if self._plan(demand.pages, new) is None:
             return False
         if not headroom:
             return True
@@ -247,7 +251,22 @@ class RegionOrganization(Organization):
         super().abandon(rid)
         self._settle()
 
+    def _adopted_pages(self, kind: int) -> set[int]:
+        """Pages of pool ``kind`` the allocation being staged adopts (never given up)."""
+        keys, j = self.adopting
+        if not j:
+            return set()
+        if kind == ATTN_POOL:
+            step = self.attn.step
+            return {self.attn.map[k] for k in keys[step - 1:j // KEY_TOKENS:step]}
+        return {page for _, page in self.ckpts.map[key_at(keys, j)].pages}
+
     # ---- views -------------------------------------------------------------------
+    def page_slots(self, kind: int) -> tuple[int, ...] | None:
+        """Page ids of pool ``kind`` by slot from the pool's end, when the
+        organization places them itself (u0); None lets an engine place them."""
+        return None
+
     def region(self) -> RegionCapacity:
         return RegionCapacity(self.region_bytes,
                               tuple(PoolInfo(p.name, p.ids, p.page_bytes) for p in self.pools))

@@ -1,25 +1,56 @@
 """U0, a unified dual-ended pool: one region, attention from one end,
-checkpoints from the other (as SGLang's ``--enable-unified-memory``).
+checkpoints from the other, under SGLang 0.5.23's ``--enable-unified-memory``
+rule (paths below under ``sglang/srt/mem_cache/``).
 
 D0's units in one region of R bytes: 16-token attention blocks of A bytes
-are laid out from the low end, contiguous checkpoint units of C bytes from
-the high end, and either side grows into the gap between them until they
-meet:
+from the low end, contiguous checkpoint units of C bytes from the high end,
+a gap between them:
 
     0                                                                     R
     | a0 | a1 | .. | a(n-1) |  . . . gap . . .  | c(m-1) | .. | c1 | c0 |
-                            ^ attention end      ^ checkpoint end
+      slots of the attention side                 slots of the checkpoint side
 
-A side takes, in order: an empty page inside it (a hole), then the gap (it
-grows by whole pages at its end), then its own least recently released
-cached page (evicted, as D0 evicts). After every action a side gives back
-the empty pages at its end to the gap; a hole below a page still in use stays
-the side's. U0 never evicts one kind's cached pages to make room for the
-other: a side shrinks only as its end pages empty. So a checkpoint (C bytes,
-contiguous) can be refused while the gap is smaller than C and the free
-bytes are holes and cached pages on the attention side: total usage looks
-low, yet the allocation fails. `RegionOrganization` counts those refusals
-and the free bytes the refused kind could not use.
+A page id keeps its identity while the page may move to another slot of its
+side (SGLang's virtual page ids over physical pages,
+``allocator/unified_sub_pool.py:279``); ``page_slots`` tells an engine where
+each lies. An empty page inside a side is a hole. An allocation, asked and
+acted by one plan (`_plan`), takes for each side in this order (the state
+first, as ``alloc_req_slots`` binds a request's Mamba slot before its KV):
+
+1. its own holes, then the gap (``take_physical`` drains holes before it
+   extends the watermark, ``unified_sub_pool.py:818-877``);
+2. the other side compacted: its pages above its holes are moved into them and
+   the band given to the gap (``_relieve_for_alloc`` flushes the growth-side
+   neighbour, ``unified_sub_pool.py:197``, ``:800``; the moves, ``_flush``
+   ``:1813``, ``_move_pages_and_rebind`` ``:1506``); each move is counted
+   with its bytes and priced by the simulator as a device copy
+   (`adapters.sim.moves`);
+3. a checkpoint short of bytes: evictable cached attention, least recently
+   released first and up to all of it, funds the state (the
+   ``MambaFullCacheDonor`` path of ``unified_radix_cache.py:745-759``,
+   ``allocator/base.py:27``); its pages become holes the next compaction gives
+   to the gap. Mamba states are first evicted only as far as state ids are
+   short (``unified_radix_cache.py:731-743``); u0's ids are every unit the
+   region could hold, so bytes bind first;
+4. only then its own cached checkpoints (``unified_radix_cache.py:761-776``);
+   attention short of bytes evicts its own cached blocks (the FULL walk,
+   ``unified_radix_cache.py:1000-1058``).
+
+A cached block evicted takes with it the cached checkpoint at the position it
+ends (SGLang's node: a KV segment and the Mamba state at its end go
+together, the "Full-leaf cascade" of ``unified_radix_cache.py:978``). A state
+taken from the gap is charged ceil(C / A) blocks' bytes
+(``mamba_slot_full_token_cost``, ``allocator/unified_mamba.py:179``; the
+admission charge of ``managers/schedule_policy.py:701``). After every action a
+side gives back the empty pages at its end without moving anything (a
+flush's ``_absorb_boundary_holes``, ``unified_sub_pool.py:1779``).
+
+Acting evicts first, then compacts once keeping the holes the allocation
+takes, so no page is moved and then evicted in one action. Where u0 is not
+SGLang: it compacts only when the other side is short (SGLang compacts on
+every free, or lazily at quiescent points as well); a state's ids are every
+unit the region could hold (SGLang's, the split's Mamba slots); checkpoints
+are cached at grid boundaries (SGLang's states where requests end).
 
 The budget gives the region as whole attention pages (floor(bytes / A), loss
 under one A); both sides start empty.
@@ -27,7 +58,7 @@ under one A); both sides start empty.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from harness.geometry import ModelGeometry
 from harness.layout import OrgLayout
@@ -36,8 +67,24 @@ from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, CKPT_POOL, ElasticPool, RegionOrganization
 
 
+@dataclass(frozen=True)
+class UnifiedPlan:
+    """What an allocation does to the region, in the order `U0._apply` acts:
+    per side, whether the other side is compacted first, the cached pages
+    evicted, the pages grown into the gap."""
+
+    compact: tuple[bool, bool] = (False, False)   # side k compacted (its holes to the gap)
+    donate: int = 0                               # cached attention pages funding states
+    evict: tuple[int, int] = (0, 0)               # own cached pages evicted per side
+    grow: tuple[int, int] = (0, 0)                # pages each side grows into the gap
+    keep: int = 0                                 # checkpoint holes the allocation takes
+
+
 class U0(RegionOrganization):
     name = "u0"
+    #: blocks taken can compact a side or take cached checkpoints with them, and a
+    #: state prefers a hole to cached attention: a refused admission may then fit
+    takes_keep_refusals = False
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:
@@ -45,8 +92,7 @@ class U0(RegionOrganization):
 
     @staticmethod
     def make_pools(layout: OrgLayout, pool_pages: tuple[int, ...]) -> list:
-        """Both sides empty in a region of ``pool_pages[0]`` attention pages; each
-        side's page ids run from its own end (page i of a side is the i-th from it)."""
+        """Both sides empty in a region of ``pool_pages[0]`` attention pages."""
         region = pool_pages[0] * layout.attn_page_bytes
         return [ElasticPool("attention", region // layout.attn_page_bytes, 0,
                             layout.attn_page_bytes),
@@ -56,50 +102,183 @@ class U0(RegionOrganization):
     def __init__(self, layout: OrgLayout, pool_pages: tuple[int, ...], policy=DEFAULT_POLICY):
         super().__init__(layout, pool_pages, policy)
         self.region_bytes = pool_pages[0] * layout.attn_page_bytes
+        a, c = self.page_bytes
+        self.state_cost = -(-c // a) * a       # bytes a state from the gap is charged
+        self.at: list[list[int]] = [[], []]    # per side: slot -> page id
+        self.slot: list[dict[int, int]] = [{}, {}]
+        self.compactions = 0
+        self.moved_pages = [0, 0]              # pages moved by compaction, per side
+        self.donated = 0                       # cached attention pages evicted for states
+        self.cascaded = 0                      # cached checkpoints that went with their block
 
+    # ---- asking ----------------------------------------------------------------
     def unassigned_bytes(self) -> int:
         """The gap between the two ends."""
         return self.region_bytes - sum(p.num_pages * p.page_bytes for p in self.pools)
 
     def reach(self, kind: int) -> int:
-        return self.pools[kind].available + self.unassigned_bytes() // self.page_bytes[kind]
+        """Holes and cached pages of the side, and what the gap, the other
+        side's holes (and, for checkpoints, its cached pages) hold in its pages."""
+        own, other = self.pools[kind], self.pools[1 - kind]
+        extra = len(other.empty) + (len(other.lru) if kind == CKPT_POOL else 0)
+        size = self.state_cost if kind == CKPT_POOL else self.page_bytes[kind]
+        return own.available + (self.unassigned_bytes() + extra * other.page_bytes) // size
 
     def _plan(self, demand, new):
-        """Pages each side grows into the gap, or None. A side must grow by what
-        its holes and cached pages cannot give (both sides from one gap); with
-        gap left, it also grows instead of evicting, for the ``new`` pages its
-        holes cannot give (checkpoint side first)."""
-        gap, size = self.unassigned_bytes(), self.page_bytes
-        must = [max(0, d - p.available) for d, p in zip(demand, self.pools, strict=True)]
-        gap -= sum(m * b for m, b in zip(must, size, strict=True))
-        if gap < 0:
-            return None
-        grow = list(must)
-        for k in (CKPT_POOL, ATTN_POOL):
-            extra = min(max(0, new[k] - len(self.pools[k].empty)) - must[k], gap // size[k])
-            if extra > 0:
-                grow[k] += extra
-                gap -= extra * size[k]
-        return tuple(grow)
+        """The `UnifiedPlan` that gives each side its ``new`` fresh pages (the
+        rest of ``demand`` are cached pages adopted, never evicted), or None.
+        Changes nothing (module docstring, steps 1-4)."""
+        a_bytes, c_bytes = self.page_bytes
+        pa, pc = self.pools
+        holes = [len(pa.empty), len(pc.empty)]
+        cached = [len(pa.lru) - (demand[0] - new[0]), len(pc.lru) - (demand[1] - new[1])]
+        gap = self.unassigned_bytes()
+        compact, evict, grow, donate = [False, False], [0, 0], [0, 0], 0
+        # the state side first
+        short = max(0, new[1] - holes[1])
+        holes[1] -= new[1] - short
+        if short and gap < short * self.state_cost:
+            compact[0], gap, holes[0] = True, gap + holes[0] * a_bytes, 0
+        if short and gap < short * self.state_cost:
+            donate = min(cached[0], -(-(short * self.state_cost - gap) // a_bytes))
+            cached[0] -= donate
+            gap += donate * a_bytes
+        if short and gap < short * self.state_cost:
+            evict[1] = short - gap // self.state_cost
+            if evict[1] > cached[1]:
+                return None
+            short -= evict[1]
+        grow[1] = short
+        gap -= short * c_bytes
+        # then the attention side
+        short = max(0, new[0] - holes[0])
+        if short * a_bytes > gap:
+            compact[1], gap = True, gap + holes[1] * c_bytes
+        if short * a_bytes > gap:
+            evict[0] = short - gap // a_bytes
+            if evict[0] > cached[0]:
+                return None
+            short -= evict[0]
+        grow[0] = short
+        return UnifiedPlan(tuple(compact), donate, tuple(evict), tuple(grow), new[1] - grow[1])
 
-    def _apply(self, plan) -> None:
-        for pool, n in zip(self.pools, plan, strict=True):
+    # ---- acting ----------------------------------------------------------------
+    def _apply(self, plan: UnifiedPlan) -> None:
+        """Evictions first, then compactions keeping the holes the allocation
+        takes, then growth: so no page is moved and then evicted, or moved twice,
+        in one action (`plan.donate` implies `plan.compact[0]`)."""
+        cascaded = self.cascaded
+        if plan.donate:
+            self._evict(ATTN_POOL, plan.donate)
+            self.donated += plan.donate
+        self._evict(ATTN_POOL, plan.evict[0])
+        # a block's checkpoint, gone with it, is a hole already
+        self._evict(CKPT_POOL, plan.evict[1] - (self.cascaded - cascaded))
+        if plan.compact[0]:
+            self._compact(ATTN_POOL, keep=plan.evict[0])
+        if plan.compact[1]:
+            self._compact(CKPT_POOL, keep=plan.keep)
+        self._grow(CKPT_POOL, plan.grow[1])
+        self._grow(ATTN_POOL, plan.grow[0])
+
+    def _grow(self, kind: int, n: int) -> None:
+        at, slot, pool = self.at[kind], self.slot[kind], self.pools[kind]
+        for _ in range(n):
+            page = pool.grow()
+            slot[page] = len(at)
+            at.append(page)
+
+    def _evict(self, kind: int, n: int) -> None:
+        """Invalidate ``n`` cached pages of side ``kind`` (blocks least recently
+        released first, checkpoints as the run's eviction policy picks), never
+        one the allocation adopts; each becomes a hole. A block
+        takes the cached checkpoint at the position it ends with it, unless a copy
+        of the block takes its place or the allocation adopts the checkpoint."""
+        if n <= 0:
+            return
+        pool, keep = self.pools[kind], self._adopted_pages(kind)
+        if kind == CKPT_POOL:   # the run's eviction policy chooses, as `take_page` lets it
+            policy = self.table.evict
             for _ in range(n):
-                pool.grow()
+                page = (policy.victim(self.table, kind, frozenset(keep)) if policy is not None
+                        else next((p for p in pool.lru if p not in keep), None))
+                assert page is not None, f"u0: {n} cached pages of {pool.name} planned"
+                for eid in list(pool.dependents[page]):
+                    self.table.invalidate(self.table.entries[eid])
+            return
+        adopted = self._adopted_pages(CKPT_POOL)
+        victims = [p for p in pool.lru if p not in keep][:n]
+        assert len(victims) == n, f"u0: {n} cached pages of {pool.name} planned, {len(victims)}"
+        for page in victims:
+            key = self.attn.key[page]
+            self.attn.invalidate(page)
+            if key is None or key in self.attn.map:   # private, or a copy takes over
+                continue
+            e = self.ckpts.map.get(key)
+            if (e is not None and e.refs == 0 and not e.held
+                    and not any(p in adopted for _, p in e.pages)):
+                self.table.invalidate(e)
+                self.cascaded += 1
+
+    def _compact(self, kind: int, keep: int = 0) -> None:
+        """Give the holes of side ``kind`` but its ``keep`` lowest to the gap: the
+        pages above the new end move into the given holes below it (lowest
+        hole first, in slot order); a page with content moved is a copy."""
+        pool, at, slot = self.pools[kind], self.at[kind], self.slot[kind]
+        give = sorted(pool.empty, key=slot.__getitem__)[keep:]
+        if not give:
+            return
+        given = set(give)
+        end = len(at) - len(given)
+        below = sorted(slot[p] for p in give if slot[p] < end)
+        movers = [p for p in at[end:] if p not in given]
+        for s, page in zip(below, movers, strict=True):
+            slot[page] = s
+            at[s] = page
+        for page in give:
+            pool.retire(page)
+            del slot[page]
+        del at[end:]
+        copied = sum(1 for p in movers if p not in pool.empty)
+        if copied:
+            self.compactions += 1
+            self.moved_pages[kind] += copied
 
     def _settle(self) -> None:
         """Each side gives the empty pages at its end back to the gap."""
-        for pool in self.pools:
-            while pool.num_pages and pool.num_pages - 1 in pool.empty:
-                pool.retire(pool.num_pages - 1)
+        for pool, at, slot in zip(self.pools, self.at, self.slot, strict=True):
+            while at and at[-1] in pool.empty:
+                page = at.pop()
+                del slot[page]
+                pool.retire(page)
+
+    # ---- views -------------------------------------------------------------------
+    def page_slots(self, kind: int) -> tuple[int, ...]:
+        return tuple(self.at[kind])
+
+    @property
+    def compacted_bytes(self) -> int:
+        """Bytes per pool layer compaction has copied so far (what the simulator prices)."""
+        return sum(n * b for n, b in zip(self.moved_pages, self.page_bytes, strict=True))
+
+    def region_counters(self, layers: int) -> dict:
+        out = super().region_counters(layers)
+        out.update({"compactions": self.compactions,
+                    "compaction_moved_pages": sum(self.moved_pages),
+                    "compaction_moved_bytes": self.compacted_bytes * layers,
+                    "donated_attention_pages": self.donated,
+                    "cascaded_checkpoints": self.cascaded})
+        return out
 
     def check_region(self) -> None:
-        """Each side is contiguous from its end: pages [0, n) of a side are in it,
-        the rest outside, and its last page is not empty (given back)."""
+        """Each side's slots hold exactly its pages, dense from its end, and its
+        last slot is not empty (given back)."""
         super().check_region()
-        for p in self.pools:
-            assert all(page >= p.num_pages for page in p.outside), (
-                f"u0: side {p.name} of {p.num_pages} pages has a page outside below its end: "
-                f"{sorted(page for page in p.outside if page < p.num_pages)}")
-            assert not p.num_pages or p.num_pages - 1 not in p.empty, (
-                f"u0: side {p.name} keeps its empty end page {p.num_pages - 1}")
+        for p, at, slot in zip(self.pools, self.at, self.slot, strict=True):
+            inside = set(range(p.ids)) - set(p.outside)
+            assert len(at) == p.num_pages and set(at) == inside, (
+                f"u0: side {p.name} of {p.num_pages} pages has slots for {sorted(at)}")
+            assert all(slot[page] == s for s, page in enumerate(at)), (
+                f"u0: side {p.name}: slot map {slot} does not invert {at}")
+            assert not at or at[-1] not in p.empty, (
+                f"u0: side {p.name} keeps its empty end page {at[-1]}")

@@ -34,9 +34,11 @@ class PrefixHit:
 
 @dataclass(frozen=True)
 class Demand:
-    """Pages per pool an allocation would take from the free queues."""
+    """Pages per pool an allocation would take from the free queues; of them,
+    ``adopted`` per pool are cached pages the allocation adopts (not fresh)."""
 
     pages: tuple[int, ...]
+    adopted: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

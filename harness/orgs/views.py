@@ -133,6 +133,12 @@ class ReadOnlyViews:
         return 0
 
     @property
+    def compacted_bytes(self) -> int:
+        """Bytes per pool layer copied by compaction so far (u0; 0 for pools
+        that never move a page with content)."""
+        return 0
+
+    @property
     def published_count(self) -> int:
         return self.ckpts.published_count
 

@@ -206,7 +206,8 @@ class Stretch:
                     duration = cost.total_s
                     admitted, preempting = None, True
                     continue
-                evicted = bool(lost) and self._head_may_differ(lost)
+                evicted = ((bool(lost) and self._head_may_differ(lost))
+                           or not org.takes_keep_refusals)
             reason = None     # the last step's, unless the waiting queue was asked again
             # after a step that admitted or preempted, the waiting queue is asked
             # and the step recorded afresh, as `Scheduler.schedule_stretch` does

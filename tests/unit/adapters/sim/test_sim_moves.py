@@ -25,10 +25,12 @@ def model():
 
 
 class MovingOrg:
-    """Just the view `MovePricing` reads: bytes per pool layer moved so far."""
+    """Just the views `MovePricing` reads: bytes per pool layer moved (e0) and
+    copied by compaction (u0) so far."""
 
     def __init__(self):
         self.moved_capacity_bytes = 0
+        self.compacted_bytes = 0
 
 
 def test_a_move_costs_the_remap_of_its_granules(model):
@@ -51,8 +53,28 @@ def test_the_step_after_a_move_pays_for_it_once(model):
     assert charged.overhead_s == pytest.approx(plain.overhead_s + extra, rel=1e-12)
     assert charged.compute_s == plain.compute_s and charged.bound == plain.bound
     assert pricing.step(shape) == plain                    # charged once
-    assert pricing.counters() == {"capacity_move_s": pytest.approx(extra, rel=1e-12)}
+    assert pricing.counters() == {"capacity_move_s": pytest.approx(extra, rel=1e-12),
+                                  "compaction_copy_s": 0.0}
     assert pricing.priced_moves == 1
+
+
+def test_a_compaction_costs_a_read_and_a_write_of_its_pages(model):
+    """U0's compaction copies pages within device memory: twice the time the
+    cost model gives for reading the same bytes (the weights' read, here)."""
+    assert model.copy_s(model.weights_read_bytes) == pytest.approx(2 * model._weights_s,
+                                                                   rel=1e-12)
+    assert model.copy_s(0) == 0.0
+    org = MovingOrg()
+    pricing = MovePricing(model, org, layers=44)
+    shape = StepShape.from_requests(prefill_chunks=((512, 0),), decode_contexts=(3000,) * 8)
+    plain = model.step(shape)
+    org.compacted_bytes += 112 * 16384                      # 112 attention blocks moved
+    charged = pricing.step(shape)
+    extra = model.copy_s(112 * 16384 * 44)
+    assert charged.total_s == pytest.approx(plain.total_s + extra, rel=1e-12)
+    assert pricing.step(shape) == plain
+    assert pricing.counters() == {"capacity_move_s": 0.0,
+                                  "compaction_copy_s": pytest.approx(extra, rel=1e-12)}
 
 
 def test_decode_prices_carry_the_move_too(model):

@@ -35,6 +35,26 @@ class FakeRegionOrg:
     def page_state(self, ref):
         return "referenced" if (ref.pool, ref.page) in self.full else "empty"
 
+    def page_slots(self, pool):
+        return None                       # the engine places the pages (as for e0)
+
+
+class PlacingOrg(FakeRegionOrg):
+    """An organization that places its pages itself (u0): ``slots[pool]`` lists
+    the page ids by slot from the pool's end."""
+
+    def __init__(self, slots: tuple[list, list]):
+        super().__init__((set(slots[0]), set(slots[1])))
+        self.slots = slots
+
+    def page_slots(self, pool):
+        return tuple(self.slots[pool])
+
+    def page_lifecycle(self, pool):
+        """No page handed out anew here: generations stay 0."""
+        n = REGION.pools[pool].pages
+        return (0,) * n, frozenset(p for p in range(n) if (pool, p) not in self.full)
+
 
 def region(org):
     storage = torch.zeros(REGION.region_bytes * LAYERS)
@@ -70,7 +90,7 @@ def test_the_two_ends_are_views_of_one_buffer():
 
 
 def test_a_side_growing_and_shrinking_at_its_end_keeps_every_page_in_place():
-    """U0's rule: page ids are positions from the end, so slot = id and no copy."""
+    """Pages given back and grown at a side's end: slot = id and no copy."""
     org = FakeRegionOrg(({0, 1, 2}, {0}))
     _, views, slots = region(org)
     assert [slots.row(0, p) for p in (0, 1, 2)] == [0, 1, 2] and slots.row(1, 0) == 3
@@ -101,6 +121,25 @@ def test_a_page_leaving_the_middle_is_filled_from_the_end_with_its_content():
     assert (views[1][slots.row(1, 0)] == 99.0).all()
     ranges = spans(views, slots, org)
     assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+
+
+def test_pages_placed_by_the_organization_are_copied_to_their_new_slots():
+    """U0 compacts its attention side: of pages 0-3 (slots 0-3), pages 0 and 1
+    become holes and are given back; page 3 (content) moves into slot 0 and
+    page 2 (content) into slot 1, both copied; nothing else moves."""
+    org = PlacingOrg(([0, 1, 2, 3], [0]))
+    _, views, slots = region(org)
+    for page in (2, 3):
+        fill(views, slots, org, 0, page, float(10 + page))
+    fill(views, slots, org, 1, 0, 99.0)
+    org.slots[0][:] = [3, 2]
+    org.inside[0].difference_update({0, 1})
+    slots.sync()
+    assert slots.relocations == 2
+    assert slots.row(0, 3) == 0 and slots.row(0, 2) == 1 and slots.row(0, 0) is None
+    assert (views[0][0] == 13.0).all() and (views[0][1] == 12.0).all()
+    assert (views[1][slots.row(1, 0)] == 99.0).all()
+    assert slots.counters()["region_pages_given_back"] == {"attention": 2, "checkpoint": 0}
 
 
 def test_an_empty_page_is_moved_without_a_copy():
@@ -139,3 +178,21 @@ def test_every_organization_allocates_the_budgets_bytes_within_one_page(model_di
         assert target - page < pools.physical_bytes <= target, (name, pools.physical_bytes, target)
         accounted = sum(p.pages * p.page_bytes for p in setup.budget.pools)
         assert pools.physical_bytes == 2 * accounted * shapes.n_layers, name
+
+
+@pytest.mark.slow
+def test_u0_s_compaction_moves_real_pages_and_continuation_still_matches(model_dir):
+    """U0 at b6, 8 requests of ~2,000 tokens over 3 contexts: a side is
+    compacted, the engine copies every page the organization moved (as many
+    relocations as moved pages), and every continuation from an adopted
+    checkpoint equals a clean recomputation token for token."""
+    import dataclasses
+
+    from adapters.torch.continuation import verify_config, verify_continuation
+
+    config = dataclasses.replace(verify_config("u0", str(model_dir), budget="b6"), requests=8,
+                                 max_output=3, mean_input=2000, contexts=3)
+    rep = verify_continuation(config, kernels=False)
+    assert rep.all_identical, [c.describe() for c in rep.checks]
+    assert rep.stats["adopted_requests"] > 0 and rep.stats["compactions"] > 0
+    assert rep.stats["region_relocations"] == rep.stats["compaction_moved_pages"] > 0

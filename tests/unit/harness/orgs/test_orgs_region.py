@@ -11,6 +11,7 @@ from adapters.registry import check_expressible
 from harness.model_configs import preset
 from harness.orgs import ORGANIZATIONS, build_organization, layout_for
 from harness.orgs.keys import chain_keys
+from harness.orgs.values import Demand
 
 GEOM = preset("falcon-h1-7b")
 A, C = 16 * 1024, 1_594_368
@@ -27,38 +28,104 @@ def state(org):
             org.region_counters(1))
 
 
-def test_u0_refuses_a_checkpoint_across_the_gap_while_holes_look_free():
-    """A's blocks become holes below B's on the attention side; B's next
-    chunk needs 112 more blocks (the holes hold 188) and two spares (one
-    hole, and the gap of 825,344 B is less than C): refused, although the
-    region's free bytes exceed the bytes asked. The free bytes the checkpoint
-    could not use (76 surplus holes and the gap) are counted."""
+def test_u0_compacts_the_attention_side_for_a_checkpoint_across_the_gap():
+    """A's blocks become 188 holes below B's 112 (slots 188-299); B's next chunk
+    needs 112 blocks and two spares (one hole, and the gap of 825,344 B is less
+    than a state's charge of 98 blocks). The attention side is compacted: B's
+    112 blocks move into the lowest holes, slots 0-111, and 188 x A bytes join
+    the gap; a spare takes the checkpoint hole, the other grows from the gap,
+    the 112 blocks from it too (SGLang's relieve-then-allocate)."""
     org = build_organization(layout_for("u0", GEOM), (545,))
     assert pages(org) == (0, 0) and org.region_bytes == 545 * A
     assert org.allocate(0, 1000, 1000)          # A: 63 blocks, its live state
     assert org.allocate(0, 3000, 1000)          # A decodes: blocks up to 188
     assert org.allocate(1, 1791, 9000)          # B: 112 blocks, its live state
     assert pages(org) == (300, 2)
+    b_blocks = [ref.page for ref in org.block_table(1)]
+    assert sorted(org.page_slots(0).index(p) for p in b_blocks) == list(range(188, 300))
     org.abandon(0)                              # A's blocks: holes below B's
     org.check_invariants()
-    assert pages(org) == (300, 2) and org.available_pages() == (188 + 50, 1)
     gap = 545 * A - 300 * A - 2 * C
-    assert gap == 825_344 < C
+    assert gap == 825_344 < 98 * A
+    # reach: 188 holes + (gap + the checkpoint hole) / A; 1 hole + (gap + 188 A) / 98 A
+    assert org.available_pages() == (188 + (gap + C) // A, 1 + (gap + 188 * A) // (98 * A))
     before = state(org)
     demand = org.pages_needed(1, 3584, 9000)
     assert demand.pages == (112, 2)
-    assert not org.can_allocate(demand)
+    assert org.can_allocate(demand)
     assert state(org) == before, "asking changed the organization"
-    free, asked = 188 * A + C + gap, 112 * A + 2 * C
-    assert free > asked
-    assert not org.allocate(1, 3584, 9000)
-    assert not org.allocate(1, 3584, 9000)      # refused again, nothing changed: one refusal
-    assert org.region_counters(1) == {"alloc_refusals": 1, "alloc_refusals_with_room": 1,
-                                      "fragmented_bytes_peak": 76 * A + gap}
-    assert org.region_counters(44)["fragmented_bytes_peak"] == 44 * (76 * A + gap)
-    assert state(org)[:4] == before[:4], "a refused allocation changed the organization"
-    assert org.allocate(1, 1792, 9000)          # one spare fits: the checkpoint hole
+    assert org.allocate(1, 3584, 9000)
     org.check_invariants()
+    assert pages(org) == (224, 3)
+    assert sorted(org.page_slots(0).index(p) for p in b_blocks) == list(range(112))
+    assert org.unassigned_bytes() == gap + 188 * A - C - 112 * A == 476_160
+    assert org.region_counters(2) == {
+        "alloc_refusals": 0, "alloc_refusals_with_room": 0, "fragmented_bytes_peak": 0,
+        "compactions": 1, "compaction_moved_pages": 112, "compaction_moved_bytes": 2 * 112 * A,
+        "donated_attention_pages": 0, "cascaded_checkpoints": 0}
+    assert org.compacted_bytes == 112 * A
+
+
+def test_u0_cached_attention_funds_a_state():
+    """Region of 296 blocks: B (one block, its state) runs; A's finished
+    1,600-token prompt leaves 100 cached blocks (released tail first) and a gap
+    of 296 - 101 - 97.3125 = 97.6875 blocks, short of a state's charge of 98.
+    C's 800-token request: the least recently released cached block (A's
+    last; in slot 1, as a request's first block takes the highest slot grown)
+    funds the state, and compaction moves the side's top page into its slot;
+    then C's 50 blocks take the gap's one block and 49 more cached blocks."""
+    org = build_organization(layout_for("u0", GEOM), (296,))
+    assert org.allocate("b", 16, 16)
+    keys = chain_keys(list(range(1600)), "a")
+    assert org.allocate("a", 1600, 1600, keys, None)
+    org.commit("a", keys, 1600, 1600)
+    org.finish("a")
+    assert pages(org) == (101, 1)
+    assert org.unassigned_bytes() == 195 * A - C
+    assert org.allocate("c", 800, 800, chain_keys(list(range(800)), "c"), None)
+    org.check_invariants()
+    assert pages(org) == (101, 2)
+    assert org.invalidations_by_kind == {"attention": 50, "checkpoint": 0}
+    assert org.lookup(keys, 1600).attn_depth == 50 * 16     # A's blocks 0-49 stay
+    counters = org.region_counters(1)
+    assert counters["donated_attention_pages"] == 1
+    assert counters["compactions"] == 1 and counters["compaction_moved_pages"] == 1
+
+
+def test_u0_a_cached_checkpoint_goes_with_the_block_it_ends():
+    """Region of 320 blocks: a 2,000-token prompt takes 125 blocks, its live
+    state and a spare (gap 0.375 blocks); finished, it leaves 125 cached blocks,
+    its checkpoint at 1,792 cached and a checkpoint hole. A new request's state
+    takes the hole; its 20 blocks evict the prompt's last 20 (blocks 105-124,
+    released tail first). Block 111 ends at 1,792, so its checkpoint goes too
+    (a SGLang node's KV and its Mamba state go together)."""
+    org = build_organization(layout_for("u0", GEOM), (320,))
+    keys = chain_keys(list(range(2000)), "a")
+    assert org.allocate(0, 2000, 2000, keys, None)
+    assert org.unassigned_bytes() == 320 * A - 125 * A - 2 * C == 6_144
+    org.commit(0, keys, 2000, 2000)
+    org.finish(0)
+    assert pages(org) == (125, 2)
+    assert org.lookup(keys, 2000).j_adopt == 1792
+    assert org.allocate(1, 320, 320, chain_keys(list(range(320)), "b"), None)
+    org.check_invariants()
+    assert org.checkpoint_at(keys, 1792) is None
+    assert org.invalidations_by_kind == {"attention": 20, "checkpoint": 1}
+    assert org.region_counters(1)["cascaded_checkpoints"] == 1
+    assert org.lookup(keys, 2000) == org.lookup(keys, 1680)   # blocks 0-104, no checkpoint
+    assert org.lookup(keys, 2000).j_adopt == 0
+
+
+@pytest.mark.parametrize(("blocks", "fits"), [(295, False), (296, True)])
+def test_u0_charges_a_state_in_whole_blocks(blocks, fits):
+    """A state taken from the gap is charged ceil(C / A) = 98 blocks' bytes: with
+    100 referenced blocks and one live state, 295 blocks leave a gap of 97.6875
+    blocks (more than C) and refuse a further state; 296 leave 98.6875."""
+    org = build_organization(layout_for("u0", GEOM), (blocks,))
+    assert org.allocate(0, 1600, 1600)
+    assert org.unassigned_bytes() == (blocks - 100) * A - C
+    assert org.unassigned_bytes() >= C
+    assert org.can_allocate(Demand((0, 1))) is fits
 
 
 def test_u0_sides_give_their_empty_ends_back_to_the_gap():
