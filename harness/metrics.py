@@ -408,7 +408,9 @@ def _memory_peaks(rows: list[dict], run: EngineRun, weights_bytes: int) -> dict:
         total = sum(per_kind.values()) if len(per_kind) == 1 else NAN
         # a kind the engine does not report is unknown (null), not zero bytes
         per_kind = {k: per_kind.get(k, NAN) for k in ("attention", "ssm", "conv")}
-    out = {f"peak_mem_{k}_bytes": _int_or_nan(float(per_kind.get(k, 0)))
+    # a kind without a column of its own is not observed (vLLM in process counts
+    # a Mamba block, conv state included, as "ssm"): null, not zero bytes
+    out = {f"peak_mem_{k}_bytes": _int_or_nan(float(per_kind.get(k, NAN)))
            for k in ("attention", "ssm", "conv")}
     out = {"peak_mem_total_bytes": _int_or_nan(total + weights_bytes), **out}
     return out

@@ -94,6 +94,14 @@ def test_block_count_is_the_budgets_bytes_in_vllms_pages(run_dir):
     assert (vllm["max_num_seqs"], vllm["max_num_batched_tokens"]) == (63, 8192)
 
 
+def test_memory_by_kind_says_what_vllm_cannot_tell_apart(run_dir):
+    """A Mamba block holds the conv and SSM state together: in process its
+    bytes are the SSM kind's and the conv peak is unknown (null), not 0."""
+    summary = read(run_dir, "summary.json")
+    assert summary["peak_mem_attention_bytes"] > 0 and summary["peak_mem_ssm_bytes"] > 0
+    assert summary["peak_mem_conv_bytes"] is None
+
+
 def test_results_are_read_by_analyze(run_dir, tmp_path):
     done = hbench("analyze", str(run_dir.parent), "--out", str(tmp_path / "analysis"))
     assert done.returncode == 0, done.stderr[-3000:]
