@@ -64,6 +64,7 @@ GATES: dict[str, Gate] = {
         "invalidations_attention", "invalidations_checkpoint", "invalidated_tokens",
         "dispatch_lag_p99_s", *ATTRIBUTION_KEYS,
         "alloc_refusals", "alloc_refusals_with_room", "fragmented_bytes_peak", "capacity_move_s",
+        "compaction_copy_s", "cascaded_checkpoints",
         "sglang_evictions", "sglang_evicted_kv_tokens", "sglang_evicted_mamba_slots",
         "sglang_tombstoned_nodes", "sglang_mamba_slots_in_use_peak")},
 }
@@ -79,6 +80,10 @@ UNGATED: dict[str, str] = {
     **dict.fromkeys(("capacity_moves", "capacity_moved_bytes", "capacity_moved_to_attention_bytes",
                      "capacity_moved_to_checkpoint_bytes"),
                     "e0's moves: their cost is gated as capacity_move_s and in the latencies"),
+    **dict.fromkeys(("compactions", "compaction_moved_pages", "compaction_moved_bytes"),
+                    "u0's compactions: their cost is gated as compaction_copy_s and in the latencies"),
+    "donated_attention_pages": "u0's trade between its sides (cached attention evicted to fund "
+                               "states): its cost shows in reuse and the latencies",
     "sglang_mamba_slots": "the Mamba pool's size: configuration, not a measurement",
     **dict.fromkeys(("utility_alpha_tuned", "utility_alpha_tuned_at"),
                     "a choice the eviction policy made, not a measurement"),

@@ -10,7 +10,7 @@
 #   OUT=results/fidelity bash scripts/vllm_scheduler_ledger.sh
 #
 # Needs HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh). About 15 minutes on
-# two quiet cores.
+# two quiet cores, 40 beside other work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/fidelity}"
@@ -23,6 +23,6 @@ ledger() {
   cp "$RUNS/$name"/{ledger.csv,fidelity.json,fidelity.png} "$RUNS/$name.txt" "$OUT/$name/"
   mv "$OUT/$name/$name.txt" "$OUT/$name/fidelity.txt"
 }
-ledger vllm-scheduler-q4
 ledger vllm-scheduler-q3 --budget b83 --q 0
 ledger vllm-scheduler-q6 --org s2,d0 --headroom 0.19
+ledger vllm-scheduler-q4
