@@ -27,6 +27,7 @@ from pathlib import Path
 
 from adapters.sim.cost import CostModel
 from adapters.sim.profile import hardware_for
+from adapters.venv_worker import REFUSED
 from common.errors import HbenchError
 from harness.engine.clock import VirtualClock
 from harness.engine.loop import EngineLoop
@@ -263,9 +264,6 @@ def quiet_vllm() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     logging.getLogger("vllm").setLevel(logging.ERROR)
 
-
-#: The line a refusal is written on, for hbench's process to show as its own.
-REFUSED = "hbench-refused: "
 
 
 def main(argv=None) -> None:
