@@ -190,6 +190,12 @@ def fidelity_figure(table: pd.DataFrame):
     for i, m in enumerate(metrics):
         ax = fig.add_subplot(rows, cols, i + 1)
         sub = table[table["metric"] == m.name]
+        if sub["real"].isna().all():     # the real engine does not observe it
+            ax.set_title(m.name, fontsize=9)
+            ax.text(0.5, 0.5, "not observed\nby the real engine", ha="center", va="center",
+                    fontsize=9, color="0.4", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
         for org in orgs:
             pts = sub[sub["org"] == org]
             ax.scatter(pts["real"], pts["sim"], marker=markers[org], label=org, s=22, alpha=0.8,

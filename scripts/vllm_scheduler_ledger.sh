@@ -9,8 +9,8 @@
 #
 #   OUT=results/fidelity bash scripts/vllm_scheduler_ledger.sh
 #
-# Needs HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh). About 15 minutes on
-# two quiet cores, 40 beside other work.
+# Needs HBENCH_VLLM_PYTHON (scripts/setup_vllm_cpu.sh). 16 minutes on this
+# 2-core machine beside other work (load average 4 to 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/fidelity}"

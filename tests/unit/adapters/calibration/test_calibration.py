@@ -7,6 +7,7 @@ known additive rates (so the right answer is known exactly), plus outliers.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -375,3 +376,23 @@ def test_vllm_a_decode_window_read_in_one_burst_gives_no_sample():
     assert retimed(lambda _: next(answers), cell, retimes=2) == samples     # third time lucky
     answers = iter([[], [], [], samples])
     assert retimed(lambda _: next(answers), cell, retimes=2) == []          # then it gives up
+
+
+def test_the_fidelity_figure_says_which_metric_the_real_engine_does_not_observe():
+    """A metric with no real value in any cell (vLLM in process cannot tell a
+    Mamba block's conv state from its SSM state) gets a panel that says so,
+    not empty axes."""
+    import pandas as pd
+
+    from analysis.fidelity import fidelity_figure
+
+    rows = [{"metric": metric, "org": "s0", "budget": "b83", "seed": seed,
+             "real": (math.nan if metric == "peak_mem_conv_bytes" else 100.0 + seed),
+             "sim": 101.0 + seed}
+            for metric in ("throughput_ledger_tok_s", "peak_mem_conv_bytes") for seed in (0, 1)]
+    fig = fidelity_figure(pd.DataFrame(rows))
+    panels = {ax.get_title(): ax for ax in fig.axes}
+    conv, tput = panels["peak_mem_conv_bytes"], panels["throughput_ledger_tok_s"]
+    assert not conv.axison and [t.get_text() for t in conv.texts] == [
+        "not observed\nby the real engine"]
+    assert tput.axison and len(tput.collections) >= 1 and not tput.texts
