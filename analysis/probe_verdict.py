@@ -13,7 +13,7 @@ this order, in `hbench explain`'s words where it has them
 ``shorter_than_block``  the shared prefix is shorter than the smallest reusable prefix;
 ``rounded_to_unit``     it reused g(shareable): only the tail past the last
                         reusable position is lost;
-``no_grid_position``    the server keeps a state only where a prompt ended (the
+``no_grid_position``    the server kept no state inside the sharer's prompt (the
                         probe's shared-prefix-other-continuation pair reused
                         nothing), and it reused all the sharer's prompt end
                         allowed: no checkpoint lies inside the shared part;
@@ -35,7 +35,7 @@ PROBE_REASONS = {
     "shorter_than_block": REASONS["shorter_than_block"] + " (the reuse unit)",
     "rounded_to_unit": "the shared prefix ends inside a block: reuse stops at the block boundary below it",
     "no_grid_position": REASONS["no_grid_position"]
-    + " (the server keeps a state only where a prompt ended)",
+    + " (the server kept no state inside the sharer's prompt)",
     "producer_computing": REASONS["producer_computing"],
     "evicted_before_reuse": "evicted before reuse",
     "evicted_after_reuse": "evicted after earlier reuse",
@@ -170,9 +170,11 @@ def summary_lines(f: dict) -> list[tuple[str, str]]:
         lines.append(("a hit can stop inside a block", "yes" if f["stops_inside_block"] else "no"))
     if f["branch_reused"] is not None:
         lines.append(("prefix inside an earlier prompt",
-                      f"{f['branch_reused']} of {f['branch_prefix']} shared tokens reused"
-                      + (": states are kept only where a prompt ends"
-                         if f["branch_reused"] == 0 else "")))
+                      f"{f['branch_reused']} of {f['branch_prefix']} shared tokens reused by "
+                      "the second prompt to share them"
+                      + (": no state inside the first prompt (a later one may find one where "
+                         "the prefix branched: vLLM 0.32 caches it there once a second prompt "
+                         "computed it)" if f["branch_reused"] == 0 else "")))
     if f["history_reused"] is not None:
         lines.append(("own history between turns",
                       f"{f['history_reused']} of {f['history_prompt'] + f['history_generated']} "

@@ -179,7 +179,8 @@ def _check_recipe(spec, within_model_len: bool) -> None:
         (length >= MIN_MODEL_LEN, f"--max-model-len must be >= {MIN_MODEL_LEN}, got {length}"),
         (1 <= spec.max_output < below,
          f"--max-output must be in [1, max-model-len {length}), got {spec.max_output}"),
-        (MIN_TURN_TOKENS < spec.mean_input_tokens < below,
+        # a multi-turn prompt is its conversation's history: --mean-input is not used there
+        (spec.workload_kind != "sharegpt" or MIN_TURN_TOKENS < spec.mean_input_tokens < below,
          f"--mean-input must be in ({MIN_TURN_TOKENS}, max-model-len {length}), "
          f"got {spec.mean_input_tokens}"),
         (spec.max_turns >= 1, f"--max-turns must be >= 1, got {spec.max_turns}"),

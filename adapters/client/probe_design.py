@@ -24,8 +24,10 @@ The sequences, in order (each stops cleanly when the budget is spent):
    grid positions means a hit can stop inside a block.
 4. **shared prefix, different continuations.** warm P + tail1, probe P +
    tail2 (tails longer than a step): does a prefix *inside* an earlier prompt
-   hit? (vLLM's ``align`` mode keeps a state only where a prompt's last chunk
-   starts, so a system prompt followed by different questions is not reused.)
+   hit for the second prompt to share it? (vLLM's ``align`` mode keeps a state
+   where a prompt's last chunk starts, so the second prompt finds none inside
+   the first; the second ends a chunk where the prefix branches and caches
+   the state there, so a third and later ones reuse it: docs/engines.md.)
 5. **own history.** turn 1 = P with a few generated tokens, turn 2 = P +
    generated + fresh user tokens: how much of turn 1 turn 2 reused.
 6. **survival under load.** warm P, then K filler requests of fresh prompts

@@ -246,3 +246,18 @@ def test_reproduce_on_vllm_without_its_venv_is_refused_before_any_cell(tmp_path,
                                    "--out", str(out)])
     one_error_line(res, "design q4 on --engine vllm", "vLLM is not installed")
     assert not any(out.rglob("*"))
+
+
+def test_a_multi_turn_workload_at_a_short_model_length_builds(tmp_path):
+    """--mean-input is the ShareGPT kind's alone, so its default (3,332) is not
+    held against a 2,048-token model length when the workload is multi-turn;
+    the ShareGPT kind still refuses it there."""
+    out = tmp_path / "mt.parquet"
+    common = ["workload", "build", "--requests", "3", "--max-model-len", "2048", "--max-output",
+              "16"]
+    res = CliRunner().invoke(cli, [*common, "--workload-kind", "multiturn", "--max-turns", "2",
+                                   "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.is_file()
+    refused = CliRunner().invoke(cli, [*common, "-o", str(tmp_path / "s.parquet")])
+    one_error_line(refused, "--mean-input must be in")
