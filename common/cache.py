@@ -181,7 +181,11 @@ def keep_file(path: Path) -> None:
 
 
 def _file_record(path: Path, max_bytes: int) -> dict | None:
-    """The verified record of ``path``, or None (with a line: ``path`` is there)."""
+    """The verified record of the cache file ``path``, or None: ``path`` is
+    not there, or (with a line) its record is missing or does not verify."""
+    if not _present(path):
+        return None
+
     def fits(e: dict) -> bool:
         return (type(e.get("bytes")) is int and 0 <= e["bytes"] <= max_bytes
                 and isinstance(e.get("sha256"), str))
@@ -195,8 +199,6 @@ def _file_record(path: Path, max_bytes: int) -> dict | None:
 def verified_bytes(path: Path, max_bytes: int) -> bytes | None:
     """The bytes of the cache file ``path`` if they are what `keep_file`
     recorded (a regular file, at most ``max_bytes``, same size and sha256); else None."""
-    if not _present(path):
-        return None
     record = _file_record(path, max_bytes)
     if record is None:
         return None
@@ -215,8 +217,6 @@ def verified_map(path: Path, max_bytes: int) -> mmap.mmap | None:
     """`verified_bytes` as a read-only memory map, for a file too large to copy:
     the map's own bytes are hashed, then its pages handed back (only the pages
     a reader then touches become resident again)."""
-    if not _present(path):
-        return None
     record = _file_record(path, max_bytes)
     if record is None:
         return None
