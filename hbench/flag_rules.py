@@ -130,8 +130,9 @@ RULES: tuple[Rule, ...] = (
          lambda c, g: own_org(c) or (c.engine == "vllm" and (c.launch or in_process(c))),
          "applies to --engine sim, torch, or vllm in process or with --launch (its "
          "--watermark and scheduler_reserve_full_isl) only"),
-    Rule(("retention",), lambda c, g: own_org(c),
-         "applies to --engine sim or torch only: retention is hbench's scheduler's policy"),
+    Rule(("retention",), lambda c, g: own_org(c) or (c.engine == "vllm" and in_process(c)),
+         "applies to --engine sim, torch, or vllm in process only: retention is hbench's "
+         "scheduler's policy and its vLLM plugin's"),
     Rule(("retention_threshold",), lambda c, g: c.retention,
          "applies with --retention only"),
     Rule(("ckpt_publish", "ckpt_evict"), lambda c, g: own_org(c),
@@ -165,6 +166,11 @@ FIDELITY_RULES: tuple[Rule, ...] = (
          "applies to --engine vllm only: its scheduler runs in process"),
     Rule(("gpu", "headroom"), lambda c, g: "in_process" in g,
          "applies with --in-process only: a real engine runs on its own hardware"),
+    Rule(("retention",), lambda c, g: "in_process" in g,
+         "applies with --in-process only: hbench's vLLM plugin holds a producer's states in "
+         "process, not on a server"),
+    Rule(("retention_threshold",), lambda c, g: "retention" in g,
+         "applies with --retention only"),
     Rule(("profile_path", "quick", "device"), lambda c, g: "in_process" not in g,
          "does not apply with --in-process: both sides are priced by --gpu's cost model"),
 )

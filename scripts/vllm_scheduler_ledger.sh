@@ -2,10 +2,11 @@
 # hbench's scheduler against vLLM's own, run in process at the study's scale
 # (docs/fidelity.md, "hbench's scheduler against vLLM's"): the study's Q4
 # cells (S0, S1, S2, D0 at b63 / b83 / b108), the no-share control Q3 (q = 0,
-# b83) and Q6's headroom 0.19 (S2, D0), seeds 0 and 1, each served by vLLM's
+# b83), Q6's headroom 0.19 (S2, D0), seeds 0 and 1, and Q8's retention (S2
+# at 254 pages, its seeds 79010-79012), each served by vLLM's
 # scheduler and by the simulator on the same workload, bytes, pages and cost
 # model. Keeps each ledger's summary, table and figure (not its runs) in
-# OUT/vllm-scheduler-{q4,q3,q6}/.
+# OUT/vllm-scheduler-{q4,q3,q6,q8}/.
 #
 #   OUT=results/fidelity bash scripts/vllm_scheduler_ledger.sh
 #
@@ -26,3 +27,4 @@ ledger() {
 ledger vllm-scheduler-q3 --budget b83 --q 0
 ledger vllm-scheduler-q6 --org s2,d0 --headroom 0.19
 ledger vllm-scheduler-q4
+ledger vllm-scheduler-q8 --org s2 --budget 254p --seeds 79010-79012 --retention

@@ -18,7 +18,8 @@ request whose scheduled tokens reached its end, and vLLM's
 hbench's side only reads: each scheduled request's tokens become a
 `BatchItem` (``start`` = its computed tokens before the step, ``end`` after),
 priced by the cost model; its record gets the token times, the prefix vLLM
-reused at admission (``num_computed_tokens`` when first scheduled) and the
+reused at admission (``num_computed_tokens`` when first scheduled), how deep
+attention and the Mamba states alone reached at its first lookup, and the
 preemptions vLLM made. One rule is hbench's, because vLLM has none: a
 request that cannot be admitted while nothing runs (vLLM would wait for it
 forever) fails with the reason.
@@ -30,6 +31,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import MambaSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
@@ -74,6 +76,9 @@ class VllmScheduler:
         # vLLM's prefix-cache counters (PrefixCacheStats), summed over steps
         self.prefix = dict.fromkeys(("requests", "queries", "hits", "preempted_requests",
                                      "preempted_queries", "preempted_hits"), 0)
+        # rid -> (attention depth, deepest Mamba state) at its first lookup
+        self.depths: dict[int, tuple[int, int]] = {}
+        self._watch_first_lookups()
 
     # ---- the engine loop's surface ------------------------------------------------
     def add(self, rid, arrival_s, token_ids, output_len, salt, prefix_group=-1, warmup=False,
@@ -168,6 +173,30 @@ class VllmScheduler:
         return None
 
     # ---- reading vLLM's decisions -------------------------------------------------
+    def _watch_first_lookups(self) -> None:
+        """Record, at a request's first prefix-cache lookup, how deep each
+        kind of state alone would reach: attention (``attn_depth``) and the
+        deepest Mamba state on its path (``r_max``), each group looked up on
+        its own (`find_longest_cache_hit_per_group`, read-only) beside the
+        joint hit vLLM then takes (``j_adopt``)."""
+        manager = self.core.kv_cache_manager
+        coordinator = manager.coordinator
+        mamba = [isinstance(g.kv_cache_spec, MambaSpec)
+                 for g in manager.kv_cache_config.kv_cache_groups]
+        lookup = manager.get_computed_blocks
+
+        def get_computed_blocks(request):
+            rid = int(request.request_id)
+            if rid not in self.depths:
+                _, lengths = coordinator.find_longest_cache_hit_per_group(
+                    request.block_hashes, request.num_tokens - 1)
+                attention = [n for n, m in zip(lengths, mamba, strict=True) if not m]
+                state = [n for n, m in zip(lengths, mamba, strict=True) if m]
+                self.depths[rid] = (min(attention, default=0), min(state, default=0))
+            return lookup(request)
+
+        manager.get_computed_blocks = get_computed_blocks
+
     def _schedule(self):
         out = self.core.schedule()
         if not out.num_scheduled_tokens:
@@ -183,6 +212,7 @@ class VllmScheduler:
         if r.first_admission:
             r.first_admission = False
             rec.j_adopt = rec.reused_tokens = matched
+            rec.attn_depth, rec.r_max = self.depths[r.rid]
             rec.initial_input_tokens = r.prompt_len - matched
         else:
             rec.recomputed_tokens += len(r.tokens) - matched

@@ -212,6 +212,8 @@ def serve(workload, setup) -> EngineRun:
     plugin = plugin_scheduler(config)
     sched = VllmScheduler(vllm_config, kv_config, block_size, hash_block_size,
                           **({"scheduler_cls": plugin} if plugin else {}))
+    if config.retention:
+        sched.core.enable_retention(config.retention_threshold)
     info_vllm = describe(vllm_config, kv_config, block_size, hash_block_size,
                          budget.target_bytes)
     evictions = EvictionCount(sched.core, kv_config)
@@ -252,10 +254,12 @@ def serve(workload, setup) -> EngineRun:
 
 def plugin_counters(core) -> dict:
     """What hbench's plugin counted, read from its objects: the Mamba
-    manager's pool (S1/S2 pages and slab, D0's private pool) and the pins."""
+    manager's pool (S1/S2 pages and slab, D0's private pool), the pins and
+    retention's holds."""
     managers = core.kv_cache_manager.coordinator.single_type_managers
     mamba = [m for m in managers if hasattr(m, "counters")]
-    return {**(mamba[0].counters() if mamba else {}), **dict(core.pin_counters)}
+    retention = core.retention.snapshot() if core.retention is not None else {}
+    return {**(mamba[0].counters() if mamba else {}), **dict(core.pin_counters), **retention}
 
 
 def quiet_vllm() -> None:

@@ -32,6 +32,10 @@ the watermark from the attention pool's blocks and has the checkpoint
 manager keep its own pool's share free while vLLM admits a waiting or
 preempted request (vLLM's condition: another request scheduled).
 
+Retention (`adapters.vllm_plugin.retention`), when enabled: a running
+producer holds its states that enough arrived requests demand, until it
+finishes or is preempted; the holds are apart from the pins.
+
 The scheduler also writes the plugin's counters to the log (see
 `hooks.emit`), throttled, and once more when the engine goes idle; hbench's
 metrics scraper follows the log and puts them in every step row.
@@ -47,6 +51,7 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.request import RequestStatus
 
 from adapters.vllm_plugin.hooks import COUNTERS_TAG, OrgMambaManager, emit
+from adapters.vllm_plugin.retention import Retention
 
 EMIT_INTERVAL_S = 0.5
 
@@ -60,7 +65,24 @@ class PinningScheduler(Scheduler):
         self.pin_counters: Counter = Counter()
         self._last_emit = 0.0
         self._last_payload = ""
+        self.retention: Retention | None = None
         self._per_pool_headroom()
+
+    def enable_retention(self, threshold: int) -> None:
+        """Hold a running producer's states demanded by ``threshold`` or more
+        arrived requests (DESIGN.md section 4); before the first request."""
+        if self.requests:
+            raise RuntimeError("retention must be enabled before requests arrive")
+        mamba, _ = self._managers()
+        if not mamba:
+            raise RuntimeError("retention needs a Mamba KV-cache group")
+        self.retention = Retention(threshold, mamba[0].block_pool)
+
+    def add_request(self, request, *args, **kwargs):
+        out = super().add_request(request, *args, **kwargs)
+        if self.retention is not None:
+            self.retention.arrived(request.block_hashes)
+        return out
 
     def _managers(self):
         managers = self.kv_cache_manager.coordinator.single_type_managers
@@ -93,6 +115,8 @@ class PinningScheduler(Scheduler):
 
     def _preempt_request(self, request, *args, **kwargs):
         self._pin(request)
+        if self.retention is not None:
+            self.retention.release(request.request_id)
         return super()._preempt_request(request, *args, **kwargs)
 
     def _pin(self, request) -> None:
@@ -139,15 +163,39 @@ class PinningScheduler(Scheduler):
                 self.pin_counters["pinned_resumes_with_hit"] += int(hit > 0)
                 self.pin_counters["pinned_resume_hit_tokens_total"] += hit
 
+    def _retain(self, out) -> None:
+        """Retention's view of the step: who was admitted from how deep a
+        hit, which states running producers now have cached, who finished."""
+        retention = self.retention
+        for new in out.scheduled_new_reqs:
+            retention.admitted(new.req_id, new.num_computed_tokens)
+        cached = out.scheduled_cached_reqs
+        for rid in cached.resumed_req_ids:
+            retention.admitted(rid, cached.num_computed_tokens[cached.req_ids.index(rid)])
+        mamba, _ = self._managers()
+        blocks = mamba[0].req_to_blocks
+        for request in self.running:
+            retention.scan(request.request_id, blocks.get(request.request_id, ()))
+
+    def _release_finished(self) -> None:
+        for rid in list(self.retention.seen):
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                self.retention.release(rid)
+
     def schedule(self, *args, **kwargs):
         out = super().schedule(*args, **kwargs)
         self._count_resumes(out)
+        if self.retention is not None:
+            self._retain(out)
         self._release_pins()
         self._emit(force=False)
         return out
 
     def update_from_output(self, *args, **kwargs):
         out = super().update_from_output(*args, **kwargs)
+        if self.retention is not None:
+            self._release_finished()
         self._release_pins()
         self._emit(force=not self.has_unfinished_requests())
         return out
@@ -160,6 +208,8 @@ class PinningScheduler(Scheduler):
         payload = dict(self.pin_counters, pins_held=len(self._pins))
         if mamba and isinstance(mamba[0], OrgMambaManager):
             payload.update(mamba[0].counters())
+        if self.retention is not None:
+            payload.update(self.retention.snapshot())
         payload["preemptions"] = int(payload.get("pins_taken", 0)
                                      + payload.get("pins_without_checkpoint", 0))
         text = repr(sorted(payload.items()))

@@ -77,6 +77,12 @@ def _workload_option(name: str, kind):
 @_workload_option("--token-budget", INT)
 @click.option("--headroom", type=FLOAT, default=None,
               help="With --in-process: the admission headroom of every cell (vLLM's watermark).")
+@click.option("--retention", is_flag=True, default=None,
+              help="With --in-process: every cell holds a running producer's demanded "
+                   "checkpoints (DESIGN.md section 4; on vLLM hbench's plugin, S1/S2/D0 only).")
+@click.option("--retention-threshold", type=INT, default=None,
+              help="With --retention: distinct requests that must demand a prefix "
+                   "[default: 2].")
 @click.option("--device", default="cpu", show_default=True, help="torch engine: cpu or cuda[:N].")
 @click.option("--out", "out_dir", default="results/fidelity", show_default=True, type=click.Path())
 @click.option("--analyze-only", is_flag=True, help="Only rebuild the ledger from OUT/runs.")
@@ -89,6 +95,7 @@ def fidelity(ctx, engine, in_process, model_dir, orgs, budgets, seeds, profile_p
     hbench tiny-model --preset proportional -o /tmp/prop
     hbench fidelity --engine torch --model /tmp/prop --budget b8 --seeds 0-1 --out fid
     hbench fidelity --engine vllm --in-process --org s0,s2,d0 --budget b63,b83,b108 --out fid
+    hbench fidelity --engine vllm --in-process --org s2 --budget 254p --retention --out fid8
     """
     from harness.config import RunConfig
     from hbench.fidelity import run_fidelity, run_scheduler_fidelity, write_ledger

@@ -60,7 +60,8 @@ DESIGN_NAMES = ("q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "beyond")
               help="Whose scheduler decides: hbench's simulator, or vLLM's own V1 scheduler, KV-cache "
                    "manager and block pool in process (needs HBENCH_VLLM_PYTHON, "
                    "scripts/setup_vllm_cpu.sh; S0/D0 in a CUDA vLLM's blocks, S1/S2 at the study's "
-                   "pages; designs with retention are refused).")
+                   "pages; retention through hbench's plugin; a design with an organization or "
+                   "checkpoint policy vLLM has not is refused before any cell).")
 @click.option("--out", default="results/reproduce", show_default=True, type=PATH,
               help="Root; each design runs into OUT/<design>/ (OUT/<design>-quick/ with --quick, "
                    "OUT/<design>-vllm/ with --engine vllm).")

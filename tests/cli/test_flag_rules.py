@@ -234,6 +234,13 @@ TOOL_CASES = {
                         ["fidelity", "--model", "m", "--out", UNWRITABLE], "--out"),
     "fidelity quick": (["--quick"], ["fidelity", "--model", "m", "--profile", "p.json"],
                        ["fidelity", "--model", "m", "--out", UNWRITABLE], "--out"),
+    "fidelity retention": (["--retention"], ["fidelity", "--engine", "vllm", "--model", "m"],
+                           ["fidelity", "--engine", "vllm", "--in-process", "--out", UNWRITABLE],
+                           "--out"),
+    "fidelity retention-threshold": (["--retention-threshold", "3"],
+                                     ["fidelity", "--engine", "vllm", "--in-process"],
+                                     ["fidelity", "--engine", "vllm", "--in-process",
+                                      "--retention", "--out", UNWRITABLE], "--out"),
 }
 
 

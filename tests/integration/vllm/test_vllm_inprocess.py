@@ -231,12 +231,54 @@ def test_a_launch_at_a_budget_the_longest_request_cannot_finish_in_is_refused_fi
 
 
 def test_reproduce_refuses_a_design_vllm_cannot_express_before_any_cell(tmp_path):
-    """Q8's retention cells: vLLM has no retention policy, so `reproduce q8
-    --engine vllm` stops in one line before it runs anything."""
+    """The beyond-the-study design crosses organizations (u0, e0) and
+    checkpoint policies vLLM's scheduler does not have: `reproduce beyond
+    --engine vllm` stops in one line before any cell."""
     out = tmp_path / "out"
-    done = hbench("reproduce", "q8", "--quick", "--engine", "vllm", "--out", str(out))
+    done = hbench("reproduce", "beyond", "--quick", "--engine", "vllm", "--out", str(out))
     assert done.returncode == 2, done.stderr[-2000:]
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("Error:")]
-    assert len(errors) == 1 and "design q8 on --engine vllm" in errors[0] \
-        and "--retention" in errors[0], done.stderr
+    assert len(errors) == 1 and "design beyond on --engine vllm" in errors[0] \
+        and "not expressible on vllm" in errors[0], done.stderr
     assert not out.exists() or not any(out.rglob("*"))
+
+
+def test_retention_holds_a_producers_demanded_states_and_raises_reuse(tmp_path):
+    """hbench's plugin gives vLLM the study's retention (DESIGN.md section 4):
+    the same S2 cell with and without it. Every hold taken is given back by
+    the end, and the states it kept are reused. Each request's depths come
+    from vLLM's own per-group lookup: where it hit, attention and the Mamba
+    states alone reached at least as deep on average as the joint hit."""
+    import pandas as pd
+
+    runs = {}
+    for flag in ("--retention", "--no-retention"):
+        out = tmp_path / flag
+        done = hbench("run", "--engine", "vllm", "--org", "s2", "--budget", BUDGET,
+                      "--requests", str(REQUESTS), "--rate", "4", "--seed", "1", flag,
+                      "--out", str(out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        (path,) = [p for p in out.iterdir() if p.is_dir()]
+        runs[flag] = path
+    kept = read(runs["--retention"], "manifest.json")["engine_info"]["vllm"]["plugin"]
+    plain = read(runs["--no-retention"], "manifest.json")["engine_info"]["vllm"]["plugin"]
+    assert kept["retention_holds_taken"] > 0 and kept["retention_threshold"] == 2
+    assert kept["retention_holds_released"] == kept["retention_holds_taken"]
+    assert kept["retention_held"] == 0
+    assert not any(k.startswith("retention") for k in plain)
+    reused = {f: read(p, "summary.json")["reused_tokens"] for f, p in runs.items()}
+    assert reused["--retention"] > reused["--no-retention"]
+    reqs = pd.read_parquet(runs["--retention"] / "requests.parquet")
+    hit = reqs[reqs["j_adopt"] > 0]
+    assert len(hit) > 0 and (hit["r_max"] > 0).all() and (hit["attn_depth"] > 0).all()
+    assert reqs["r_max"].mean() >= reqs["j_adopt"].mean()
+    assert reqs["attn_depth"].mean() >= reqs["j_adopt"].mean()
+
+
+def test_retention_on_stock_vllm_is_refused_in_one_line(tmp_path):
+    done = hbench("run", "--engine", "vllm", "--org", "s0", "--budget", "b83", "--retention",
+                  "--requests", "5", "--out", str(tmp_path))
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "Error: --retention is not expressible for --org s0 on vLLM"), lines

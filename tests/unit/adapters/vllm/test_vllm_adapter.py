@@ -170,7 +170,7 @@ def test_model_directory_without_config_gets_no_block_override():
 @pytest.mark.parametrize("kw, msg", [
     ({"org": "d0"}, "--org d0 on vllm needs --launch"),
     ({"headroom": 0.19}, "--headroom 0.19 is not expressible on this vLLM (no --watermark)"),
-    ({"retention": True}, "--retention is not expressible on vllm"),
+    ({"retention": True}, "--retention on vLLM runs in process only"),
     ({"cap": 200, "launch": True, "model": "/m"}, "--cap 200 exceeds the CPU step size 128"),
     ({"cap": 2000, "launch": True, "config_path": "PROP"}, "--cap 2000 exceeds the CPU step size 1664"),
 ])

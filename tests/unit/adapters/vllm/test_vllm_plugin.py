@@ -393,14 +393,41 @@ def env_subset(env):
     return {k: v for k, v in env.items() if k.startswith("HBENCH_")}
 
 
-def test_headroom_becomes_vllms_watermark_and_retention_is_refused(monkeypatch):
+def test_headroom_becomes_vllms_watermark_and_retention_is_refused_on_a_server(monkeypatch):
     from common.errors import HbenchError
 
     eng = vllm_0_32(monkeypatch)
     argv = eng.launch_argv(run_config(org="s2", headroom=0.19), 8000)
     assert argv[argv.index("--watermark") + 1] == "0.19"
-    with pytest.raises(HbenchError, match="^--retention is not expressible on vllm"):
+    with pytest.raises(HbenchError, match="^--retention on vLLM runs in process only"):
         eng.check_config(run_config(org="s2", retention=True))
+
+
+def in_process_config(**kw):
+    from harness.config import RunConfig
+
+    return RunConfig(**{"engine": "vllm", "budget": "b83", "paging": "study", **kw})
+
+
+def test_in_process_retention_is_the_plugins_and_stock_vllm_refuses_it(monkeypatch):
+    from common.errors import HbenchError
+
+    eng = vllm_0_32(monkeypatch)
+    for org in ("s1", "s2"):
+        eng.check_in_process(in_process_config(org=org, retention=True))
+    eng.check_in_process(in_process_config(org="d0", paging="vllm-gpu", retention=True))
+    with pytest.raises(HbenchError, match="^--retention is not expressible for --org s0 on vLLM"):
+        eng.check_in_process(in_process_config(org="s0", paging="vllm-gpu", retention=True))
+
+
+@pytest.mark.parametrize("policy", [{"ckpt_publish": "marconi"}, {"ckpt_evict": "utility"}])
+def test_in_process_vllm_refuses_hbenchs_checkpoint_policies(monkeypatch, policy):
+    from common.errors import HbenchError
+
+    eng = vllm_0_32(monkeypatch)
+    with pytest.raises(HbenchError, match="is not expressible on vLLM's scheduler: vLLM "
+                                          "decides its own checkpoints"):
+        eng.check_in_process(in_process_config(org="s2", **policy))
 
 
 def test_launcher_refuses_a_missing_plugin_or_another_vllm_before_starting(monkeypatch):
