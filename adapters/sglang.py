@@ -37,7 +37,12 @@ import sys
 
 from adapters.served_engine import ServedEngine
 from adapters.server_process import installed_distribution, split_command
+from common.code_digest import code_digest
 from common.errors import HbenchError
+
+#: Where the import walk of the SGLang engine's code digest starts: this
+#: client and the in-process worker (started by module name).
+DIGEST_ROOTS = ("adapters.sglang", "adapters.sglang_cpu.worker")
 
 DEFAULT_SERVER = ("{python} -m sglang.launch_server --host 127.0.0.1 --port {port} "
                   "--model-path {model}")
@@ -98,9 +103,10 @@ class SglangEngine(ServedEngine):
                               "--endpoint/--launch and set HBENCH_SGLANG_PYTHON")
 
     def version(self) -> str:
-        """SGLang's version in the interpreter that serves (``self.python``), not hbench's."""
+        """SGLang's version in the interpreter that serves (``self.python``) and
+        the digest of hbench's code that drives it (client, in-process worker)."""
         dist = installed_distribution(self.python, ("sglang",))
-        return f"sglang-{dist[1]}" if dist else "sglang-unknown"
+        return f"sglang-{dist[1] if dist else 'unknown'}-{code_digest(DIGEST_ROOTS)}"
 
     def launch_argv(self, config, port: int) -> list[str]:
         argv = split_command(config.server_cmd or DEFAULT_SERVER, python=self.python,

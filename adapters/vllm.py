@@ -71,6 +71,7 @@ from adapters.registry import check_expressible
 from adapters.served_engine import ServedEngine
 from adapters.server_process import installed_distribution, split_command
 from adapters.vllm_plugin.plan import ORG_EXPRESSION, PLUGIN_ORGS, VLLM_VERSION, Plan
+from common.code_digest import code_digest
 from common.errors import HbenchError
 from harness.layout import VLLM_STUDY_PAGE_ORGS, vllm_block_tokens
 
@@ -79,6 +80,11 @@ CPU_BLOCK_SIZE = 128        # vLLM's own choice for tiny hybrids on CPU; pinned 
 CPU_KV_GIB = 1              # VLLM_CPU_KVCACHE_SPACE floor for launched CPU servers (GiB)
 GIB = 2**30
 PLUGIN_SCHEDULER = "adapters.vllm_plugin.scheduler.PinningScheduler"
+#: Where the import walk of the vLLM engine's code digest starts: this client,
+#: the worker that drives vLLM's scheduler in process (started by module name,
+#: so no import reaches it) and the plugin a server loads by class name.
+DIGEST_ROOTS = ("adapters.vllm", "adapters.vllm_inprocess.worker",
+                "adapters.vllm_plugin.scheduler")
 PLUGIN_ENTRY_POINT = "hbench_orgs"
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # hbench -> vLLM
 
@@ -259,8 +265,10 @@ class VllmEngine(ServedEngine):
         return self._cpu
 
     def version(self) -> str:
+        """The installed vLLM and the digest of hbench's code that drives it
+        (the served client, the plugin, the in-process worker)."""
         dist = self.distribution()
-        return f"{dist[0]}-{dist[1]}" if dist else "vllm-unknown"
+        return f"{f'{dist[0]}-{dist[1]}' if dist else 'vllm-unknown'}-{code_digest(DIGEST_ROOTS)}"
 
     def has_watermark(self) -> bool:
         if self._watermark is None:

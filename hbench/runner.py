@@ -19,6 +19,23 @@ from harness.results import free_run_id, write_run
 from harness.run_address import new_run_id
 from harness.run_setup import RunSetup, validate
 from harness.run_workload import build_run_workload, recorded_config
+from workloads.kinds import WORKLOAD_KINDS
+
+#: Where the import walk of the recording code's digest starts: this runner,
+#: the summary metrics and the workload builder with its derivers (named in
+#: `WORKLOAD_KINDS`, which the builder imports by name, so an import walk
+#: alone would miss them).
+RECORDING_ROOTS = ("hbench.runner", "harness.metrics", "workloads.build", "workloads.io",
+                   *(module for module, _ in WORKLOAD_KINDS.values()))
+
+
+def recorded_version(engine) -> str:
+    """The version a run records and a sweep cell is addressed by: the
+    engine's (its code and package) and the digest of the code that builds
+    the workload and summarizes the run (`common.code_digest`)."""
+    from common.code_digest import code_digest
+
+    return f"{engine.version()}+{code_digest(RECORDING_ROOTS)}"
 
 
 def budget_manifest(b) -> dict:
@@ -72,7 +89,7 @@ def execute(config: RunConfig, out_root: str | Path = "results", *, workload=Non
         config=config, run=run,
         workload_hash=wl_hash, workload_meta=dict(workload.meta),
         budget=budget_manifest(setup.budget),
-        engine_name=engine.name, engine_version=engine.version(),
+        engine_name=engine.name, engine_version=recorded_version(engine),
         weights_bytes=setup.geometry.weights_bytes,
         extra_manifest={"cache_state": run.engine_info.get("cache_state", "cold"),
                         "warmup_requests": config.warmup_requests},

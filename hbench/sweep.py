@@ -55,7 +55,7 @@ from harness.run_address import cell_id
 from harness.run_workload import build_run_workload, recorded_config
 from hbench.executors import EXECUTORS
 from hbench.interrupts import raise_if_received, signals_interrupt
-from hbench.runner import execute, validate_run
+from hbench.runner import execute, recorded_version, validate_run
 
 SWEEP_FILE = "sweep.json"
 LOCK_DIR = ".locks"        # out/.locks/<cell id>: held while a process runs that cell
@@ -130,7 +130,7 @@ def plan(configs: Sequence[RunConfig]) -> list[Cell]:
     cells = []
     for cfg in configs:
         if cfg.engine not in versions:
-            versions[cfg.engine] = make_engine(cfg.engine).version()
+            versions[cfg.engine] = recorded_version(make_engine(cfg.engine))
         key = workload_key(cfg)
         if key not in hashes:
             hashes[key] = cached_workload(cfg).content_hash
@@ -187,7 +187,7 @@ def preview(configs: Sequence[RunConfig], out: Path) -> Iterator[tuple[RunConfig
             yield cfg, cell.cell_id if is_done(out / cell.cell_id) else None
             continue
         if cfg.engine not in versions:
-            versions[cfg.engine] = make_engine(cfg.engine).version()
+            versions[cfg.engine] = recorded_version(make_engine(cfg.engine))
         yield cfg, index.get((cfg.digest(), versions[cfg.engine]))
 
 

@@ -17,7 +17,7 @@ from adapters.sim.cost import CostModel
 from adapters.sim.executor import CostExecutor
 from adapters.sim.moves import MovePricing
 from adapters.sim.profile import hardware_for
-from adapters.sim.version import source_digest
+from common.code_digest import code_digest
 from harness import __version__
 from harness.config import ORG_NAMES
 from harness.engine.clock import VirtualClock
@@ -40,6 +40,11 @@ def stretches_enabled() -> bool:
     return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
 
 
+#: Where the import walk of the simulator's code digest starts: the engine,
+#: and through its imports the scheduler, organizations and cost model.
+DIGEST_ROOTS = ("adapters.sim.engine",)
+
+
 class SimEngine:
     """The simulator. ``fast`` switches stretches of quiet decode steps
     (`harness.scheduler.stretch`) on or off; None (the default) follows
@@ -54,7 +59,7 @@ class SimEngine:
 
     def version(self) -> str:
         """Changes whenever the simulator's code (hence possibly its outputs) changes."""
-        return f"sim-{__version__}-{source_digest()}"
+        return f"sim-{__version__}-{code_digest(DIGEST_ROOTS)}"
 
     def build(self, setup):
         """The organization a resolved run serves with (its pools from the budget)."""

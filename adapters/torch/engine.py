@@ -56,12 +56,12 @@ the run with an error.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.code_digest import code_digest
 from common.errors import HbenchError
 from harness import __version__
 from harness.config import ORG_NAMES
@@ -147,6 +147,11 @@ def check_geometry(model, geom) -> None:
             "--config, or the model's own config.json")
 
 
+#: Where the import walk of the torch engine's code digest starts: the engine
+#: and the executor, model and pools it imports where it runs.
+DIGEST_ROOTS = ("adapters.torch.engine",)
+
+
 class TorchEngine:
     name = "torch"
     # every registered organization: fixed pools as one tensor each, a region
@@ -165,11 +170,9 @@ class TorchEngine:
         self.stats: dict = {}
 
     def version(self) -> str:
-        """Changes whenever this package's code changes."""
-        h = hashlib.sha256()
-        for f in sorted(Path(__file__).parent.rglob("*.py")):
-            h.update(f.read_bytes())
-        return f"torch-{__version__}-{h.hexdigest()[:12]}"
+        """Changes whenever code that decides its outputs changes: this
+        package and what it imports (scheduler, organizations, engine loop)."""
+        return f"torch-{__version__}-{code_digest(DIGEST_ROOTS)}"
 
     def run(self, workload, setup, progress=None) -> EngineRun:
         torch = _torch()

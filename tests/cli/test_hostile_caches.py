@@ -148,6 +148,16 @@ def _flip_last_byte(f: Path):
     f.write_bytes(bytes(data))
 
 
+def _sim_digest_entry() -> str:
+    """The simulator's code-digest entry (a run keeps two: the engine's and
+    the recording code's, `hbench.runner.recorded_version`)."""
+    from adapters.sim.engine import DIGEST_ROOTS
+    from common.code_digest import SOURCE_ROOT, cache_file
+
+    return f"code-digest/{cache_file(DIGEST_ROOTS, SOURCE_ROOT.resolve()).name}"
+
+
+SIM_DIGEST = _sim_digest_entry()
 CASES = {
     "ks-pvalue-tiny": ("ks-expon", _edit_value("pvalue", "1e-300")),
     "ks-pvalue-nan": ("ks-expon", _edit_value("pvalue", "NaN")),
@@ -156,9 +166,9 @@ CASES = {
     "ks-pvalue-infinity": ("ks-expon", _edit_value("pvalue", "Infinity")),
     "ks-fifo": ("ks-expon", _fifo),
     "ks-dev-zero": ("ks-expon", _dev_zero),
-    "sim-digest-newline": ("sim-digest", _edit_value("digest", json.dumps("0123456789ab\nx"))),
-    "sim-digest-other": ("sim-digest", _edit_value("digest", json.dumps("0123456789ab"))),
-    "sim-digest-fifo": ("sim-digest", _fifo),
+    "sim-digest-newline": (SIM_DIGEST, _edit_value("digest", json.dumps("0123456789ab\nx"))),
+    "sim-digest-other": (SIM_DIGEST, _edit_value("digest", json.dumps("0123456789ab"))),
+    "sim-digest-fifo": (SIM_DIGEST, _fifo),
     "versions-edited": ("installed-versions", lambda f: f.write_text(
         f.read_text().replace('"numpy": "', '"numpy": "9', 1))),
     "versions-dev-zero": ("installed-versions", _dev_zero),
@@ -167,10 +177,10 @@ CASES = {
     "derived-dev-zero": ("derived-workloads", _dev_zero),
     "derived-record-edited": ("derived-workloads/*.json", lambda f: f.write_text(
         f.read_text().replace('"bytes": ', '"bytes": 1', 1))),
-    "ks-linked-to-another-entry": ("ks-expon", _linked_to("sim-digest")),
+    "ks-linked-to-another-entry": ("ks-expon", _linked_to(SIM_DIGEST)),
     "ks-oversized": ("ks-expon", _oversized),
     "versions-directory": ("installed-versions", _directory),
-    "sim-digest-directory": ("sim-digest", _directory),
+    "sim-digest-directory": (SIM_DIGEST, _directory),
     "derived-directory": ("derived-workloads", _directory),
     # the parsed corpus: a 100 MB table, hashed as it is mapped
     "corpus-byte-flipped": ("sharegpt-pairs/*.arrow", _corpus(_flip_middle_byte)),

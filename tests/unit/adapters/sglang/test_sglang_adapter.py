@@ -128,12 +128,17 @@ def test_the_budget_becomes_sglangs_two_pool_limits(budget):
 
 
 def test_the_version_is_the_serving_interpreters(tmp_path):
-    """Asked of the interpreter that serves (its package metadata), not hbench's."""
+    """Asked of the interpreter that serves (its package metadata), not hbench's;
+    then the digest of hbench's code that drives it."""
+    from adapters.sglang import DIGEST_ROOTS
+    from common.code_digest import code_digest
+
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\necho \'["sglang", "0.5.9"]\'\n')
     fake.chmod(0o755)
-    assert SglangEngine(python=str(fake)).version() == "sglang-0.5.9"
-    assert SglangEngine(python=str(tmp_path / "missing")).version() == "sglang-unknown"
+    digest = code_digest(DIGEST_ROOTS)
+    assert SglangEngine(python=str(fake)).version() == f"sglang-0.5.9-{digest}"
+    assert SglangEngine(python=str(tmp_path / "missing")).version() == f"sglang-unknown-{digest}"
 
 
 def test_an_organization_sglang_cannot_express_names_the_engines_that_can():
