@@ -134,26 +134,31 @@ def seed_capacity(rates_ok: Mapping[float, bool]) -> tuple[float, float | None]:
     return cap, nxt
 
 
-def capacity_table(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """One row per arm (org, budget) from ``cells`` (columns org, budget, rate,
-    seed, meets): per-seed capacities, their mean and its percentile bootstrap
-    interval (within the per-seed range; the mean itself for one seed or no
-    spread)."""
+def per_seed_capacity(g: pd.DataFrame) -> dict[int, float]:
+    """Seed -> its capacity (`seed_capacity`) over one arm's cells."""
+    return {int(seed): seed_capacity(dict(zip(s["rate"], s["meets"], strict=True)))[0]
+            for seed, s in g.groupby("seed")}
+
+
+def capacity_table(cells: pd.DataFrame, alpha: float = 0.05,
+                   keys: Sequence[str] = ("org", "budget")) -> pd.DataFrame:
+    """One row per arm (``keys``: org and budget unless another column names
+    the arm) from ``cells`` (columns ``keys``, rate, seed, meets): per-seed
+    capacities, their mean and its percentile bootstrap interval (within the
+    per-seed range; the mean itself for one seed or no spread)."""
     rows = []
-    for (org, budget), g in cells.groupby(["org", "budget"], sort=False):
-        per_seed = {}
-        for seed, s in g.groupby("seed"):
-            per_seed[int(seed)] = seed_capacity(dict(zip(s["rate"], s["meets"], strict=True)))[0]
+    for arm, g in cells.groupby(list(keys), sort=False, dropna=False):
+        per_seed = per_seed_capacity(g)
         caps = np.array(list(per_seed.values()), dtype=float)
         lo, hi = (stats.bootstrap_interval(caps, stats.bootstrap_rng(), level=1 - alpha)
                   if caps.size >= 2 and np.ptp(caps) > 0 else (caps.mean(),) * 2)
-        rows.append({"org": org, "budget": budget, "capacity_req_s": float(caps.mean()),
+        rows.append({**dict(zip(keys, arm, strict=True)), "capacity_req_s": float(caps.mean()),
                      "ci_low": float(lo), "ci_high": float(hi),
                      "per_seed": ", ".join(f"{s}: {c:g}" for s, c in sorted(per_seed.items()))})
     return pd.DataFrame(rows)
 
 
-def _paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float) -> tuple:
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], level: float) -> tuple:
     """(mean of a - b over the seeds both ran, interval low, high, paired t p)."""
     seeds = sorted(set(a) & set(b))
     d = np.array([a[s] - b[s] for s in seeds], dtype=float)
@@ -180,7 +185,7 @@ def goodput_comparisons(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFram
         orgs = sorted(by_org, key=lambda o: -means[o])     # stable: equal means keep name order
         for i, a in enumerate(orgs):
             for b in orgs[i + 1:]:
-                diff, lo, hi, p = _paired_difference(by_org[a], by_org[b], 1 - alpha)
+                diff, lo, hi, p = paired_difference(by_org[a], by_org[b], 1 - alpha)
                 rows.append({"budget": budget, "rate": float(rate), "a": a, "b": b,
                              "mean_a": means[a], "mean_b": means[b], "diff": diff,
                              "ci_low": lo, "ci_high": hi, "p": p})

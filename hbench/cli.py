@@ -44,6 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("hbench.commands.sweep", "sweep"),
     "reproduce": ("hbench.commands.reproduce", "reproduce"),
     "capacity": ("hbench.commands.capacity", "capacity"),
+    "advise": ("hbench.commands.advise", "advise"),
     "explain": ("hbench.commands.explain", "explain"),
     "report": ("hbench.commands.report", "report"),
     "calibrate": ("hbench.commands.calibrate", "calibrate"),

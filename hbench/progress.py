@@ -16,6 +16,7 @@ from contextlib import contextmanager
 def progress_bar() -> Iterator[Callable[..., None]]:
     """Yields ``update(description, completed=None, total=None)``; the bar is
     removed when the block ends."""
+    from rich.console import Console
     from rich.progress import Progress
 
     bar: Progress | None = None
@@ -25,7 +26,7 @@ def progress_bar() -> Iterator[Callable[..., None]]:
                total: float | None = None) -> None:
         nonlocal bar, task
         if bar is None:
-            bar = Progress(transient=True)
+            bar = Progress(transient=True, console=Console(stderr=True))   # stdout stays the answer
             bar.start()
             task = bar.add_task(description, total=total)
         bar.update(task, description=description, completed=completed, total=total)

@@ -1,0 +1,285 @@
+"""The answer of ``hbench advise``: which arm sustains the most load within an
+SLO, by how much, and what limits it. Pure functions over a capacity grid.
+
+An **arm** is an organization with its settings (running cap, D0's split):
+one row of `arm_table`, its capacity the mean over seeds of the per-seed
+capacities (`analysis.capacity.seed_capacity`) with its bootstrap interval.
+The **best** arm has the highest mean capacity; the **runner-up** is the
+best arm of another organization, and the margin between them is the
+seed-paired capacity difference with its t interval and paired t test
+(`analysis.capacity.paired_difference`); it counts only by the one rule of
+every table (`analysis.stats.is_significant`).
+
+**What limits** an arm is read where it stopped: for each seed, the run at
+the first grid rate above its capacity. Which SLO term failed there, and,
+for a TTFT term, which cause the run's TTFT attribution
+(`harness.attribution`, ``ttft_<band>_<cause>_s``) gives most of that
+percentile to: waiting for the running cap, for memory (pages, or recompute
+after a preemption), for the step's token budget, or the prefill itself
+(compute). The seeds vote; a latency that is not valid (the queue grew)
+counts as the term failing. An arm whose SLO held at the top of the grid has
+no limit inside the grid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis import stats
+from analysis.capacity import (
+    Limit,
+    capacity_table,
+    paired_difference,
+    per_seed_capacity,
+    seed_capacity,
+)
+
+#: Columns that name an arm in a cell table, beside ``arm`` (its label).
+ARM_COLUMNS = ("arm", "org", "cap", "d0_attn_fraction")
+#: TTFT attribution cause -> the limit it names.
+CAUSE_LIMIT = {"wait_cap": "cap", "wait_memory": "memory", "recompute": "memory",
+               "wait_budget": "token budget", "prefill": "compute"}
+#: What each limit is, in the answer's words.
+LIMIT_WORDS = {
+    "cap": "the running cap: requests waited for a running slot, not for memory",
+    "memory": "state memory: requests waited for pages (or were recomputed after a preemption)",
+    "token budget": "the step's token budget: admitted requests waited for prefill tokens",
+    "compute": "compute: the steps themselves are too slow for the SLO",
+    "grid": "nothing inside the rate grid: the SLO held at its top rate",
+}
+
+
+@dataclass(frozen=True)
+class LimitFound:
+    """What stopped an arm: ``kind`` (a key of `LIMIT_WORDS`), the SLO terms
+    that failed, the seeds' votes and the TTFT parts behind the answer."""
+
+    kind: str
+    failed_terms: tuple[str, ...] = ()
+    votes: Mapping[str, int] = field(default_factory=dict)
+    parts_s: Mapping[str, float] = field(default_factory=dict)
+    rate: float | None = None
+
+    @property
+    def words(self) -> str:
+        return LIMIT_WORDS[self.kind]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The best arm, the runner-up of another organization, and the margin."""
+
+    best: dict
+    runner_up: dict | None
+    diff: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    p: float = math.nan
+    significant: bool = False
+    at_top: bool = False        # the best arm held the SLO at the top rate of the grid
+
+    @property
+    def level(self) -> bool:
+        """Best and runner-up have the same capacity at every seed."""
+        return self.runner_up is not None and self.diff == 0 and self.ci_low == self.ci_high == 0
+
+
+def arm_table(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """One row per arm, best first: its columns (`ARM_COLUMNS`), capacity mean,
+    bootstrap interval and per-seed capacities."""
+    keys = [c for c in ARM_COLUMNS if c in cells.columns]
+    table = capacity_table(cells, alpha, keys=keys)
+    return table.sort_values("capacity_req_s", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def decide(cells: pd.DataFrame, table: pd.DataFrame, alpha: float = 0.05) -> Decision:
+    """The best arm of ``table`` (`arm_table`), the best arm of another
+    organization, and their seed-paired capacity difference."""
+    best = table.iloc[0].to_dict()
+    top_rate = float(cells["rate"].max())
+    others = table[table["org"] != best["org"]]
+    at_top = best["capacity_req_s"] >= top_rate
+    if others.empty:
+        return Decision(best, None, at_top=at_top)
+    runner = others.iloc[0].to_dict()
+    a = per_seed_capacity(cells[cells["arm"] == best["arm"]])
+    b = per_seed_capacity(cells[cells["arm"] == runner["arm"]])
+    diff, lo, hi, p = paired_difference(a, b, 1 - alpha)
+    if np.allclose([a[s] - b[s] for s in sorted(set(a) & set(b))], 0.0):
+        lo = hi = 0.0
+    significant = bool(math.isfinite(p) and stats.is_significant(p, (lo, hi), 0.0, alpha))
+    return Decision(best, runner, diff, lo, hi, p, significant, at_top)
+
+
+def failing_runs(cells: pd.DataFrame, arm: str) -> list[tuple[int, float, str]]:
+    """(seed, rate, run directory) of each seed's run at the first grid rate
+    above the arm's capacity (none for a seed that held the top rate)."""
+    g = cells[cells["arm"] == arm]
+    out = []
+    for seed, s in g.groupby("seed"):
+        _, nxt = seed_capacity(dict(zip(s["rate"], s["meets"], strict=True)))
+        if nxt is not None:
+            row = s[s["rate"] == nxt].iloc[0]
+            out.append((int(seed), float(nxt), str(row["run_dir"])))
+    return out
+
+
+def _band(limit: Limit) -> str:
+    return "p50" if limit.quantile == "p50" else "p99"
+
+
+def limit_of_run(summary: Mapping, limits: Sequence[Limit]) -> tuple[str, tuple[str, ...], dict]:
+    """(limit kind, failed SLO terms, TTFT parts) of one run past capacity."""
+    from harness.validity import metric_is_valid
+
+    failed = tuple(str(lim) for lim in limits
+                   if not metric_is_valid(summary, lim.key)
+                   or not (summary.get(lim.key) is not None
+                           and float(summary[lim.key]) <= lim.seconds))
+    ttft = [lim for lim in limits if lim.metric == "ttft" and str(lim) in failed]
+    if not ttft:
+        return ("compute" if failed else "grid"), failed, {}
+    band = _band(ttft[0])
+    parts = {cause: float(summary.get(f"ttft_{band}_{cause}_s") or 0.0) for cause in CAUSE_LIMIT}
+    parts = {k: v for k, v in parts.items() if math.isfinite(v)}
+    if not parts or max(parts.values()) <= 0:
+        return "compute", failed, parts
+    by_kind = Counter()
+    for cause, seconds in parts.items():
+        by_kind[CAUSE_LIMIT[cause]] += seconds
+    return by_kind.most_common(1)[0][0], failed, parts
+
+
+def limit_found(cells: pd.DataFrame, arm: str, limits: Sequence[Limit],
+                summary_of: Callable[[str], Mapping]) -> LimitFound:
+    """What limits ``arm`` (module docstring); ``summary_of(run directory)``
+    reads a run's ``summary.json``."""
+    runs = failing_runs(cells, arm)
+    if not runs:
+        return LimitFound("grid")
+    votes, terms, parts = Counter(), Counter(), Counter()
+    for _, _, run_dir in runs:
+        kind, failed, p = limit_of_run(summary_of(run_dir), limits)
+        votes[kind] += 1
+        terms.update(failed)
+        parts.update(p)
+    kind = votes.most_common(1)[0][0]
+    n = len(runs)
+    return LimitFound(kind, tuple(t for t, _ in terms.most_common()), dict(votes),
+                      {k: v / n for k, v in parts.items()}, min(r for _, r, _ in runs))
+
+
+def capacity_words(row: Mapping, top_rate: float, unit: str = "req/s") -> str:
+    """``2.50 req/s [2.00, 3.00]``, with "at least" at the top of the grid."""
+    at_least = "at least " if row["capacity_req_s"] >= top_rate else ""
+    if row["ci_low"] == row["ci_high"]:
+        return f"{at_least}{row['capacity_req_s']:.2f} {unit} (every seed)"
+    return (f"{at_least}{row['capacity_req_s']:.2f} {unit} "
+            f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]")
+
+
+def margin_words(d: Decision, alpha: float, unit: str = "req/s") -> str:
+    """The best arm against the runner-up, in one clause."""
+    if d.runner_up is None:
+        return "it is the only organization searched"
+    other = d.runner_up["arm"]
+    if d.level:
+        return f"{other} sustains exactly the same at every seed: the organizations do not differ here"
+    if not math.isfinite(d.p):
+        return f"ahead of {other} by {d.diff:+.2f} {unit} (one seed: no test)"
+    if d.ci_low == d.ci_high:
+        return (f"ahead of {other} by {d.diff:+.2f} {unit} at every seed (no spread across the "
+                "seeds, so no interval)")
+    verdict = (f"significant (paired t p {d.p:.3g} < {alpha:g})" if d.significant
+               else "not significant at these seeds")
+    return (f"ahead of {other} by {d.diff:+.2f} {unit} [{d.ci_low:+.2f}, {d.ci_high:+.2f}], "
+            f"{verdict}")
+
+
+def runs_at_capacity(cells: pd.DataFrame, arm: str) -> list[str]:
+    """Run directories of ``arm`` at each seed's own capacity rate."""
+    g = cells[cells["arm"] == arm]
+    out = []
+    for seed, cap in per_seed_capacity(g).items():
+        at = g[(g["seed"] == seed) & (g["rate"] == cap)]
+        out.extend(str(d) for d in at["run_dir"])
+    return out
+
+
+def state_peak_bytes(summary: Mapping) -> float:
+    """Peak state bytes of a run (attention + SSM + conv; a kind not observed adds 0)."""
+    total = 0.0
+    for kind in ("attention", "ssm", "conv"):
+        v = summary.get(f"peak_mem_{kind}_bytes")
+        if v is not None and math.isfinite(float(v)):
+            total += float(v)
+    return total
+
+
+def _arm_words(row: Mapping) -> str:
+    split = row.get("d0_attn_fraction")
+    split = "" if split is None or (isinstance(split, float) and math.isnan(split)) \
+        else f", {split:g} of the bytes to attention"
+    return f"{str(row['org']).upper()} with a running cap of {int(row['cap'])}{split}"
+
+
+def _limit_clause(limit: LimitFound, unit: str) -> str:
+    where = f" at {limit.rate:g} {unit}" if limit.rate is not None else ""
+    failed = f" ({', '.join(limit.failed_terms)} missed)" if limit.failed_terms else ""
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in
+                      sorted(limit.parts_s.items(), key=lambda kv: -kv[1]) if v > 0)
+    return (f"what limits it{where}{failed}: {limit.words}"
+            + (f" (TTFT parts: {parts})" if parts else ""))
+
+
+def all_level(table: pd.DataFrame) -> bool:
+    """Every arm of ``table`` has the same capacity at every seed."""
+    return len(table) > 1 and table["per_seed"].nunique() == 1
+
+
+def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alpha: float,
+              setting: str, unit: str = "req/s", first: tuple | None = None,
+              peak: tuple[float, float] | None = None, grid: str = "") -> list[str]:
+    """The answer, a few sentences: what to use, how much it sustains and by
+    what margin, what limits it and what would change that. ``first``: the
+    (table, decision, limit) at the first cap when the cap limited it and a
+    larger cap was tried."""
+    out = []
+    if first is not None:
+        t0, d0, l0 = first
+        who = ("every organization searched sustains" if all_level(t0)
+               else f"the best, {_arm_words(d0.best)}, sustains")
+        out.append(f"{setting}: with a running cap of {int(d0.best['cap'])}, {who} "
+                   f"{capacity_words(d0.best, top_rate, unit)}, and {_limit_clause(l0, unit)}."
+                   + (" At this budget the organization does not matter; the cap does."
+                      if all_level(t0) else ""))
+        lead = f"With the cap raised to {int(d.best['cap'])}, use"
+    else:
+        lead = f"{setting}: use"
+    best = d.best
+    out.append(f"{lead} {_arm_words(best)}. It sustains "
+               f"{capacity_words(best, top_rate, unit)} within {slo}; {margin_words(d, alpha, unit)}.")
+    if limit.kind == "grid":
+        out.append(f"Every capacity reached the top of the rate grid ({top_rate:g} {unit}): "
+                   "no limit was found inside it; pass higher --rates to find where it stops.")
+    else:
+        clause = _limit_clause(limit, unit)
+        out.append(clause[0].upper() + clause[1:] + ".")
+    if peak is not None and peak[1] > 0:
+        out.append(f"At its capacity the runs' peak state was {peak[0] / 1e9:.1f} GB of the "
+                   f"{peak[1] / 1e9:.1f} GB given ({peak[0] / peak[1]:.0%}).")
+    if limit.kind == "cap":
+        out.append("Raise the running cap (vLLM --max-num-seqs, SGLang --max-running-requests) "
+                   "to let memory decide.")
+    elif limit.kind == "memory" and d.runner_up is not None:
+        out.append("More state memory, or an organization that packs state tighter, moves "
+                   "this limit.")
+    if grid:
+        out.append(grid)
+    return out

@@ -1,0 +1,77 @@
+"""``hbench advise``'s report: the answer first, then each arm's capacity as a
+figure and a table, what to deploy and how to check it. One self-contained
+HTML file (figures inlined, as every hbench report) and a Markdown twin."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis.html_report import STYLE, png_data_uri
+from common.palette import org_color
+
+
+def capacity_figure(table: pd.DataFrame, top_rate: float) -> Figure:
+    """Each arm's capacity (mean over seeds) with its interval, best first."""
+    fig = Figure(figsize=(7.5, 0.45 * len(table) + 1.4))
+    ax = fig.add_subplot()
+    rows = table.iloc[::-1]
+    y = range(len(rows))
+    ax.barh(list(y), rows["capacity_req_s"], color=[org_color(o) for o in rows["org"]])
+    ax.errorbar(rows["capacity_req_s"], list(y),
+                xerr=[rows["capacity_req_s"] - rows["ci_low"], rows["ci_high"] - rows["capacity_req_s"]],
+                fmt="none", ecolor="#333", capsize=3)
+    ax.set_yticks(list(y), list(rows["arm"]))
+    ax.axvline(top_rate, color="#999", linestyle="--", linewidth=1)
+    ax.set_xlabel("capacity within the SLO, req/s (dashed: top of the rate grid)")
+    ax.set_xlim(0, top_rate * 1.08)
+    fig.tight_layout()
+    return fig
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return f"{v:.2f}" if isinstance(v, float) else html.escape(str(v))
+
+
+def advice_html(doc: dict, table: pd.DataFrame) -> str:
+    asked = doc["asked"]
+    answer = "".join(f"<p>{html.escape(s)}</p>" for s in doc["answer"])
+    fig = capacity_figure(table, max(asked["rates"]))
+    cols = ["arm", "capacity_req_s", "ci_low", "ci_high", "per_seed"]
+    names = ["arm", "capacity (mean over seeds)", "interval low", "interval high",
+             "capacity per seed"]
+    head = "".join(f"<th>{c}</th>" for c in names)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>"
+                   for r in doc["arms"])
+    deploy = "".join(f"<li>{html.escape(x)}</li>" for x in doc["deploy"])
+    checks = "".join(f"<li><code>{html.escape(x)}</code></li>" for x in doc["checks"])
+    title = f"hbench advise: {html.escape(str(asked.get('config_path') or asked['model']))}"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
+            f"<h2>Answer</h2>{answer}"
+            f"<h2>Capacity of each arm</h2><figure><img alt='capacity per arm' "
+            f"src='{png_data_uri(fig)}'></figure>"
+            f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
+            f"<h2>What to deploy</h2><ul>{deploy}</ul>"
+            f"<h2>Check it on your server</h2><ul>{checks}</ul>"
+            f"<p class='note'>{len(doc['cells'])} runs; seeds {asked['seeds']}, rates "
+            f"{asked['rates']} req/s; SLO {html.escape(asked['slo'])}.</p></body></html>\n")
+
+
+def advice_markdown(doc: dict) -> str:
+    asked = doc["asked"]
+    lines = ["# hbench advise", "", *doc["answer"], "", "| arm | capacity req/s | interval | per seed |",
+             "|---|---|---|---|"]
+    for r in doc["arms"]:
+        lines.append(f"| {r['arm']} | {r['capacity_req_s']:.2f} | [{r['ci_low']:.2f}, "
+                     f"{r['ci_high']:.2f}] | {r['per_seed']} |")
+    lines += ["", "What to deploy:", "", *(f"- {x}" for x in doc["deploy"]), "",
+              "Check it on your server:", "", *(f"- `{x}`" for x in doc["checks"]), "",
+              f"{len(doc['cells'])} runs; seeds {asked['seeds']}, rates {asked['rates']} req/s; "
+              f"SLO {asked['slo']}.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,270 @@
+"""``hbench advise``: for a model, GPU, memory for state and traffic, which
+organization and settings to use, and why.
+
+Thin: flags -> `hbench.advise.Search` (planned, checked, optionally only
+printed with ``--dry-run``) -> `hbench.advise.advise` (capacity grids per
+arm, time-bounded) -> the answer's sentences (`analysis.advise.sentences`)
+-> ``advise.json``, ``advise.md`` and ``report.html`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import click
+
+from common.errors import HbenchError
+from hbench.commands.capacity import DEFAULT_REQUESTS, _list, _rates
+from hbench.flag_types import FLOAT, INT, PATH
+
+DEFAULT_RATES = "0.5,1,1.5,2,3,4,6,8"
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        values = tuple(dict.fromkeys(int(x) for x in _list(text, what)))
+    except ValueError:
+        raise HbenchError(f"--{what} takes whole numbers, got {text!r}") from None
+    if min(values) < 1:
+        raise HbenchError(f"--{what} must all be >= 1, got {text!r}")
+    return values
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    from common.numbers import parse_float
+
+    values = tuple(dict.fromkeys(parse_float(x, "--d0-attn-fractions", finite=True)
+                                 for x in _list(text, "d0-attn-fractions")))
+    if not all(0 < v < 1 for v in values):
+        raise HbenchError(f"--d0-attn-fractions must all be in (0, 1), got {text!r}")
+    return values
+
+
+@click.command("advise", context_settings={"max_content_width": 100})
+@click.option("--model", default="falcon-h1-7b", show_default=True,
+              help="A preset (hbench geometry --help lists them).")
+@click.option("--config", "config_path", type=click.Path(), default=None,
+              help="A hybrid model's config.json instead of a preset (model_type falcon_h1, "
+                   "bamba, granitemoehybrid, jamba or nemotron_h).")
+@click.option("--gpu", default="a100-pcie-40gb", show_default=True,
+              help="The GPU whose cost model prices every step: a preset (hbench hardware) or "
+                   "a profile from hbench calibrate.")
+@click.option("--budget", default="b83", show_default=True,
+              help="Memory for state (attention KV and recurrent state), the same bytes for every "
+                   "organization: a size such as 55GiB, or the study's bN / Np labels.")
+@click.option("--workload-kind", type=click.Choice(["sharegpt", "multiturn"]), default="sharegpt",
+              show_default=True, help="Traffic: ShareGPT prompts with shared contexts (the "
+                                      "study's), or multi-turn chat sessions.")
+@click.option("--slo", default="ttft_p99<=2s", show_default=True,
+              help="Run-level limits, comma list of METRIC_pQ<=VALUE(s|ms), metric ttft/tpot/itl/e2e.")
+@click.option("--rates", default=DEFAULT_RATES, show_default=True,
+              help="Arrival rates to search, req/s (sessions/s for multiturn).")
+@click.option("--orgs", default=None,
+              help="Organizations to search [default: every one the model has state for].")
+@click.option("--caps", default="63", show_default=True,
+              help="Running caps to search (vLLM max-num-seqs, SGLang max-running-requests).")
+@click.option("--d0-attn-fractions", default="0.5", show_default=True,
+              help="D0/E0: shares of the bytes for attention to search.")
+@click.option("--seeds", default="1-3", show_default=True, help="Paired seeds, e.g. 1-3.")
+@click.option("--requests", type=INT, default=DEFAULT_REQUESTS, show_default=True,
+              help="Requests (sessions for multiturn) per run.")
+@click.option("--set", "extra", multiple=True, metavar="KEY=VALUE",
+              help="Any other RunConfig field for every run (repeatable), e.g. --set headroom=0.1.")
+@click.option("--time-budget", default=None,
+              help="Stop starting new arms after this long (90s, 20m, 1.5h) and answer with what "
+                   "ran; finished cells are kept and a repeated call reuses them.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the planned arms and cells and an estimate of the time (one cell is "
+                   "run in a scratch directory to time it); run nothing else.")
+@click.option("--alpha", type=FLOAT, default=0.05, show_default=True,
+              help="Significance level of the margin and the intervals' level (1 - alpha).")
+@click.option("--out", type=PATH, default=Path("results/advise"), show_default=True,
+              help="Sweep directory (cells are reused) and where advise.json, advise.md and "
+                   "report.html go.")
+@click.option("--jobs", "-j", type=INT, default=1, show_default=True, help="Parallel worker processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print advise.json instead of sentences.")
+@click.pass_context
+def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs, caps,
+           d0_attn_fractions, seeds, requests, extra, time_budget, dry_run, alpha, out, jobs,
+           as_json):
+    """Which organization and settings to use for a model, GPU, memory and traffic.
+
+    \b
+    Example:
+      hbench advise --model falcon-h1-7b --gpu h100-sxm --budget 55GiB \\
+                    --workload-kind multiturn --slo 'ttft_p99<=2s'
+
+    Every organization (and each --caps / --d0-attn-fractions setting) is an
+    arm; each arm's capacity is the largest rate whose runs hold the SLO at
+    that rate and every lower one, per seed, as in hbench capacity. The
+    answer names the arm with the most capacity, its margin over the best
+    arm of another organization (seed-paired, with its interval and test),
+    what limits it (the SLO term that fails first and, for TTFT, whether
+    requests waited for the running cap, for memory, for the step's token
+    budget, or for compute), and the vLLM and SGLang settings that realize
+    it or come closest. When the cap limits, the two leading organizations
+    are also tried at twice the cap.
+    """
+    from analysis.capacity import parse_slo
+    from harness.grid import parse_values
+    from hbench.advise import Search, check, parse_duration, pending_cells, seconds_per_cell
+    from hbench.flag_once import set_fields
+    from hbench.flag_rules import check_flags, typed_flags
+    from hbench.paths import check_writable_dir
+
+    if not 0 < alpha < 1:
+        raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")
+    limits = parse_slo(slo)
+    budget_seconds = parse_duration(time_budget)
+    base = {"model": model, "gpu": gpu, "budget": budget, "workload_kind": workload_kind,
+            "requests": requests}
+    if config_path is not None:
+        from common.input_files import check_input_file
+
+        check_input_file(Path(config_path), "--config")
+        base["config_path"] = str(config_path)
+    given = {k: v for k, v in typed_flags(ctx).items() if k != "extra"}
+    for name, value in set_fields(extra, given).items():
+        base[name] = value
+    org_list = tuple(_list(orgs, "orgs")) if orgs else _default_orgs(base)
+    search = Search(org_list, _ints(caps, "caps"), _fractions(d0_attn_fractions),
+                    tuple(_rates(rates)), tuple(int(s) for s in parse_values("seed", seeds)),
+                    limits, base, alpha)
+    check(search)
+    check_flags({k: v for k, v in given.items() if k in ("model", "gpu", "budget")},
+                [cfg for arm in search.arms()[:1] for cfg in search.configs(arm)[:1]])
+    check_writable_dir(out)
+    arms = search.arms()
+    todo, done = pending_cells(search, out, arms)
+    if dry_run:
+        per = seconds_per_cell(search) if todo else 0.0
+        click.echo(f"{len(arms)} arms x {len(search.rates)} rates x {len(search.seeds)} seeds = "
+                   f"{todo + done} cells under {out} ({done} already there)")
+        for arm in arms:
+            click.echo(f"  {arm.label}")
+        click.echo(f"one cell took {per:.1f} s here: about {_minutes(todo * per / max(jobs, 1))} "
+                   f"for the {todo} to run with --jobs {jobs} (a run at twice the cap may follow "
+                   "when the cap limits)")
+        return
+    from hbench.advise import advise as run_advise
+    from hbench.progress import progress_bar
+
+    with progress_bar() as update:
+        result = run_advise(search, out, jobs=jobs, time_budget_s=budget_seconds,
+                            on_arm=lambda i, total, arm: update(f"arm {arm.label}", i, total))
+    doc = write_advice(result, out, slo)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1, default=float))
+        return
+    for line in doc["answer"]:
+        click.echo(line)
+    click.echo("")
+    click.echo("What to deploy:")
+    for line in doc["deploy"]:
+        click.echo(f"  {line}")
+    click.echo("Check it on your server:")
+    for line in doc["checks"]:
+        click.echo(f"  {line}")
+    click.echo(f"wrote {out}/advise.json, {out}/advise.md and {out}/report.html")
+
+
+def _default_orgs(base: dict) -> tuple[str, ...]:
+    from harness.budget import applicable_orgs
+    from harness.config import RunConfig
+    from harness.model_configs import geometry_for_run
+
+    return applicable_orgs(geometry_for_run(RunConfig(**{k: v for k, v in base.items()
+                                                         if k in RunConfig.__dataclass_fields__})))
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def write_advice(result, out: Path, slo: str) -> dict:
+    """advise.json, advise.md and report.html from an `hbench.advise.Advice`."""
+    from analysis.advise import sentences
+    from analysis.advise_report import advice_html, advice_markdown
+    from common.atomic import atomic_write_text
+
+    search = result.search
+    doc = {
+        "asked": {k: v for k, v in search.base.items()} | {
+            "slo": slo, "rates": list(search.rates), "seeds": list(search.seeds),
+            "orgs": list(search.orgs), "caps": list(search.caps),
+            "d0_attn_fractions": list(search.fractions)},
+        "answer": sentences(result.decision, result.limit, slo=slo,
+                            top_rate=max(search.rates), alpha=search.alpha,
+                            setting=_setting(search.base), unit=_unit(search.base),
+                            first=result.first, peak=_peak(result), grid=_grid_words(result)),
+        "best": _clean(result.decision.best),
+        "runner_up": _clean(result.decision.runner_up),
+        "margin": {"diff_req_s": result.decision.diff, "ci_low": result.decision.ci_low,
+                   "ci_high": result.decision.ci_high, "p": result.decision.p,
+                   "significant": result.decision.significant},
+        "limit": {"kind": result.limit.kind, "words": result.limit.words,
+                  "failed_terms": list(result.limit.failed_terms),
+                  "votes": dict(result.limit.votes), "ttft_parts_s": dict(result.limit.parts_s),
+                  "rate": result.limit.rate},
+        "arms": [_clean(r) for r in result.table.to_dict("records")],
+        "arms_run": [a.label for a in result.arms_run],
+        "arms_planned": [a.label for a in result.arms_planned],
+        "stopped": result.stopped,
+        "probe": result.probe,
+        "deploy": [d.line() for d in result.deploy],
+        "checks": result.checks,
+        "cells": [_clean(r) for r in result.cells.drop(columns=["run_dir"]).to_dict("records")],
+    }
+    if result.stopped:
+        doc["answer"].append(f"The search stopped early: {result.stopped}; run the same command "
+                             "again to finish it (finished cells are reused).")
+    atomic_write_text(out / "advise.json", json.dumps(doc, indent=1, default=float) + "\n")
+    atomic_write_text(out / "advise.md", advice_markdown(doc))
+    atomic_write_text(out / "report.html", advice_html(doc, result.table))
+    return doc
+
+
+def _clean(row):
+    if row is None:
+        return None
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def _unit(base: dict) -> str:
+    return "sessions/s" if base.get("workload_kind") == "multiturn" else "req/s"
+
+
+def _setting(base: dict) -> str:
+    model = Path(base["config_path"]).name if base.get("config_path") else base["model"]
+    return (f"For {model} on {base['gpu']} with {base['budget']} for state and "
+            f"{base['workload_kind']} traffic")
+
+
+def _peak(result) -> tuple[float, float] | None:
+    """(peak state bytes, bytes given) of the best arm's runs at each seed's capacity."""
+    from analysis.advise import runs_at_capacity, state_peak_bytes
+    from harness.results import read_run
+
+    runs = [read_run(Path(d)) for d in runs_at_capacity(result.cells, result.decision.best["arm"])]
+    if not runs:
+        return None
+    return (max(state_peak_bytes(r.summary) for r in runs),
+            max(float(r.manifest["budget"]["allocated_whole_model_bytes"]) for r in runs))
+
+
+def _grid_words(result) -> str:
+    """Which pages and grids the runs used, and where they came from."""
+    from harness.config import RunConfig
+    from harness.model_configs import geometry_for_run
+    from harness.orgs import layout_for
+
+    cfg = RunConfig(**{k: v for k, v in result.search.base.items()
+                       if k in RunConfig.__dataclass_fields__})
+    geom = geometry_for_run(cfg)
+    best = result.decision.best["org"]
+    lay = layout_for(best, geom, cfg.resolved_paging)
+    return (f"Pages: {best.upper()} ran with {lay.attn_block_tokens}-token attention blocks and "
+            f"a checkpoint every {lay.grid_tokens} tokens, the study's values for Falcon-H1-7B "
+            "(harness/layout.py) applied to every model; a real engine picks its own.")
