@@ -172,9 +172,12 @@ def summary_lines(f: dict) -> list[tuple[str, str]]:
         lines.append(("prefix inside an earlier prompt",
                       f"{f['branch_reused']} of {f['branch_prefix']} shared tokens reused by "
                       "the second prompt to share them"
-                      + (": no state inside the first prompt (a later one may find one where "
-                         "the prefix branched: vLLM 0.32 caches it there once a second prompt "
-                         "computed it)" if f["branch_reused"] == 0 else "")))
+                      + (": no state inside the first prompt" if f["branch_reused"] == 0
+                         else "")))
+    if f.get("branch_reused_third") is not None:
+        lines.append(("the same prefix, a third prompt",
+                      f"{f['branch_reused_third']} of {f['branch_prefix']} shared tokens reused: "
+                      f"{f['branch_meaning']}"))
     if f["history_reused"] is not None:
         lines.append(("own history between turns",
                       f"{f['history_reused']} of {f['history_prompt'] + f['history_generated']} "

@@ -10,8 +10,9 @@ checkpoint policy, and no summary key changes:
     FLOPs saved       sum over requests of the FLOPs of their reused prefix
                       (`harness.prefix_flops.prefix_flops` of the run's model)
 
-over the measured (non-warm-up) requests, as the summary counts
-``reused_tokens``.
+over the measured (non-warm-up) requests whose reuse the engine observed,
+as the summary counts ``reused_tokens`` (a served run against a server that
+reports no cached tokens has none: NaN, not 0).
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ REUSE_KEYS = ("token_hit_rate", "request_hit_rate", "flops_saved")
 
 
 def reuse_metrics(requests: pd.DataFrame, geometry) -> dict[str, float]:
-    """`REUSE_KEYS` of one run's request table (NaN rates without a measured request)."""
+    """`REUSE_KEYS` of one run's request table (NaN without a measured request
+    whose reuse was observed)."""
     measured = requests[~requests["warmup"].astype(bool)]
+    measured = measured[measured["reused_tokens"].notna()]
     prompt = int(measured["prompt_tokens"].sum())
     reused = measured["reused_tokens"].astype(int)
     n = len(measured)
     return {
         "token_hit_rate": int(reused.sum()) / prompt if prompt else math.nan,
         "request_hit_rate": int((reused > 0).sum()) / n if n else math.nan,
-        "flops_saved": float(sum(prefix_flops(geometry, int(j)) for j in reused if j > 0)),
+        "flops_saved": (float(sum(prefix_flops(geometry, int(j)) for j in reused if j > 0))
+                        if n else math.nan),
     }
 
 

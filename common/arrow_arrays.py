@@ -48,6 +48,22 @@ def from_numbers(values: np.ndarray, *, nan_is_null: bool = False) -> pa.Array:
                                  null_count=nulls)
 
 
+def from_nullable_ints(values: np.ndarray) -> pa.Array:
+    """Whole numbers held as float64, NaN for a missing one, as an Arrow
+    int64 array with a null for each NaN (what pandas' ``Int64`` writes): a
+    count an engine did not observe stays missing instead of reading as 0.
+    ValueError for a value that is not a whole number."""
+    values = np.asarray(values, dtype=np.float64)
+    missing = np.isnan(values)
+    ints = np.where(missing, 0.0, values).astype(np.int64)
+    if not np.array_equal(ints[~missing], values[~missing]):
+        raise ValueError("a nullable integer column holds a value that is not a whole number")
+    nulls = int(missing.sum())
+    return pa.Array.from_buffers(pa.int64(), len(ints),
+                                 [_bitmap(~missing) if nulls else None, pa.py_buffer(ints)],
+                                 null_count=nulls)
+
+
 def from_strings(values: list, arrow_type: pa.DataType | None = None) -> pa.Array:
     """A list of str (None for a null) as an Arrow ``string`` (the default)
     or ``large_string`` array."""
@@ -82,10 +98,13 @@ def from_values(values: np.ndarray | list, *, nan_is_null: bool = False) -> pa.A
     return from_strings(values)
 
 
-def table(columns: dict[str, np.ndarray | list], *, nan_is_null: bool = False) -> pa.Table:
-    """A table of ``columns`` (name: values, in order), each by `from_values`."""
-    return pa.Table.from_arrays([from_values(v, nan_is_null=nan_is_null) for v in columns.values()],
-                                names=list(columns))
+def table(columns: dict[str, np.ndarray | list], *, nan_is_null: bool = False,
+          nullable_ints=()) -> pa.Table:
+    """A table of ``columns`` (name: values, in order), each by `from_values`,
+    those named in ``nullable_ints`` by `from_nullable_ints`."""
+    return pa.Table.from_arrays(
+        [from_nullable_ints(v) if name in nullable_ints else from_values(v, nan_is_null=nan_is_null)
+         for name, v in columns.items()], names=list(columns))
 
 
 def numbers(arr: pa.Array) -> np.ndarray:

@@ -23,7 +23,10 @@ Which requests count where:
 - work and cache counters (reused / initial / recomputed tokens, preemptions,
   J_adopt, R_max, attention depth) and dispatch lag use every non-warm-up
   request, because the engine did that work whether or not the request
-  finished.
+  finished. A counter the engine did not observe for a request (None in its
+  record, `harness.records.NULLABLE_FIELDS`: a served engine's client never
+  sees preemptions or recomputed tokens) is left out; a summary counter no
+  request observed is null (not observed), never 0.
 
 The measured period starts at the first measured (non-warm-up) arrival:
 
@@ -107,7 +110,10 @@ SUMMARY_KEYS = (
 )
 
 # Columns of `per_request_table`, in order, with the NumPy dtype each is built
-# as ("object": text, a list of str, written as an Arrow string column).
+# as ("object": text, a list of str, written as an Arrow string column;
+# `NULLABLE_INT`: a whole count that may be missing, built as float64 with
+# NaN for None and written as an Arrow int64 column with nulls).
+NULLABLE_INT = "Int64"
 REQUEST_COLUMNS = {
     "request_id": "int64",
     "arrival_s": "float64",
@@ -117,13 +123,13 @@ REQUEST_COLUMNS = {
     "prompt_tokens": "int64",
     "target_output_tokens": "int64",
     "output_tokens": "int64",
-    "reused_tokens": "int64",
-    "initial_input_tokens": "int64",
-    "recomputed_tokens": "int64",
-    "preemptions": "int64",
-    "j_adopt": "int64",
-    "r_max": "int64",
-    "attn_depth": "int64",
+    "reused_tokens": NULLABLE_INT,
+    "initial_input_tokens": NULLABLE_INT,
+    "recomputed_tokens": NULLABLE_INT,
+    "preemptions": NULLABLE_INT,
+    "j_adopt": NULLABLE_INT,
+    "r_max": NULLABLE_INT,
+    "attn_depth": NULLABLE_INT,
     "prefix_group": "int64",
     "status": "object",
     "error": "object",
@@ -143,7 +149,7 @@ TURN_COLUMNS = {
     "session": "int64",
     "turn": "int64",
     "history_tokens": "int64",
-    "history_recomputed_tokens": "int64",
+    "history_recomputed_tokens": NULLABLE_INT,
     "history_survived": "float64",
 }
 TURN_SUMMARY_KEYS = (
@@ -217,6 +223,25 @@ def percentile(values, q: float) -> float:
 def _mean(values) -> float:
     arr = np.asarray(values, dtype=float)
     return float(arr.mean()) if arr.size else NAN
+
+
+def _observed(values) -> np.ndarray:
+    """``values`` (None or NaN where not observed) as float64, the observed ones only."""
+    arr = np.array([NAN if v is None else v for v in values], dtype=float) \
+        if isinstance(values, list) else np.asarray(values, dtype=float)
+    return arr[~np.isnan(arr)]
+
+
+def _observed_sum(values):
+    """The sum of the observed ``values`` as an int; NaN (not observed) when
+    none was, so a counter the engine cannot see never reads as 0."""
+    arr = _observed(values)
+    return int(arr.sum()) if arr.size else NAN
+
+
+def _observed_mean(values) -> float:
+    """The mean of the observed ``values``; NaN when none was."""
+    return _mean(_observed(values))
 
 
 def _median(values) -> float:
@@ -427,14 +452,16 @@ def is_served(run: EngineRun) -> bool:
     return "launched" in run.engine_info
 
 
-def _preemptions(per_request: int, run: EngineRun) -> int:
+def _preemptions(per_request, run: EngineRun):
     """Preemptions of the measured requests. A served engine's client cannot see
-    a preemption (its records say 0), so for a served run (``engine_info`` has
-    ``launched``) the server's own counter over the run is taken instead
-    (``counters["preemptions"]``, e.g. vLLM's ``vllm:num_preemptions``, last
-    minus first scrape, warm-up included)."""
+    a preemption (its records say None: ``per_request`` is NaN), so for a
+    served run (``engine_info`` has ``launched``) the server's own counter over
+    the run is taken instead (``counters["preemptions"]``, e.g. vLLM's
+    ``vllm:num_preemptions``, last minus first scrape, warm-up included);
+    without one, not observed (NaN)."""
     counted = run.counters.get("preemptions")
-    if is_served(run) and counted is not None and not per_request:
+    unseen = isinstance(per_request, float) and math.isnan(per_request)
+    if is_served(run) and counted is not None and (unseen or not per_request):
         return int(counted)
     return per_request
 
@@ -535,11 +562,12 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
         "initial_input_tokens": m.initial_input_tokens,
         "reused_tokens": m.reused_tokens,
         "recomputed_tokens": m.recomputed_tokens,
-        "j_adopt_mean": _mean(m.field("j_adopt")),
         # a served engine's client sees the reuse it got (J_adopt), not the
-        # deepest checkpoint or attention depth the server held: unknown (null)
-        "r_max_mean": NAN if served else _mean(m.field("r_max")),
-        "attn_depth_mean": NAN if served else _mean(m.field("attn_depth")),
+        # deepest checkpoint or attention depth the server held: its records
+        # say None, and these are null (not observed)
+        "j_adopt_mean": _observed_mean(m.field("j_adopt")),
+        "r_max_mean": _observed_mean(m.field("r_max")),
+        "attn_depth_mean": _observed_mean(m.field("attn_depth")),
         "finished": m.finished_count,
         "failed": m.failed,
         "cancelled": m.cancelled,
@@ -576,10 +604,9 @@ class _RecordsMeasured:
         self.tpots = [t for t in (tpot(r) for r in finished) if not math.isnan(t)]
         self.itl_percentiles = _itl_percentiles(run, finished)
         self.lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
-        self.preemptions = int(sum(r.preemptions for r in measured))
-        self.initial_input_tokens = int(sum(r.initial_input_tokens for r in measured))
-        self.reused_tokens = int(sum(r.reused_tokens for r in measured))
-        self.recomputed_tokens = int(sum(r.recomputed_tokens for r in measured))
+        # NaN where no measured request observed the counter (a served engine)
+        for f in ("preemptions", "initial_input_tokens", "reused_tokens", "recomputed_tokens"):
+            setattr(self, f, _observed_sum([getattr(r, f) for r in measured]))
         self.finished_count = len(finished)
         self.failed = sum(r.status == FAILED for r in measured)
         self.cancelled = sum(r.status == CANCELLED for r in measured)
@@ -622,9 +649,9 @@ class _ColumnsMeasured:
         dispatch = cols.array("dispatch_s")
         sent = measured & ~np.isnan(dispatch)
         self.lags = (dispatch[sent] - arrival[sent]).tolist()
-        self.preemptions = int(cols.array("preemptions")[measured].sum())
-        for f in ("initial_input_tokens", "reused_tokens", "recomputed_tokens"):
-            setattr(self, f, int(cols.array(f)[measured].sum()))
+        # float64 columns, NaN where a request did not observe the counter
+        for f in ("preemptions", "initial_input_tokens", "reused_tokens", "recomputed_tokens"):
+            setattr(self, f, _observed_sum(cols.array(f)[measured]))
         self.finished_count = int(fin.sum())
         self.failed = int((measured & (status == STATUSES.index(FAILED))).sum())
         self.cancelled = int((measured & (status == STATUSES.index(CANCELLED))).sum())
@@ -679,14 +706,16 @@ def _grid(run: EngineRun) -> int:
     return int(run.engine_info.get("grid_tokens") or 1)
 
 
-def turn_history(run: EngineRun) -> dict[int, tuple[int, int, float]]:
+def turn_history(run: EngineRun) -> dict[int, tuple[int, int | None, float]]:
     """Per multi-turn request id: (history tokens, history tokens recomputed,
     survived) where history is what the previous turn left reusable (its
     prompt plus its output), recomputed = history minus the reused tokens (at
     least 0), and survived is 1.0 if the request reused at least the previous
     turn's deepest grid point inside its prompt (the state that turn's prefill
     left in the cache outlived the think time), 0.0 if not, NaN for first
-    turns and turns whose previous prompt is shorter than one grid interval."""
+    turns and turns whose previous prompt is shorter than one grid interval.
+    A request whose reuse was not observed (None) has recomputed None and
+    survived NaN."""
     grid = _grid(run)
     by_turn = {(r.session, r.turn): r for r in run.requests if r.turn >= 0}
     out = {}
@@ -696,6 +725,9 @@ def turn_history(run: EngineRun) -> dict[int, tuple[int, int, float]]:
             out[r.request_id] = (0, 0, NAN)
             continue
         history = prev.prompt_tokens + prev.output_tokens
+        if r.reused_tokens is None:
+            out[r.request_id] = (history, None, NAN)
+            continue
         best = prev.prompt_tokens // grid * grid
         survived = NAN if best == 0 else float(r.reused_tokens >= best)
         out[r.request_id] = (history, max(0, history - r.reused_tokens), survived)
@@ -704,14 +736,18 @@ def turn_history(run: EngineRun) -> dict[int, tuple[int, int, float]]:
 
 def turn_summary(run: EngineRun) -> dict:
     """`TURN_SUMMARY_KEYS` of a multi-turn run, over measured requests (later
-    turns only for the history keys; TTFTs over finished requests)."""
+    turns only for the history keys; TTFTs over finished requests). The
+    reuse keys count the later turns whose reuse was observed, and are null
+    (not observed) when none was."""
     from harness.validity import delivered_rate
 
     hist = turn_history(run)
     measured = [r for r in run.requests if not r.warmup and r.turn >= 0]
     later = [r for r in measured if r.turn >= 1]
     history = sum(hist[r.request_id][0] for r in later)
-    reused = sum(min(r.reused_tokens, hist[r.request_id][0]) for r in later)
+    seen = [r for r in later if r.reused_tokens is not None]
+    reused = sum(min(r.reused_tokens, hist[r.request_id][0]) for r in seen) if seen else NAN
+    seen_history = sum(hist[r.request_id][0] for r in seen)
     survived = [hist[r.request_id][2] for r in later if not math.isnan(hist[r.request_id][2])]
     ttfts = {k: [ttft(r) for r in measured if r.status == FINISHED
                  and r.first_token_s is not None and (r.turn == 0) == (k == 0)] for k in (0, 1)}
@@ -721,9 +757,9 @@ def turn_summary(run: EngineRun) -> dict:
         "turn0_ttft_p50_s": percentile(ttfts[0], 50),
         "later_turn_ttft_p50_s": percentile(ttfts[1], 50),
         "history_tokens": int(history),
-        "history_reused_tokens": int(reused),
-        "history_reuse_fraction": _ratio(reused, history),
-        "history_recomputed_tokens": int(sum(hist[r.request_id][1] for r in later)),
+        "history_reused_tokens": reused if math.isnan(reused) else int(reused),
+        "history_reuse_fraction": _ratio(reused, seen_history),
+        "history_recomputed_tokens": _observed_sum([hist[r.request_id][1] for r in later]),
         "history_survived_fraction": _mean(survived),
         # sessions/s: the open-loop load a multi-turn run was offered (arm parity)
         "delivered_session_rate": delivered_rate([r.arrival_s for r in measured if r.turn == 0]),
@@ -836,17 +872,22 @@ assert set(_REQUEST_VALUES) | set(_ITL_COLUMNS) == set(REQUEST_COLUMNS)
 
 def _request_column(requests, name: str, dtype: str):
     """Column ``name`` of the per-request table: an array of ``dtype`` built
-    from the records (a list for object columns), no row dict per request."""
+    from the records (a list for object columns, float64 with NaN for None
+    for `NULLABLE_INT` ones), no row dict per request."""
     get = _REQUEST_VALUES[name]
     if dtype == "object":
         return [get(r) for r in requests]
+    if dtype == NULLABLE_INT:
+        return np.fromiter((_opt(get(r)) for r in requests), dtype=np.float64,
+                           count=len(requests))
     return np.fromiter((get(r) for r in requests), dtype=dtype, count=len(requests))
 
 
 def request_columns(run: EngineRun) -> dict[str, np.ndarray | list]:
     """The columns of `per_request_table`, in order: NumPy arrays of their
     `REQUEST_COLUMNS` dtypes (and a multi-turn run's `TURN_COLUMNS`), a text
-    column as a list of str. Missing times are NaN. Built column by column
+    column as a list of str. Missing times are NaN, and so are counters the
+    engine did not observe (`NULLABLE_INT` columns are float64). Built column by column
     from the records (no row dict per request), or from a `RequestColumns`'
     arrays."""
     requests = run.requests
@@ -872,9 +913,17 @@ def request_columns(run: EngineRun) -> dict[str, np.ndarray | list]:
 
 def _typed(data: dict, dtypes: dict[str, str]) -> dict[str, np.ndarray | list]:
     """``data``'s columns in ``dtypes``' order, each an array of its dtype (a
-    text column as it is)."""
-    return {name: data[name] if dtype == "object" else np.asarray(data[name], dtype=dtype)
-            for name, dtype in dtypes.items()}
+    text column as it is; a `NULLABLE_INT` one float64, None as NaN)."""
+    def typed(values, dtype: str):
+        if dtype == "object":
+            return values
+        if dtype == NULLABLE_INT:
+            if isinstance(values, list):
+                values = [_opt(v) for v in values]
+            return np.asarray(values, dtype=np.float64)
+        return np.asarray(values, dtype=dtype)
+
+    return {name: typed(data[name], dtype) for name, dtype in dtypes.items()}
 
 
 def _columns_of(cols: RequestColumns) -> dict[str, np.ndarray | list]:
@@ -895,12 +944,17 @@ def per_request_table(run: EngineRun, columns: dict | None = None) -> pa.Table:
     ``requests.parquet`` holds it: `request_columns` (``columns``, where the
     caller has made them) as an Arrow table, a missing time a null and a
     text column ``string`` (``null`` when no row has text), as pandas wrote
-    the same columns. Built through `common.arrow_arrays`, so writing it
-    loads no pandas.
+    the same columns. A counter the engine did not observe is a null of an
+    int64 column (`NULLABLE_INT`; pandas reads the column back as float64
+    with NaN). Built through `common.arrow_arrays`, so writing it loads no
+    pandas.
 
     Token times are summarized (ITL mean/p50/p99/max, count), not stored:
     they would dominate the file.
     """
     from common.arrow_arrays import table
 
-    return table(request_columns(run) if columns is None else columns, nan_is_null=True)
+    columns = request_columns(run) if columns is None else columns
+    nullable = [name for name, dtype in {**REQUEST_COLUMNS, **TURN_COLUMNS}.items()
+                if dtype == NULLABLE_INT and name in columns]
+    return table(columns, nan_is_null=True, nullable_ints=nullable)

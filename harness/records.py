@@ -3,7 +3,11 @@
 Every engine (the simulator, vLLM, SGLang) fills the same `RequestRecord`, so
 metrics, results files and analysis never ask which engine produced a run.
 Failures are data, not exceptions: a failed request carries ``status`` and
-``error``. Times are seconds on the engine's clock (virtual for the
+``error``. A per-request counter the engine cannot see is None, not 0
+(`NULLABLE_FIELDS`): a served engine's client sees the tokens a server says
+it reused, never a request's preemptions, recomputed tokens, deepest
+checkpoint or attention depth, and a server that reports no cached tokens
+says nothing of reuse either; a 0 there would read as "none happened". Times are seconds on the engine's clock (virtual for the
 simulator, wall for real engines), with the run's benchmark window recorded
 alongside in `EngineRun`.
 """
@@ -37,13 +41,14 @@ class RequestRecord:
     # (8 bytes a token instead of 32); any sequence given is converted
     token_times: np.ndarray = field(default_factory=lambda: np.empty(0))
     output_tokens: int = 0
-    reused_tokens: int = 0                 # prompt tokens served from cache (first admission)
-    initial_input_tokens: int = 0          # prompt tokens computed at first admission
-    recomputed_tokens: int = 0             # tokens computed again after preemption
-    preemptions: int = 0
-    j_adopt: int = 0                       # deepest joint (attention + checkpoint) hit
-    r_max: int = 0                         # deepest valid checkpoint regardless of attention
-    attn_depth: int = 0                    # available attention depth at first lookup
+    # the counters of NULLABLE_FIELDS: None where the engine cannot see them
+    reused_tokens: int | None = 0          # prompt tokens served from cache (first admission)
+    initial_input_tokens: int | None = 0   # prompt tokens computed at first admission
+    recomputed_tokens: int | None = 0      # tokens computed again after preemption
+    preemptions: int | None = 0
+    j_adopt: int | None = 0                # deepest joint (attention + checkpoint) hit
+    r_max: int | None = 0                  # deepest valid checkpoint regardless of attention
+    attn_depth: int | None = 0             # available attention depth at first lookup
     prefix_group: int = -1
     warmup: bool = False
     session: int = -1                      # multi-turn workloads: session id, else -1
@@ -59,14 +64,19 @@ class RequestRecord:
             raise ValueError(f"status must be one of {STATUSES}, not {self.status!r}")
 
 
-#: `RequestColumns`' columns: integers (int64), then times and ITL figures
-#: (float64, NaN for a time that is None), from a record's fields (``itl``'s
-#: five parts under these names).
+#: Per-request counters an engine may not see: None in a record where it
+#: cannot (a served engine's client), a null in ``requests.parquet``, and
+#: "not observed" (null) in the summary, never 0.
+NULLABLE_FIELDS = ("reused_tokens", "initial_input_tokens", "recomputed_tokens", "preemptions",
+                   "j_adopt", "r_max", "attn_depth")
+#: `RequestColumns`' columns: integers (int64), whole counts that may be
+#: missing (`NULLABLE_FIELDS`, float64 with NaN for None: exact below 2^53),
+#: then times and ITL figures (float64, NaN for a time that is None), from a
+#: record's fields (``itl``'s five parts under these names).
 INT_FIELDS = ("request_id", "prompt_tokens", "target_output_tokens", "output_tokens",
-              "reused_tokens", "initial_input_tokens", "recomputed_tokens", "preemptions",
-              "j_adopt", "r_max", "attn_depth", "prefix_group", "session", "turn", "n_token_times")
-FLOAT_FIELDS = ("arrival_s", "dispatch_s", "first_token_s", "finish_s", "itl_mean_s", "itl_p50_s",
-                "itl_p99_s", "itl_max_s")
+              "prefix_group", "session", "turn", "n_token_times")
+FLOAT_FIELDS = (*NULLABLE_FIELDS, "arrival_s", "dispatch_s", "first_token_s", "finish_s",
+                "itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
 ITL_FIELDS = ("n_token_times", "itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
 _OPTIONAL = ("dispatch_s", "first_token_s", "finish_s")
 
@@ -119,7 +129,8 @@ class RequestColumns(Sequence):
 
     def array(self, name: str) -> np.ndarray:
         """Column ``name`` (a field of `INT_FIELDS` or `FLOAT_FIELDS`, ``status``
-        as its index in `STATUSES`, or ``warmup``), in request-id order."""
+        as its index in `STATUSES`, or ``warmup``), in request-id order; a
+        field of `NULLABLE_FIELDS` as float64, NaN where it is None."""
         return self.seal()._sealed[name]
 
     def statuses(self) -> list[str]:
@@ -145,6 +156,8 @@ class RequestColumns(Sequence):
         for f in _OPTIONAL:
             if v[f] != v[f]:          # NaN: None
                 v[f] = None
+        for f in NULLABLE_FIELDS:
+            v[f] = None if v[f] != v[f] else int(v[f])
         itl = tuple(v.pop(f) for f in ITL_FIELDS)
         return RequestRecord(**v, status=STATUSES[int(cols["status"][k])],
                              error=self._errors.get(v["request_id"], ""),

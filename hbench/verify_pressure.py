@@ -12,11 +12,15 @@ One check that can fail, in three parts, all on the same designed traffic
        check on prompts of one and a half blocks;
     2. the pressure is asserted, never assumed: each server's preemptions
        (``vllm:num_preemptions`` on ``/metrics``) and, for S1/S2, the
-       plugin's checkpoint invalidations (its counters line in the server
-       log); a run where memory did not bind proved nothing (`shortfalls`);
-    3. the negative control: D0 whose private pool numbers its blocks from 1
-       (``HBENCH_D0_ALIAS_IDS=1``: the attention pool's bytes) serves the same
-       traffic and must change some output, or the comparison cannot fail.
+       plugin's checkpoint invalidations and a preempted request resumed
+       from the hit its pin held (its counters line in the server log); a
+       run where memory did not bind proved nothing (`shortfalls`);
+    3. the negative controls: each organization's aliased variant
+       (`adapters.vllm_plugin.plan.ALIAS_ENV`: D0 whose private pool numbers
+       its blocks from 1, over the attention pool's bytes; S1/S2 whose
+       checkpoints' states the kernel reads and writes at one live
+       checkpoint's page) serves the same traffic and must change some
+       output, or the comparison cannot fail for that organization.
 
 The traffic: ``n_prompts`` prompts of 0.9 blocks (the even ones share their
 first half: prefix hits), admitted together within one block; decode carries
@@ -27,6 +31,23 @@ block. Then the shared-prefix prompts again (cache hits).
     request:  [======= prompt 0.9 B =======][== output 0.18 B ==]
                                                      ^ every request needs
                                                        a new block here
+
+Those preemptions hit the most recently admitted request while it is still
+short of the edge: its own first block is not full, so there is nothing to
+pin. So a last phase gives the victim a joint hit: one block of fresh tokens
+W is served alone (W plus one token, which leaves W's attention block and
+the state at its end cached), then ``cap - 1`` prompts of W plus 0.9 blocks
+of their own, at once. Each adopts W's block and state, prefills its own 0.9
+blocks in one chunk beside the others' decodes and decodes across its second
+edge. W's block is one block more than the budget counts, so at their peak
+they do not fit, and vLLM preempts the most recently admitted, whichever it
+is, holding W's block and (cached) the state at W's end, or its own state at
+its edge: a joint hit, which the plugin pins; it resumes from that hit once
+the others finish (``pins_taken``, ``pinned_resumes_with_hit``). All of them
+are admitted only where a state takes at most ``cap - 2`` pages
+(`pin_phase_binds`: the tiny model's S1 and S2, not the proportional
+model's 3- and 4-page states); elsewhere the phase preempts nothing and only
+its outputs are compared.
 """
 
 from __future__ import annotations
@@ -44,6 +65,9 @@ from hbench.verify import PromptCheck, complete, verify_endpoint
 
 #: Requests served at once: the binding budget holds CAP - 1 of them at their peak.
 CAP = 4
+#: Organizations whose servers run the pinning scheduler with a shared pool:
+#: their pin phase must preempt a request holding a joint hit.
+PINNED_ORGS = ("s1", "s2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +110,8 @@ class PressureDesign:
     @property
     def max_model_len(self) -> int:
         longest = max(self.prompt_tokens + self.output_tokens,
-                      self.hit_prompt_tokens + self.hit_output_len)
+                      self.hit_prompt_tokens + self.hit_output_len,
+                      self.sharer_prompt_tokens + self.output_tokens)
         return math.ceil(longest / self.block_tokens) * self.block_tokens
 
     def _ids(self, rng: random.Random, n: int) -> list[int]:
@@ -103,6 +128,20 @@ class PressureDesign:
     def hit_prompts(self) -> list[list[int]]:
         rng = random.Random(self.seed + 1)
         return [self._ids(rng, self.hit_prompt_tokens) for _ in range(self.n_hit_prompts)]
+
+    # -- the pin phase (module docstring) ------------------------------------------
+    @property
+    def sharer_prompt_tokens(self) -> int:
+        """A warmed block and 0.9 blocks of its own: decode crosses the second edge."""
+        return self.block_tokens + self.prompt_tokens
+
+    def pin_prompts(self) -> tuple[list[int], list[list[int]]]:
+        """(the warm prompt: one block plus one token; the ``cap - 1`` sharers,
+        which start with that block), fresh token ids."""
+        rng = random.Random(self.seed + 2)
+        block = self._ids(rng, self.block_tokens)
+        warm = block + self._ids(rng, 1)
+        return warm, [block + self._ids(rng, self.prompt_tokens) for _ in range(self.cap - 1)]
 
 
 def state_pages(org: str, geom, grid_tokens: int = 512) -> int:
@@ -128,6 +167,17 @@ def binding_blocks(design: PressureDesign, org: str, geom) -> int:
     return 1 + (design.cap - 1) * per_request
 
 
+def pin_phase_binds(design: PressureDesign, org: str, geom) -> bool:
+    """Whether the pin phase's sharers are all admitted at the binding budget
+    (W's block and state, held while they adopt it, and their first blocks:
+    1 + s + (cap - 1)(1 + s) <= (cap - 1)(2 + s), i.e. s <= cap - 2 state
+    pages); with larger states the last waits for the others to finish and
+    nothing is preempted in that phase. D0's pools bind on attention alone."""
+    if org in ("s0", "d0"):
+        return True
+    return state_pages(org, geom) <= design.cap - 2
+
+
 def d0_fraction(design: PressureDesign, blocks: int) -> float:
     """D0's attention fraction giving its attention pool ``cap - 1``
     requests' peak attention blocks (`harness.budget.vllm_d0_split` floors)."""
@@ -147,17 +197,21 @@ class ServedRun:
 
     org: str
     blocks: int
-    alias_ids: bool
+    aliased: bool                          # the organization's negative control
     outputs: tuple[tuple[int, ...], ...]
     preemptions: int
     resolved: dict | None
     counters: dict | None
     checks: tuple[PromptCheck, ...]
     log_path: str
+    pin_binds: bool = True                 # the pin phase can preempt (`pin_phase_binds`)
 
     @property
     def label(self) -> str:
-        return f"{self.org}{' (aliased ids)' if self.alias_ids else ''} at {self.blocks} blocks"
+        from adapters.vllm_plugin.plan import ALIAS_LABEL
+
+        control = f" ({ALIAS_LABEL[self.org]})" if self.aliased else ""
+        return f"{self.org}{control} at {self.blocks} blocks"
 
     @property
     def invalidations(self) -> int:
@@ -165,10 +219,21 @@ class ServedRun:
 
         return checkpoint_invalidations(self.counters or {})
 
+    def counter(self, name: str) -> int:
+        """The plugin's last ``name`` counter (0 when it never counted one)."""
+        return int((self.counters or {}).get(name, 0))
+
     def describe(self) -> str:
         line = f"{self.label}: {self.preemptions} preemptions"
         if self.org in ("s1", "s2"):
             line += f", {self.invalidations} checkpoint invalidations"
+        if self.org != "s0":
+            line += (f", {self.counter('pins_taken')} pins taken, "
+                     f"{self.counter('pinned_resumes_with_hit')} resumed from a pinned hit"
+                     + ("" if self.pin_binds else " (the pin phase cannot bind here)"))
+        if self.aliased and self.org in ("s1", "s2"):
+            line += (f", {self.counter('states_placed_elsewhere')} states placed on another "
+                     "checkpoint's page")
         return line
 
 
@@ -177,7 +242,7 @@ class PressureReport:
     design: PressureDesign
     stock: ServedRun
     orgs: dict[str, ServedRun]
-    control: ServedRun | None
+    controls: dict[str, ServedRun]          # organization -> its negative control
 
     def mismatches(self, run: ServedRun) -> list[int]:
         """Indices of the requests whose outputs differ from stock's."""
@@ -188,7 +253,9 @@ class PressureReport:
         d = self.design
         out = [f"traffic: {d.n_prompts} prompts of {d.prompt_tokens} tokens, "
                f"{d.output_tokens} generated each, {d.cap} at once, "
-               f"vLLM block {d.block_tokens} tokens; then the shared-prefix prompts again"]
+               f"vLLM block {d.block_tokens} tokens; then the shared-prefix prompts again; "
+               f"then one block warmed and {d.cap - 1} prompts of {d.sharer_prompt_tokens} "
+               "tokens that start with it"]
         for run in (self.stock, *self.orgs.values()):
             out.append(run.describe())
             out += [f"  {c.describe()}" for c in run.checks]
@@ -197,10 +264,10 @@ class PressureReport:
             n = len(run.outputs)
             out.append(f"{org} vs stock: {n - len(bad)}/{n} outputs identical"
                        + (f"; DIVERGE: requests {bad}" if bad else ""))
-        if self.control is not None:
-            bad = self.mismatches(self.control)
-            out.append(f"negative control {self.control.describe()}: {len(bad)}/"
-                       f"{len(self.control.outputs)} outputs changed (must be > 0)")
+        for run in self.controls.values():
+            bad = self.mismatches(run)
+            out.append(f"negative control {run.describe()}: {len(bad)}/"
+                       f"{len(run.outputs)} outputs changed (must be > 0)")
         return out
 
     def divergent(self) -> bool:
@@ -219,14 +286,20 @@ class PressureReport:
                            "give a smaller --blocks")
             if run.org in ("s1", "s2") and run.invalidations == 0:
                 out.append(f"{run.label} evicted no cached checkpoint; give a smaller --blocks")
+            if (run.org in PINNED_ORGS and run.pin_binds
+                    and run.counter("pinned_resumes_with_hit") == 0):
+                out.append(f"{run.label}: no preempted request resumed from a pinned hit "
+                           f"({run.counter('pins_taken')} pins taken): pinning was not "
+                           "exercised")
             if any(c.hit_cached_tokens == 0 for c in run.checks):
                 out.append(f"{run.label}: a cache-hit request reused no prompt tokens")
             if any(c.miss_cached_tokens for c in run.checks):
                 out.append(f"{run.label}: a salted request reused prompt tokens (no clean "
                            "recompute)")
-        if self.control is not None and not self.mismatches(self.control):
-            out.append("the negative control (aliased D0 ids) left every output intact: "
-                       "the check cannot fail")
+        for org, run in self.controls.items():
+            if not self.mismatches(run):
+                out.append(f"the negative control {run.label} left every output intact: "
+                           f"the check cannot fail for {org}")
         return out
 
 
@@ -247,21 +320,22 @@ def launch_config(model: str, org: str, design: PressureDesign, blocks: int,
 
 
 def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, log_dir: Path,
-                    alias_ids: bool = False, hit_check: bool = True,
-                    server_cmd: str | None = None) -> ServedRun:
-    """Launch vLLM for ``org`` at ``blocks`` blocks, serve the designed
-    traffic (and the hit-vs-recompute prompts), read its counters, stop it."""
+                    aliased: bool = False, hit_check: bool = True,
+                    server_cmd: str | None = None, pin_binds: bool = True) -> ServedRun:
+    """Launch vLLM for ``org`` (its negative control when ``aliased``) at
+    ``blocks`` blocks, serve the designed traffic (and the hit-vs-recompute
+    prompts), read its counters, stop it."""
     from adapters.client.http import Endpoint, served_models
     from adapters.metrics_scrape import extract, plugin_report, read_metrics
     from adapters.server_process import ServerProcess, free_port
-    from adapters.vllm_plugin.plan import ENV_D0_ALIAS
+    from adapters.vllm_plugin.plan import alias_env
 
     engine, config = launch_config(model, org, design, blocks, server_cmd)
     env = engine.launch_env(config)
-    if alias_ids:
-        env[ENV_D0_ALIAS] = "1"
+    if aliased:
+        env.update(alias_env(org))
     port = free_port()
-    log = log_dir / f"hbench-verify-{org}{'-alias' if alias_ids else ''}-{port}.log"
+    log = log_dir / f"hbench-verify-{org}{'-alias' if aliased else ''}-{port}.log"
     ep = Endpoint("127.0.0.1", port)
     with ServerProcess(engine.launch_argv(config, port), ep, log, env=env,
                        ready_timeout_s=900) as server:
@@ -269,6 +343,7 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
         prompts = design.prompts()
         outputs = concurrent_greedy(ep, model_id, prompts, design.output_tokens)
         outputs += concurrent_greedy(ep, model_id, prompts[::2], design.output_tokens)
+        outputs += pin_phase(ep, model_id, design)
         checks = (verify_endpoint(ep, model_id, design.hit_prompts(), design.hit_output_len)
                   if hit_check else [])
         samples = read_metrics(ep)
@@ -276,8 +351,8 @@ def serve_and_check(model: str, org: str, design: PressureDesign, blocks: int, l
             raise HbenchError(f"{ep.url}/metrics could not be read")
         preemptions = extract(samples, "vllm").get("preemptions", 0)
         report = plugin_report(server.log_text())
-    return ServedRun(org, blocks, alias_ids, tuple(outputs), int(preemptions),
-                     report["resolved"], report["counters"], tuple(checks), str(log))
+    return ServedRun(org, blocks, aliased, tuple(outputs), int(preemptions),
+                     report["resolved"], report["counters"], tuple(checks), str(log), pin_binds)
 
 
 def concurrent_greedy(ep, model_id: str, prompts: list[list[int]],
@@ -301,6 +376,14 @@ def concurrent_greedy(ep, model_id: str, prompts: list[list[int]],
     if errors:
         raise HbenchError(errors[0])
     return [out[i] for i in range(len(prompts))]
+
+
+def pin_phase(ep, model_id: str, design: PressureDesign) -> list[tuple[int, ...]]:
+    """The warm prompt alone, then its sharers at once (module docstring);
+    the outputs, the warm prompt's first."""
+    warm, sharers = design.pin_prompts()
+    res, _ = complete(ep, model_id, warm, 1, None)
+    return [tuple(res.token_ids), *concurrent_greedy(ep, model_id, sharers, design.output_tokens)]
 
 
 def model_design(model: str, n_hit_prompts: int = 4,
@@ -328,10 +411,10 @@ def verify_pressure(model: str, orgs: tuple[str, ...] = ("s1", "s2", "d0"),
                     log_dir: str | Path = "/tmp", n_hit_prompts: int = 4,
                     hit_output_len: int = 16, server_cmd: str | None = None,
                     on_run=None) -> PressureReport:
-    """Stock vLLM, then each of ``orgs``, then (``control``) the aliased D0,
-    each on its own server at its binding block count (``blocks`` for all
-    when given; ``server_cmd`` as `hbench run --server-cmd`). ``on_run(run)``
-    is called as each server finishes."""
+    """Stock vLLM, then each of ``orgs``, then (``control``) each one's
+    negative control, each on its own server at its binding block count
+    (``blocks`` for all when given; ``server_cmd`` as `hbench run
+    --server-cmd`). ``on_run(run)`` is called as each server finishes."""
     from adapters.vllm_plugin.plan import PLUGIN_ORGS
 
     bad = [o for o in orgs if o not in PLUGIN_ORGS]
@@ -350,17 +433,19 @@ def verify_pressure(model: str, orgs: tuple[str, ...] = ("s1", "s2", "d0"),
     def count(org):
         return blocks if blocks is not None else binding_blocks(design, org, geom)
 
-    for org in ("s0", *orgs, *(("d0",) if control else ())):
+    for org in ("s0", *orgs):
         launch_config(model, org, design, count(org), server_cmd)   # refuse before serving
 
-    def run(org, alias=False, hit_check=True):
-        result = serve_and_check(model, org, design, count(org), log_dir, alias, hit_check,
-                                 server_cmd)
+    def run(org, aliased=False, hit_check=True):
+        # a budget given with --blocks is not the one the pin phase was sized for
+        binds = blocks is None and pin_phase_binds(design, org, geom)
+        result = serve_and_check(model, org, design, count(org), log_dir, aliased, hit_check,
+                                 server_cmd, binds)
         if on_run is not None:
             on_run(result)
         return result
 
     stock = run("s0")
     served = {org: run(org) for org in orgs}
-    alias = run("d0", alias=True, hit_check=False) if control else None
-    return PressureReport(design, stock, served, alias)
+    controls = {org: run(org, aliased=True, hit_check=False) for org in orgs} if control else {}
+    return PressureReport(design, stock, served, controls)

@@ -286,11 +286,13 @@ def _sleep_until(deadline: float, clock: Clock, abort: Abort | None = None) -> N
 def request_record(r, o: StreamOutcome) -> RequestRecord:
     """The harness's record of workload request ``r`` served as outcome ``o``
     (token counts and cached prompt tokens from the server's usage; the
-    cached tokens are also its J_adopt)."""
+    cached tokens are also its J_adopt). What the client cannot see is None,
+    not 0 (`harness.records.NULLABLE_FIELDS`): a request's preemptions,
+    recomputed tokens, deepest checkpoint and attention depth always, and its
+    reuse where the server reported no cached-token count."""
     usage = o.usage or {}
-    details = usage.get("prompt_tokens_details") or {}
     prompt_tokens = int(usage.get("prompt_tokens") or r.prompt_len)
-    cached = int(details.get("cached_tokens") or 0)
+    cached = reported_cached_tokens(usage)
     return RequestRecord(
         request_id=r.request_id,
         arrival_s=float(r.arrival_s),
@@ -304,10 +306,24 @@ def request_record(r, o: StreamOutcome) -> RequestRecord:
         token_times=list(o.token_times),
         output_tokens=int(usage.get("completion_tokens") or len(o.token_times)),
         reused_tokens=cached,
-        initial_input_tokens=prompt_tokens - cached,
+        initial_input_tokens=None if cached is None else prompt_tokens - cached,
+        recomputed_tokens=None,
+        preemptions=None,
         # a hybrid model's prefix hit needs the attention blocks and a recurrent
         # state at the same position (the joint hit): what a server reports as
         # cached is the J it adopted
         j_adopt=cached,
+        r_max=None,
+        attn_depth=None,
         prefix_group=r.prefix_group,
     )
+
+
+def reported_cached_tokens(usage: dict) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` (vLLM with
+    ``--enable-prompt-tokens-details``, SGLang with ``--enable-cache-report``),
+    or None where the server sent no count: unknown, not "nothing reused"."""
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict) or details.get("cached_tokens") is None:
+        return None
+    return int(details["cached_tokens"])

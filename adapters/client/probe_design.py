@@ -23,11 +23,12 @@ The sequences, in order (each stops cleanly when the budget is spent):
 3. **inside a block?** reused(smallest + step / 2 + 1): strictly between two
    grid positions means a hit can stop inside a block.
 4. **shared prefix, different continuations.** warm P + tail1, probe P +
-   tail2 (tails longer than a step): does a prefix *inside* an earlier prompt
-   hit for the second prompt to share it? (vLLM's ``align`` mode keeps a state
-   where a prompt's last chunk starts, so the second prompt finds none inside
-   the first; the second ends a chunk where the prefix branches and caches
-   the state there, so a third and later ones reuse it: docs/engines.md.)
+   tail2, then P + tail3 (tails longer than a step): does a prefix *inside*
+   an earlier prompt hit for the second prompt to share it, and for the
+   third? (vLLM's ``align`` mode keeps a state where a prompt's last chunk
+   starts, so the second prompt finds none inside the first; the second ends
+   a chunk where the prefix branches and caches the state there, the
+   junction, so the third and later ones reuse it: docs/engines.md.)
 5. **own history.** turn 1 = P with a few generated tokens, turn 2 = P +
    generated + fresh user tokens: how much of turn 1 turn 2 reused.
 6. **survival under load.** warm P, then K filler requests of fresh prompts
@@ -75,7 +76,9 @@ class Findings:
     shortest_hit_len: int | None = None
     stops_inside_block: bool | None = None
     branch_prefix: int | None = None
-    branch_reused: int | None = None
+    branch_reused: int | None = None         # by the second prompt to share the prefix
+    branch_reused_third: int | None = None   # by the third
+    branch_meaning: str = ""                 # what the two say (`branch_meaning`)
     history_prompt: int | None = None
     history_generated: int | None = None
     history_reused: int | None = None
@@ -252,6 +255,8 @@ class Probe:
         self.f.stops_inside_block = not on_grid
 
     def _branch(self) -> None:
+        """P + tail1, P + tail2, P + tail3: the second prompt's reuse of P, then
+        the third's (a state the second cached where P branched)."""
         step = self.f.step or self.f.smallest
         tail = min(2 * step + 3, self.top // 3)
         length = min(max(2 * step, self.f.shortest_hit_len or 0), self.top - tail)
@@ -259,8 +264,21 @@ class Probe:
         if length < 1:
             return
         self.f.branch_prefix = length
-        self.f.branch_reused = self.pair(length, "shared prefix, other continuation",
-                                         warm_tail=tail, probe_tail=tail)
+        p = self.c.fresh(length)
+        self._send(p + self.c.fresh(tail))
+        self.f.branch_reused = self._record(p, tail, "shared prefix, other continuation")
+        self.f.branch_reused_third = self._record(p, tail, "shared prefix, third continuation")
+        self.f.branch_meaning = branch_meaning(self.f.branch_reused, self.f.branch_reused_third,
+                                               length)
+
+    def _record(self, prefix: list[int], tail: int, what: str) -> int:
+        """Send ``prefix`` + ``tail`` fresh tokens and record its reuse as a pair row."""
+        shot = self._send(prefix + self.c.fresh(tail))
+        r = self.ev.reused(shot)
+        self.f.pairs.append({"what": what, "prefix": len(prefix), "warm_tail": tail,
+                             "fillers": 0, "prompt": shot.prompt_len, "reused": r,
+                             "ttft_ms": None if shot.ttft_s is None else round(shot.ttft_s * 1e3, 2)})
+        return r
 
     def _history(self) -> None:
         step = self.f.step or self.f.smallest
@@ -298,3 +316,18 @@ class Probe:
                 return
             self.f.survived_fillers = k
             k = 1 if k == 0 else 2 * k
+
+
+def branch_meaning(second: int, third: int, prefix: int) -> str:
+    """What the second and third prompts' reuse of a ``prefix``-token prefix
+    inside an earlier prompt says about where the server keeps states."""
+    if third > second:
+        return ("a prefix inside an earlier prompt is reused from the third prompt to share it "
+                "on: the second cached a state at the junction, where the prefix branched")
+    if second >= prefix:
+        return "a prefix inside an earlier prompt is reused by the second prompt to share it"
+    if third == 0:
+        return ("a prefix inside an earlier prompt is not reused by a second or a third prompt: "
+                "no state is kept inside prompts or where a prefix branches")
+    return (f"the second and third prompts to share the prefix reused {second} and {third} "
+            f"of its {prefix} tokens")

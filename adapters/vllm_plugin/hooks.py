@@ -11,7 +11,11 @@ Two redirections, both made before the engine core builds its scheduler:
 
 `OrgMambaManager` configures the pool from its ``MambaSpec`` (S1/S2) or carves
 the private checkpoint pool (D0), and makes the scheduler ask for the
-organization's page count before it allocates.
+organization's page count before it allocates. Under S1's or S2's negative
+control `place_states` also redirects ``KVCacheBlocks.get_block_ids`` (every
+block id the scheduler sends the worker goes through it), so the kernel
+reads and writes each checkpoint's state at the page `MemberPagesMixin.placed_id`
+names.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 
 import vllm.v1.core.kv_cache_coordinator as coordinator_module
 from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
@@ -91,10 +96,13 @@ class OrgMambaManager(MambaManager):
         else:
             layout = PageLayout(plan.org, ssm, conv, page // kv_cache_spec.block_size,
                                 plan.grid_tokens)
-            block_pool.org_setup(layout)
+            block_pool.org_setup(layout, alias_states=plan.state_alias_ids)
+            if plan.state_alias_ids:
+                place_states(block_pool)
             resolved.update(pages_per_checkpoint=layout.pages_per_checkpoint,
                             grid_page_bytes=layout.grid_page_bytes,
-                            slab_slots=layout.slab_slots, slot_bytes=layout.slot_bytes)
+                            slab_slots=layout.slab_slots, slot_bytes=layout.slot_bytes,
+                            alias_states=plan.state_alias_ids)
         emit(RESOLVED_TAG, resolved)
 
     # D0's checkpoint-pool headroom for the allocation under way (blocks kept
@@ -125,6 +133,25 @@ class OrgMambaManager(MambaManager):
                     "checkpoint_blocks": len(self.block_pool.blocks) - 1,
                     "attention_free": self.shared_pool.get_num_free_blocks()}
         return self.block_pool.snapshot()
+
+
+def place_states(pool: MemberPagesMixin) -> None:
+    """S1's and S2's negative control: the block ids vLLM sends its worker
+    name the page ``pool`` placed each checkpoint's state at
+    (`MemberPagesMixin.placed_id`); the pool's own bookkeeping keeps the real
+    ids (idempotent)."""
+    original = KVCacheBlocks.get_block_ids
+    if getattr(original, "_hbench", False):
+        return
+
+    def get_block_ids(self, allow_none=False, *, group_ids=None):
+        ids = original(self, allow_none, group_ids=group_ids)
+        if ids is None:
+            return None
+        return tuple([pool.placed_id(b) for b in group] for group in ids)
+
+    get_block_ids._hbench = True
+    KVCacheBlocks.get_block_ids = get_block_ids
 
 
 def install(plan: Plan) -> None:

@@ -26,6 +26,15 @@ Rules (what ``check_invariants`` verifies):
 
 Ownership: only this mixin touches ``members``/``owner``/``slots``/``slabs``;
 vLLM's code sees carriers as ordinary blocks.
+
+The negative control (``alias_states``, `plan.ENV_STATE_ALIAS`): the pages
+are taken, held and evicted exactly as above, but the kernel is handed, for
+every checkpoint, the carrier page of the oldest live checkpoint
+(`placed_id`; `hooks.place_states` maps the ids vLLM sends its worker). Live
+states then share one page, as they would if a checkpoint's state were
+written through a member or slot link that points at another owner's page,
+and outputs must change: `hbench verify` proves with it that its equality
+check can fail for S1 and S2.
 """
 
 from __future__ import annotations
@@ -43,10 +52,13 @@ class MemberPagesMixin:
     layout: PageLayout | None = None      # None until the Mamba manager configures it
     _carrier_depth = 0
 
-    def org_setup(self, layout: PageLayout) -> None:
-        """Start enforcing ``layout``; call before the first carrier allocation."""
+    def org_setup(self, layout: PageLayout, alias_states: bool = False) -> None:
+        """Start enforcing ``layout`` (as its negative control with
+        ``alias_states``); call before the first carrier allocation."""
         layout.check()
         self.layout = layout
+        self.alias_states = alias_states
+        self.placement: dict[int, int] = {}       # carrier id -> page its state is placed at
         self.members: dict[int, list] = {}        # carrier id -> member blocks
         self.carriers: dict[int, object] = {}     # carrier id -> carrier block
         self.owner: dict[int, int] = {}           # member id -> carrier id (reverse index)
@@ -79,6 +91,11 @@ class MemberPagesMixin:
         """(slab block id, slot) holding ``carrier_id``'s conv state, or None."""
         return self.slots.get(carrier_id)
 
+    def placed_id(self, block_id: int) -> int:
+        """The block id the kernel is handed for ``block_id``: itself, except
+        for a live checkpoint under the negative control (module docstring)."""
+        return self.placement.get(block_id, block_id)
+
     # -- acting ---------------------------------------------------------------
     @contextmanager
     def carrier_allocation(self):
@@ -107,6 +124,8 @@ class MemberPagesMixin:
                 self.owner[m.block_id] = carrier.block_id
             if self.layout.uses_slabs:
                 self._assign_slot(carrier.block_id)
+            if self.alias_states:
+                self._place_on_oldest(carrier.block_id)
             self.counters["checkpoints_allocated"] += 1
             carriers.append(carrier)
         self._peaks()
@@ -159,9 +178,18 @@ class MemberPagesMixin:
                 self.counters["invalidations_member"] += 1
         return blocks
 
+    def _place_on_oldest(self, carrier_id: int) -> None:
+        """The negative control: ``carrier_id``'s state goes to the page of the
+        oldest live checkpoint (its own page when it is the only one)."""
+        oldest = next(iter(self.carriers))
+        self.placement[carrier_id] = oldest
+        if oldest != carrier_id:
+            self.counters["states_placed_elsewhere"] += 1
+
     def _unlink(self, carrier_id: int) -> list:
         members = self.members.pop(carrier_id)
         self.carriers.pop(carrier_id)
+        self.placement.pop(carrier_id, None)
         for m in members:
             del self.owner[m.block_id]
         self._release_slot(carrier_id)
@@ -226,6 +254,8 @@ class MemberPagesMixin:
         assert len(self.owner) == sum(len(m) for m in self.members.values()), (
             f"reverse index has {len(self.owner)} entries for "
             f"{sum(len(m) for m in self.members.values())} members")
+        assert set(self.placement) <= set(self.carriers), (
+            f"states placed for dead checkpoints: {set(self.placement) - set(self.carriers)}")
         seen = Counter(self.slots.values())
         assert all(n == 1 for n in seen.values()), f"slots shared: {seen}"
         for slab_id, (slab, used) in self.slabs.items():

@@ -67,6 +67,21 @@ ENV_ORG = "HBENCH_ORG"
 ENV_GRID = "HBENCH_GRID_TOKENS"
 ENV_D0_FRACTION = "HBENCH_D0_ATTN_FRACTION"
 ENV_D0_ALIAS = "HBENCH_D0_ALIAS_IDS"   # negative control: D0 pools share block ids (bytes)
+# negative control: S1/S2 hand the kernel another live checkpoint's page for a state
+ENV_STATE_ALIAS = "HBENCH_STATE_ALIAS_IDS"
+#: The environment variable that turns each organization into its negative
+#: control: the same capacities and page counts, the state bytes placed where
+#: another owner's are, so outputs must change (`hbench verify`'s control).
+ALIAS_ENV = {"d0": ENV_D0_ALIAS, "s1": ENV_STATE_ALIAS, "s2": ENV_STATE_ALIAS}
+#: Each negative control's name and what it does, in the words `hbench verify` prints.
+ALIAS_LABEL = {"d0": "aliased ids", "s1": "aliased states", "s2": "aliased states"}
+ALIAS_CONTROL = {
+    "d0": "aliased ids: the private pool numbers its blocks from 1, over attention's bytes",
+    "s1": "aliased states: every checkpoint's state read and written at the oldest live "
+          "checkpoint's carrier page",
+    "s2": "aliased states: every checkpoint's state read and written at the oldest live "
+          "checkpoint's carrier page",
+}
 
 
 class PlanError(ValueError):
@@ -81,10 +96,18 @@ class Plan:
     grid_tokens: int = DEFAULT_GRID_TOKENS
     d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION
     d0_alias_ids: bool = False
+    state_alias_ids: bool = False     # S1/S2's negative control (`pages.MemberPagesMixin`)
 
     def __post_init__(self):
         if self.org not in PLUGIN_ORGS:
             raise PlanError(f"{ENV_ORG}={self.org!r}: the plugin expresses {', '.join(PLUGIN_ORGS)}")
+        # a control that silently did nothing would let a check pass that must fail
+        if self.d0_alias_ids and self.org != "d0":
+            raise PlanError(f"{ENV_D0_ALIAS} is D0's negative control, not {self.org}'s; "
+                            f"{self.org} uses {ALIAS_ENV[self.org]}")
+        if self.state_alias_ids and self.org not in ("s1", "s2"):
+            raise PlanError(f"{ENV_STATE_ALIAS} is S1's and S2's negative control, not "
+                            f"{self.org}'s; {self.org} uses {ALIAS_ENV[self.org]}")
         if self.grid_tokens < 1:
             raise PlanError(f"{ENV_GRID} must be a positive token count, got {self.grid_tokens}")
         if not 0.0 < self.d0_attn_fraction < 1.0:
@@ -95,9 +118,17 @@ class Plan:
         out = {ENV_ORG: self.org, ENV_GRID: str(self.grid_tokens)}
         if self.org == "d0":
             out[ENV_D0_FRACTION] = repr(self.d0_attn_fraction)
-            if self.d0_alias_ids:
-                out[ENV_D0_ALIAS] = "1"
+        if self.d0_alias_ids or self.state_alias_ids:
+            out.update(alias_env(self.org))
         return out
+
+
+def alias_env(org: str) -> dict[str, str]:
+    """The environment that makes ``org``'s plugin serve its negative control."""
+    if org not in ALIAS_ENV:
+        raise PlanError(f"{org} has no negative control; the plugin's are for "
+                        f"{', '.join(ALIAS_ENV)}")
+    return {ALIAS_ENV[org]: "1"}
 
 
 def plan_from_env(environ: Mapping[str, str] | None = None) -> Plan | None:
@@ -111,7 +142,8 @@ def plan_from_env(environ: Mapping[str, str] | None = None) -> Plan | None:
         frac = float(environ.get(ENV_D0_FRACTION, DEFAULT_D0_ATTN_FRACTION))
     except ValueError as exc:
         raise PlanError(f"bad hbench plugin setting: {exc}") from None
-    return Plan(org, grid, frac, environ.get(ENV_D0_ALIAS, "") == "1")
+    return Plan(org, grid, frac, environ.get(ENV_D0_ALIAS, "") == "1",
+                environ.get(ENV_STATE_ALIAS, "") == "1")
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,14 @@
 
 Thin: flags -> `hbench.verify_pressure.verify_pressure` (``--engine vllm
 --launch``: stock vLLM and each plugin organization at a binding block
-budget, compared token for token, plus the aliased-D0 negative control),
+budget, compared token for token, plus each organization's negative control),
 `hbench.verify.verify_server` (a running server, or another engine launched:
 each prompt as a prefix-cache hit and as a clean recompute) or
 `adapters.torch.continuation.verify_continuation` (the in-process torch
 engine against cold runs) -> one line per check. Exit 0 when everything is
 identical, 1 when anything diverges. A run that proved nothing (the hit
-reused nothing, memory did not bind, the negative control did not diverge)
-is an error.
+reused nothing, memory did not bind, no preempted request resumed from a
+pinned hit, a negative control did not diverge) is an error.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ REAL_ENGINES = sorted(name for name in ENGINES if name != "sim")
               help="vllm --launch: vLLM blocks for every server (default: per organization, "
                    "the count at which 3 of the 4 concurrent requests fit at their peak).")
 @click.option("--control/--no-control", default=True, show_default=True,
-              help="vllm --launch: also serve D0 with aliased block ids, which must change "
-                   "outputs (else the check cannot fail).")
+              help="vllm --launch: also serve each organization's negative control (D0 with "
+                   "aliased block ids, S1/S2 with aliased states), which must change outputs "
+                   "(else the check cannot fail).")
 @click.option("--budget", default=None,
               help="torch engine: budget label (default: the organization's verify point, "
                    "scaled to the model: the smallest page count at which the simulator "
@@ -68,10 +69,12 @@ def verify(ctx, engine_name, orgs, blocks, control, budget, device, seed, endpoi
       hbench verify --engine torch --org s2 --model ./tiny-prop
     With --engine vllm --launch --model DIR: stock vLLM and the plugin serving
     each organization (s1, s2, d0) take the same concurrent greedy prompts at
-    a block budget small for them (preemptions and evictions, read from the
-    servers' counters); outputs must equal stock's token for token, each
-    server passes the hit-vs-recompute check, and D0 with aliased block ids
-    must change outputs, e.g.
+    a block budget small for them (preemptions, evictions and a preempted
+    request resuming from its pinned hit, read from the servers' counters);
+    outputs must equal stock's token for token, each server passes the
+    hit-vs-recompute check, and each organization's negative control (D0 with
+    aliased block ids, S1/S2 with every state placed on one checkpoint's
+    page) must change outputs, e.g.
       hbench verify --engine vllm --launch --model ./tiny-prop
     With --endpoint URL: sends each prompt twice (a prefix-cache hit) and once
     with a unique cache salt (a recompute) to the running server.
@@ -132,7 +135,7 @@ def verify_vllm_pressure(model: str | None, endpoint: str | None, orgs: tuple[st
             click.echo(f"proved nothing: {line}")
         raise HbenchError(f"the check proved nothing: {why[0]}")
     click.echo(f"every organization ({', '.join(orgs) or 'stock only'}) matched stock vLLM "
-               "under preemption, and the negative control diverged" if control else
+               "under preemption, and every negative control diverged" if control else
                "every organization matched stock vLLM under preemption (no negative control)")
     raise SystemExit(0)
 

@@ -10,6 +10,9 @@ whose answers the probe tests know in advance:
 - ``ends_only``: a request stores one state, where its last block starts
   (floor((L - 1) / block) x block, as vLLM's hybrid ``align`` mode does);
   otherwise every full block boundary of the prompt;
+- ``junctions``: a request whose prompt shares more whole blocks with an
+  earlier prompt than it reused also stores a state at the last of those
+  block edges, where the two branch (vLLM 0.32 ends a prefill chunk there);
 - ``capacity`` stored positions, least recently used evicted first;
 - ``cache_on`` False stores and reuses nothing;
 - evidence: ``report_cached`` puts ``usage.prompt_tokens_details.cached_tokens``
@@ -34,11 +37,14 @@ from adapters.server_process import free_port
 
 
 class FakeCacheServer:
-    def __init__(self, *, block: int = 64, ends_only: bool = True, capacity: int = 10_000,
+    def __init__(self, *, block: int = 64, ends_only: bool = True, junctions: bool = False,
+                 capacity: int = 10_000,
                  cache_on: bool = True, report_cached: bool = True, metrics: bool = True,
                  ttft_base_s: float = 0.0, ttft_per_token_s: float = 0.0,
                  max_model_len: int = 1040, model: str = "fake-hybrid"):
         self.block, self.ends_only, self.capacity = block, ends_only, capacity
+        self.junctions = junctions
+        self.prompts: list[tuple] = []           # (salt, ids) of every prompt served
         self.cache_on, self.report_cached, self.metrics = cache_on, report_cached, metrics
         self.ttft_base_s, self.ttft_per_token_s = ttft_base_s, ttft_per_token_s
         self.max_model_len, self.model = max_model_len, model
@@ -113,13 +119,32 @@ class FakeCacheServer:
             p -= self.block
         return 0
 
-    def insert(self, ids: list[int], salt) -> None:
+    def junction(self, ids: list[int], salt) -> int:
+        """The last block edge inside ``ids`` up to which an earlier prompt
+        (same salt) had the same tokens: where the two branch."""
+        shared = 0
+        for s, earlier in self.prompts:
+            if s != salt:
+                continue
+            n = 0
+            for a, b in zip(ids, earlier, strict=False):
+                if a != b:
+                    break
+                n += 1
+            shared = max(shared, n)
+        return min(shared, len(ids) - 1) // self.block * self.block
+
+    def insert(self, ids: list[int], salt, reused: int = 0) -> None:
         if not self.cache_on:
             return
         if self.ends_only:
             positions = [(len(ids) - 1) // self.block * self.block]
         else:
-            positions = range(self.block, len(ids) // self.block * self.block + 1, self.block)
+            positions = list(range(self.block, len(ids) // self.block * self.block + 1,
+                                   self.block))
+        if self.junctions and (edge := self.junction(ids, salt)) > reused:
+            positions.append(edge)
+        self.prompts.append((salt, tuple(ids)))
         for p in positions:
             if p > 0:
                 self.store[(salt, tuple(ids[:p]))] = None
@@ -144,7 +169,7 @@ class FakeCacheServer:
             self.completions += 1
         time.sleep(self.ttft_base_s + self.ttft_per_token_s * (len(ids) - cached))
         with self.lock:
-            self.insert(ids, salt)
+            self.insert(ids, salt, cached)
         n = int(body.get("max_tokens", 16))
         handler.send_response(200)
         handler.send_header("Content-Type", "text/event-stream")

@@ -13,10 +13,12 @@ asserted here in detail: each organization serves the same greedy requests
 as stock vLLM under a block budget too small for the concurrency (so
 requests are preempted and cached checkpoints evicted, asserted from the
 plugin's counters), must give token-identical outputs, and passes the
-hit-vs-recompute check. The negative control (D0 whose private pool reuses
-attention's block ids, i.e. the same bytes) must be detected by the same
-comparison. About one server start per organization plus stock and the
-control (~1 min each on the 2-core machine), and one or more for the pin test.
+hit-vs-recompute check. Each negative control (D0 whose private pool reuses
+attention's block ids, i.e. the same bytes; S1/S2 whose states all go to one
+live checkpoint's page) must be detected by the same comparison, and the
+verify's pin phase must resume an S1/S2 request from its pinned hit. About
+one server start per organization plus stock and each control (~1 min each
+on the 2-core machine), and one or more for the pin test.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(model, monkeypatch_module):
     """`hbench verify --engine vllm --launch`'s runs: stock vLLM, S1, S2, D0
-    and the aliased-D0 control, each on its own server at its binding budget."""
+    and each one's negative control, each on its own server at its binding budget."""
     from hbench.verify_pressure import verify_pressure
 
     return verify_pressure(str(model), ("s1", "s2", "d0"), log_dir=model, n_hit_prompts=2)
@@ -99,6 +101,7 @@ def test_shared_pool_orgs_match_stock_under_preemption(report, org, pages):
     run = report.orgs[org]
     resolved, c, blocks = run.resolved, run.counters, run.blocks
     assert resolved is not None, "the plugin did not load in the engine core"
+    assert resolved["alias_states"] is False
     assert run.outputs == report.stock.outputs
     # the organization's arithmetic at the proportional model: 1664-token
     # blocks, 512-token grid page, checkpoint 801,792 B = 4 S1 pages / 3 S2 + slot
@@ -110,6 +113,8 @@ def test_shared_pool_orgs_match_stock_under_preemption(report, org, pages):
     # the budget bound: requests were preempted and cached checkpoints evicted
     assert c["preemptions"] > 0 and run.preemptions > 0, c
     assert c.get("pins_released", 0) == c.get("pins_taken", 0) and c["pins_held"] == 0, c
+    # the verify's pin phase binds only where a state takes at most 2 pages
+    assert run.pin_binds is False or c.get("pinned_resumes_with_hit", 0) > 0, c
     assert c.get("invalidations_member", 0) + c.get("invalidations_carrier", 0) > 0, c
     if org == "s2":
         assert resolved["slab_slots"] == 16 and resolved["slot_bytes"] == 16384
@@ -136,10 +141,19 @@ def test_d0_private_pool_matches_stock_and_its_ids_never_alias(report):
 
 
 def test_d0_without_a_separate_region_is_detected(report):
-    run = report.control
+    run = report.controls["d0"]
     assert run.resolved["alias_ids"] is True and run.resolved["checkpoint_block_ids"][0] == 1
     assert run.outputs != report.stock.outputs, \
         "aliased D0 pools left outputs intact: the check cannot fail"
+
+
+@pytest.mark.parametrize("org", ["s1", "s2"])
+def test_states_placed_on_another_checkpoints_page_are_detected(report, org):
+    run = report.controls[org]
+    assert run.resolved["alias_states"] is True
+    assert run.counter("states_placed_elsewhere") > 0, run.counters
+    assert run.outputs != report.stock.outputs, \
+        f"{org} with aliased states left outputs intact: the check cannot fail"
 
 
 @contextmanager

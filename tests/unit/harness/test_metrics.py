@@ -181,16 +181,53 @@ def test_missing_memory_kinds_and_missing_counters_are_unknown_not_zero():
         assert math.isnan(s[key]), key
 
 
+def served_requests(cached=(16, 16, 0, None)):
+    """`three_requests` as a served engine's client records them
+    (`adapters.client.dispatch.request_record`): the server's cached tokens
+    (None where it sent no count) and None for what the client cannot see."""
+    out = three_requests()
+    for r, c in zip(out, cached, strict=True):
+        r.reused_tokens = r.j_adopt = c
+        r.initial_input_tokens = None if c is None else r.prompt_tokens - c
+        r.recomputed_tokens = r.preemptions = r.r_max = r.attn_depth = None
+    return out
+
+
 def test_a_served_run_reports_what_its_server_cannot_show_as_unknown():
     """vLLM's pool mixes kinds (one kv_pool peak) and the client sees J_adopt,
-    not the server's deepest checkpoint or attention depth: null, not 0."""
-    s = summarize(make_run(three_requests(), peak_memory={"kv_pool": 4096}, counters={},
+    not the server's deepest checkpoint, attention depth, preemptions or
+    recomputed tokens: null, not 0; the reuse it saw is summed over the
+    requests whose count the server sent."""
+    s = summarize(make_run(served_requests(), peak_memory={"kv_pool": 4096}, counters={},
                            engine_info={"launched": True}))
     assert s["peak_mem_total_bytes"] == 4096
     for key in ("peak_mem_attention_bytes", "peak_mem_ssm_bytes", "peak_mem_conv_bytes",
-                "r_max_mean", "attn_depth_mean"):
+                "r_max_mean", "attn_depth_mean", "recomputed_tokens", "preemptions"):
         assert math.isnan(s[key]), key
-    assert not math.isnan(s["j_adopt_mean"])
+    assert s["j_adopt_mean"] == pytest.approx(32 / 3)
+    assert (s["reused_tokens"], s["initial_input_tokens"]) == (32, 3 * 32 - 32)
+
+
+def test_a_server_that_reports_no_cached_tokens_leaves_reuse_not_observed():
+    s = summarize(make_run(served_requests((None,) * 4), counters={},
+                           engine_info={"launched": True}))
+    for key in ("reused_tokens", "initial_input_tokens", "j_adopt_mean"):
+        assert math.isnan(s[key]), key
+
+
+def test_a_served_runs_table_has_nulls_where_the_simulators_has_counts():
+    """requests.parquet: int64 columns, null where the client saw nothing;
+    a simulated run's records keep their counts, no null."""
+    served = per_request_table(make_run(served_requests(), engine_info={"launched": True}))
+    for name in ("recomputed_tokens", "preemptions", "r_max", "attn_depth"):
+        assert served.schema.field(name).type == pa.int64(), name
+        assert served.column(name).null_count == 4, name
+    assert served.column("reused_tokens").to_pylist() == [16, 16, 0, None]
+    simulated = per_request_table(make_run(three_requests()))
+    for name in ("reused_tokens", "recomputed_tokens", "preemptions", "r_max", "attn_depth"):
+        assert simulated.schema.field(name).type == pa.int64(), name
+        assert simulated.column(name).null_count == 0, name
+    assert simulated.column("r_max").to_pylist()[0] == 32
 
 
 def test_slab_occupancy_counter_is_used_when_steps_have_no_column():
@@ -346,7 +383,8 @@ def _turns():
     (three_requests() + [warmup_request()], REQUEST_COLUMNS),
     ([make_request(0, 0.0, [1.0], error=None)], REQUEST_COLUMNS),
     (_turns(), {**REQUEST_COLUMNS, **TURN_COLUMNS}),
-], ids=["empty", "records", "no-error-text", "turns"])
+    (served_requests(), REQUEST_COLUMNS),
+], ids=["empty", "records", "no-error-text", "turns", "served"])
 def test_per_request_table_is_the_table_pandas_wrote_of_its_frame(requests, columns):
     """requests.parquet used to be written by pandas from a frame of these
     dtypes; built without pandas, the table is the same: the same types

@@ -61,3 +61,30 @@ def test_columns_give_the_records_summary_and_table():
     assert same_bits(measured_start(as_records), measured_start(as_columns))
     assert last_finish(as_records.requests) == last_finish(as_columns.requests)
     assert not math.isnan(a["itl_p50_s"])
+
+
+def test_counters_not_observed_stay_null_in_columns_summary_and_table():
+    """A counter a record says is None (not observed) reads back as None from
+    the columns, and both summaries call it null, not 0; a counter some
+    requests observed is summed over those."""
+    records, _, _ = _runs()
+    for r in records:
+        r.recomputed_tokens = r.r_max = r.attn_depth = None
+    records[8].reused_tokens = None
+    cols = RequestColumns()
+    for r in records:
+        cols.add(r)
+    as_records = EngineRun(requests=records, steps=[], window_start_s=0.0, window_end_s=30.0,
+                           itl_pool=_runs()[1].itl_pool)
+    as_columns = EngineRun(requests=cols.seal(), steps=[], window_start_s=0.0,
+                           window_end_s=30.0, itl_pool=as_records.itl_pool)
+    got = {r.request_id: r for r in cols}
+    assert got[8].reused_tokens is None and got[9].reused_tokens == records[9].reused_tokens
+    assert got[7].r_max is None and got[7].preemptions == 2
+    a, b = summarize(as_records), summarize(as_columns)
+    for k in ("recomputed_tokens", "r_max_mean", "attn_depth_mean"):
+        assert math.isnan(a[k]) and math.isnan(b[k]), k
+    assert a["preemptions"] == b["preemptions"] == 2
+    assert a["reused_tokens"] == b["reused_tokens"] == 0
+    assert per_request_table(as_records).equals(per_request_table(as_columns))
+    assert per_request_table(as_columns).column("r_max").null_count == len(records)

@@ -46,7 +46,8 @@ def test_block_aligned_cache_that_keeps_states_where_prompts_end():
     assert f.reused_at_top == 960                  # floor(1023 / 64) x 64
     assert (f.step, f.smallest, f.shortest_hit_len) == (64, 64, 65)
     assert f.stops_inside_block is False
-    assert f.branch_reused == 0 and f.branch_prefix == 128
+    assert f.branch_reused == f.branch_reused_third == 0 and f.branch_prefix == 128
+    assert "not reused by a second or a third prompt" in f.branch_meaning
     # turn 1: 161 prompt tokens + 8 generated; its state sits at 128
     assert (f.history_prompt, f.history_generated, f.history_reused) == (161, 8, 128)
     assert (f.survived_fillers, f.evicted_by_fillers) == (4, 8)
@@ -59,13 +60,42 @@ def test_a_cache_that_keeps_every_block_reuses_a_prefix_inside_a_longer_prompt()
         f = probe(s, max_requests=40)
     # a 32-token prompt stores its one full block
     assert (f.step, f.smallest, f.shortest_hit_len) == (32, 32, 32)
-    assert f.branch_reused == f.branch_prefix == 64
+    assert f.branch_reused == f.branch_reused_third == f.branch_prefix == 64
+    assert f.branch_meaning.endswith("reused by the second prompt to share it")
     assert (f.history_prompt, f.history_reused) == (81, 64)   # the prompt's full blocks
     assert f.stops_inside_block is False
     # survival runs until the next doubling would overrun the budget
     assert f.notes == [f"survival stopped by the request budget: the prefix survived "
                        f"{f.survived_fillers} fillers"]
     assert f.evicted_by_fillers is None and f.survived_fillers >= 4 and f.requests <= 40
+
+
+@pytest.mark.slow
+def test_a_prefix_inside_an_earlier_prompt_is_reused_from_the_third_prompt_on():
+    """vLLM 0.32: the second prompt to share a prefix finds no state inside the
+    first, and caches one where the two branch; the third reuses it."""
+    with FakeCacheServer(block=64, ends_only=True, junctions=True) as s:
+        f = probe(s, max_requests=40)
+    assert (f.branch_prefix, f.branch_reused, f.branch_reused_third) == (128, 0, 128)
+    assert "from the third prompt to share it on" in f.branch_meaning
+    assert "junction" in f.branch_meaning
+    rows = [p for p in f.pairs if p["what"].startswith("shared prefix")]
+    assert [(p["prefix"], p["reused"]) for p in rows] == [(128, 0), (128, 128)]
+
+
+def test_the_probes_table_says_what_the_third_prompt_means():
+    from adapters.client.probe_design import Findings, branch_meaning
+    from analysis.probe_verdict import summary_lines
+
+    f = Findings(model="m", probe_len=1024, branch_prefix=256, branch_reused=0,
+                 branch_reused_third=256, branch_meaning=branch_meaning(0, 256, 256))
+    lines = dict(summary_lines(f.as_dict()))
+    assert lines["prefix inside an earlier prompt"].startswith("0 of 256 shared tokens reused "
+                                                               "by the second prompt")
+    assert lines["the same prefix, a third prompt"] == (
+        "256 of 256 shared tokens reused: a prefix inside an earlier prompt is reused from "
+        "the third prompt to share it on: the second cached a state at the junction, where the "
+        "prefix branched")
 
 
 @pytest.mark.slow
@@ -76,7 +106,7 @@ def test_a_token_granular_cache_lets_a_hit_stop_anywhere():
         f = probe(s)
     assert (f.step, f.smallest, f.shortest_hit_len) == (1, 1, 1)
     assert f.reused_at_top == 1024 and f.stops_inside_block is True
-    assert f.branch_reused == f.branch_prefix == 2
+    assert f.branch_reused == f.branch_reused_third == f.branch_prefix == 2
     assert f.history_reused == f.history_prompt == 3     # this cache keeps no generated token
     assert (f.survived_fillers, f.evicted_by_fillers) == (8, 16)
 

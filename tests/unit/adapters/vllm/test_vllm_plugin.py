@@ -17,9 +17,11 @@ from adapters.vllm_plugin import check_version, register
 from adapters.vllm_plugin.d0 import block_id_range, carve_private_pool
 from adapters.vllm_plugin.pages import MemberPagesMixin
 from adapters.vllm_plugin.plan import (
+    ALIAS_ENV,
     PageLayout,
     Plan,
     PlanError,
+    alias_env,
     d0_split,
     plan_from_env,
 )
@@ -116,9 +118,9 @@ class OrgPool(MemberPagesMixin, FakePool):
     pass
 
 
-def make_pool(org, n=40, grid=512):
+def make_pool(org, n=40, grid=512, alias_states=False):
     pool = OrgPool(n)
-    pool.org_setup(PageLayout(org, SSM, CONV, KV_PER_TOKEN, grid))
+    pool.org_setup(PageLayout(org, SSM, CONV, KV_PER_TOKEN, grid), alias_states=alias_states)
     return pool
 
 
@@ -160,6 +162,26 @@ def test_plan_round_trips_through_the_environment_and_is_inert_without_it():
         plan_from_env({"HBENCH_ORG": "s0"})
     with pytest.raises(PlanError, match=r"in \(0, 1\)"):
         plan_from_env({"HBENCH_ORG": "d0", "HBENCH_D0_ATTN_FRACTION": "1.5"})
+
+
+def test_each_organizations_negative_control_is_selected_through_the_environment():
+    """D0's aliased ids and S1's/S2's aliased states round-trip like the plan;
+    a control named for an organization it does not apply to is refused
+    (it would do nothing, and the check it proves could not fail)."""
+    for org in ("s1", "s2"):
+        plan = Plan(org, state_alias_ids=True)
+        assert plan.env()["HBENCH_STATE_ALIAS_IDS"] == "1" and plan_from_env(plan.env()) == plan
+        assert alias_env(org) == {"HBENCH_STATE_ALIAS_IDS": "1"}
+        assert plan_from_env({**Plan(org).env(), **alias_env(org)}) == plan
+    assert alias_env("d0") == {"HBENCH_D0_ALIAS_IDS": "1"} and set(ALIAS_ENV) == {"s1", "s2", "d0"}
+    assert "HBENCH_STATE_ALIAS_IDS" not in Plan("s1").env()
+    with pytest.raises(PlanError, match="S1's and S2's negative control, not d0's"):
+        plan_from_env({"HBENCH_ORG": "d0", "HBENCH_STATE_ALIAS_IDS": "1"})
+    with pytest.raises(PlanError, match="D0's negative control, not s2's; s2 uses "
+                                        "HBENCH_STATE_ALIAS_IDS"):
+        plan_from_env({"HBENCH_ORG": "s2", "HBENCH_D0_ALIAS_IDS": "1"})
+    with pytest.raises(PlanError, match="s0 has no negative control"):
+        alias_env("s0")
 
 
 def test_register_is_inert_without_hbench_org(monkeypatch):
@@ -295,12 +317,14 @@ def test_s2_invalidating_a_checkpoint_releases_its_slot():
     assert pool.snapshot()["slab_slots_used"] == 0
 
 
+@pytest.mark.parametrize("alias_states", [False, True], ids=["plain", "control"])
 @pytest.mark.parametrize("org", ["s1", "s2"])
-def test_random_traffic_keeps_every_invariant(org):
+def test_random_traffic_keeps_every_invariant(org, alias_states):
     """Allocate, cache, adopt, release and evict at random; links never disagree,
-    no count goes negative and no lookup hits a checkpoint with a reused page."""
+    no count goes negative and no lookup hits a checkpoint with a reused page
+    (under the negative control too: it moves no page, only what the kernel reads)."""
     rng = random.Random(7)
-    pool = make_pool(org, n=64)
+    pool = make_pool(org, n=64, alias_states=alias_states)
     held: list = []
     key = 0
     for _ in range(600):
@@ -328,6 +352,43 @@ def test_random_traffic_keeps_every_invariant(org):
                 assert all(pool.owner[m.block_id] == c.block_id for m in pool.members[c.block_id])
         assert all(b.ref_cnt >= 0 for b in pool.blocks)
     assert pool.counters["invalidations_member"] + pool.counters["invalidations_carrier"] > 0
+
+
+@pytest.mark.parametrize("org", ["s1", "s2"])
+def test_without_the_control_every_state_stays_on_its_own_carrier(org):
+    pool = make_pool(org, n=40)
+    cs = carriers(pool, 3)
+    assert [pool.placed_id(c.block_id) for c in cs] == [c.block_id for c in cs]
+    assert pool.placement == {} and "states_placed_elsewhere" not in pool.counters
+
+
+@pytest.mark.parametrize("org", ["s1", "s2"])
+def test_the_negative_control_places_every_live_state_on_the_oldest_checkpoints_page(org):
+    """Same pages taken, held and freed as without the control; only the page
+    the kernel is handed differs: every live state shares the oldest live
+    checkpoint's carrier page, so states overwrite one another."""
+    plain, aliased = make_pool(org, n=40), make_pool(org, n=40, alias_states=True)
+    a, b, c = carriers(aliased, 3)
+    assert [b.block_id for b in carriers(plain, 3)] == [a.block_id, b.block_id, c.block_id]
+    assert plain.get_num_free_blocks() == aliased.get_num_free_blocks()
+    assert {aliased.placed_id(x.block_id) for x in (a, b, c)} == {a.block_id}
+    assert aliased.counters["states_placed_elsewhere"] == 2
+    aliased.check_invariants()
+    # the oldest dies (uncached: unlinked at once); its page goes to attention
+    # while the survivors keep the page they were given (the dead one's)
+    aliased.free_blocks([a])
+    assert a.block_id not in aliased.placement
+    attention = aliased.get_new_blocks(aliased.get_num_free_blocks())
+    assert a.block_id in {blk.block_id for blk in attention}
+    assert aliased.placed_id(c.block_id) == a.block_id
+    # the next checkpoint lands on the oldest live one
+    aliased.free_blocks(attention)
+    (d,) = carriers(aliased, 1)
+    assert aliased.placed_id(d.block_id) == b.block_id
+    # attention blocks (not carriers) are handed to the kernel as they are
+    (plain_block,) = aliased.get_new_blocks(1)
+    assert aliased.placed_id(plain_block.block_id) == plain_block.block_id
+    aliased.check_invariants()
 
 
 # -- D0 -----------------------------------------------------------------------
