@@ -19,7 +19,8 @@ checks refuse (the memory estimate) prints the refusal instead.
         [--orgs s2] [--rate 3] [--repeats 1]
 
 A million requests takes tens of minutes per organization on a 2-core
-machine; `docs/benchmarks.md` records the sittings and their load.
+machine; `docs/benchmarks.md` has the latest figures and
+`docs/journal/benchmarks-2026.md` every sitting and its load.
 """
 
 from __future__ import annotations

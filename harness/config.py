@@ -57,9 +57,9 @@ RUN_BYTES_PER_PROMPT_TOKEN = 64
 #: keeps of an ended request only fixed-width columns and its inter-token
 #: gaps as counted values, and writes its step rows to disk as they come.
 #: Measured (whole process peak RSS, sim engine at b83 and a rate each
-#: organization sustains, mean input 3,332; docs/benchmarks.md section 5):
-#: 10,000 to 100,000 requests 5.7 (e0) to 6.7 (s1) kB per request; a
-#: million requests peaked at 5,402 MiB (s1, 1.5 req/s), 5,023 MiB (d0, 1.5)
+#: organization sustains, mean input 3,332; docs/benchmarks.md, "Memory and
+#: time at scale"): 10,000 to 100,000 requests 5.7 (e0) to 6.7 (s2) kB per
+#: request; a million requests peaked at 5,402 MiB (s1, 1.5 req/s), 5,023 MiB (d0, 1.5)
 #: and 7,690 MiB (s0, 1.0 req/s: 8.06 kB a request, its peak while the
 #: results are written), all valid, so a million fit the limit. Rounded up
 #: from S0's here. (An overloaded run holds the prompts of its growing queue
