@@ -36,7 +36,13 @@ from harness.orgs.lookup import PrefixLookup
 from harness.orgs.pins import Pins, pin_policy_for
 from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.pool import pools_for
-from harness.orgs.publication import exported_edge, junction_edge, kept_edges, publication_for
+from harness.orgs.publication import (
+    exported_edge,
+    junction_edge,
+    kept_edges,
+    publication_for,
+    registered_again,
+)
 from harness.orgs.slabs import SlabTable
 from harness.orgs.values import Demand, PrefixHit
 from harness.orgs.views import ReadOnlyViews
@@ -144,6 +150,17 @@ class Organization(ReadOnlyViews):
         if end in st.keep:
             edges.append(end)
         return tuple(edges)
+
+    def registers_again(self, rid, start: int, end: int) -> int | None:
+        """In place, the edge whose state the admitted request's chunk
+        [start, end) registers again though it is cached already
+        (`publication.registered_again`, the replay edge in the step that ends
+        the prefill); None otherwise. vLLM counts it with the step's new
+        states, so a request admitted later in the step whose hit ends there
+        waits a step, as for `publishes`."""
+        if not self.in_place:
+            return None
+        return registered_again(self.reqs[rid].replay, start, end, self.grid)
 
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""

@@ -89,6 +89,7 @@ class RequestState:
     retiring: Entry | None = None  # in place: the edge continued past this step, held until it ends
     keep: tuple[int, ...] = ()     # in place: the edges whose state is cached (vLLM's retention)
     junction: int = 0              # in place: the shared-prefix junction among them (0: none)
+    replay: int = 0                # in place: the replay boundary among them (0: none)
     computed: int = 0
 
 

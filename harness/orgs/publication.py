@@ -54,9 +54,15 @@ def kept_edges(prompt_len: int, hit: PrefixHit | None, block: int) -> tuple[int,
     measured on vLLM's CPU build, a request preempted past a decode edge
     finds no Mamba state there and recomputes from its last kept edge.
     """
-    kept = {(prompt_len - 1) // block * block, junction_edge(hit, block)}
+    kept = {replay_edge(prompt_len, block), junction_edge(hit, block)}
     kept.discard(0)
     return tuple(sorted(kept))
+
+
+def replay_edge(prompt_len: int, block: int) -> int:
+    """The replay boundary (`kept_edges`): the last block edge before the
+    prompt's last token, 0 for a prompt of one block or less."""
+    return (prompt_len - 1) // block * block
 
 
 def junction_edge(hit: PrefixHit | None, block: int) -> int:
@@ -85,6 +91,30 @@ def exported_edge(keep: tuple[int, ...], start: int, end: int, prefill_until: in
     if (edge in keep and end >= prefill_until and start % block == 0
             and start + block <= edge < end and -(-end // block) - 2 > (start - 1) // block):
         return edge
+    return None
+
+
+def registered_again(replay: int, start: int, end: int, block: int) -> int | None:
+    """The replay edge whose state vLLM 0.32 registers in the prefix cache
+    again in the step of the chunk [start, end), or None.
+
+    A request at the replay edge (an earlier chunk ended there, or it adopted
+    the state there) whose chunk ends before the next edge (the chunk that
+    ends its prefill, unless the prefill ends on an edge) caches
+    ``round_down(end, block)`` tokens (vllm/v1/core/kv_cache_manager.py:612,
+    kv_cache_coordinator.py:767-777), which is the replay edge. Then
+    ``MambaManager.cache_blocks`` registers the state there again
+    (vllm/v1/core/single_type_kv_cache_manager.py:1976-1982): in
+    ``_cache_partial_tail_block`` (:2067-2112) the count is the prompt's last
+    hash boundary and the edge's block is still the request's, and
+    ``BlockPool.cache_partial_block`` (vllm/v1/core/block_pool.py:449)
+    answers the hash even when it is cached already. The hash joins
+    ``cached_blocks_this_step``, so a hit ending on it waits a step. A step
+    later the request has computed past the edge and
+    ``remove_skipped_blocks`` (single_type_kv_cache_manager.py:696-710) has
+    taken the edge's block out of its table, so no other step does this."""
+    if replay and start == replay and end < replay + block:
+        return replay
     return None
 
 
@@ -275,6 +305,7 @@ class InPlace(Publication):
     def admit(self, st, hit, prompt_len, rid=None, keys=None, prefill_until=None):
         st.keep = kept_edges(prompt_len, hit, self.grid)
         st.junction = junction_edge(hit, self.grid)
+        st.replay = replay_edge(prompt_len, self.grid)
 
     def reserve(self, rid, st, end, prefill_until):
         if self._export_to_reserve(st, end, prefill_until) is not None:

@@ -339,7 +339,7 @@ class Scheduler:
             batch.items.append(BatchItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
             budget -= end - start
             if org.in_place:
-                for e, k in self._publishes(r, start, end).items():
+                for e, k in self._registers(r, start, end).items():
                     pending.setdefault(e, set()).add(k)
                 if hit.j_adopt > 0:     # the adopted state is registered again
                     pending.setdefault(hit.j_adopt, set()).add(key_at(r.keys, hit.j_adopt))
@@ -353,20 +353,30 @@ class Scheduler:
     # returns more blocks than the pool has, and the waiting queue stops). A
     # request admitted with a hit registers the state it adopted again
     # (``MambaManager.cache_blocks``, :1961-1993, from its first block), so a
-    # second request hitting the same state in that step waits too.
-    def _publishes(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
-        """{position: prefix key} of the states ``r``'s chunk caches this step."""
-        return {e: key_at(r.keys, e)
-                for e in self.org.publishes(r.rid, start, end, r.prefill_until)}
+    # second request hitting the same state in that step waits too. The chunk
+    # that ends a prefill at the replay edge's block registers the state at
+    # that edge again, though an earlier chunk cached it
+    # (``_cache_partial_tail_block``, :1976-1982, :2067-2112), so a request
+    # hitting it in that step waits as well.
+    def _registers(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
+        """{position: prefix key} of the states vLLM registers for ``r``'s chunk
+        this step: those it caches (`Organization.publishes`) and the one it
+        registers again (`Organization.registers_again`)."""
+        org = self.org
+        edges = list(org.publishes(r.rid, start, end, r.prefill_until))
+        again = org.registers_again(r.rid, start, end)
+        if again is not None:
+            edges.append(again)
+        return {e: key_at(r.keys, e) for e in edges}
 
     def _states_this_step(self, batch: StepBatch) -> dict[int, set[int]]:
-        """{position: prefix keys} of the states the batch's chunks cache when
-        the step ends (in place only; empty otherwise)."""
+        """{position: prefix keys} of the states the batch's chunks register
+        this step (`_registers`; in place only, empty otherwise)."""
         pending: dict[int, set[int]] = {}
         if self.org.in_place:
             for item in batch.items:
                 if item.prefill:
-                    for e, k in self._publishes(item.req, item.start, item.end).items():
+                    for e, k in self._registers(item.req, item.start, item.end).items():
                         pending.setdefault(e, set()).add(k)
         return pending
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from harness.model_configs import preset
 from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys, extend_keys
-from harness.orgs.publication import kept_edges
+from harness.orgs.publication import kept_edges, registered_again
 from harness.orgs.values import PageRef, PrefixHit
 from tests.support.orgs import tokens
 
@@ -78,6 +78,17 @@ def test_kept_edges_are_the_replay_boundary_and_the_junction():
     # cached attention deeper than the joint hit: that depth is a junction too
     assert kept_edges(3517, hit(0, 1664), B) == (1664, 3328)
     assert kept_edges(3517, hit(1664, 1664), B) == (3328,)
+
+
+def test_the_replay_edge_is_registered_again_by_the_chunk_that_ends_the_prefill_in_its_block():
+    # a 3,400-token prompt: replay edge 3,328; the chunk [3328, 3400) caches
+    # round_down(3400, B) = 3328 tokens, so vLLM registers that state again
+    assert registered_again(3328, 3328, 3400, B) == 3328
+    # a prefill ending on the next edge caches 4,992 tokens: nothing again
+    assert registered_again(3328, 3328, 3328 + B, B) is None
+    # a chunk that does not start at the replay edge, or a prompt of one block
+    assert registered_again(3328, 1664, 3328, B) is None
+    assert registered_again(0, 0, 1000, B) is None
 
 
 def test_only_the_replay_boundary_is_published_not_a_decode_edge():
