@@ -341,8 +341,6 @@ class Scheduler:
             if org.in_place:
                 for e, k in self._registers(r, start, end).items():
                     pending.setdefault(e, set()).add(k)
-                if hit.j_adopt > 0:     # the adopted state is registered again
-                    pending.setdefault(hit.j_adopt, set()).add(key_at(r.keys, hit.j_adopt))
         if self.waiting and not batch.wait_reason:
             batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
 
@@ -350,14 +348,14 @@ class Scheduler:
     # it, and makes a request whose hit ends on a state registered in the same
     # step wait for the next one (``MambaManager.get_num_blocks_to_allocate``,
     # vllm/v1/core/single_type_kv_cache_manager.py:1690: ``cached_blocks_this_step``
-    # returns more blocks than the pool has, and the waiting queue stops). A
-    # request admitted with a hit registers the state it adopted again
-    # (``MambaManager.cache_blocks``, :1961-1993, from its first block), so a
-    # second request hitting the same state in that step waits too. The chunk
-    # that ends a prefill at the replay edge's block registers the state at
-    # that edge again, though an earlier chunk cached it
-    # (``_cache_partial_tail_block``, :1976-1982, :2067-2112), so a request
-    # hitting it in that step waits as well.
+    # returns more blocks than the pool has, and the waiting queue stops). The
+    # chunk that ends a prefill in the replay edge's block registers the state
+    # at that edge again (``MambaManager.cache_blocks`` ->
+    # ``_cache_partial_tail_block``, :1976-1982, :2067-2112), whether an
+    # earlier chunk cached it or the request adopted it, so a request hitting
+    # it in that step waits as well. A state adopted anywhere else is not
+    # registered again: ``add_local_computed_blocks`` (:267-325) counts the
+    # hit's blocks as cached, and ``cache_blocks`` starts after them.
     def _registers(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
         """{position: prefix key} of the states vLLM registers for ``r``'s chunk
         this step: those it caches (`Organization.publishes`) and the one it
@@ -384,7 +382,8 @@ class Scheduler:
                               pending: dict[int, set[int]]) -> bool:
         """Whether waiting ``r``'s prefix reaches a state registered this step:
         deeper than ``hit``, one a chunk of this step caches (vLLM's hit would
-        end on it), or ``hit``'s own, adopted by a request admitted this step."""
+        end on it), or ``hit``'s own, registered again by a chunk of this step
+        that ends a prefill (`Organization.registers_again`)."""
         limit = len(r.tokens) - 1
         return any(0 < e and hit.j_adopt <= e <= limit and key_at(r.keys, e) in keys
                    for e, keys in pending.items())
