@@ -371,9 +371,10 @@ def test_a_hit_on_a_state_cached_in_the_same_step_waits_a_step():
 
 
 def test_two_hits_on_one_cached_state_in_one_step_are_admitted_a_step_apart():
-    """vLLM registers again the state a request admitted with a hit adopts
-    (``MambaManager.cache_blocks`` from its first block), so a second request
-    hitting that state in the same step waits a step, with pages to spare."""
+    """r1 adopts the state at its replay edge 3,136 and its chunk ends its
+    prefill in that edge's block, so vLLM registers the adopted state again
+    (``MambaManager._cache_partial_tail_block``) and r2, hitting that state
+    in the same step, waits a step, with pages to spare."""
     shared = prompt(3200)
     org, sched = _vllm_s0()
     sched.add(0, 0.0, shared + prompt(100, 50_000), 1, None)
@@ -410,3 +411,20 @@ def test_a_hit_on_the_state_registered_again_when_a_prefill_ends_waits_a_step():
     sched.complete(batch, 0.02)
     batch = sched.schedule()
     assert [(i.req.rid, i.start) for i in batch.items] == [(0, 3300), (1, 3136)]
+
+
+def test_a_state_adopted_short_of_the_replay_edge_is_not_registered_again():
+    """r1 adopts the state at 3,136 and its chunk goes on to its prompt's end
+    (4,800 tokens, replay edge 4,704): vLLM counts the hit's blocks as cached
+    when it adds them (``add_local_computed_blocks``), so it registers no
+    state at 3,136 in that step, and r2, hitting the same state, is admitted
+    in the same step."""
+    shared = prompt(3200)
+    org, sched = _vllm_s0()
+    sched.add(0, 0.0, shared + prompt(100, 50_000), 1, None)
+    drive(sched)
+    sched.add(1, 1.0, shared + prompt(1600, 60_000), 5, None)
+    sched.add(2, 1.0, shared + prompt(100, 70_000), 5, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(1, 3136, 4800),
+                                                                   (2, 3136, 3300)]
