@@ -86,7 +86,8 @@ class RequestState:
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
     at_edge: bool = False      # in place: ``live`` is the state at the block edge ``computed``
-    retiring: Entry | None = None  # in place: the edge continued past this step, held until it ends
+    retiring: Entry | None = None  # in place: the edge continued past this step, held past it
+    retired: Entry | None = None   # in place: such an edge after its step; the next allocation frees it
     keep: tuple[int, ...] = ()     # in place: the edges whose state is cached (vLLM's retention)
     junction: int = 0              # in place: the shared-prefix junction among them (0: none)
     replay: int = 0                # in place: the replay boundary among them (0: none)

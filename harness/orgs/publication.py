@@ -13,8 +13,9 @@ two modes (`publication_for` picks it from `OrgLayout.publish_in_place`):
   edge the live state *is* the edge's state; it is published where it is
   only at the edges vLLM keeps (`kept_edges`), and the request takes a new
   state object when it computes past the edge. The edge's state stays held
-  until the step ends (`end_step`), as vLLM frees it after the step's copy
-  read it, and a prefix computed again is cached twice.
+  until the request's next allocation after the step (`end_step`,
+  `release_retired`), as vLLM frees it when it schedules the request next,
+  and a prefix computed again is cached twice.
 
 Both answer the same questions for the coordinator (`Organization`): how
 many checkpoint-sized objects a request needs to reach ``end``, whether it
@@ -127,7 +128,8 @@ class Publication:
 
     def __init__(self, table: EntryTable, ckpts: CheckpointStore, grid: int):
         self.table, self.ckpts, self.grid = table, ckpts, grid
-        self.retiring: list = []    # rids whose edge `end_step` releases (in place only)
+        self.retiring: list = []    # rids that went past a state in the step (in place only)
+        self.retired: set = set()   # rids whose next allocation releases such a state
 
     def states_needed(self, st: RequestState | None, start: int, end: int,
                       prefill_until: int, rid=None, keys=None, hit: PrefixHit | None = None,
@@ -165,7 +167,12 @@ class Publication:
     def end_step(self, reqs: dict) -> None:
         """The step is over (nothing is held past a step unless in place)."""
 
-    def finish(self, st: RequestState) -> None:
+    def release_retired(self, rid, st: RequestState) -> bool:
+        """Before the request's allocation: release what it held past an
+        earlier step (in place only); True iff something was released."""
+        return False
+
+    def finish(self, rid, st: RequestState) -> None:
         """The request is finishing: release the states this mode holds beyond
         its live state and spares."""
 
@@ -361,26 +368,45 @@ class InPlace(Publication):
 
     def _retire(self, rid, st: RequestState, e: Entry) -> None:
         """``e`` (an edge the request went past, or the checkpoint it adopted,
-        once its state is copied) is released when the step ends."""
+        once its state is copied) is held past the step, until the request's
+        next allocation (`end_step`)."""
         assert st.retiring is None, f"{self.table.name}: {rid} retires two states in one step"
         st.retiring = e
         self.retiring.append(rid)
 
     def end_step(self, reqs):
-        """The states requests went past in the step (`_retire`) are released in
-        the order they were retired; a published one stays cached. vLLM's align
-        mode frees such a block when the request is scheduled next
-        (`MambaManager.remove_skipped_blocks`), after the step's copy read it;
-        until then it counts as held, and blocks it frees enter the LRU queue
-        in that order."""
+        """The states requests went past in the step (`_retire`) are due: each
+        is released at its request's next allocation (`release_retired`).
+        vLLM's align mode frees such a block when it schedules the request
+        next: ``KVCacheManager.allocate_slots`` first calls
+        ``remove_skipped_blocks`` (vllm/v1/core/kv_cache_manager.py:555),
+        which frees the block of the state the request went past
+        (``MambaManager.remove_skipped_blocks``,
+        vllm/v1/core/single_type_kv_cache_manager.py:1613-1642), after the
+        step's copy read it. Until then it counts as held: a request planned
+        before it in the next step does not get its block, and it enters the
+        LRU queue at its request's turn."""
         for rid in self.retiring:
             st = reqs.get(rid)
             if st is not None and st.retiring is not None:
-                self._release_edge(st.retiring)
-                st.retiring = None
+                assert st.retired is None, f"{self.table.name}: {rid} holds two passed states"
+                st.retired, st.retiring = st.retiring, None
+                self.retired.add(rid)
         self.retiring.clear()
 
-    def finish(self, st):
+    def release_retired(self, rid, st):
+        """The state ``rid`` went past in an earlier step (`end_step`) is
+        released (a published one stays cached), as vLLM frees it before it
+        asks for the request's blocks, even when they then do not fit."""
+        if st.retired is None:
+            return False
+        self._release_edge(st.retired)
+        st.retired = None
+        self.retired.discard(rid)
+        return True
+
+    def finish(self, rid, st):
+        self.release_retired(rid, st)
         if st.retiring is not None:
             self._release_edge(st.retiring)
             st.retiring = None
