@@ -169,7 +169,9 @@ class Organization(ReadOnlyViews):
 
     def pages_needed(self, rid, end: int, prefill_until: int, keys=None,
                      hit: PrefixHit | None = None, prompt_len: int | None = None) -> Demand:
-        """Pages per pool that ``allocate`` with the same arguments would take."""
+        """Pages per pool that ``allocate`` with the same arguments would take
+        (in place, once the states an admitted request went past in an earlier
+        step are released: `release_retired`, which ``allocate`` calls first)."""
         st = self.reqs.get(rid)   # admitted: it adopts nothing any more
         start, pages, adopted_slabs = self.prefix.adoption(keys, hit if st is None else None)
         adopted = tuple(pages)

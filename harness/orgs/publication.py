@@ -320,28 +320,35 @@ class InPlace(Publication):
         if st.at_edge and end > st.computed:   # continue past the edge
             edge = st.live
             st.live, st.at_edge = self.ckpts.new(), False
-            self._retire(rid, st, edge)    # read by this step's copy; released after it
+            self._retire(rid, st, edge, st.computed)   # read by this step's copy
             return (("publish", st.computed, edge, st.live),)
         return ()
 
     def commit(self, rid, st, keys, computed, prefill_until):
         published = []
         if st.spares and computed > st.computed:
-            published = self._export(st, keys, computed, prefill_until)
+            published = self._export(rid, st, keys, computed, prefill_until)
         if computed % self.grid == 0 and computed > st.computed:
             return published + self._reach_edge(st, keys, computed), ()
         return published, ()
 
-    def _export(self, st: RequestState, keys, computed: int, prefill_until: int) -> list[int]:
+    def _export(self, rid, st: RequestState, keys, computed: int,
+                prefill_until: int) -> list[int]:
         """The chunk that ended at ``computed`` exported the state at its edge
         (`exported_edge`) into the reserved block: that block is the edge's
         cached checkpoint (a duplicate if the prefix has one already, as vLLM
-        keeps both), held by no request."""
+        keeps both). The request holds it as a state it went past
+        (`_retire`): the block stays in vLLM's block table at its checkpoint
+        index until ``remove_skipped_blocks`` frees it when the request is
+        scheduled next."""
         j = exported_edge(st.keep, st.computed, computed, prefill_until, self.grid)
         assert j is not None, f"{self.table.name}: a reserved export block and no exported edge"
         k = key_at(keys, j)
         cached = self.ckpts.map.get(k)
-        self.ckpts.publish(st.spares.pop(), k, j)
+        block = st.spares.pop()
+        self.ckpts.publish(block, k, j)
+        self.table.ref(block)
+        self._retire(rid, st, block, j)
         return [j] if cached is None else []
 
     def _reach_edge(self, st: RequestState, keys, j: int) -> list[int]:
@@ -364,15 +371,17 @@ class InPlace(Publication):
         return [j] if cached is None else []
 
     def consumed(self, rid, st, adopted):
-        self._retire(rid, st, adopted)   # vLLM frees the hit's block as it frees an edge's
+        # vLLM frees the hit's block as it frees an edge's
+        self._retire(rid, st, adopted, st.computed)
 
-    def _retire(self, rid, st: RequestState, e: Entry) -> None:
-        """``e`` (an edge the request went past, or the checkpoint it adopted,
-        once its state is copied) is held past the step, until the request's
-        next allocation (`end_step`)."""
-        assert st.retiring is None, f"{self.table.name}: {rid} retires two states in one step"
-        st.retiring = e
-        self.retiring.append(rid)
+    def _retire(self, rid, st: RequestState, e: Entry, position: int) -> None:
+        """``e``, the state at ``position`` (an edge the request went past,
+        the checkpoint it adopted once its state is copied, or the one its
+        chunk exported), is held past the step, until the request's next
+        allocation (`end_step`)."""
+        if not st.retiring:
+            self.retiring.append(rid)
+        st.retiring.append((position, e))
 
     def end_step(self, reqs):
         """The states requests went past in the step (`_retire`) are due: each
@@ -388,28 +397,37 @@ class InPlace(Publication):
         LRU queue at its request's turn."""
         for rid in self.retiring:
             st = reqs.get(rid)
-            if st is not None and st.retiring is not None:
-                assert st.retired is None, f"{self.table.name}: {rid} holds two passed states"
-                st.retired, st.retiring = st.retiring, None
+            if st is not None and st.retiring:
+                assert not st.retired, f"{self.table.name}: {rid} holds states of two steps"
+                st.retired, st.retiring = st.retiring, []
                 self.retired.add(rid)
         self.retiring.clear()
 
     def release_retired(self, rid, st):
-        """The state ``rid`` went past in an earlier step (`end_step`) is
-        released (a published one stays cached), as vLLM frees it before it
+        """The states ``rid`` went past in an earlier step (`end_step`) are
+        released (a published one stays cached), as vLLM frees them before it
         asks for the request's blocks, even when they then do not fit."""
-        if st.retired is None:
+        if not st.retired:
             return False
-        self._release_edge(st.retired)
-        st.retired = None
+        self._release_states(st.retired)
+        st.retired = []
         self.retired.discard(rid)
         return True
 
+    def _release_states(self, held: list) -> None:
+        """Release ``(position, state)`` pairs deepest first: vLLM frees a
+        request's skipped blocks from the last to the first
+        (``_remove_blocks_in_range``,
+        vllm/v1/core/single_type_kv_cache_manager.py:1592-1611), so the
+        deeper state enters the LRU queue first and is evicted first."""
+        for _, e in sorted(held, key=lambda pe: -pe[0]):
+            self._release_edge(e)
+
     def finish(self, rid, st):
         self.release_retired(rid, st)
-        if st.retiring is not None:
-            self._release_edge(st.retiring)
-            st.retiring = None
+        if st.retiring:
+            self._release_states(st.retiring)
+            st.retiring = []
         if st.at_edge:                      # a published edge stays cached
             self._release_edge(st.live)
             st.live = None

@@ -174,6 +174,23 @@ def test_an_adopted_checkpoint_is_released_when_the_request_is_allocated_next():
     org.check_invariants()
 
 
+def test_an_exported_checkpoint_is_held_by_its_request_until_it_is_allocated_next():
+    # one chunk computes a 3,400-token prompt and exports the state at its
+    # replay edge 3,328 into an extra block, which stays in vLLM's block table
+    # until the request is scheduled next
+    org = build_organization(layout_for("s0", GEOM, "vllm"), (12,))
+    toks = tokens(3400)
+    keys = chain_keys(toks)
+    assert org.allocate(0, len(toks), len(toks), keys, None)
+    assert org.commit(0, keys, len(toks), len(toks)) == [3328]
+    org.end_step()
+    ckpt = org.checkpoint_at(keys, 3328)
+    assert page_states(org, ckpt) == {"referenced"} and org.retired == {0}
+    assert org.allocate(0, len(toks) + 1, len(toks))
+    assert page_states(org, ckpt) == {"cached"} and org.retired == set()
+    org.check_invariants()
+
+
 def test_a_plugin_preemption_pins_the_joint_hit_and_stock_s0_pins_nothing():
     for name, pinned in (("s1", {0: B}), ("s2", {0: B}), ("d0", {0: B}), ("s0", {})):
         pools = (30, 12) if name == "d0" else (40,)
