@@ -36,7 +36,13 @@ from harness.orgs.lookup import PrefixLookup
 from harness.orgs.pins import Pins, pin_policy_for
 from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.pool import pools_for
-from harness.orgs.publication import exported_edge, junction_edge, kept_edges, publication_for
+from harness.orgs.publication import (
+    exported_edge,
+    junction_edge,
+    kept_edges,
+    publication_for,
+    registered_again,
+)
 from harness.orgs.slabs import SlabTable
 from harness.orgs.values import Demand, PrefixHit
 from harness.orgs.views import ReadOnlyViews
@@ -85,7 +91,8 @@ class Organization(ReadOnlyViews):
         self.publication = publication_for(layout, self.table, self.ckpts,
                                            policy.publish_policy())
         self.in_place = self.publication.in_place
-        self.retiring = self.publication.retiring   # rids whose edge `end_step` releases
+        self.retiring = self.publication.retiring   # rids that went past a state this step
+        self.retired = self.publication.retired     # rids whose next allocation releases one
         self.attn = AttentionIndex(self.table, layout.attn_block_tokens,
                                    cache_duplicates=self.in_place)
         self.prefix = PrefixLookup(self.table, self.attn, self.ckpts, self.grid)
@@ -145,13 +152,26 @@ class Organization(ReadOnlyViews):
             edges.append(end)
         return tuple(edges)
 
+    def registers_again(self, rid, start: int, end: int) -> int | None:
+        """In place, the edge whose state the admitted request's chunk
+        [start, end) registers again though it is cached already
+        (`publication.registered_again`, the replay edge in the step that ends
+        the prefill); None otherwise. vLLM counts it with the step's new
+        states, so a request admitted later in the step whose hit ends there
+        waits a step, as for `publishes`."""
+        if not self.in_place:
+            return None
+        return registered_again(self.reqs[rid].replay, start, end, self.grid)
+
     def version(self) -> int:
         """Changes whenever any page changes state (pools count their transitions)."""
         return self.prefix.version()
 
     def pages_needed(self, rid, end: int, prefill_until: int, keys=None,
                      hit: PrefixHit | None = None, prompt_len: int | None = None) -> Demand:
-        """Pages per pool that ``allocate`` with the same arguments would take."""
+        """Pages per pool that ``allocate`` with the same arguments would take
+        (in place, once the states an admitted request went past in an earlier
+        step are released: `release_retired`, which ``allocate`` calls first)."""
         st = self.reqs.get(rid)   # admitted: it adopts nothing any more
         start, pages, adopted_slabs = self.prefix.adoption(keys, hit if st is None else None)
         adopted = tuple(pages)
@@ -182,7 +202,8 @@ class Organization(ReadOnlyViews):
     # ---- actions ---------------------------------------------------------------
     def allocate(self, rid, end: int, prefill_until: int, keys=None,
                  hit: PrefixHit | None = None, prompt_len: int | None = None) -> bool:
-        """Make room for tokens up to ``end``; False (nothing changed) if it does not fit.
+        """Make room for tokens up to ``end``; False if it does not fit (nothing
+        changed but `release_retired`, which comes first, as in vLLM).
 
         On the first call for ``rid`` the request adopts ``hit.j_adopt`` tokens of
         cached attention and the checkpoint at J, gets its live state, and any pin
@@ -191,6 +212,7 @@ class Organization(ReadOnlyViews):
         ``prompt_len`` (default ``prefill_until``) and the hit decide which
         edges the request publishes (`harness.orgs.publication.kept_edges`)."""
         self._copies = ()
+        self.release_retired(rid)
         st = self.reqs.get(rid)
         # room already reserved (most decode steps): nothing new is needed
         if (st is not None and end <= len(st.attn) * self.attn_block_tokens
@@ -224,12 +246,25 @@ class Organization(ReadOnlyViews):
             self._copies = copies
         return True
 
+    def release_retired(self, rid) -> bool:
+        """In place, release the state the admitted request ``rid`` went past
+        in an earlier step (`Publication.end_step`); True iff one was. vLLM
+        frees it when it schedules the request next, before asking for its
+        blocks, so `allocate` calls this first."""
+        if rid not in self.retired:
+            return False
+        return self.publication.release_retired(rid, self.reqs[rid])
+
     def allocate_all(self, requests) -> bool:
         """``allocate(rid, end, prefill_until)`` for each running request of
         ``requests`` in order if all of them fit together, else False (nothing
-        changed). When none needs a checkpoint-sized object (`Publication.needs_state`),
+        changed; always while a request's passed state is due, `release_retired`,
+        which `allocate` releases at its turn). When none needs a
+        checkpoint-sized object (`Publication.needs_state`),
         the attention blocks are taken in one go: the same pages in the same order."""
         bt, reqs, needs_state = self.attn_block_tokens, self.reqs, self.publication.needs_state
+        if self.retired:      # released at each one's turn: plan them one by one
+            return False
         counts, total = [], 0
         for rid, end, prefill_until in requests:
             st = reqs[rid]
@@ -288,7 +323,8 @@ class Organization(ReadOnlyViews):
         return published
 
     def end_step(self) -> None:
-        """The step is done: release what the publication mode held for it."""
+        """The step is done: what the publication mode held for it falls due
+        (`release_retired`)."""
         self.publication.end_step(self.reqs)
 
     def retain(self, rid, position: int, keys) -> bool:
@@ -308,7 +344,7 @@ class Organization(ReadOnlyViews):
         if st.adopted is not None:
             self.table.unref(st.adopted)
         self.attn.release(st.attn)
-        self.publication.finish(st)
+        self.publication.finish(rid, st)
         for e in [st.live, *st.spares]:
             if e is not None:
                 self.table.drop_owned(e)

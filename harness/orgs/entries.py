@@ -86,9 +86,14 @@ class RequestState:
     retained: list[Entry] = field(default_factory=list)
     reserved_until: int = 0    # grid boundaries <= this have a spare or were published
     at_edge: bool = False      # in place: ``live`` is the state at the block edge ``computed``
-    retiring: Entry | None = None  # in place: the edge continued past this step, held until it ends
+    # in place: (position, state) of the states the request went past this step
+    # (an edge, the checkpoint it adopted or exported), held past it; after the
+    # step they are ``retired``, and its next allocation frees them
+    retiring: list[tuple[int, Entry]] = field(default_factory=list)
+    retired: list[tuple[int, Entry]] = field(default_factory=list)
     keep: tuple[int, ...] = ()     # in place: the edges whose state is cached (vLLM's retention)
     junction: int = 0              # in place: the shared-prefix junction among them (0: none)
+    replay: int = 0                # in place: the replay boundary among them (0: none)
     computed: int = 0
 
 

@@ -14,7 +14,8 @@ before it preempts):
     org.finish(rid) | org.preempt(rid) | org.abandon(rid)
 
 (``retiring`` is only ever non-empty in vLLM's blocks, where an edge a request
-continued past stays held until its step ends, as vLLM frees it.)
+continued past stays held past its step, until the request's next
+``allocate``, as vLLM frees it.)
 
 An engine that really computes keeps every pool of `capacity()` as one
 preallocated tensor of ``pages x page_bytes`` and maps each live object to
@@ -82,7 +83,8 @@ class OrganizationProtocol(Protocol):
     def allocate(self, rid, end: int, prefill_until: int, keys=None,
                  hit: PrefixHit | None = None, prompt_len: int | None = None) -> bool: ...
     def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]: ...
-    retiring: list            # requests whose edge `end_step` releases
+    retiring: list            # requests that went past a state this step (`end_step`)
+    retired: set              # requests whose next `allocate` releases such a state
     def end_step(self) -> None: ...
     def retain(self, rid, position: int, keys) -> bool: ...
     def finish(self, rid) -> None: ...

@@ -13,8 +13,9 @@ two modes (`publication_for` picks it from `OrgLayout.publish_in_place`):
   edge the live state *is* the edge's state; it is published where it is
   only at the edges vLLM keeps (`kept_edges`), and the request takes a new
   state object when it computes past the edge. The edge's state stays held
-  until the step ends (`end_step`), as vLLM frees it after the step's copy
-  read it, and a prefix computed again is cached twice.
+  until the request's next allocation after the step (`end_step`,
+  `release_retired`), as vLLM frees it when it schedules the request next,
+  and a prefix computed again is cached twice.
 
 Both answer the same questions for the coordinator (`Organization`): how
 many checkpoint-sized objects a request needs to reach ``end``, whether it
@@ -54,9 +55,15 @@ def kept_edges(prompt_len: int, hit: PrefixHit | None, block: int) -> tuple[int,
     measured on vLLM's CPU build, a request preempted past a decode edge
     finds no Mamba state there and recomputes from its last kept edge.
     """
-    kept = {(prompt_len - 1) // block * block, junction_edge(hit, block)}
+    kept = {replay_edge(prompt_len, block), junction_edge(hit, block)}
     kept.discard(0)
     return tuple(sorted(kept))
+
+
+def replay_edge(prompt_len: int, block: int) -> int:
+    """The replay boundary (`kept_edges`): the last block edge before the
+    prompt's last token, 0 for a prompt of one block or less."""
+    return (prompt_len - 1) // block * block
 
 
 def junction_edge(hit: PrefixHit | None, block: int) -> int:
@@ -88,6 +95,30 @@ def exported_edge(keep: tuple[int, ...], start: int, end: int, prefill_until: in
     return None
 
 
+def registered_again(replay: int, start: int, end: int, block: int) -> int | None:
+    """The replay edge whose state vLLM 0.32 registers in the prefix cache
+    again in the step of the chunk [start, end), or None.
+
+    A request at the replay edge (an earlier chunk ended there, or it adopted
+    the state there) whose chunk ends before the next edge (the chunk that
+    ends its prefill, unless the prefill ends on an edge) caches
+    ``round_down(end, block)`` tokens (vllm/v1/core/kv_cache_manager.py:612,
+    kv_cache_coordinator.py:767-777), which is the replay edge. Then
+    ``MambaManager.cache_blocks`` registers the state there again
+    (vllm/v1/core/single_type_kv_cache_manager.py:1976-1982): in
+    ``_cache_partial_tail_block`` (:2067-2112) the count is the prompt's last
+    hash boundary and the edge's block is still the request's, and
+    ``BlockPool.cache_partial_block`` (vllm/v1/core/block_pool.py:449)
+    answers the hash even when it is cached already. The hash joins
+    ``cached_blocks_this_step``, so a hit ending on it waits a step. A step
+    later the request has computed past the edge and
+    ``remove_skipped_blocks`` (single_type_kv_cache_manager.py:696-710) has
+    taken the edge's block out of its table, so no other step does this."""
+    if replay and start == replay and end < replay + block:
+        return replay
+    return None
+
+
 class Publication:
     """One publication mode over an organization's entry table and checkpoint
     store, on its checkpoint grid of ``grid`` tokens."""
@@ -97,7 +128,8 @@ class Publication:
 
     def __init__(self, table: EntryTable, ckpts: CheckpointStore, grid: int):
         self.table, self.ckpts, self.grid = table, ckpts, grid
-        self.retiring: list = []    # rids whose edge `end_step` releases (in place only)
+        self.retiring: list = []    # rids that went past a state in the step (in place only)
+        self.retired: set = set()   # rids whose next allocation releases such a state
 
     def states_needed(self, st: RequestState | None, start: int, end: int,
                       prefill_until: int, rid=None, keys=None, hit: PrefixHit | None = None,
@@ -135,7 +167,12 @@ class Publication:
     def end_step(self, reqs: dict) -> None:
         """The step is over (nothing is held past a step unless in place)."""
 
-    def finish(self, st: RequestState) -> None:
+    def release_retired(self, rid, st: RequestState) -> bool:
+        """Before the request's allocation: release what it held past an
+        earlier step (in place only); True iff something was released."""
+        return False
+
+    def finish(self, rid, st: RequestState) -> None:
         """The request is finishing: release the states this mode holds beyond
         its live state and spares."""
 
@@ -275,6 +312,7 @@ class InPlace(Publication):
     def admit(self, st, hit, prompt_len, rid=None, keys=None, prefill_until=None):
         st.keep = kept_edges(prompt_len, hit, self.grid)
         st.junction = junction_edge(hit, self.grid)
+        st.replay = replay_edge(prompt_len, self.grid)
 
     def reserve(self, rid, st, end, prefill_until):
         if self._export_to_reserve(st, end, prefill_until) is not None:
@@ -282,28 +320,35 @@ class InPlace(Publication):
         if st.at_edge and end > st.computed:   # continue past the edge
             edge = st.live
             st.live, st.at_edge = self.ckpts.new(), False
-            self._retire(rid, st, edge)    # read by this step's copy; released after it
+            self._retire(rid, st, edge, st.computed)   # read by this step's copy
             return (("publish", st.computed, edge, st.live),)
         return ()
 
     def commit(self, rid, st, keys, computed, prefill_until):
         published = []
         if st.spares and computed > st.computed:
-            published = self._export(st, keys, computed, prefill_until)
+            published = self._export(rid, st, keys, computed, prefill_until)
         if computed % self.grid == 0 and computed > st.computed:
             return published + self._reach_edge(st, keys, computed), ()
         return published, ()
 
-    def _export(self, st: RequestState, keys, computed: int, prefill_until: int) -> list[int]:
+    def _export(self, rid, st: RequestState, keys, computed: int,
+                prefill_until: int) -> list[int]:
         """The chunk that ended at ``computed`` exported the state at its edge
         (`exported_edge`) into the reserved block: that block is the edge's
         cached checkpoint (a duplicate if the prefix has one already, as vLLM
-        keeps both), held by no request."""
+        keeps both). The request holds it as a state it went past
+        (`_retire`): the block stays in vLLM's block table at its checkpoint
+        index until ``remove_skipped_blocks`` frees it when the request is
+        scheduled next."""
         j = exported_edge(st.keep, st.computed, computed, prefill_until, self.grid)
         assert j is not None, f"{self.table.name}: a reserved export block and no exported edge"
         k = key_at(keys, j)
         cached = self.ckpts.map.get(k)
-        self.ckpts.publish(st.spares.pop(), k, j)
+        block = st.spares.pop()
+        self.ckpts.publish(block, k, j)
+        self.table.ref(block)
+        self._retire(rid, st, block, j)
         return [j] if cached is None else []
 
     def _reach_edge(self, st: RequestState, keys, j: int) -> list[int]:
@@ -326,33 +371,63 @@ class InPlace(Publication):
         return [j] if cached is None else []
 
     def consumed(self, rid, st, adopted):
-        self._retire(rid, st, adopted)   # vLLM frees the hit's block as it frees an edge's
+        # vLLM frees the hit's block as it frees an edge's
+        self._retire(rid, st, adopted, st.computed)
 
-    def _retire(self, rid, st: RequestState, e: Entry) -> None:
-        """``e`` (an edge the request went past, or the checkpoint it adopted,
-        once its state is copied) is released when the step ends."""
-        assert st.retiring is None, f"{self.table.name}: {rid} retires two states in one step"
-        st.retiring = e
-        self.retiring.append(rid)
+    def _retire(self, rid, st: RequestState, e: Entry, position: int) -> None:
+        """``e``, the state at ``position`` (an edge the request went past,
+        the checkpoint it adopted once its state is copied, or the one its
+        chunk exported), is held past the step, until the request's next
+        allocation (`end_step`)."""
+        if not st.retiring:
+            self.retiring.append(rid)
+        st.retiring.append((position, e))
 
     def end_step(self, reqs):
-        """The states requests went past in the step (`_retire`) are released in
-        the order they were retired; a published one stays cached. vLLM's align
-        mode frees such a block when the request is scheduled next
-        (`MambaManager.remove_skipped_blocks`), after the step's copy read it;
-        until then it counts as held, and blocks it frees enter the LRU queue
-        in that order."""
+        """The states requests went past in the step (`_retire`) are due: each
+        is released at its request's next allocation (`release_retired`).
+        vLLM's align mode frees such a block when it schedules the request
+        next: ``KVCacheManager.allocate_slots`` first calls
+        ``remove_skipped_blocks`` (vllm/v1/core/kv_cache_manager.py:555),
+        which frees the block of the state the request went past
+        (``MambaManager.remove_skipped_blocks``,
+        vllm/v1/core/single_type_kv_cache_manager.py:1613-1642), after the
+        step's copy read it. Until then it counts as held: a request planned
+        before it in the next step does not get its block, and it enters the
+        LRU queue at its request's turn."""
         for rid in self.retiring:
             st = reqs.get(rid)
-            if st is not None and st.retiring is not None:
-                self._release_edge(st.retiring)
-                st.retiring = None
+            if st is not None and st.retiring:
+                assert not st.retired, f"{self.table.name}: {rid} holds states of two steps"
+                st.retired, st.retiring = st.retiring, []
+                self.retired.add(rid)
         self.retiring.clear()
 
-    def finish(self, st):
-        if st.retiring is not None:
-            self._release_edge(st.retiring)
-            st.retiring = None
+    def release_retired(self, rid, st):
+        """The states ``rid`` went past in an earlier step (`end_step`) are
+        released (a published one stays cached), as vLLM frees them before it
+        asks for the request's blocks, even when they then do not fit."""
+        if not st.retired:
+            return False
+        self._release_states(st.retired)
+        st.retired = []
+        self.retired.discard(rid)
+        return True
+
+    def _release_states(self, held: list) -> None:
+        """Release ``(position, state)`` pairs deepest first: vLLM frees a
+        request's skipped blocks from the last to the first
+        (``_remove_blocks_in_range``,
+        vllm/v1/core/single_type_kv_cache_manager.py:1592-1611), so the
+        deeper state enters the LRU queue first and is evicted first."""
+        for _, e in sorted(held, key=lambda pe: -pe[0]):
+            self._release_edge(e)
+
+    def finish(self, rid, st):
+        self.release_retired(rid, st)
+        if st.retiring:
+            self._release_states(st.retiring)
+            st.retiring = []
         if st.at_edge:                      # a published edge stays cached
             self._release_edge(st.live)
             st.live = None

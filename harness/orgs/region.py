@@ -20,6 +20,9 @@ needs before the action and settles the region after it:
       _settle()                               the region after the action
     commit / end_step / finish / abandon      the action, then _settle()
 
+(In vLLM's blocks `allocate` first releases the state the request went past
+in an earlier step, `Organization.release_retired`, and settles.)
+
 Asking (`can_allocate`) runs `_plan` and changes nothing. Headroom is
 counted in bytes of the region: after the allocation at least
 floor(f x region bytes) must stay free (empty and cached pages of both kinds
@@ -179,6 +182,8 @@ class RegionOrganization(Organization):
 
     def allocate(self, rid, end: int, prefill_until: int, keys=None, hit=None,
                  prompt_len: int | None = None) -> bool:
+        if self.release_retired(rid):      # first, as `Organization.allocate`
+            self._settle()
         st = self.reqs.get(rid)
         if (st is not None and end <= len(st.attn) * self.attn_block_tokens
                 and not self.publication.needs_state(st, end, prefill_until)):
@@ -205,6 +210,8 @@ class RegionOrganization(Organization):
         fits together fits one after another). Otherwise (in place, an edge
         crossed) the pages of all are staged at once, so what one takes from
         the region the others' plan already counted."""
+        if self.retired:      # as `Organization.allocate_all`
+            return False
         needs = [self.pages_needed(rid, end, prefill_until).pages
                  for rid, end, prefill_until in requests]
         total = tuple(map(sum, zip(*needs, strict=True))) if needs else (0, 0)

@@ -339,10 +339,8 @@ class Scheduler:
             batch.items.append(BatchItem(r, start, end, True, org.grid, adopted=hit.j_adopt > 0))
             budget -= end - start
             if org.in_place:
-                for e, k in self._publishes(r, start, end).items():
+                for e, k in self._registers(r, start, end).items():
                     pending.setdefault(e, set()).add(k)
-                if hit.j_adopt > 0:     # the adopted state is registered again
-                    pending.setdefault(hit.j_adopt, set()).add(key_at(r.keys, hit.j_adopt))
         if self.waiting and not batch.wait_reason:
             batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
 
@@ -350,23 +348,33 @@ class Scheduler:
     # it, and makes a request whose hit ends on a state registered in the same
     # step wait for the next one (``MambaManager.get_num_blocks_to_allocate``,
     # vllm/v1/core/single_type_kv_cache_manager.py:1690: ``cached_blocks_this_step``
-    # returns more blocks than the pool has, and the waiting queue stops). A
-    # request admitted with a hit registers the state it adopted again
-    # (``MambaManager.cache_blocks``, :1961-1993, from its first block), so a
-    # second request hitting the same state in that step waits too.
-    def _publishes(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
-        """{position: prefix key} of the states ``r``'s chunk caches this step."""
-        return {e: key_at(r.keys, e)
-                for e in self.org.publishes(r.rid, start, end, r.prefill_until)}
+    # returns more blocks than the pool has, and the waiting queue stops). The
+    # chunk that ends a prefill in the replay edge's block registers the state
+    # at that edge again (``MambaManager.cache_blocks`` ->
+    # ``_cache_partial_tail_block``, :1976-1982, :2067-2112), whether an
+    # earlier chunk cached it or the request adopted it, so a request hitting
+    # it in that step waits as well. A state adopted anywhere else is not
+    # registered again: ``add_local_computed_blocks`` (:267-325) counts the
+    # hit's blocks as cached, and ``cache_blocks`` starts after them.
+    def _registers(self, r: SchedRequest, start: int, end: int) -> dict[int, int]:
+        """{position: prefix key} of the states vLLM registers for ``r``'s chunk
+        this step: those it caches (`Organization.publishes`) and the one it
+        registers again (`Organization.registers_again`)."""
+        org = self.org
+        edges = list(org.publishes(r.rid, start, end, r.prefill_until))
+        again = org.registers_again(r.rid, start, end)
+        if again is not None:
+            edges.append(again)
+        return {e: key_at(r.keys, e) for e in edges}
 
     def _states_this_step(self, batch: StepBatch) -> dict[int, set[int]]:
-        """{position: prefix keys} of the states the batch's chunks cache when
-        the step ends (in place only; empty otherwise)."""
+        """{position: prefix keys} of the states the batch's chunks register
+        this step (`_registers`; in place only, empty otherwise)."""
         pending: dict[int, set[int]] = {}
         if self.org.in_place:
             for item in batch.items:
                 if item.prefill:
-                    for e, k in self._publishes(item.req, item.start, item.end).items():
+                    for e, k in self._registers(item.req, item.start, item.end).items():
                         pending.setdefault(e, set()).add(k)
         return pending
 
@@ -374,7 +382,8 @@ class Scheduler:
                               pending: dict[int, set[int]]) -> bool:
         """Whether waiting ``r``'s prefix reaches a state registered this step:
         deeper than ``hit``, one a chunk of this step caches (vLLM's hit would
-        end on it), or ``hit``'s own, adopted by a request admitted this step."""
+        end on it), or ``hit``'s own, registered again by a chunk of this step
+        that ends a prefill (`Organization.registers_again`)."""
         limit = len(r.tokens) - 1
         return any(0 < e and hit.j_adopt <= e <= limit and key_at(r.keys, e) in keys
                    for e, keys in pending.items())

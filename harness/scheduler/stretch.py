@@ -56,7 +56,11 @@ returns why the stretch ended, and the loop plans the next step with
 * ``"no room"``: a new block does not fit and the stretch may not preempt
   for it (where a decode commit may publish in place, or where the first
   running request itself might be preempted: the scheduler then plans again
-  at once).
+  at once);
+* ``"release"``: in vLLM's blocks a request went past a state in the last
+  step, which is released when the request is planned next, in running
+  order (`Organization.release_retired`): the scheduler plans that step
+  request by request (`Organization.allocate_all` refuses until then).
 
 ``HBENCH_SIM_FAST=0`` makes the simulator plan every step with
 `Scheduler.schedule` (`adapters.sim.engine.stretches_enabled`);
@@ -75,7 +79,7 @@ from harness.orgs.keys import KEY_TOKENS, extend_keys
 from harness.scheduler.batch import RUNNING, WAIT_MEMORY, BatchItem, StepBatch, generated_token
 
 #: Why a stretch ended (`Stretch.run`; module docstring).
-PREFILL, IDLE, NO_ROOM = "prefill", "idle", "no room"
+PREFILL, IDLE, NO_ROOM, RELEASE = "prefill", "idle", "no room", "release"
 
 
 class Stretch:
@@ -151,9 +155,10 @@ class Stretch:
                 # `Scheduler.complete` also ends the step (`Organization.end_step`)
                 finished += sched.complete(StepBatch(items=admitted), end)
                 joined, prefilling = self._join(admitted, j)
-            # in vLLM's blocks an edge continued past in step j is released as
-            # `Scheduler.complete` releases it: pages come free, so the waiting
-            # head is asked again and memory read again
+            # in vLLM's blocks an edge continued past in step j falls due as
+            # `Scheduler.complete` lets it; a request that finished released its
+            # own: pages came free, so the waiting head is asked again and
+            # memory read again
             released = bool(org.retiring)
             if released:
                 org.end_step()
@@ -176,6 +181,8 @@ class Stretch:
                 return self._finish(j, PREFILL)
             if not d:
                 return self._finish(j, IDLE)
+            if org.retired:    # released as each request is planned: `Scheduler.schedule`
+                return self._finish(j, RELEASE)
             # the crossing requests need a new block. The waiting head, refused
             # when the stretch began, is asked again only after an arrival, a
             # finish, an admission or an eviction its prefix could feel

@@ -22,7 +22,9 @@ it plays no history the scheduler could not:
 - `complete()`: the planned requests commit in plan order; right after its
   commit a request may retain checkpoints that commit published and, if it
   emitted a token, finish. Then the step ends (`end_step`, which the
-  scheduler calls when ``retiring``).
+  scheduler calls when ``retiring``); in vLLM's blocks what a request went
+  past in it is released when the request is planned next
+  (`Organization.release_retired`, before asking).
 
 After every scheduler call `check_invariants()` runs (capacity conserved,
 page refcounts = entry references, holds = pinned/retained entries, reverse
@@ -136,7 +138,9 @@ class OrgMachine(RuleBasedStateMachine):
         admitted = org.is_admitted(rid)
         hit = None
         start = r["computed"]
-        if not admitted:
+        if admitted:    # in place: what it went past earlier goes first, as vLLM frees it
+            org.release_retired(rid)
+        else:
             hit = org.lookup(r["keys"], len(r["tokens"]) - 1)
             self._check_hit(r["keys"], hit)
             start = hit.j_adopt

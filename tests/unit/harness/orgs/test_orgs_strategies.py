@@ -83,7 +83,7 @@ def test_spares_drop_their_spare_where_the_prefix_is_published_already():
     org.check_invariants()
 
 
-def test_in_place_publishes_kept_edges_and_holds_a_passed_edge_until_the_step_ends():
+def test_in_place_publishes_kept_edges_and_holds_a_passed_edge_past_its_step():
     org = tiny(in_place=True, pin="joint")
     pub, keys = org.publication, keys_of(40)
     assert type(pub) is InPlace and org.in_place
@@ -97,12 +97,16 @@ def test_in_place_publishes_kept_edges_and_holds_a_passed_edge_until_the_step_en
     edge = st.live
     assert org.allocate(0, 32, 40)                           # past 16: a new live state
     assert [(c.reason, c.position) for c in org.copies()] == [("publish", 16)]
-    assert st.retiring is edge and org.retiring == [0] and not st.at_edge
+    assert st.retiring == [(16, edge)] and org.retiring == [0] and not st.at_edge
     assert org.commit(0, keys, 32, 40) == [32]               # kept: published where it is
     assert shared(org) == {"referenced": 2 + 2 * 2, "cached": 0, "free": 40 - 6}
-    org.end_step()                                           # edge 16's state is freed
-    assert org.retiring == [] and st.retiring is None and not edge.valid
-    assert shared(org) == {"referenced": 2 + 2, "cached": 0, "free": 40 - 4}
+    org.end_step()                                           # edge 16's state falls due
+    assert org.retiring == [] and st.retiring == [] and st.retired == [(16, edge)]
+    assert org.retired == {0} and edge.valid
+    assert org.allocate(0, 33, 40)                           # the next step frees it first
+    assert org.retired == set() and st.retired == [] and not edge.valid
+    # a third block, a new live state past 32, edge 32's state held past its step
+    assert shared(org) == {"referenced": 3 + 2 + 2, "cached": 0, "free": 40 - 7}
     org.finish(0)                                            # the published edge stays cached
     assert shared(org) == {"referenced": 0, "cached": 2 + 2, "free": 40 - 4}
     assert org.checkpoint_at(keys, 32) is not None and org.checkpoint_at(keys, 16) is None
@@ -119,7 +123,7 @@ def two_edges_in_place(org, keys) -> None:
     org.commit(0, keys, 32, 40)
     org.end_step()
 
-def test_in_place_releases_the_adopted_checkpoint_at_the_end_of_the_step():
+def test_in_place_releases_the_adopted_checkpoint_at_the_requests_next_allocation():
     org = tiny(in_place=True, pin="joint")
     keys = keys_of(40)
     two_edges_in_place(org, keys)
@@ -131,10 +135,23 @@ def test_in_place_releases_the_adopted_checkpoint_at_the_end_of_the_step():
     adopted = st.adopted
     assert [(c.reason, c.position) for c in org.copies()] == [("adopt", 32)]
     org.commit(1, keys, 39, 40)
-    assert st.adopted is None and st.retiring is adopted and org.retiring == [1]
+    assert st.adopted is None and st.retiring == [(32, adopted)] and org.retiring == [1]
     assert adopted.refs == 1                                 # still read by this step's copy
     org.end_step()
+    assert adopted.refs == 1 and org.retired == {1}          # held until planned again
+    assert org.allocate(1, 40, 40)
     assert adopted.refs == 0 and adopted.valid               # cached again
+    org.check_invariants()
+
+
+def test_a_request_finishing_with_a_passed_state_due_releases_it():
+    org = tiny(in_place=True, pin="joint")
+    keys = keys_of(40)
+    two_edges_in_place(org, keys)
+    ((position, edge),) = org.reqs[0].retired
+    assert position == 16 and org.retired == {0}
+    org.finish(0)                                            # the edge at 16 was not kept
+    assert org.retired == set() and not edge.valid and org.holds_no_references()
     org.check_invariants()
 
 

@@ -7,8 +7,8 @@ logging vLLM's allocator while it served the fidelity cells, docs/fidelity.md):
   at other edges, decode edges included;
 - a block or state computed again for a prefix that is cached already is
   cached too, and lookup finds the prefix until the last copy is reclaimed;
-- the checkpoint a request adopted is released when the step ends, as the
-  edges it goes past are;
+- the checkpoint a request adopted is released when the request is planned
+  after that step (its next allocation), as the edges it goes past are;
 - a preemption pins the longest joint hit under hbench's plugin (checkpoint
   and attention blocks), nothing under stock vLLM (S0).
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from harness.model_configs import preset
 from harness.orgs import build_organization, layout_for
 from harness.orgs.keys import chain_keys, extend_keys
-from harness.orgs.publication import kept_edges
+from harness.orgs.publication import kept_edges, registered_again
 from harness.orgs.values import PageRef, PrefixHit
 from tests.support.orgs import tokens
 
@@ -80,6 +80,17 @@ def test_kept_edges_are_the_replay_boundary_and_the_junction():
     assert kept_edges(3517, hit(1664, 1664), B) == (3328,)
 
 
+def test_the_replay_edge_is_registered_again_by_the_chunk_that_ends_the_prefill_in_its_block():
+    # a 3,400-token prompt: replay edge 3,328; the chunk [3328, 3400) caches
+    # round_down(3400, B) = 3328 tokens, so vLLM registers that state again
+    assert registered_again(3328, 3328, 3400, B) == 3328
+    # a prefill ending on the next edge caches 4,992 tokens: nothing again
+    assert registered_again(3328, 3328, 3328 + B, B) is None
+    # a chunk that does not start at the replay edge, or a prompt of one block
+    assert registered_again(3328, 1664, 3328, B) is None
+    assert registered_again(0, 0, 1000, B) is None
+
+
 def test_only_the_replay_boundary_is_published_not_a_decode_edge():
     org = build_organization(layout_for("s1", GEOM, "vllm"), (40,))
     toks = tokens(2000)
@@ -93,7 +104,7 @@ def test_only_the_replay_boundary_is_published_not_a_decode_edge():
     org.check_invariants()
 
 
-def test_the_edges_state_is_held_while_the_request_goes_past_it():
+def test_the_edges_state_is_held_until_the_request_is_allocated_next():
     org = build_organization(layout_for("s0", GEOM, "vllm"), (12,))
     toks = tokens(3000)
     keys, _ = prefill(org, 0, toks)
@@ -102,8 +113,11 @@ def test_the_edges_state_is_held_while_the_request_goes_past_it():
     held = org.usage().pages["shared"]["referenced"]
     assert held == 3 + 2                             # 3 blocks, the new state and the edge's
     org.commit(0, keys, 3329, 0)
-    org.end_step()                                   # the edge's state is freed, not cached
+    org.end_step()                                   # held past the step, as vLLM holds it
+    assert org.usage().pages["shared"]["referenced"] == 5 and org.retired == {0}
+    assert org.allocate(0, 3330, 0)                  # its next step: freed, not cached
     assert org.usage().pages["shared"] == {"referenced": 4, "cached": 1, "free": 7}
+    assert org.retired == set()
     org.check_invariants()
 
 
@@ -141,7 +155,7 @@ def test_a_prefix_computed_twice_is_kept_once_under_study_paging():
     assert org.attn.duplicates == {} and org.table.duplicates == {"ckpt": {}}
 
 
-def test_an_adopted_checkpoint_is_released_when_the_step_ends():
+def test_an_adopted_checkpoint_is_released_when_the_request_is_allocated_next():
     org = build_organization(layout_for("s1", GEOM, "vllm"), (40,))
     prefill(org, 0, tokens(1700))
     org.finish(0)
@@ -154,7 +168,26 @@ def test_an_adopted_checkpoint_is_released_when_the_step_ends():
     org.commit(1, keys, len(toks), len(toks))        # its state is copied in this step
     assert page_states(org, ckpt) == {"referenced"}
     org.end_step()
+    assert page_states(org, ckpt) == {"referenced"}  # until vLLM plans the request again
+    assert org.allocate(1, len(toks) + 1, len(toks))
     assert page_states(org, ckpt) == {"cached"}
+    org.check_invariants()
+
+
+def test_an_exported_checkpoint_is_held_by_its_request_until_it_is_allocated_next():
+    # one chunk computes a 3,400-token prompt and exports the state at its
+    # replay edge 3,328 into an extra block, which stays in vLLM's block table
+    # until the request is scheduled next
+    org = build_organization(layout_for("s0", GEOM, "vllm"), (12,))
+    toks = tokens(3400)
+    keys = chain_keys(toks)
+    assert org.allocate(0, len(toks), len(toks), keys, None)
+    assert org.commit(0, keys, len(toks), len(toks)) == [3328]
+    org.end_step()
+    ckpt = org.checkpoint_at(keys, 3328)
+    assert page_states(org, ckpt) == {"referenced"} and org.retired == {0}
+    assert org.allocate(0, len(toks) + 1, len(toks))
+    assert page_states(org, ckpt) == {"cached"} and org.retired == set()
     org.check_invariants()
 
 

@@ -347,9 +347,9 @@ def test_the_run_config_chooses_the_admission_rule():
         RunConfig(admission="some")
 
 
-def _vllm_s0(pages=60):
+def _vllm_s0(pages=60, **policy):
     org = build_organization(layout_for("s0", GEOM, "vllm-gpu"), (pages,))
-    return org, Scheduler(org, SchedulerPolicy())
+    return org, Scheduler(org, SchedulerPolicy(**policy))
 
 
 def test_a_hit_on_a_state_cached_in_the_same_step_waits_a_step():
@@ -371,9 +371,10 @@ def test_a_hit_on_a_state_cached_in_the_same_step_waits_a_step():
 
 
 def test_two_hits_on_one_cached_state_in_one_step_are_admitted_a_step_apart():
-    """vLLM registers again the state a request admitted with a hit adopts
-    (``MambaManager.cache_blocks`` from its first block), so a second request
-    hitting that state in the same step waits a step, with pages to spare."""
+    """r1 adopts the state at its replay edge 3,136 and its chunk ends its
+    prefill in that edge's block, so vLLM registers the adopted state again
+    (``MambaManager._cache_partial_tail_block``) and r2, hitting that state
+    in the same step, waits a step, with pages to spare."""
     shared = prompt(3200)
     org, sched = _vllm_s0()
     sched.add(0, 0.0, shared + prompt(100, 50_000), 1, None)
@@ -386,3 +387,44 @@ def test_two_hits_on_one_cached_state_in_one_step_are_admitted_a_step_apart():
     sched.complete(batch, 1.01)
     batch = sched.schedule()
     assert (2, 3136) in [(i.req.rid, i.start) for i in batch.items]
+
+
+def test_a_hit_on_the_state_registered_again_when_a_prefill_ends_waits_a_step():
+    """r0's 3,300-token prompt in 3,200-token steps: its first chunk ends at
+    the replay edge 3,136 (the budget's last edge), which caches the state
+    there; its second chunk, [3,136, 3,300), ends the prefill and vLLM
+    registers that state again (``MambaManager._cache_partial_tail_block``),
+    so r1, sharing those 3,136 tokens and hitting the state in that step,
+    waits a step although the state was cached a step earlier."""
+    shared = prompt(3200)
+    org, sched = _vllm_s0(token_budget=3200)
+    sched.add(0, 0.0, shared + prompt(100, 50_000), 5, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 0, 3136)]
+    sched.complete(batch, 0.01)
+    sched.add(1, 0.01, shared + prompt(100, 60_000), 5, None)
+    r1 = sched.requests[1]
+    assert org.lookup(r1.keys, len(r1.tokens) - 1).j_adopt == 3136
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(0, 3136, 3300)]
+    assert [r.rid for r in sched.waiting] == [1] and batch.wait_reason == "memory"
+    sched.complete(batch, 0.02)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start) for i in batch.items] == [(0, 3300), (1, 3136)]
+
+
+def test_a_state_adopted_short_of_the_replay_edge_is_not_registered_again():
+    """r1 adopts the state at 3,136 and its chunk goes on to its prompt's end
+    (4,800 tokens, replay edge 4,704): vLLM counts the hit's blocks as cached
+    when it adds them (``add_local_computed_blocks``), so it registers no
+    state at 3,136 in that step, and r2, hitting the same state, is admitted
+    in the same step."""
+    shared = prompt(3200)
+    org, sched = _vllm_s0()
+    sched.add(0, 0.0, shared + prompt(100, 50_000), 1, None)
+    drive(sched)
+    sched.add(1, 1.0, shared + prompt(1600, 60_000), 5, None)
+    sched.add(2, 1.0, shared + prompt(100, 70_000), 5, None)
+    batch = sched.schedule()
+    assert [(i.req.rid, i.start, i.end) for i in batch.items] == [(1, 3136, 4800),
+                                                                   (2, 3136, 3300)]
