@@ -90,12 +90,21 @@ class Decision:
         return self.runner_up is not None and self.diff == 0 and self.ci_low == self.ci_high == 0
 
 
+#: Organizations a released engine serves as they are (S0: stock vLLM; D0 and
+#: U0: SGLang's pools), first among arms of equal capacity.
+SHIPPED = ("s0", "d0", "u0")
+
+
 def arm_table(cells: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
-    """One row per arm, best first: its columns (`ARM_COLUMNS`), capacity mean,
-    bootstrap interval and per-seed capacities."""
+    """One row per arm, best first (among equal capacities, an organization a
+    released engine serves first, `SHIPPED`): its columns (`ARM_COLUMNS`),
+    capacity mean, bootstrap interval and per-seed capacities."""
     keys = [c for c in ARM_COLUMNS if c in cells.columns]
     table = capacity_table(cells, alpha, keys=keys)
-    return table.sort_values("capacity_req_s", ascending=False, kind="stable").reset_index(drop=True)
+    table["_shipped"] = [0 if o in SHIPPED else 1 for o in table["org"]]
+    table = table.sort_values(["capacity_req_s", "_shipped"], ascending=[False, True],
+                              kind="stable")
+    return table.drop(columns="_shipped").reset_index(drop=True)
 
 
 def decide(cells: pd.DataFrame, table: pd.DataFrame, alpha: float = 0.05) -> Decision:
@@ -245,11 +254,14 @@ def all_level(table: pd.DataFrame) -> bool:
 
 def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alpha: float,
               setting: str, unit: str = "req/s", first: tuple | None = None,
-              peak: tuple[float, float] | None = None, grid: str = "") -> list[str]:
+              peak: tuple[float, float] | None = None, grid: str = "",
+              level: bool = False) -> list[str]:
     """The answer, a few sentences: what to use, how much it sustains and by
     what margin, what limits it and what would change that. ``first``: the
     (table, decision, limit) at the first cap when the cap limited it and a
-    larger cap was tried."""
+    larger cap was tried; ``level``: every arm at the best arm's cap has its
+    capacity at every seed (then the best is the first a released engine
+    serves)."""
     out = []
     if first is not None:
         t0, d0, l0 = first
@@ -263,8 +275,13 @@ def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alph
     else:
         lead = f"{setting}: use"
     best = d.best
-    out.append(f"{lead} {_arm_words(best)}. It sustains "
-               f"{capacity_words(best, top_rate, unit)} within {slo}; {margin_words(d, alpha, unit)}.")
+    if level:
+        out.append(f"{lead} {_arm_words(best)}, which a released engine serves: every "
+                   f"organization searched sustains {capacity_words(best, top_rate, unit)} "
+                   f"within {slo}, level at every seed.")
+    else:
+        out.append(f"{lead} {_arm_words(best)}. It sustains {capacity_words(best, top_rate, unit)}"
+                   f" within {slo}; {margin_words(d, alpha, unit)}.")
     if limit.kind == "grid":
         out.append(f"Every capacity reached the top of the rate grid ({top_rate:g} {unit}): "
                    "no limit was found inside it; pass higher --rates to find where it stops.")

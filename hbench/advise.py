@@ -9,8 +9,10 @@ search`: content-addressed sweep cells, so a repeated call reuses every
 finished cell), and stops between arms once the time budget is spent, with
 the best answer so far. The first arms are every organization at the first
 cap and split, so an answer exists early. When the best arm is held back by
-its running cap, the search then tries the two leading organizations at
-twice the cap, which says what a larger cap would buy.
+its running cap, the search then tries the two leading organizations (all
+of them when they are level) at twice the cap, which says what a larger cap
+would buy; when the best arm holds the SLO at the grid's top rate, the grid
+is widened once (`EXTEND_RATES`).
 
 `advise` returns an `Advice`: the arms' table, the decision and the limit
 (`analysis.advise`), and what to deploy (`adapters.deploy`).
@@ -183,12 +185,16 @@ def _evaluate(search: Search, frames: dict):
 
 
 def cap_probe_arms(table, done: Sequence[Arm]) -> list[Arm]:
-    """The two leading organizations at twice the best arm's cap, each with its
-    best arm's split (those not run yet)."""
+    """The two leading organizations (every one, when all are level: none
+    leads) at twice the best arm's cap, each with its best arm's split
+    (those not run yet)."""
+    from analysis.advise import all_level
+
     cap = int(table.iloc[0]["cap"]) * 2
     labels = {a.label for a in done}
+    orgs = list(dict.fromkeys(table["org"]))
     arms = []
-    for org in list(dict.fromkeys(table["org"]))[:2]:
+    for org in orgs if all_level(table) else orgs[:2]:
         frac = table[table["org"] == org].iloc[0].get("d0_attn_fraction")
         split = None if frac is None or math.isnan(float(frac)) else float(frac)
         arm = Arm(org, cap, split)

@@ -105,7 +105,8 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
     requests waited for the running cap, for memory, for the step's token
     budget, or for compute), and the vLLM and SGLang settings that realize
     it or come closest. When the cap limits, the two leading organizations
-    are also tried at twice the cap.
+    (all, when they are level) are also tried at twice the cap; when nothing
+    fails at the top rate, the rate grid is widened once.
     """
     from analysis.capacity import parse_slo
     from harness.grid import parse_values
@@ -198,7 +199,8 @@ def write_advice(result, out: Path, slo: str) -> dict:
         "answer": sentences(result.decision, result.limit, slo=slo,
                             top_rate=max(search.rates), alpha=search.alpha,
                             setting=_setting(search.base), unit=_unit(search.base),
-                            first=result.first, peak=_peak(result), grid=_grid_words(result)),
+                            first=result.first, peak=_peak(result), grid=_grid_words(result),
+                            level=_level(result)),
         "best": _clean(result.decision.best),
         "runner_up": _clean(result.decision.runner_up),
         "margin": {"diff_req_s": result.decision.diff, "ci_low": result.decision.ci_low,
@@ -230,6 +232,14 @@ def _clean(row):
     if row is None:
         return None
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
+def _level(result) -> bool:
+    """Every arm at the best arm's cap has its capacity at every seed."""
+    from analysis.advise import all_level
+
+    table = result.table
+    return all_level(table[table["cap"] == result.decision.best["cap"]])
 
 
 def _unit(base: dict) -> str:

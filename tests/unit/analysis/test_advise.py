@@ -113,3 +113,14 @@ def test_the_answer_says_the_cap_not_the_organization_decides_when_all_are_level
     assert "With the cap raised to 126, use S2 with a running cap of 126" in text
     assert "at least 4.00 sessions/s" in text and "pass higher --rates" in text
     assert "peak state was 9.2 GB of the 59.0 GB given (16%)" in text
+
+
+def test_among_equal_capacities_an_organization_an_engine_ships_comes_first():
+    s1 = ("s1 cap 63", "s1", 63, math.nan)
+    table = A.arm_table(cells({s1: {1: 2, 2: 4}, S2: {1: 2, 2: 4}, D0: {1: 2, 2: 4}}))
+    assert list(table["org"]) == ["d0", "s1", "s2"]
+    d = A.decide(cells({s1: {1: 2, 2: 4}, D0: {1: 2, 2: 4}}), table)
+    text = " ".join(A.sentences(d, A.LimitFound("grid"), slo="ttft_p99<=2s", top_rate=4.0,
+                                alpha=0.05, setting="For m", level=True))
+    assert "use D0 with a running cap of 63, 0.5 of the bytes to attention, which a released " \
+           "engine serves: every organization searched sustains" in text
