@@ -120,8 +120,8 @@ def test_the_torch_example_suggestion_runs_on_the_torch_engine(tmp_path):
     assert invoke("tiny-model", "--preset", "proportional", "-o", model).exit_code == 0
     argv, original = overloaded_run(
         tmp_path, "--engine", "torch", "--org", "s2", "--budget", "b6", "--model", model,
-        "--requests", "16", "--rate", "20", "--mean-input", "1000", "--max-output", "16",
-        "--contexts", "4", "--max-model-len", "4096")
+        "--requests", "48", "--rate", "20", "--mean-input", "1000", "--max-output", "16",
+        "--contexts", "4", "--max-model-len", "2048")
     assert {"engine", "model", "config_path"} <= set(changed_fields(original))
     assert_same_runs(original, run_suggestion(argv, tmp_path / "cap"), {5.0, 10.0, 15.0, 20.0})
 
