@@ -276,9 +276,10 @@ def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alph
         lead = f"{setting}: use"
     best = d.best
     if level:
-        out.append(f"{lead} {_arm_words(best)}, which a released engine serves: every "
-                   f"organization searched sustains {capacity_words(best, top_rate, unit)} "
-                   f"within {slo}, level at every seed.")
+        shipped = ", which a released engine serves" if best["org"] in SHIPPED else ""
+        out.append(f"{lead} {_arm_words(best)}{shipped}: every organization tried at this cap "
+                   f"sustains {capacity_words(best, top_rate, unit)} within {slo}, level at "
+                   "every seed.")
     else:
         out.append(f"{lead} {_arm_words(best)}. It sustains {capacity_words(best, top_rate, unit)}"
                    f" within {slo}; {margin_words(d, alpha, unit)}.")

@@ -123,4 +123,10 @@ def test_among_equal_capacities_an_organization_an_engine_ships_comes_first():
     text = " ".join(A.sentences(d, A.LimitFound("grid"), slo="ttft_p99<=2s", top_rate=4.0,
                                 alpha=0.05, setting="For m", level=True))
     assert "use D0 with a running cap of 63, 0.5 of the bytes to attention, which a released " \
-           "engine serves: every organization searched sustains" in text
+           "engine serves: every organization tried at this cap sustains" in text
+    d = A.decide(cells({s1: {1: 2, 2: 4}, S2: {1: 2, 2: 4}}), A.arm_table(
+        cells({s1: {1: 2, 2: 4}, S2: {1: 2, 2: 4}})))
+    text = " ".join(A.sentences(d, A.LimitFound("grid"), slo="ttft_p99<=2s", top_rate=4.0,
+                                alpha=0.05, setting="For m", level=True))
+    assert "use S1 with a running cap of 63: every organization tried" in text
+    assert "released engine" not in text
