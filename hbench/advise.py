@@ -76,12 +76,16 @@ class Search:
                  and a.d0_attn_fraction in (None, self.fractions[0])]
         return first + [a for a in every if a not in first]
 
+    def grid(self, arm: Arm) -> tuple[list, list, list, list, dict]:
+        """``arm``'s capacity grid as `hbench.capacity`'s arguments: orgs,
+        budgets, rates, seeds and every run's other fields."""
+        base = {**self.base, **arm.fields()}
+        return [base.pop("org")], [base.pop("budget")], list(self.rates), list(self.seeds), base
+
     def configs(self, arm: Arm) -> list:
         from hbench.capacity import capacity_configs
 
-        base = {**self.base, **arm.fields()}
-        return capacity_configs([arm.org], [base.pop("budget")], list(self.rates),
-                                list(self.seeds), base)
+        return capacity_configs(*self.grid(arm))
 
 
 @dataclass
@@ -157,11 +161,8 @@ def seconds_per_cell(search: Search) -> float:
 def _run_arm(search: Search, arm: Arm, out: Path, jobs: int):
     from hbench.capacity import search as capacity_search
 
-    base = {**search.base, **arm.fields()}
-    budget = base.pop("budget")
-    org = base.pop("org")
-    cells = capacity_search([org], [budget], list(search.rates), list(search.seeds),
-                            search.limits, out, base, jobs=jobs)
+    orgs, budgets, rates, seeds, base = search.grid(arm)
+    cells = capacity_search(orgs, budgets, rates, seeds, search.limits, out, base, jobs=jobs)
     cells["arm"] = arm.label
     cells["cap"] = arm.cap
     cells["d0_attn_fraction"] = arm.d0_attn_fraction if arm.d0_attn_fraction is not None \
@@ -212,7 +213,6 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
            on_arm: Callable[[int, int, Arm], None] | None = None) -> Advice:
     """Run the plan (module docstring) under ``out`` and decide."""
     from adapters.deploy import check_commands, deployments
-    from harness.config import RunConfig
 
     start = time.monotonic()
     planned = search.arms()
@@ -255,12 +255,6 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
         else:                      # a half-widened grid would compare arms unevenly
             frames.clear()
             frames.update(saved)
-    best_arm = frames[decision.best["arm"]][0]
-    cfg = RunConfig(**{**search.base, **best_arm.fields()})
+    cfg = search.configs(frames[decision.best["arm"]][0])[0]   # typed as its runs were
     return Advice(search, cells, table, decision, limit, [a for a, _ in frames.values()],
                   planned, stopped, probe, deployments(cfg), check_commands(cfg), first)
-
-
-def replace_base(search: Search, **fields) -> Search:
-    """``search`` with other base fields (tests, a narrower grid)."""
-    return replace(search, base={**search.base, **fields})
