@@ -171,13 +171,19 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
     click.echo(f"wrote {out}/advise.json, {out}/advise.md and {out}/report.html")
 
 
+def _base_config(base: dict):
+    """Every run's fields as a `RunConfig`, ``--set``'s text typed and checked
+    as a capacity grid types it (`harness.grid.expand`)."""
+    from harness.grid import expand
+
+    return expand([{}], base)[0]
+
+
 def _default_orgs(base: dict) -> tuple[str, ...]:
     from harness.budget import applicable_orgs
-    from harness.config import RunConfig
     from harness.model_configs import geometry_for_run
 
-    return applicable_orgs(geometry_for_run(RunConfig(**{k: v for k, v in base.items()
-                                                         if k in RunConfig.__dataclass_fields__})))
+    return applicable_orgs(geometry_for_run(_base_config(base)))
 
 
 def _minutes(seconds: float) -> str:
@@ -266,12 +272,10 @@ def _peak(result) -> tuple[float, float] | None:
 
 def _grid_words(result) -> str:
     """Which pages and grids the runs used, and where they came from."""
-    from harness.config import RunConfig
     from harness.model_configs import geometry_for_run
     from harness.orgs import layout_for
 
-    cfg = RunConfig(**{k: v for k, v in result.search.base.items()
-                       if k in RunConfig.__dataclass_fields__})
+    cfg = _base_config(result.search.base)
     geom = geometry_for_run(cfg)
     best = result.decision.best["org"]
     lay = layout_for(best, geom, cfg.resolved_paging)

@@ -83,6 +83,18 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_a_set_field_is_typed_and_reaches_every_run_and_the_flags_to_deploy(tmp_path):
+    out = tmp_path / "adv"
+    done = advise(*SMALL, "--budget", "b20", "--set", "headroom=0.1", "--out", str(out))
+    assert done.exit_code == 0, done.output
+    doc = json.loads((out / "advise.json").read_text())
+    from harness.results import read_run
+
+    assert {read_run(out / c["run_id"]).manifest["config"]["headroom"] for c in doc["cells"]} \
+        == {0.1}
+    assert doc["best"]["org"] in ("s2", "d0") and "--watermark 0.1" in done.output  # vLLM's line
+
+
 def test_a_hand_written_hybrid_config_is_advised_too(tmp_path):
     out = tmp_path / "adv"
     config = REPO_ROOT / "tests/fixtures/configs/nemotron_h.json"
@@ -99,6 +111,7 @@ def test_a_hand_written_hybrid_config_is_advised_too(tmp_path):
     (["--time-budget", "soon"], "--time-budget 'soon'"),
     (["--slo", "ttft<=2s"], "ttft<=2s"),
     (["--budget", "b0"], "b0"),
+    (["--set", "bogus=1"], "unknown grid key 'bogus'"),
 ])
 def test_bad_input_is_one_error_line_before_any_work(tmp_path, args, message):
     out = tmp_path / "adv"
