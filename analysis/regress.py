@@ -1,49 +1,17 @@
 """Performance regression check: a candidate results root against a baseline.
 
-Cells are matched by their configuration (every `RunConfig` field both sides
-record except the connection and diagnostic fields in `VOLATILE_KEYS`; the
-seed is one of them). Matched runs must agree on their checked metadata
-(schema version, engine, workload hash: `harness.results.check_pairable`);
-the engine version may differ, since a candidate build is the point, and the
-report shows both sides' versions and commits.
-
-How a cell is judged depends on the engine (the manifest's ``engine``):
-
-* deterministic (the simulator: same inputs, same bits) -- cell by cell.
-  A cell regresses when a gated metric is worse than the baseline by more
-  than its rule tolerates (``min_effect``, a fraction: 0.02 = 2%). Nothing is pooled, so a change
-  confined to one organization is caught however many cells agree.
-* noisy (a real server: vllm, sglang, anything else) -- per seed group: the
-  cells that differ only in seed form one paired comparison (log ratios
-  candidate / baseline, t test, geometric-mean change with its log-scale t
-  CI; for a ``count`` metric, differences over the baseline mean); Holm across groups x metrics; a group regresses when it is
-  significant by the rule `analyze` uses (p Holm < alpha AND the CI excludes
-  1) and its change is worse than ``min_effect``. One seed per group cannot
-  be tested and is refused.
-
-Every summary metric with a direction is gated, each by its tolerance rule
-(`analysis.gated_metrics`: ``relative`` for quantities every served run has
-above zero, ``count`` for those that are zero when nothing of their kind
-happened); the report lists them. In both modes a candidate value that is
-null, NaN, not a number, negative, or zero for a ``relative`` metric is a
-regression of that cell, and so is a baseline cell missing from the
-candidate (unless ``allow_missing``).
-
-A baseline value is what every candidate is measured against, so one that
-cannot be (a gated metric missing from a baseline summary, null, not a
-number, negative, or zero for a ``relative`` metric: no run that served
-requests has a throughput, a latency p99 or a total memory peak of 0) is a
-problem of the input, never a pass: `compare` raises `HbenchError` naming it, unless ``allow_missing``,
-which lists it in the report (`RegressResult.baseline_gaps`) and gates the
-cell's other metrics. A metric neither side reports (null or absent on
-both: an engine that does not measure it) is not gated and not a problem.
-
-Bad input of any shape raises `HbenchError`. Input that is bad in some cells
-only (a baseline gap, a pair of runs of different request streams) does not
-hide what the good cells show: every pair is still compared, and the error
-names the regressions found as well. Bad input wins the exit status (2, in
-`hbench.commands.regress`), but the message lists both. The report is
-rendered by `analysis.regress_report`.
+Cells are matched by configuration (every `RunConfig` field both sides
+record but `VOLATILE_KEYS`), and matched runs must be pairable
+(`harness.results.check_pairable`; the engine version may differ, since a
+candidate build is the point). A deterministic engine (the simulator) is
+judged cell by cell, so a change confined to one organization is caught
+however many cells agree; a noisy one (a real server) per seed group, with
+Holm across groups x metrics, as `analyze` decides. Every metric with a
+direction is gated by its rule (`analysis.gated_metrics`). A baseline value
+that cannot be a bar (missing, null, zero for a relative metric) is bad
+input, never a pass; bad input in some cells does not hide the regressions
+the others show. The rules in full: docs/statistics.md, "hbench regress".
+The report is rendered by `analysis.regress_report`.
 """
 
 from __future__ import annotations

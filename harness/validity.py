@@ -1,77 +1,17 @@
 """Is a run (a cell, a contrast) valid? Pure checks with one verdict each.
 
-A run's numbers describe the configuration it claims only if the load it
-was asked for was the load it got and it measured a steady state:
-
-- ``arrival_rate``: the delivered arrival rate (measured arrivals - 1 over
-  their span) is within ``max(5 %, 3 / sqrt(n - 1))`` of the nominal rate;
-  the second term is three standard errors of a Poisson rate estimate. The
-  check fails, rather than saying "n/a", when the arrivals cannot measure
-  a load at all: fewer than `MIN_MEASURED_REQUESTS` measured requests (below
-  that the tolerance is at least 100 %, so no delivered rate could fail),
-  every measured arrival at one instant (no span: the delivered rate is not
-  computable), or arrival times so large that float64 resolves them only to
-  more than `TIME_RESOLUTION_S` (``--rate 1e-300`` puts arrivals near 1e301 s,
-  where every latency rounds to 0);
-- ``arrival_process``: the arrival process passes its own test: for Poisson,
-  a one-sample Kolmogorov-Smirnov test of the inter-arrival times against the
-  exponential law at the nominal rate (fails at p < 0.001; the p-value is
-  scipy's, remembered per arrival stream by `ks_exponential_pvalue`); for
-  constant arrivals every gap equals 1/rate; gamma arrivals are not tested;
-- ``dispatch_lag``: the client's dispatch lag p99 stays under
-  `DISPATCH_LAG_BOUND_S` (real engines; "n/a" where requests are not
-  dispatched by a client, as in the simulator);
-- ``failures``: no measured request failed or was cancelled;
-- ``cache_state``: the engine reports its cache state at the start (cold or
-  warm) and the warm-up count is recorded; an unknown state is a warning;
-- ``stream`` (served runs only): the server streamed tokens one by one, so
-  the client's inter-token gaps measure the server's steps: the ITL median
-  must be at least `BURST_RATIO` of the TPOT median. An API server that
-  sends tokens in bursts under load (vLLM's did: ITL p50 0.01 ms where TPOT
-  p50 was 40 ms) leaves most gaps near zero; ITL is then not a latency the
-  user saw per token and the run is not valid (TPOT still is);
-- ``overload``: the waiting queue is not still growing at the end of the
-  arrival window: the least-squares trend of the waiting queue over the
-  second half of the measured arrivals must rise by less than
-  ``max(2, 5 % of the measured requests)``; a queue that keeps growing means
-  the run measured a transient, not a steady state.
-
-A multi-turn run is an open-loop process of session starts (first turns, at
-the nominal rate in sessions/s) feeding a closed loop: turn k is sent a think
-time after turn k-1 finished, so its arrival follows the engine's own finish
-times and has no nominal rate to meet. Its ``arrival_rate``,
-``arrival_process`` and ``overload`` checks read the session starts only; the
-``later_turns`` entry ("n/a") counts the closed-loop turns left untested.
-
-A verdict is ``pass``, ``warn``, ``fail`` or ``n/a``; a run is ``valid``
-when no check fails. For a contrast, `arm_parity` adds the arms' parity:
-same workload hash (hence the same request stream), same engine version,
-same measured load (delivered rates within 1 %).
-
-Validity per metric. One verdict cannot serve every metric, because a queue
-that keeps growing spoils some numbers and is the point of others. The
-study compares organizations where queues build on purpose: there the
-throughput is the service rate the organization sustains, the quantity to
-compare (under light load throughput only echoes the offered rate), while a
-latency percentile measures how long the run lasted (its last requests
-waited behind everything before them). So each summary metric has a kind
-(`metric_kind`) and each check spoils only the kinds it invalidates
-(`SPOILS`):
-
-- ``rate`` (throughput): valid under a growing queue, as the sustained
-  service rate; in a steady state, as the delivered rate (the offered load);
-- ``ledger`` (work and cache counters: reused and initial input tokens,
-  preemptions, J_adopt, R_max, memory peaks, the running queue): valid under
-  a growing queue, as the served-state ledger of this request stream; both
-  arms of a contrast serve the same stream, so they compare like with like;
-- ``latency`` (TTFT, TPOT, end-to-end, the waiting queue, goodput): valid
-  only in a steady state (``overload`` passes);
-- ``itl``: a latency that also needs the server's stream (``stream``).
-
-A load that was not the one asked for (``arrival_rate``,
-``arrival_process``, ``dispatch_lag``) or requests that failed spoil every
-kind. `metric_verdicts` gives each kind's verdict (written to summary.json
-as ``validity.metrics``); `metric_is_valid` answers for one metric.
+A run's numbers describe the configuration it claims only if the load it was
+asked for was the load it got (``arrival_rate``, ``arrival_process``,
+``dispatch_lag``), nothing failed, the server streamed token by token
+(``stream``) and it measured a steady state (``overload``). One verdict
+cannot serve every metric, since a growing queue spoils latencies but is the
+point of a throughput comparison, so each metric has a kind (`metric_kind`)
+and each check spoils only the kinds it invalidates (`SPOILS`);
+`metric_verdicts` writes each kind's verdict to summary.json. A verdict is
+``pass``, ``warn``, ``fail`` or ``n/a``; a run is valid when no check fails.
+`arm_parity` adds a contrast's arms' parity (same workload hash and engine
+version, delivered rates within 1 %). Each check's tolerance and why: docs/statistics.md, "Which runs a contrast
+may test".
 """
 
 from __future__ import annotations
