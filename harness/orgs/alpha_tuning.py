@@ -1,45 +1,15 @@
 """Marconi's online tuning of the utility eviction's alpha (``--utility-alpha auto``).
 
-Marconi (Pan et al., "Marconi: Prefix Caching for the Era of Hybrid LLMs",
-MLSys'25, arXiv 2411.19379, section 4.2, FLOP-aware eviction) weighs
-FLOPs saved per byte against recency with one coefficient alpha, and sets
-alpha from the workload itself by a retrospective replay; its public
-artifact (``ruipeterpan/marconi``: the radix cache's bootstrap window and
-the config tuner) does so as follows, and `AlphaTuner` does the same here:
-
-1. Serve with alpha = 0 (recency only) from an empty cache, keeping every
-   request seen (its prefix keys and prompt length) from the first one on.
-2. At the first eviction (the cache is full for the first time), note the
-   requests seen so far, n0; the bootstrap window is ``BOOTSTRAP_MULTIPLIER``
-   (5) x n0 requests.
-3. When the window's last request arrives (request 5 x n0 since the start),
-   replay the window once per candidate alpha (0, 0.1, ..., 2.0) through a
-   fresh, empty copy of the same cache that evicts by utility with that
-   alpha, and keep the candidate whose replay saves the most prefill FLOPs
-   (the artifact's criterion; hit rates are reported beside it). From then
-   on the live cache evicts with that alpha. Tuning happens once.
-
-The copy is the same organization (same layout, pages and publish policy,
-a fresh publish-policy state), built by the factory the organization hands
-over (the organization sets ``build``). As in Marconi's replay, the
-window's requests are served in arrival order, each in one go: look up its
-deepest joint hit, take its whole prompt (adopting the hit), publish what
-the publish policy keeps. FLOPs saved by a hit of J tokens are
-`harness.prefix_flops`'s FLOPs of the prefix J.
-
-Where hbench differs from the artifact, and why:
-* Concurrency. Marconi's cache holds only cached entries, so its replay
-  serves one request after another. hbench's pools also hold the running
-  requests' pages, which is most of the pressure at a serving budget; a
-  replay one request at a time would run an almost empty cache, where every
-  alpha saves the same. So each request of the window records how many
-  requests were running when it was admitted, and the replay keeps that many
-  live (finishing the oldest first, and more of the oldest while the prompt
-  does not fit).
-* Prompts only: a request's output is cached as attention blocks, but no
-  checkpoint lies inside it, so no lookup hits through it.
-* Ties between candidates go to the smaller alpha (deterministic; the
-  artifact's depend on which worker finished first).
+Marconi (Pan et al., MLSys'25, arXiv 2411.19379, section 4.2) weighs FLOPs
+saved per byte against recency with one coefficient alpha and sets it from
+the workload itself: serve with alpha 0 until the first eviction (after n0
+requests), then at request 5 x n0 replay that bootstrap window once per
+candidate alpha through a fresh copy of the same organization and keep the
+one that saves the most prefill FLOPs. `AlphaTuner` does so as Marconi's
+artifact does, except that the replay keeps as many requests running as were
+running at each admission (hbench's pools hold running requests' pages, the
+pressure a one-at-a-time replay would miss). The steps and every difference:
+docs/experiments.md, "Marconi's alpha, tuned online".
 """
 
 from __future__ import annotations

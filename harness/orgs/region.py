@@ -3,11 +3,10 @@
 D0 fixes its attention pool and its checkpoint pool at start; u0 (one
 region, a pool growing from each end, `harness.orgs.u0`) and e0 (D0's pools
 with capacity moved between them, `harness.orgs.e0`) let the split follow
-the load. Both keep every other part of an `Organization` (entries,
-attention index, checkpoint store, lookup, publication, pins) unchanged: the
-pools are `ElasticPool` s, whose page ids are fixed at start while the pages
-in the pool change, and `RegionOrganization` stages the pages an action
-needs before the action and settles the region after it:
+the load. Every other part of an `Organization` stays unchanged: the pools
+are `ElasticPool` s, whose page ids are fixed while the pages in the pool
+change, and `RegionOrganization` stages the pages an action needs before
+it and settles the region after it:
 
     allocate(rid, ...)                        (allocate_all, next_blocks alike)
       demand = pages_needed(...)              per pool, as for D0
@@ -21,27 +20,12 @@ needs before the action and settles the region after it:
     commit / end_step / finish / abandon      the action, then _settle()
 
 (In vLLM's blocks `allocate` first releases the state the request went past
-in an earlier step, `Organization.release_retired`, and settles.)
-
-Asking (`can_allocate`) runs `_plan` and changes nothing. Headroom is
-counted in bytes of the region: after the allocation at least
-floor(f x region bytes) must stay free (empty and cached pages of both kinds
-and the bytes no pool holds), since neither pool has a fixed size to take a
-fraction of.
-
-Counters (`region_counters`): allocations refused (``alloc_refusals``), those
-refused although the region's free bytes were at least the bytes asked for
-(``alloc_refusals_with_room``), and at such a refusal the free bytes the
-refused kind could not use (``fragmented_bytes_peak``, the largest seen).
-Refusals are counted where one request's allocation (`allocate`, or
-`next_blocks` of one request) answers False: a running request's chunk or
-block the scheduler then shortens or preempts for. The same allocation
-refused again with no page changed in between counts once; a batch answered
-False all at once (`allocate_all`, `next_blocks` of several: a stretch of
-decode steps asking whether all fit) is not counted, since the scheduler
-then allocates request by request, as it plans a step without stretches,
-and those calls count. Asking (an admission that waits) is not an
-allocation and is not counted.
+in an earlier step, `Organization.release_retired`, and settles.) Asking
+(`can_allocate`) runs `_plan` and changes nothing. Headroom is counted in
+bytes of the region, since neither pool has a fixed size to take a fraction
+of: floor(f x region bytes) must stay free (empty and cached pages of both
+kinds, and the bytes no pool holds). What `region_counters` counts as a refusal:
+docs/experiments.md, "Beyond the study: u0 and e0 beside d0".
 """
 
 from __future__ import annotations

@@ -2,55 +2,18 @@
 checkpoints from the other, under SGLang 0.5.23's ``--enable-unified-memory``
 rule (paths below under ``sglang/srt/mem_cache/``).
 
-D0's units in one region of R bytes: 16-token attention blocks of A bytes
-from the low end, contiguous checkpoint units of C bytes from the high end,
-a gap between them:
-
     0                                                                     R
     | a0 | a1 | .. | a(n-1) |  . . . gap . . .  | c(m-1) | .. | c1 | c0 |
       slots of the attention side                 slots of the checkpoint side
 
-A page id keeps its identity while the page may move to another slot of its
-side (SGLang's virtual page ids over physical pages,
-``allocator/unified_sub_pool.py:279``); ``page_slots`` tells an engine where
-each lies. An empty page inside a side is a hole. An allocation, asked and
-acted by one plan (`_plan`), takes for each side in this order (the state
-first, as ``alloc_req_slots`` binds a request's Mamba slot before its KV):
-
-1. its own holes, then the gap (``take_physical`` drains holes before it
-   extends the watermark, ``unified_sub_pool.py:818-877``);
-2. the other side compacted: its pages above its holes are moved into them and
-   the band given to the gap (``_relieve_for_alloc`` flushes the growth-side
-   neighbour, ``unified_sub_pool.py:197``, ``:800``; the moves, ``_flush``
-   ``:1813``, ``_move_pages_and_rebind`` ``:1506``); each move is counted
-   with its bytes and priced by the simulator as a device copy
-   (`adapters.sim.moves`);
-3. a checkpoint short of bytes: evictable cached attention, least recently
-   released first and up to all of it, funds the state (the
-   ``MambaFullCacheDonor`` path of ``unified_radix_cache.py:745-759``,
-   ``allocator/base.py:27``); its pages become holes the next compaction gives
-   to the gap. Mamba states are first evicted only as far as state ids are
-   short (``unified_radix_cache.py:731-743``); u0's ids are every unit the
-   region could hold, so bytes bind first;
-4. only then its own cached checkpoints (``unified_radix_cache.py:761-776``);
-   attention short of bytes evicts its own cached blocks (the FULL walk,
-   ``unified_radix_cache.py:1000-1058``).
-
-A cached block evicted takes with it the cached checkpoint at the position it
-ends (SGLang's node: a KV segment and the Mamba state at its end go
-together, the "Full-leaf cascade" of ``unified_radix_cache.py:978``). A state
-taken from the gap is charged ceil(C / A) blocks' bytes
-(``mamba_slot_full_token_cost``, ``allocator/unified_mamba.py:179``; the
-admission charge of ``managers/schedule_policy.py:701``). After every action a
-side gives back the empty pages at its end without moving anything (a
-flush's ``_absorb_boundary_holes``, ``unified_sub_pool.py:1779``).
-
-Acting evicts first, then compacts once keeping the holes the allocation
-takes, so no page is moved and then evicted in one action. Where u0 is not
-SGLang: it compacts only when the other side is short (SGLang compacts on
-every free, or lazily at quiescent points as well); a state's ids are every
-unit the region could hold (SGLang's, the split's Mamba slots); checkpoints
-are cached at grid boundaries (SGLang's states where requests end).
+Why: the split between attention and checkpoints follows the load instead
+of being fixed at start (D0). An allocation, asked and acted by one plan
+(`_plan`), takes for each side, the state first: its own holes, then the
+gap; then the other side compacted (``unified_sub_pool.py:197``); for a
+state short of bytes, cached attention (``unified_radix_cache.py:745-759``);
+only then its own cached checkpoints. A page id keeps its identity while
+its page moves (`page_slots`). Each step with its SGLang line, and where u0
+is not SGLang: docs/experiments.md, "u0's rule, step by step".
 
 The budget gives the region as whole attention pages (floor(bytes / A), loss
 under one A); both sides start empty.
