@@ -1,60 +1,19 @@
 """``--engine vllm``: the workload against a real vLLM server, or in process.
 
-Without ``--endpoint`` or ``--launch`` the run is decided in process by
-vLLM's own V1 scheduler and block pool, without a model, each step priced
-by hbench's cost model (`adapters.vllm_inprocess`): S0 stock, S1/S2/D0 with
-the same plugin installed in that process.
+Stock vLLM V1 with prefix caching is S0-like (one pool of equal, padded
+pages; a prefix hit needs attention blocks and a Mamba state at the same
+block boundary), so ``--org s0`` runs it unchanged. ``--org s1|s2|d0`` need
+vLLM 0.32.0 and hbench's plugin (`adapters.vllm_plugin`), enabled through
+the server's environment, which makes vLLM's allocator take, hold and evict
+pages as that organization does. Without ``--endpoint`` or ``--launch`` the
+run is decided in process by vLLM's own scheduler and block pool, priced by
+hbench's cost model (`adapters.vllm_inprocess`).
 
-Stock vLLM V1 with prefix caching is S0-like: for a hybrid model it pads the
-Mamba page until attention and Mamba pages are equal (one shared pool of
-equal pages) and reuses a prefix only where the attention blocks and a Mamba
-state at the same block boundary are both cached (the joint hit rule, Mamba
-cache mode ``align``). ``--org s0`` runs it unchanged. ``--org s1|s2|d0``
-launch it with hbench's plugin (`adapters.vllm_plugin`, vLLM 0.32.0 only)
-enabled through the environment, which makes vLLM's allocator take, hold and
-evict pages as that organization does (docs/engines.md says exactly how and
-where it departs from the study).
-
-Knob mapping (checked against the installed vLLM's source, not assumed):
-
-    --org s1|s2|d0 -> HBENCH_ORG (+ HBENCH_D0_ATTN_FRACTION) for the plugin,
-                    --scheduler-cls adapters.vllm_plugin.scheduler.PinningScheduler
-                    (pins a preempted request's deepest joint hit); needs
-                    --launch, vLLM 0.32.0 and the plugin installed
-                    (scripts/setup_vllm_cpu.sh)
-    --cap        -> --max-num-seqs
-    budget       -> --num-gpu-blocks-override = the budget's bytes in whole
-                    vLLM pages (`harness.budget.vllm_blocks`), the same count
-                    for every organization (equal memory): on CPU vLLM's
-                    block (`vllm_page`), the blocks a simulated run with
-                    --paging vllm serves too; on GPU one Mamba state (the
-                    S0 page; --ssm-dtype included). D0's plugin splits them
-                    by --d0-attn-fraction. On CPU, VLLM_CPU_KVCACHE_SPACE is
-                    raised to cover the override (`cpu_kv_space_gib`)
-    --ssm-dtype  -> --mamba-ssm-cache-dtype on GPU, so vLLM's SSM state has
-                    the dtype the block count was sized with; on CPU the
-                    model runs in float32 and the flag is not passed
-    headroom f   -> --watermark f where the installed vLLM has it (admission
-                    keeps int(f x num_blocks) blocks free, only while another
-                    request runs: KVCacheManager.allocate_slots'
-                    has_scheduled_reqs); else refused
-    admission    -> first-chunk: --no-scheduler-reserve-full-isl (vLLM 0.32
-                    reserves the whole input by default); whole-input:
-                    vLLM's default; refused on a vLLM without the option
-    retention    -> in process, S1/S2/D0: the plugin's `PinningScheduler`
-                    holds a running producer's demanded states
-                    (`adapters.vllm_plugin.retention`); refused for S0
-                    (stock vLLM has no retention policy:
-                    --prefix-cache-retention-interval spaces decode-time
-                    checkpoints) and on a server
-    SHARE/ISOLATE-> per-request ``cache_salt`` (the workload's salts)
-
-CPU specifics (vllm-cpu): float32 and ``--enforce-eager``; an explicit
-attention ``--block-size`` with ``--max-num-batched-tokens`` no larger than
-it, because with prefix caching on, prefill chunks longer than one attention
-block crash the CPU Mamba kernel. The block is the one vLLM will resolve for
-the model (`vllm_page`: raised until one attention page holds a Mamba state),
-so the step is one whole block.
+Every organization gets the same block count (the budget's bytes in whole
+vLLM pages), so all are given equal memory. Each hbench flag's vLLM
+counterpart, checked against the installed vLLM's source, and the CPU build's
+flags (one attention block per step, because longer prefill chunks crash its
+Mamba kernel with prefix caching on): docs/engines.md, "Knob mapping".
 """
 
 from __future__ import annotations

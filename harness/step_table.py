@@ -1,44 +1,19 @@
 """A step table stored by column, in chunks of rows.
 
-An engine's step rows (`harness.records.EngineRun.steps`) are dicts of
-scalars. A long simulated run makes ~20 rows per request and ~40 columns, so
-a dict per row (~2.5 kB) or even a tuple per row (~0.4 kB with its boxed
-numbers) dominates a long run's memory. `StepTable` takes rows as tuples
-under one column list (`append`) and, every `CHUNK_ROWS` rows, packs them by
-column: a numeric column as one NumPy array (8 bytes a value), any other
-(strings, None) as a list of its values. It still reads as a sequence of
-dict rows (``table[i]``, iteration), so code written for lists of dicts
-works unchanged; `column`, `array` and `to_frame` read by column without
-building row dicts.
+Why: a long simulated run makes ~20 step rows per request and ~40 columns,
+so a dict per row (~2.5 kB) would dominate its memory. `StepTable` takes
+rows as tuples under one column list and packs every `CHUNK_ROWS` rows by
+column (a numeric column as one NumPy array), yet still reads as a sequence
+of dict rows, so code written for lists of dicts works unchanged; `to_frame`
+gives the frame `pandas.DataFrame.from_records` makes of the rows.
 
-Every row has the same columns, in the order of the first row's keys: the
-same order `pandas.DataFrame` gives a list of those dicts, and `to_frame`
-gives the frame `pandas.DataFrame.from_records` makes of the rows (a column
-of Python floats is float64, of ints int64, of ints and floats float64; any
-other column is handed to pandas as its values).
-
-A table told to `spill` (the simulator's) writes each packed chunk as one
-row group of a Parquet file in a temporary directory instead of keeping it,
-so a long run holds no step rows beyond the chunk being filled; told
-``spill(after_chunks=k)``, it keeps its first k chunks in memory and begins
-to spill (those k first) only when it packs one more, so a short run (the
-simulator's default, `SPILL_AFTER_CHUNKS`, holds ~1,600 requests' rows)
-makes no file, and reads its columns from memory, for the same values and
-the same written file;
-`write_parquet` then hands that file on (a link or a copy) and reading a
-column reads it back from the file. Its column types are the first chunk's
-(a later chunk's ints are written as floats under a float column); a chunk
-that cannot be written under them (floats under an int column, a value that
-is neither a number nor a string) brings the chunks on disk back into
-memory, and the table goes on as one that never spilled. What it reads and
-writes is what the same table unspilled reads and writes (a column a chunk
-wrote as floats reads back as floats).
-
-Chunks go to Arrow and back through `common.arrow_arrays` (their buffers),
-never through `pyarrow.array` or ``to_numpy``, which import pandas: a run
-that fills, spills, reads and writes a table of numbers and strings loads no
-pandas. `to_frame` (analysis, tests) and the write of a table with a column
-of another kind (bools, None: a real engine's rows) go through pandas.
+Told to `spill` (the simulator's table, after `SPILL_AFTER_CHUNKS`), it
+writes packed chunks as row groups of a temporary Parquet file, so a long
+run holds no rows beyond the chunk being filled. Whatever it spills, it
+reads and writes what the same table unspilled would (ints under a float
+column as floats); a chunk that cannot be written under the first chunk's
+column types brings the chunks back into memory. Chunks go to Arrow through `common.arrow_arrays`, so filling,
+spilling and writing a table of numbers and strings loads no pandas.
 """
 
 from __future__ import annotations

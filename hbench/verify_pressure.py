@@ -1,53 +1,27 @@
 """``hbench verify --launch`` on vLLM: every organization against stock vLLM, memory bound.
 
-One check that can fail, in three parts, all on the same designed traffic
-(`PressureDesign`, sized from the model's vLLM block, so any tiny model works):
+One check that can fail, on one designed traffic (`PressureDesign`, sized
+from the model's vLLM block, so any tiny model works):
 
-    1. stock vLLM (S0) and the plugin serving each organization (S1, S2, D0)
-       serve the same greedy, concurrent token-id prompts at a block budget
-       small for the concurrency (`binding_blocks`): ``cap - 1`` requests at
-       their peak fit, ``cap`` do not, so requests are preempted and cached
-       states evicted. Every organization's outputs must equal stock's, token
-       for token; each server also passes `hbench.verify`'s hit-vs-recompute
-       check on prompts of one and a half blocks;
-    2. the pressure is asserted, never assumed: each server's preemptions
-       (``vllm:num_preemptions`` on ``/metrics``) and, for S1/S2, the
-       plugin's checkpoint invalidations and a preempted request resumed
-       from the hit its pin held (its counters line in the server log); a
-       run where memory did not bind proved nothing (`shortfalls`);
-    3. the negative controls: each organization's aliased variant
-       (`adapters.vllm_plugin.plan.ALIAS_ENV`: D0 whose private pool numbers
-       its blocks from 1, over the attention pool's bytes; S1/S2 whose
-       checkpoints' states the kernel reads and writes at one live
-       checkpoint's page) serves the same traffic and must change some
-       output, or the comparison cannot fail for that organization.
-
-The traffic: ``n_prompts`` prompts of 0.9 blocks (the even ones share their
-first half: prefix hits), admitted together within one block; decode carries
-them all across the block edge at once, where each needs another attention
-block. Then the shared-prefix prompts again (cache hits).
+    1. stock vLLM and the plugin as each organization serve the same greedy,
+       concurrent prompts at a budget where ``cap - 1`` requests at their
+       peak fit and ``cap`` do not (`binding_blocks`); every organization's
+       outputs must equal stock's, token for token;
+    2. the pressure is asserted, never assumed (`shortfalls`): preemptions,
+       S1/S2's checkpoint invalidations and a pinned resume, read from the
+       server's counters; a run where memory did not bind proved nothing;
+    3. each organization's negative control (`adapters.vllm_plugin.plan.ALIAS_ENV`)
+       must change some output, or the comparison cannot fail for it.
 
     block:    |<------------- B tokens ------------->|<---- next block
     request:  [======= prompt 0.9 B =======][== output 0.18 B ==]
                                                      ^ every request needs
                                                        a new block here
 
-Those preemptions hit the most recently admitted request while it is still
-short of the edge: its own first block is not full, so there is nothing to
-pin. So a last phase gives the victim a joint hit: one block of fresh tokens
-W is served alone (W plus one token, which leaves W's attention block and
-the state at its end cached), then ``cap - 1`` prompts of W plus 0.9 blocks
-of their own, at once. Each adopts W's block and state, prefills its own 0.9
-blocks in one chunk beside the others' decodes and decodes across its second
-edge. W's block is one block more than the budget counts, so at their peak
-they do not fit, and vLLM preempts the most recently admitted, whichever it
-is, holding W's block and (cached) the state at W's end, or its own state at
-its edge: a joint hit, which the plugin pins; it resumes from that hit once
-the others finish (``pins_taken``, ``pinned_resumes_with_hit``). All of them
-are admitted only where a state takes at most ``cap - 2`` pages
-(`pin_phase_binds`: the tiny model's S1 and S2, not the proportional
-model's 3- and 4-page states); elsewhere the phase preempts nothing and only
-its outputs are compared.
+A last phase gives a preempted request a joint hit to pin (a warmed block W,
+then ``cap - 1`` prompts starting with it); it binds only where a state
+takes at most ``cap - 2`` pages (`pin_phase_binds`). The traffic and the
+measured runs: docs/engines.md, "hbench verify".
 """
 
 from __future__ import annotations

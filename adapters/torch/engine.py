@@ -1,10 +1,9 @@
 """``--engine torch``: an in-process serving engine whose pools are real memory.
 
-The same `Scheduler`, the same organization and the same event loop
+The same `Scheduler`, organization and event loop
 (`harness.engine.loop.EngineLoop`) the simulator uses decide what runs and
-when; this engine's executor (`TensorExecutor`) executes every step with
-real tensors and the loop's clock is the wall clock
-(`harness.engine.clock.WallClock`)::
+when; this engine's executor (`TensorExecutor`) runs every step with real
+tensors on the wall clock (`harness.engine.clock.WallClock`)::
 
     pools = Pools(org.capacity())            # one preallocated tensor per pool
                                              # (u0, e0: one buffer, `org.region()`)
@@ -14,44 +13,12 @@ real tensors and the loop's clock is the wall clock
         tokens = executor.run(batch)         # forward passes over paged state
         sched.complete(batch, t, tokens)     # commit -> publish copies, state placed
 
-Requests arrive at their workload times measured from the engine's start;
-an idle engine sleeps until the next arrival. A multi-turn workload's next
-turn arrives a think time after this engine finished the previous one, with
-the tokens this engine generated in its prompt (`SessionLoop`, the closed
-loop every engine shares). Tokens are greedy and are what
-the model computed: the scheduler appends them to the request (so prefix
-keys and recomputation after preemption see the real ids). Times are
-seconds since the engine's start: TTFT, ITL and TPOT as a real server's
-client would see them, without network. Each step row has its measured
-duration split into ``compute_s`` (forward passes), ``state_io_s`` (state
-gathers, scatters and page copies) and ``overhead_s`` (scheduling and
-bookkeeping); ``weights_s`` and ``kv_s`` are modelled quantities and NaN here.
-
-Memory. Step rows report state memory by kind as the organization places
-it, in the engine's element size (`Pools.byte_scale`: float32 pools hold
-twice the bf16 bytes the organization accounts). The manifest's
-``engine_info`` adds the pools' allocated bytes and the process's own peak
-(``ru_maxrss`` on CPU, ``torch.cuda.max_memory_allocated`` on a GPU).
-
-Every organization is served, from the budget's bytes. U0 and e0, which
-split one region between their pools while serving, get one buffer of the
-region's bytes whose two ends hold the two pools' pages
-(`adapters.torch.region`); ``engine_info`` then adds what the region did
-(pages each pool grew into and gave back, pages relocated), and the run's
-counters carry the organization's own (refusals; e0's capacity moves).
-
-State kernels. On a GPU, decode reads and updates every request's SSM and
-conv state where its organization keeps it, through page tables, with the
-Triton kernels of `adapters.torch.kernels` (prefill still gathers a state
-into a contiguous buffer, as the study allows); on CPU the torch path
-(gather, compute, scatter) stays the default. ``TorchEngine(kernels=...)``
-forces either (True on CPU needs ``TRITON_INTERPRET=1``: the tests run the
-kernels through Triton's interpreter). ``engine_info["state_kernels"]``
-records which ran.
-
-``poison=True`` fills every page that is freed, invalidated or handed out
-again with NaN (`adapters.torch.tracking.Poisoner`); non-finite logits stop
-the run with an error.
+Why: a layout that is only counted cannot be wrong; here a page read or
+written in the wrong place changes the tokens, so continuation can be checked
+against recomputation (`hbench verify --engine torch`). Tokens are the
+model's greedy output, so prefix keys and recomputation use real ids. What
+is physical and what is not (times, memory by kind, u0/e0's region, the
+state kernels on a GPU, ``poison=True``): docs/engines.md, "The torch engine".
 """
 
 from __future__ import annotations

@@ -1,44 +1,22 @@
 """``--scheduler-cls adapters.vllm_plugin.scheduler.PinningScheduler``.
 
-Pinning on preemption. vLLM's ``Scheduler._preempt_request`` frees the
-victim's blocks; cached ones stay in the LRU free queue, where they may be
-evicted before the victim resumes. The pin keeps the victim's deepest *joint*
-hit alive: the Mamba checkpoint at block ``j`` (carrier, members and slot)
-AND the attention blocks ``[0, j]`` of every attention group. Pinning the
-checkpoint alone is not enough: with the attention blocks evicted meanwhile
-the resumed lookup finds no joint hit and restarts at 0.
-
-The hit is found the way the resumed request will look for it: the
-coordinator's ``find_longest_cache_hit`` over the victim's block hashes (in
-``align`` mode a request's own Mamba block list keeps only its running state;
-published checkpoints live in the cache, not in the list). A pin is one extra
-reference on each non-null block of that hit, taken before vLLM frees the
-victim and released once the victim runs again (its own hit holds the blocks
-by then) or has finished. It never releases a reference it did not take, so
-it cannot undo a running request's hold.
-
-Resumptions are counted from the scheduler's output (``resumed_req_ids``
-with the tokens each resumes from, i.e. its prefix-cache hit), separately for
-requests that held a pin, so a run shows whether a pin paid off.
+Pinning on preemption. vLLM frees a victim's blocks to the LRU free queue,
+where they may be evicted before it resumes. The pin keeps the victim's
+deepest *joint* hit alive: the Mamba checkpoint at block ``j`` (carrier,
+members and slot) AND the attention blocks ``[0, j]`` of every attention
+group; the checkpoint alone is not enough, since without its attention
+blocks the resumed lookup finds no joint hit. The hit is found as the
+resumed request will look for it (``find_longest_cache_hit`` over its block
+hashes), and a pin is one extra reference per block, taken before vLLM frees
+the victim and released once it runs again or finishes; it never releases a
+reference it did not take.
 
 D0's admission headroom is per pool, as the study's engine had it (DESIGN.md
-section 4: floor(f x B) blocks of each pool stay free after an admission).
-vLLM's watermark is ``int(f x num_blocks)`` of the whole cache, checked
-against the shared pool's free blocks (``KVCacheManager.__init__`` and
-``allocate_slots``, vllm/v1/core/kv_cache_manager.py:208 and :509-537); with
-D0's checkpoint pool carved out of that pool it would keep a larger share of
-attention free and none of the checkpoint pool. `_per_pool_headroom` sets
-the watermark from the attention pool's blocks and has the checkpoint
-manager keep its own pool's share free while vLLM admits a waiting or
-preempted request (vLLM's condition: another request scheduled).
-
-Retention (`adapters.vllm_plugin.retention`), when enabled: a running
-producer holds its states that enough arrived requests demand, until it
-finishes or is preempted; the holds are apart from the pins.
-
-The scheduler also writes the plugin's counters to the log (see
-`hooks.emit`), throttled, and once more when the engine goes idle; hbench's
-metrics scraper follows the log and puts them in every step row.
+section 4); vLLM's watermark counts the whole cache against the shared pool,
+so `_per_pool_headroom` sets it from the attention pool and has the
+checkpoint manager keep its own pool's share free. Retention
+(`adapters.vllm_plugin.retention`) and the counters written to the log (see
+`hooks.emit`) also live here: docs/engines.md, "hbench's vLLM plugin".
 """
 
 from __future__ import annotations
