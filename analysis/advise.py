@@ -19,6 +19,15 @@ after a preemption), for the step's token budget, or the prefill itself
 (compute). The seeds vote; a latency that is not valid (the queue grew)
 counts as the term failing. An arm whose SLO held at the top of the grid has
 no limit inside the grid.
+
+**At one rate** (``hbench advise --at-rate``: the user's traffic) the arms
+are compared where they run, as the study compares organizations at a
+working point (`decide_point`): on throughput where some run's queue grew
+(then throughput is the service rate each sustains), otherwise on the SLO's
+first latency term (in a steady state throughput only echoes the offered
+load), by the seed-paired ratio with its log-t interval
+(`analysis.stats.summarize_ratios`). Arms that hold the SLO at every seed
+rank first.
 """
 
 from __future__ import annotations
@@ -41,7 +50,11 @@ from analysis.capacity import (
 )
 
 #: Columns that name an arm in a cell table, beside ``arm`` (its label).
-ARM_COLUMNS = ("arm", "org", "cap", "d0_attn_fraction")
+ARM_COLUMNS = ("arm", "org", "cap", "d0_attn_fraction", "headroom", "ckpt")
+#: The throughput compared at one rate (the study's ledger timebase).
+POINT_METRIC = "throughput_ledger_tok_s"
+#: The checkpoint policy every run has unless one is searched.
+DEFAULT_CKPT = "every/lru"
 #: TTFT attribution cause -> the limit it names.
 CAUSE_LIMIT = {"wait_cap": "cap", "wait_memory": "memory", "recompute": "memory",
                "wait_budget": "token budget", "prefill": "compute"}
@@ -52,6 +65,7 @@ LIMIT_WORDS = {
     "token budget": "the step's token budget: admitted requests waited for prefill tokens",
     "compute": "compute: the steps themselves are too slow for the SLO",
     "grid": "nothing inside the rate grid: the SLO held at its top rate",
+    "held": "nothing at this rate: the SLO held at every seed",
 }
 
 
@@ -221,21 +235,29 @@ def runs_at_capacity(cells: pd.DataFrame, arm: str) -> list[str]:
     return out
 
 
-def state_peak_bytes(summary: Mapping) -> float:
-    """Peak state bytes of a run (attention + SSM + conv; a kind not observed adds 0)."""
-    total = 0.0
-    for kind in ("attention", "ssm", "conv"):
-        v = summary.get(f"peak_mem_{kind}_bytes")
-        if v is not None and math.isfinite(float(v)):
-            total += float(v)
-    return total
+def state_peak_bytes(summary: Mapping, weights_bytes: float) -> float:
+    """Peak state bytes of a run: its peak total (state at its largest moment,
+    plus the weights) less the weights. The per-kind peaks are reached at
+    different moments, so their sum would overstate it."""
+    total = summary.get("peak_mem_total_bytes")
+    if total is None or not math.isfinite(float(total)):
+        return math.nan
+    return float(total) - float(weights_bytes)
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
 
 
 def _arm_words(row: Mapping) -> str:
     split = row.get("d0_attn_fraction")
-    split = "" if split is None or (isinstance(split, float) and math.isnan(split)) \
-        else f", {split:g} of the bytes to attention"
-    return f"{str(row['org']).upper()} with a running cap of {int(row['cap'])}{split}"
+    split = "" if _missing(split) else f", {split:g} of the bytes to attention"
+    headroom = row.get("headroom")
+    headroom = "" if _missing(headroom) or float(headroom) == 0 else \
+        f", admission headroom {float(headroom):g}"
+    ckpt = row.get("ckpt")
+    ckpt = "" if _missing(ckpt) or ckpt == DEFAULT_CKPT else f", checkpoints {ckpt}"
+    return f"{str(row['org']).upper()} with a running cap of {int(row['cap'])}{split}{headroom}{ckpt}"
 
 
 def _limit_clause(limit: LimitFound, unit: str) -> str:
@@ -250,6 +272,24 @@ def _limit_clause(limit: LimitFound, unit: str) -> str:
 def all_level(table: pd.DataFrame) -> bool:
     """Every arm of ``table`` has the same capacity at every seed."""
     return len(table) > 1 and table["per_seed"].nunique() == 1
+
+
+def smaller_words(smaller: Mapping, alpha: float, unit: str = "req/s") -> str:
+    """What would change a level answer: the same arms on less memory
+    (`hbench.advise._budget_probe`), in one sentence."""
+    d, label, share = smaller["decision"], smaller["budget"], smaller["share"]
+    where = f"with {label} for state ({share:g} of it)"
+    if smaller["level"] and d.best["capacity_req_s"] >= smaller["top_rate"]:
+        return (f"What would change that is beyond the rate grid: {where} every organization "
+                f"still holds the SLO at its top rate ({smaller['top_rate']:g} {unit}); pass "
+                "higher --rates to compare them.")
+    if smaller["level"]:
+        return (f"What would change that: not less memory either; {where} every organization "
+                f"still sustains {capacity_words(d.best, smaller['top_rate'], unit)}, level at "
+                "every seed, so for this model and traffic the layout does not decide.")
+    return (f"What would change that: less memory; {where} {_arm_words(d.best)} leads, "
+            f"sustaining {capacity_words(d.best, smaller['top_rate'], unit)}, "
+            f"{margin_words(d, alpha, unit)}.")
 
 
 def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alpha: float,
@@ -298,6 +338,167 @@ def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alph
     elif limit.kind == "memory" and d.runner_up is not None:
         out.append("More state memory, or an organization that packs state tighter, moves "
                    "this limit.")
+    if grid:
+        out.append(grid)
+    return out
+
+
+# ---- at one rate -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PointDecision:
+    """The best arm at one rate, the runner-up of another organization, and
+    the seed-paired ratio best / runner-up of ``metric`` (percent)."""
+
+    best: dict
+    runner_up: dict | None
+    metric: str
+    higher_is_better: bool
+    effect_pct: float = math.nan
+    ci_low_pct: float = math.nan
+    ci_high_pct: float = math.nan
+    p: float = math.nan
+    significant: bool = False
+    n: int = 0
+
+    @property
+    def level(self) -> bool:
+        return self.runner_up is not None and self.effect_pct == 0 \
+            and self.ci_low_pct == self.ci_high_pct == 0
+
+
+def point_metric(cells: pd.DataFrame, limits: Sequence[Limit]) -> tuple[str, bool]:
+    """(metric, higher is better) the arms are compared on at one rate:
+    throughput where some run's queue grew (its latency is not valid),
+    otherwise the SLO's first latency term."""
+    if "valid" in cells.columns and not cells["valid"].astype(bool).all():
+        return POINT_METRIC, True
+    return limits[0].key, False
+
+
+def point_table(cells: pd.DataFrame, metric: str, higher_is_better: bool) -> pd.DataFrame:
+    """One row per arm at one rate: its columns (`ARM_COLUMNS`), the mean of
+    ``metric`` and of throughput over seeds, and the seeds holding the SLO;
+    best first (every seed holding the SLO, then ``metric``, then an
+    organization a released engine serves)."""
+    keys = [c for c in ARM_COLUMNS if c in cells.columns]
+    rows = []
+    for arm, g in cells.groupby(keys, sort=False, dropna=False):
+        rows.append({**dict(zip(keys, arm, strict=True)), "rate": float(g["rate"].iloc[0]),
+                     "metric": metric, "value": float(g[metric].astype(float).mean()),
+                     "throughput": float(g[POINT_METRIC].astype(float).mean()),
+                     "seeds_held": int(g["meets"].sum()), "seeds": int(len(g))})
+    table = pd.DataFrame(rows)
+    table["_all"] = table["seeds_held"] < table["seeds"]
+    table["_value"] = -table["value"] if higher_is_better else table["value"]
+    table["_shipped"] = [0 if o in SHIPPED else 1 for o in table["org"]]
+    table = table.sort_values(["_all", "_value", "_shipped"], kind="stable")
+    return table.drop(columns=["_all", "_value", "_shipped"]).reset_index(drop=True)
+
+
+def decide_point(cells: pd.DataFrame, table: pd.DataFrame, higher_is_better: bool,
+                 alpha: float = 0.05) -> PointDecision:
+    """The best arm of ``table`` (`point_table`) against the best arm of
+    another organization: per seed best / runner-up of the table's metric,
+    summarized as the study's contrasts are (`analysis.stats.summarize_ratios`:
+    geometric mean ratio, log-t interval, t test on the log ratios)."""
+    best = table.iloc[0].to_dict()
+    metric = best["metric"]
+    higher = higher_is_better
+    others = table[table["org"] != best["org"]]
+    if others.empty:
+        return PointDecision(best, None, metric, higher)
+    runner = others.iloc[0].to_dict()
+
+    def per_seed(label):
+        g = cells[cells["arm"] == label]
+        return dict(zip(g["seed"].astype(int), g[metric].astype(float), strict=True))
+
+    ratios = stats.paired_ratios(per_seed(best["arm"]), per_seed(runner["arm"]))
+    if not ratios:
+        return PointDecision(best, runner, metric, higher)
+    r = np.array(list(ratios.values()), dtype=float)
+    if np.allclose(r, 1.0):
+        return PointDecision(best, runner, metric, higher, 0.0, 0.0, 0.0, math.nan, False, len(r))
+    summary = stats.summarize_ratios(r, alpha)
+    lo, hi = summary.ci
+    significant = bool(math.isfinite(summary.p)
+                       and stats.is_significant(summary.p, summary.ci, 1.0, alpha))
+    return PointDecision(best, runner, metric, higher, summary.effect_pct,
+                         stats.effect_pct(lo), stats.effect_pct(hi), summary.p, significant, len(r))
+
+
+def limit_at_point(cells: pd.DataFrame, arm: str, limits: Sequence[Limit],
+                   summary_of: Callable[[str], Mapping]) -> LimitFound:
+    """What limits ``arm`` at its one rate: the seeds that missed the SLO
+    vote as in `limit_found`; none missing it is ``held``."""
+    g = cells[(cells["arm"] == arm) & ~cells["meets"].astype(bool)]
+    if g.empty:
+        return LimitFound("held", rate=float(cells["rate"].iloc[0]))
+    votes, terms, parts = Counter(), Counter(), Counter()
+    for run_dir in g["run_dir"]:
+        kind, failed, p = limit_of_run(summary_of(str(run_dir)), limits)
+        votes[kind] += 1
+        terms.update(failed)
+        parts.update(p)
+    n = len(g)
+    return LimitFound(votes.most_common(1)[0][0], tuple(t for t, _ in terms.most_common()),
+                      dict(votes), {k: v / n for k, v in parts.items()}, float(g["rate"].iloc[0]))
+
+
+METRIC_WORDS = {POINT_METRIC: "throughput (output tokens/s, ledger timebase)"}
+
+
+def _metric_words(metric: str) -> str:
+    if metric in METRIC_WORDS:
+        return METRIC_WORDS[metric]
+    name, _, quantile = metric.removesuffix("_s").rpartition("_")
+    return f"{name.upper()} {quantile}"
+
+
+def point_margin_words(d: PointDecision, alpha: float) -> str:
+    """The best arm against the runner-up at one rate, in one clause."""
+    if d.runner_up is None:
+        return "it is the only organization searched"
+    other = d.runner_up["arm"]
+    what = _metric_words(d.metric)
+    if d.level:
+        return f"{other} serves exactly the same {what} at every seed: the organizations do not differ here"
+    if d.n < 2 or not math.isfinite(d.p):
+        return f"{d.effect_pct:+.2f}% {what} against {other} ({d.n} seed: no test)"
+    verdict = (f"significant (t test on log ratios p {d.p:.3g} < {alpha:g})" if d.significant
+               else "not significant at these seeds")
+    return (f"{d.effect_pct:+.2f}% {what} against {other} "
+            f"[{d.ci_low_pct:+.2f}%, {d.ci_high_pct:+.2f}%] over {d.n} paired seeds, {verdict}")
+
+
+def point_sentences(d: PointDecision, limit: LimitFound, *, slo: str, rate: float, alpha: float,
+                    setting: str, unit: str = "req/s", peak: tuple[float, float] | None = None,
+                    grid: str = "") -> list[str]:
+    """The answer at one rate, a few sentences: what to use there, by what
+    margin on which metric (and why that metric), whether the SLO held and
+    what limits it."""
+    best = d.best
+    why = ("some run's queue grew at this rate, so each arm's throughput is the rate it "
+           "sustains" if d.higher_is_better
+           else "every run kept up with the offered load, so throughput only echoes it and "
+                "latency is the difference")
+    held = f"{best['seeds_held']} of {best['seeds']} seeds held {slo}"
+    out = [f"{setting} at {rate:g} {unit}: use {_arm_words(best)}. "
+           f"It serves {best['throughput']:.1f} output tok/s"
+           + ("" if d.higher_is_better else f" with {_metric_words(d.metric)} "
+                                            f"{best['value']:.3g} s")
+           + f" ({held}); {point_margin_words(d, alpha)}.",
+           f"Compared on {_metric_words(d.metric)}: {why}."]
+    if limit.kind == "held":
+        out.append(f"The SLO held at {rate:g} {unit} at every seed.")
+    else:
+        clause = _limit_clause(limit, unit)
+        out.append(clause[0].upper() + clause[1:] + ".")
+    if peak is not None and peak[1] > 0:
+        out.append(f"At this rate the runs' peak state was {peak[0] / 1e9:.1f} GB of the "
+                   f"{peak[1] / 1e9:.1f} GB given ({peak[0] / peak[1]:.0%}).")
     if grid:
         out.append(grid)
     return out

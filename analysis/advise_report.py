@@ -1,5 +1,6 @@
-"""``hbench advise``'s report: the answer first, then each arm's capacity as a
-figure and a table, what to deploy and how to check it. One self-contained
+"""``hbench advise``'s report: the answer first, then each arm's capacity (or,
+at one rate, what each arm serves there) as a figure and a table, what to
+deploy and how to check it. One self-contained
 HTML file (figures inlined, as every hbench report) and a Markdown twin."""
 
 from __future__ import annotations
@@ -32,6 +33,29 @@ def capacity_figure(table: pd.DataFrame, top_rate: float) -> Figure:
     return fig
 
 
+def point_figure(table: pd.DataFrame) -> Figure:
+    """Each arm's compared metric at one rate (mean over seeds), best on top."""
+    fig = Figure(figsize=(7.5, 0.45 * len(table) + 1.4))
+    ax = fig.add_subplot()
+    rows = table.iloc[::-1]
+    y = range(len(rows))
+    ax.barh(list(y), rows["value"], color=[org_color(o) for o in rows["org"]])
+    ax.set_yticks(list(y), [f"{a} ({h}/{n} seeds held the SLO)" for a, h, n in
+                            zip(rows["arm"], rows["seeds_held"], rows["seeds"], strict=True)])
+    ax.set_xlabel(f"{table['metric'].iloc[0]} at {table['rate'].iloc[0]:g}, mean over seeds")
+    fig.tight_layout()
+    return fig
+
+
+#: (column, heading) of the arms' table, by mode.
+CAPACITY_COLUMNS = (("arm", "arm"), ("capacity_req_s", "capacity (mean over seeds)"),
+                    ("ci_low", "interval low"), ("ci_high", "interval high"),
+                    ("per_seed", "capacity per seed"))
+POINT_COLUMNS = (("arm", "arm"), ("value", "compared metric (mean over seeds)"),
+                 ("throughput", "output tok/s"), ("seeds_held", "seeds holding the SLO"),
+                 ("seeds", "seeds"))
+
+
 def _cell(v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return ""
@@ -41,10 +65,12 @@ def _cell(v) -> str:
 def advice_html(doc: dict, table: pd.DataFrame) -> str:
     asked = doc["asked"]
     answer = "".join(f"<p>{html.escape(s)}</p>" for s in doc["answer"])
-    fig = capacity_figure(table, max(asked["rates"]))
-    cols = ["arm", "capacity_req_s", "ci_low", "ci_high", "per_seed"]
-    names = ["arm", "capacity (mean over seeds)", "interval low", "interval high",
-             "capacity per seed"]
+    point = asked.get("at_rate") is not None
+    fig = point_figure(table) if point else capacity_figure(table, max(asked["rates"]))
+    columns = POINT_COLUMNS if point else CAPACITY_COLUMNS
+    cols = [c for c, _ in columns]
+    names = [n for _, n in columns]
+    section = f"Each arm at {asked['at_rate']:g}" if point else "Capacity of each arm"
     head = "".join(f"<th>{c}</th>" for c in names)
     body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>"
                    for r in doc["arms"])
@@ -54,7 +80,7 @@ def advice_html(doc: dict, table: pd.DataFrame) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
             f"<style>{STYLE}</style></head><body><h1>{title}</h1>"
             f"<h2>Answer</h2>{answer}"
-            f"<h2>Capacity of each arm</h2><figure><img alt='capacity per arm' "
+            f"<h2>{section}</h2><figure><img alt='each arm' "
             f"src='{png_data_uri(fig)}'></figure>"
             f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>"
             f"<h2>What to deploy</h2><ul>{deploy}</ul>"
@@ -65,11 +91,16 @@ def advice_html(doc: dict, table: pd.DataFrame) -> str:
 
 def advice_markdown(doc: dict) -> str:
     asked = doc["asked"]
-    lines = ["# hbench advise", "", *doc["answer"], "", "| arm | capacity req/s | interval | per seed |",
-             "|---|---|---|---|"]
-    for r in doc["arms"]:
-        lines.append(f"| {r['arm']} | {r['capacity_req_s']:.2f} | [{r['ci_low']:.2f}, "
-                     f"{r['ci_high']:.2f}] | {r['per_seed']} |")
+    lines = ["# hbench advise", "", *doc["answer"], ""]
+    if asked.get("at_rate") is not None:
+        lines += ["| arm | compared metric | output tok/s | seeds holding the SLO |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['arm']} | {r['value']:.4g} | {r['throughput']:.1f} | "
+                  f"{r['seeds_held']} of {r['seeds']} |" for r in doc["arms"]]
+    else:
+        lines += ["| arm | capacity req/s | interval | per seed |", "|---|---|---|---|"]
+        lines += [f"| {r['arm']} | {r['capacity_req_s']:.2f} | [{r['ci_low']:.2f}, "
+                  f"{r['ci_high']:.2f}] | {r['per_seed']} |" for r in doc["arms"]]
     lines += ["", "What to deploy:", "", *(f"- {x}" for x in doc["deploy"]), "",
               "Check it on your server:", "", *(f"- `{x}`" for x in doc["checks"]), "",
               f"{len(doc['cells'])} runs; seeds {asked['seeds']}, rates {asked['rates']} req/s; "

@@ -2,8 +2,8 @@
 grids, bounded by a time budget, then the answer.
 
 An **arm** is an organization with the settings that matter here: the
-running cap and, for the organizations with two pools, D0's split of the
-bytes. The search plans every arm before it runs one (`plan`), runs the
+running cap, the admission headroom, the checkpoint policy and, for the
+organizations with two pools, D0's split of the bytes. The search plans every arm before it runs one (`plan`), runs the
 arms in order, each as one capacity grid (rates x seeds, `hbench.capacity.
 search`: content-addressed sweep cells, so a repeated call reuses every
 finished cell), and stops between arms once the time budget is spent, with
@@ -12,7 +12,13 @@ cap and split, so an answer exists early. When the best arm is held back by
 its running cap, the search then tries the two leading organizations (all
 of them when they are level) at twice the cap, which says what a larger cap
 would buy; when the best arm holds the SLO at the grid's top rate, the grid
-is widened once (`EXTEND_RATES`).
+is widened once (`EXTEND_RATES`). When every organization is level at the
+best arm's cap, they run again on a half, then a quarter of the memory
+(`SMALLER_BUDGETS`) until they differ: what would make the layout matter.
+Given one rate (``Search.at_rate``: the
+user's traffic), each arm runs at that rate only and the answer compares
+what the arms serve there (`analysis.advise.decide_point`), as the study's
+designs compare organizations at a working point.
 
 `advise` returns an `Advice`: the arms' table, the decision and the limit
 (`analysis.advise`), and what to deploy (`adapters.deploy`).
@@ -34,22 +40,45 @@ SPLIT_ORGS = ("d0", "e0")
 
 @dataclass(frozen=True)
 class Arm:
-    """An organization with its settings."""
+    """An organization with its settings; a setting left None is every run's
+    own (``Search.base``)."""
 
     org: str
     cap: int
     d0_attn_fraction: float | None = None   # None: the organization has one pool
+    headroom: float | None = None
+    ckpt: str | None = None                 # "PUBLISH/EVICT", `parse_ckpt_policy`
 
     @property
     def label(self) -> str:
         split = "" if self.d0_attn_fraction is None else f" split {self.d0_attn_fraction:g}"
-        return f"{self.org} cap {self.cap}{split}"
+        headroom = "" if self.headroom is None else f" f {self.headroom:g}"
+        ckpt = "" if self.ckpt is None else f" ckpt {self.ckpt}"
+        return f"{self.org} cap {self.cap}{split}{headroom}{ckpt}"
 
     def fields(self) -> dict:
         out = {"org": self.org, "cap": self.cap}
         if self.d0_attn_fraction is not None:
             out["d0_attn_fraction"] = self.d0_attn_fraction
+        if self.headroom is not None:
+            out["headroom"] = self.headroom
+        if self.ckpt is not None:
+            out["ckpt_publish"], out["ckpt_evict"] = self.ckpt.split("/")
         return out
+
+
+def parse_ckpt_policy(text: str) -> str:
+    """``PUBLISH[/EVICT]`` (``marconi``, ``every/utility``) -> ``PUBLISH/EVICT``
+    with the default eviction (lru) filled in; unknown names are refused."""
+    from harness.orgs.evict_policy import EVICT_POLICIES
+    from harness.orgs.publish_policy import PUBLISH_POLICIES
+
+    publish, _, evict = text.strip().partition("/")
+    evict = evict or "lru"
+    if publish not in PUBLISH_POLICIES or evict not in EVICT_POLICIES:
+        raise HbenchError(f"--ckpt-policies {text!r}: give PUBLISH[/EVICT], PUBLISH one of "
+                          f"{', '.join(PUBLISH_POLICIES)}, EVICT one of {', '.join(EVICT_POLICIES)}")
+    return f"{publish}/{evict}"
 
 
 @dataclass(frozen=True)
@@ -64,23 +93,33 @@ class Search:
     limits: tuple
     base: dict                      # every run's other RunConfig fields (budget, model, gpu, ...)
     alpha: float = 0.05
+    headrooms: tuple[float | None, ...] = (None,)   # None: every run's own (base)
+    ckpts: tuple[str | None, ...] = (None,)
+    at_rate: float | None = None    # one rate: compare the arms there (module docstring)
 
     def arms(self) -> list[Arm]:
-        """Every planned arm, the first cap and split of every organization first."""
+        """Every planned arm, the first setting of each axis for every
+        organization first (so an answer exists early)."""
         def splits(org):
             return self.fractions if org in SPLIT_ORGS else (None,)
 
-        every = [Arm(org, cap, frac) for cap in self.caps for org in self.orgs
+        every = [Arm(org, cap, frac, headroom, ckpt) for cap in self.caps
+                 for headroom in self.headrooms for ckpt in self.ckpts for org in self.orgs
                  for frac in splits(org)]
-        first = [a for a in every if a.cap == self.caps[0]
-                 and a.d0_attn_fraction in (None, self.fractions[0])]
+        first = [a for a in every if a.cap == self.caps[0] and a.headroom == self.headrooms[0]
+                 and a.ckpt == self.ckpts[0] and a.d0_attn_fraction in (None, self.fractions[0])]
         return first + [a for a in every if a not in first]
+
+    @property
+    def grid_rates(self) -> tuple[float, ...]:
+        return (self.at_rate,) if self.at_rate is not None else tuple(self.rates)
 
     def grid(self, arm: Arm) -> tuple[list, list, list, list, dict]:
         """``arm``'s capacity grid as `hbench.capacity`'s arguments: orgs,
         budgets, rates, seeds and every run's other fields."""
         base = {**self.base, **arm.fields()}
-        return [base.pop("org")], [base.pop("budget")], list(self.rates), list(self.seeds), base
+        return [base.pop("org")], [base.pop("budget")], list(self.grid_rates), \
+            list(self.seeds), base
 
     def configs(self, arm: Arm) -> list:
         from hbench.capacity import capacity_configs
@@ -106,6 +145,9 @@ class Advice:
     #: (table, decision, limit) at the first cap, when the cap limited it and a
     #: larger one was tried
     first: tuple | None = None
+    #: when every organization was level: the same arms on less memory
+    #: (`_budget_probe`)
+    smaller: dict | None = None
 
 
 def parse_duration(text: str | None) -> float | None:
@@ -159,47 +201,63 @@ def seconds_per_cell(search: Search) -> float:
 
 
 def _run_arm(search: Search, arm: Arm, out: Path, jobs: int):
+    from analysis.advise import POINT_METRIC
     from hbench.capacity import search as capacity_search
 
     orgs, budgets, rates, seeds, base = search.grid(arm)
     cells = capacity_search(orgs, budgets, rates, seeds, search.limits, out, base, jobs=jobs)
+    cfg = search.configs(arm)[0]            # the settings every run of the arm has
     cells["arm"] = arm.label
     cells["cap"] = arm.cap
     cells["d0_attn_fraction"] = arm.d0_attn_fraction if arm.d0_attn_fraction is not None \
         else math.nan
+    cells["headroom"] = float(cfg.headroom)
+    cells["ckpt"] = f"{cfg.ckpt_publish}/{cfg.ckpt_evict}"
+    if search.at_rate is not None:
+        from harness.results import read_run
+
+        cells[POINT_METRIC] = [read_run(Path(d)).summary.get(POINT_METRIC)
+                               for d in cells["run_dir"]]
     return cells
 
 
 def _evaluate(search: Search, frames: dict):
-    """(cells, arm table, decision, limit) over every arm run so far."""
+    """(cells, arm table, decision, limit) over every arm run so far: capacities
+    on a rate grid, or the arms compared at ``search.at_rate``."""
     import pandas as pd
 
     from analysis import advise as A
     from harness.results import read_run
 
+    def summary_of(run_dir):
+        return read_run(Path(run_dir)).summary
+
     cells = pd.concat(list(frames.values()), ignore_index=True)
+    if search.at_rate is not None:
+        metric, higher = A.point_metric(cells, search.limits)
+        table = A.point_table(cells, metric, higher)
+        decision = A.decide_point(cells, table, higher, search.alpha)
+        limit = A.limit_at_point(cells, decision.best["arm"], search.limits, summary_of)
+        return cells, table, decision, limit
     table = A.arm_table(cells, search.alpha)
     decision = A.decide(cells, table, search.alpha)
-    limit = A.limit_found(cells, decision.best["arm"], search.limits,
-                          lambda run_dir: read_run(Path(run_dir)).summary)
+    limit = A.limit_found(cells, decision.best["arm"], search.limits, summary_of)
     return cells, table, decision, limit
 
 
 def cap_probe_arms(table, done: Sequence[Arm]) -> list[Arm]:
     """The two leading organizations (every one, when all are level: none
-    leads) at twice the best arm's cap, each with its best arm's split
-    (those not run yet)."""
+    leads) at twice the best arm's cap, each with its best arm's other
+    settings (those not run yet)."""
     from analysis.advise import all_level
 
     cap = int(table.iloc[0]["cap"]) * 2
-    labels = {a.label for a in done}
+    by_label = {a.label: a for a in done}
     orgs = list(dict.fromkeys(table["org"]))
     arms = []
     for org in orgs if all_level(table) else orgs[:2]:
-        frac = table[table["org"] == org].iloc[0].get("d0_attn_fraction")
-        split = None if frac is None or math.isnan(float(frac)) else float(frac)
-        arm = Arm(org, cap, split)
-        if arm.label not in labels:
+        arm = replace(by_label[table[table["org"] == org].iloc[0]["arm"]], cap=cap)
+        if arm.label not in by_label:
             arms.append(arm)
     return arms
 
@@ -220,16 +278,18 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
     stopped = None
     steps = [0]
 
-    def run_arms(current: Search, arms: Sequence[Arm], total: int) -> bool:
-        """Run ``arms`` on ``current``'s grid; False once the time budget stops it."""
+    def run_arms(current: Search, arms: Sequence[Arm], total: int, into: dict | None = None) -> bool:
+        """Run ``arms`` on ``current``'s grid into ``into`` (the main frames
+        unless given); False once the time budget stops it."""
         nonlocal stopped
+        into = frames if into is None else into
         for arm in arms:
             if frames and time_budget_s is not None and time.monotonic() - start >= time_budget_s:
                 stopped = f"the time budget was spent after {steps[0]} arm grids of {total}"
                 return False
             if on_arm:
                 on_arm(steps[0], total, arm)
-            frames[arm.label] = (arm, _run_arm(current, arm, out, jobs))
+            into[arm.label] = (arm, _run_arm(current, arm, out, jobs))
             steps[0] += 1
         return True
 
@@ -239,13 +299,14 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
     run_arms(search, planned, len(planned))
     cells, table, decision, limit = evaluate(search)
     first, probe = None, {}
-    if limit.kind == "cap" and stopped is None:
+    point = search.at_rate is not None      # one rate: no cap probe, no wider grid
+    if limit.kind == "cap" and stopped is None and not point:
         arms = cap_probe_arms(table, [a for a, _ in frames.values()])
         first = (table, decision, limit)
         if run_arms(search, arms, len(planned) + len(arms)) and arms:
             cells, table, decision, limit = evaluate(search)
             probe = {"cap": arms[0].cap, "arms": [a.label for a in arms]}
-    if decision.at_top and stopped is None:
+    if not point and decision.at_top and stopped is None:
         top = max(search.rates)
         wider = replace(search, rates=tuple(search.rates) + tuple(top * m for m in EXTEND_RATES))
         arms, saved = [a for a, _ in frames.values()], dict(frames)
@@ -255,6 +316,51 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
         else:                      # a half-widened grid would compare arms unevenly
             frames.clear()
             frames.update(saved)
+    smaller = None
+    if not point and stopped is None and level_at_best_cap(table, decision):
+        smaller = _budget_probe(search, table, decision, frames, cells,
+                                lambda s, arms, into: run_arms(s, arms, steps[0] + len(arms), into))
     cfg = search.configs(frames[decision.best["arm"]][0])[0]   # typed as its runs were
     return Advice(search, cells, table, decision, limit, [a for a, _ in frames.values()],
-                  planned, stopped, probe, deployments(cfg), check_commands(cfg), first)
+                  planned, stopped, probe, deployments(cfg), check_commands(cfg), first,
+                  smaller)
+
+
+#: When every organization is level, the search tries them again with these
+#: shares of the memory for state, in order, until they differ.
+SMALLER_BUDGETS = (0.5, 0.25)
+
+
+def level_at_best_cap(table, decision) -> bool:
+    """Every arm at the best arm's cap has its capacity at every seed."""
+    from analysis.advise import all_level
+
+    return all_level(table[table["cap"] == decision.best["cap"]])
+
+
+def _budget_probe(search: Search, table, decision, frames: dict, cells, run) -> dict | None:
+    """The level organizations at the best arm's cap run again on a half, then
+    a quarter of the bytes for state, until they differ: what would change a
+    level answer. Returns {"budget", "share", "table", "decision", "level"} of
+    the last budget tried, or None when the time budget stopped it."""
+    from harness.results import read_run
+
+    best_cap = decision.best["cap"]
+    arms = [a for a, _ in frames.values()
+            if a.cap == best_cap and a.label in set(table["arm"])]
+    run_dir = cells[cells["arm"] == decision.best["arm"]]["run_dir"].iloc[0]
+    given = float(read_run(Path(run_dir)).manifest["budget"]["allocated_whole_model_bytes"])
+    found = None
+    for share in SMALLER_BUDGETS:
+        label = f"{given * share / 2**30:.2f}GiB"
+        smaller = replace(search, base={**search.base, "budget": label})
+        into: dict = {}
+        if not run(smaller, arms, into):
+            return found
+        part = _evaluate(smaller, {k: f for k, (_, f) in into.items()})
+        _, t, d, _ = part
+        found = {"budget": label, "share": share, "table": t, "decision": d,
+                 "level": level_at_best_cap(t, d), "top_rate": max(smaller.rates)}
+        if not found["level"]:
+            break
+    return found

@@ -32,6 +32,16 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+def _headrooms(text: str) -> tuple[float, ...]:
+    from common.numbers import parse_float
+
+    values = tuple(dict.fromkeys(parse_float(x, "--headrooms", finite=True)
+                                 for x in _list(text, "headrooms")))
+    if not all(0 <= v < 1 for v in values):
+        raise HbenchError(f"--headrooms must all be in [0, 1), got {text!r}")
+    return values
+
+
 def _fractions(text: str) -> tuple[float, ...]:
     from common.numbers import parse_float
 
@@ -67,6 +77,16 @@ def _fractions(text: str) -> tuple[float, ...]:
               help="Running caps to search (vLLM max-num-seqs, SGLang max-running-requests).")
 @click.option("--d0-attn-fractions", default="0.5", show_default=True,
               help="D0/E0: shares of the bytes for attention to search.")
+@click.option("--headrooms", default=None,
+              help="Admission headrooms f to search, e.g. 0,0.19 (a fraction of the pages kept "
+                   "free at admission) [default: every run's own, 0].")
+@click.option("--ckpt-policies", default=None,
+              help="Checkpoint policies to search, PUBLISH[/EVICT] comma list, e.g. "
+                   "every,marconi,every/utility [default: every/lru, the study's].")
+@click.option("--at-rate", type=FLOAT, default=None,
+              help="Your traffic's rate: run every arm at this one rate and compare what they "
+                   "serve there (throughput when a queue grows, else the SLO's latency), as the "
+                   "study compares organizations at a working point; no capacity search.")
 @click.option("--seeds", default="1-3", show_default=True, help="Paired seeds, e.g. 1-3.")
 @click.option("--requests", type=INT, default=DEFAULT_REQUESTS, show_default=True,
               help="Requests (sessions for multiturn) per run.")
@@ -87,7 +107,7 @@ def _fractions(text: str) -> tuple[float, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print advise.json instead of sentences.")
 @click.pass_context
 def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs, caps,
-           d0_attn_fractions, seeds, requests, extra, time_budget, dry_run, alpha, out, jobs,
+           d0_attn_fractions, headrooms, ckpt_policies, at_rate, seeds, requests, extra, time_budget, dry_run, alpha, out, jobs,
            as_json):
     """Which organization and settings to use for a model, GPU, memory and traffic.
 
@@ -107,16 +127,29 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
     it or come closest. When the cap limits, the two leading organizations
     (all, when they are level) are also tried at twice the cap; when nothing
     fails at the top rate, the rate grid is widened once.
+
+    With --at-rate the arms run at that rate only and the answer compares
+    them there by the seed-paired ratio: on throughput when some run's queue
+    grew (the rate each sustains), otherwise on the SLO's latency.
     """
     from analysis.capacity import parse_slo
     from harness.grid import parse_values
-    from hbench.advise import Search, check, parse_duration, pending_cells, seconds_per_cell
+    from hbench.advise import (
+        Search,
+        check,
+        parse_ckpt_policy,
+        parse_duration,
+        pending_cells,
+        seconds_per_cell,
+    )
     from hbench.flag_once import set_fields
     from hbench.flag_rules import check_flags, typed_flags
     from hbench.paths import check_writable_dir
 
     if not 0 < alpha < 1:
         raise HbenchError(f"--alpha must be in (0, 1), got {alpha}")
+    if at_rate is not None and not (math.isfinite(at_rate) and at_rate > 0):
+        raise HbenchError(f"--at-rate must be > 0 req/s, got {at_rate}")
     limits = parse_slo(slo)
     budget_seconds = parse_duration(time_budget)
     base = {"model": model, "gpu": gpu, "budget": budget, "workload_kind": workload_kind,
@@ -129,10 +162,21 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
     given = {k: v for k, v in typed_flags(ctx).items() if k != "extra"}
     for name, value in set_fields(extra, given).items():
         base[name] = value
+    for flag, fields in (("--headrooms", ("headroom",)),
+                         ("--ckpt-policies", ("ckpt_publish", "ckpt_evict"))):
+        named = [f for f in fields if f in base]
+        if named and (headrooms if flag == "--headrooms" else ckpt_policies):
+            raise HbenchError(f"{flag} searches {' and '.join(fields)}; drop --set "
+                              f"{named[0]}=... (or drop {flag})")
     org_list = tuple(_list(orgs, "orgs")) if orgs else _default_orgs(base)
     search = Search(org_list, _ints(caps, "caps"), _fractions(d0_attn_fractions),
                     tuple(_rates(rates)), tuple(int(s) for s in parse_values("seed", seeds)),
-                    limits, base, alpha)
+                    limits, base, alpha,
+                    headrooms=_headrooms(headrooms) if headrooms else (None,),
+                    ckpts=tuple(dict.fromkeys(parse_ckpt_policy(x)
+                                              for x in _list(ckpt_policies, "ckpt-policies")))
+                    if ckpt_policies else (None,),
+                    at_rate=at_rate)
     check(search)
     check_flags({k: v for k, v in given.items() if k in ("model", "gpu", "budget")},
                 [cfg for arm in search.arms()[:1] for cfg in search.configs(arm)[:1]])
@@ -141,13 +185,14 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
     todo, done = pending_cells(search, out, arms)
     if dry_run:
         per = seconds_per_cell(search) if todo else 0.0
-        click.echo(f"{len(arms)} arms x {len(search.rates)} rates x {len(search.seeds)} seeds = "
+        click.echo(f"{len(arms)} arms x {len(search.grid_rates)} rates x {len(search.seeds)} seeds = "
                    f"{todo + done} cells under {out} ({done} already there)")
         for arm in arms:
             click.echo(f"  {arm.label}")
+        follow = "" if at_rate is not None else \
+            " (a run at twice the cap may follow when the cap limits)"
         click.echo(f"one cell took {per:.1f} s here: about {_minutes(todo * per / max(jobs, 1))} "
-                   f"for the {todo} to run with --jobs {jobs} (a run at twice the cap may follow "
-                   "when the cap limits)")
+                   f"for the {todo} to run with --jobs {jobs}{follow}")
         return
     from hbench.advise import advise as run_advise
     from hbench.progress import progress_bar
@@ -192,26 +237,22 @@ def _minutes(seconds: float) -> str:
 
 def write_advice(result, out: Path, slo: str) -> dict:
     """advise.json, advise.md and report.html from an `hbench.advise.Advice`."""
-    from analysis.advise import sentences
     from analysis.advise_report import advice_html, advice_markdown
     from common.atomic import atomic_write_text
 
     search = result.search
     doc = {
         "asked": {k: v for k, v in search.base.items()} | {
-            "slo": slo, "rates": list(search.rates), "seeds": list(search.seeds),
+            "slo": slo, "rates": list(search.grid_rates), "seeds": list(search.seeds),
             "orgs": list(search.orgs), "caps": list(search.caps),
-            "d0_attn_fractions": list(search.fractions)},
-        "answer": sentences(result.decision, result.limit, slo=slo,
-                            top_rate=max(search.rates), alpha=search.alpha,
-                            setting=_setting(search.base), unit=_unit(search.base),
-                            first=result.first, peak=_peak(result), grid=_grid_words(result),
-                            level=_level(result)),
+            "d0_attn_fractions": list(search.fractions),
+            "headrooms": [h for h in search.headrooms if h is not None],
+            "ckpt_policies": [c for c in search.ckpts if c is not None],
+            "at_rate": search.at_rate},
+        "answer": _answer(result, slo),
         "best": _clean(result.decision.best),
         "runner_up": _clean(result.decision.runner_up),
-        "margin": {"diff_req_s": result.decision.diff, "ci_low": result.decision.ci_low,
-                   "ci_high": result.decision.ci_high, "p": result.decision.p,
-                   "significant": result.decision.significant},
+        "margin": _margin(result.decision),
         "limit": {"kind": result.limit.kind, "words": result.limit.words,
                   "failed_terms": list(result.limit.failed_terms),
                   "votes": dict(result.limit.votes), "ttft_parts_s": dict(result.limit.parts_s),
@@ -221,6 +262,10 @@ def write_advice(result, out: Path, slo: str) -> dict:
         "arms_planned": [a.label for a in result.arms_planned],
         "stopped": result.stopped,
         "probe": result.probe,
+        "smaller_budget": None if result.smaller is None else {
+            "budget": result.smaller["budget"], "share": result.smaller["share"],
+            "level": result.smaller["level"],
+            "arms": [_clean(r) for r in result.smaller["table"].to_dict("records")]},
         "deploy": [d.line() for d in result.deploy],
         "checks": result.checks,
         "cells": [_clean(r) for r in result.cells.drop(columns=["run_dir"]).to_dict("records")],
@@ -234,18 +279,41 @@ def write_advice(result, out: Path, slo: str) -> dict:
     return doc
 
 
+def _answer(result, slo: str) -> list[str]:
+    from analysis.advise import point_sentences, sentences
+
+    search = result.search
+    common = {"slo": slo, "alpha": search.alpha, "setting": _setting(search.base),
+              "unit": _unit(search.base), "peak": _peak(result), "grid": _grid_words(result)}
+    if search.at_rate is not None:
+        return point_sentences(result.decision, result.limit, rate=search.at_rate, **common)
+    from analysis.advise import smaller_words
+    from hbench.advise import level_at_best_cap
+
+    out = sentences(result.decision, result.limit, top_rate=max(search.rates),
+                    first=result.first, level=level_at_best_cap(result.table, result.decision),
+                    **common)
+    if result.smaller is not None:
+        out.insert(-1 if common["grid"] else len(out),
+                   smaller_words(result.smaller, search.alpha, common["unit"]))
+    return out
+
+
+def _margin(d) -> dict:
+    """The best arm against the runner-up: a capacity difference in req/s, or
+    at one rate the ratio of the compared metric in percent."""
+    if hasattr(d, "effect_pct"):
+        return {"metric": d.metric, "effect_pct": d.effect_pct, "ci_low_pct": d.ci_low_pct,
+                "ci_high_pct": d.ci_high_pct, "p": d.p, "significant": d.significant,
+                "seeds": d.n}
+    return {"diff_req_s": d.diff, "ci_low": d.ci_low, "ci_high": d.ci_high, "p": d.p,
+            "significant": d.significant}
+
+
 def _clean(row):
     if row is None:
         return None
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
-
-
-def _level(result) -> bool:
-    """Every arm at the best arm's cap has its capacity at every seed."""
-    from analysis.advise import all_level
-
-    table = result.table
-    return all_level(table[table["cap"] == result.decision.best["cap"]])
 
 
 def _unit(base: dict) -> str:
@@ -259,14 +327,19 @@ def _setting(base: dict) -> str:
 
 
 def _peak(result) -> tuple[float, float] | None:
-    """(peak state bytes, bytes given) of the best arm's runs at each seed's capacity."""
+    """(peak state bytes, bytes given) of the best arm's runs at each seed's
+    capacity (at its one rate, with --at-rate)."""
     from analysis.advise import runs_at_capacity, state_peak_bytes
     from harness.results import read_run
 
-    runs = [read_run(Path(d)) for d in runs_at_capacity(result.cells, result.decision.best["arm"])]
+    best = result.decision.best["arm"]
+    cells = result.cells
+    dirs = (list(cells[cells["arm"] == best]["run_dir"]) if result.search.at_rate is not None
+            else runs_at_capacity(cells, best))
+    runs = [read_run(Path(d)) for d in dirs]
     if not runs:
         return None
-    return (max(state_peak_bytes(r.summary) for r in runs),
+    return (max(state_peak_bytes(r.summary, r.manifest.get("weights_bytes", 0)) for r in runs),
             max(float(r.manifest["budget"]["allocated_whole_model_bytes"]) for r in runs))
 
 

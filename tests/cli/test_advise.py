@@ -103,6 +103,47 @@ def test_a_hand_written_hybrid_config_is_advised_too(tmp_path):
     assert "For nemotron_h.json on a100-pcie-40gb with 4GiB for state" in done.output
 
 
+def test_level_organizations_are_tried_on_less_memory_to_say_what_would_change_that(tmp_path):
+    out = tmp_path / "adv"
+    done = advise("--gpu", "h100-sxm", "--budget", "55GiB", "--orgs", "s2,d0", "--requests", "24",
+                  "--seeds", "1", "--rates", "1,2", "--out", str(out))
+    assert done.exit_code == 0, done.output
+    doc = json.loads((out / "advise.json").read_text())
+    smaller = doc["smaller_budget"]
+    assert smaller["share"] in (0.5, 0.25) and smaller["budget"].endswith("GiB")
+    assert {a["org"] for a in smaller["arms"]} == {"s2", "d0"}
+    from harness.results import read_run
+
+    budgets = {read_run(p.parent).manifest["config"]["budget"]
+               for p in out.glob("*/manifest.json")}
+    assert smaller["budget"] in budgets and "55GiB" in budgets
+    assert "What would change that" in done.output
+
+
+def test_at_one_rate_the_arms_are_compared_there_with_their_searched_settings(tmp_path):
+    out = tmp_path / "adv"
+    done = advise("--requests", "24", "--seeds", "1-2", "--orgs", "s2,d0", "--budget", "b20",
+                  "--at-rate", "3", "--headrooms", "0,0.19", "--ckpt-policies", "every,marconi",
+                  "--out", str(out))
+    assert done.exit_code == 0, done.output
+    doc = json.loads((out / "advise.json").read_text())
+    assert {c["rate"] for c in doc["cells"]} == {3.0}
+    assert len(doc["arms"]) == 2 * 2 * 2 and len(doc["cells"]) == 2 * 2 * 2 * 2
+    from harness.results import read_run
+
+    configs = {(c["arm"], read_run(out / c["run_id"]).manifest["config"]["headroom"],
+                read_run(out / c["run_id"]).manifest["config"]["ckpt_publish"])
+               for c in doc["cells"]}
+    assert {(h, p) for _, h, p in configs} == {(0.0, "every"), (0.19, "every"),
+                                               (0.0, "marconi"), (0.19, "marconi")}
+    best = doc["best"]
+    assert doc["margin"]["metric"] in ("throughput_ledger_tok_s", "ttft_p99_s")
+    assert f"at 3 req/s: use {best['org'].upper()} with a running cap of 63" in done.output
+    assert "Compared on " in done.output and "paired seeds" in done.output
+    assert "<h2>Each arm at 3</h2>" in (out / "report.html").read_text()
+    assert "seeds holding the SLO" in (out / "advise.md").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--orgs", "s9"], "s9"),
     (["--caps", "0"], "--caps must all be >= 1"),
@@ -112,6 +153,11 @@ def test_a_hand_written_hybrid_config_is_advised_too(tmp_path):
     (["--slo", "ttft<=2s"], "ttft<=2s"),
     (["--budget", "b0"], "b0"),
     (["--set", "bogus=1"], "unknown grid key 'bogus'"),
+    (["--at-rate", "0"], "--at-rate must be > 0"),
+    (["--at-rate", "nan"], "--at-rate"),
+    (["--headrooms", "0,1.5"], "--headrooms must all be in [0, 1)"),
+    (["--ckpt-policies", "often"], "--ckpt-policies 'often'"),
+    (["--headrooms", "0,0.1", "--set", "headroom=0.2"], "drop --set headroom"),
 ])
 def test_bad_input_is_one_error_line_before_any_work(tmp_path, args, message):
     out = tmp_path / "adv"

@@ -130,3 +130,90 @@ def test_among_equal_capacities_an_organization_an_engine_ships_comes_first():
                                 alpha=0.05, setting="For m", level=True))
     assert "use S1 with a running cap of 63: every organization tried" in text
     assert "released engine" not in text
+
+
+def point_cells(arms: dict[tuple, dict[int, tuple[float, bool]]], *, valid=False,
+                rate=3.0) -> pd.DataFrame:
+    """arm (label, org) -> seed -> (throughput, SLO held) at one rate."""
+    rows = []
+    for (label, org), per_seed in arms.items():
+        for seed, (tok_s, held) in per_seed.items():
+            rows.append({"arm": label, "org": org, "cap": 63, "rate": rate, "seed": seed,
+                         "meets": held, "valid": valid, A.POINT_METRIC: tok_s,
+                         "ttft_p99_s": 10.0 / tok_s, "run_dir": f"{label}/{seed}"})
+    return pd.DataFrame(rows)
+
+
+def test_at_one_rate_a_growing_queue_compares_throughput_by_the_paired_ratio():
+    c = point_cells({("s2", "s2"): {1: (400.0, False), 2: (500.0, False)},
+                     ("d0", "d0"): {1: (420.0, False), 2: (525.0, False)}})
+    metric, higher = A.point_metric(c, SLO)
+    assert (metric, higher) == (A.POINT_METRIC, True)
+    table = A.point_table(c, metric, higher)
+    assert list(table["arm"]) == ["d0", "s2"]
+    d = A.decide_point(c, table, higher)
+    # both seeds 5 % ahead: geometric mean ratio 1.05, no spread
+    assert d.effect_pct == pytest.approx(5.0) and d.n == 2 and not d.level
+    assert "+5.00% throughput" in A.point_margin_words(d, 0.05)
+
+
+def test_at_one_rate_a_steady_state_compares_the_slos_latency_lower_first():
+    c = point_cells({("s2", "s2"): {1: (400.0, True), 2: (500.0, True)},
+                     ("d0", "d0"): {1: (380.0, True), 2: (450.0, True)}}, valid=True)
+    metric, higher = A.point_metric(c, SLO)
+    assert (metric, higher) == ("ttft_p99_s", False)
+    table = A.point_table(c, metric, higher)
+    assert table.iloc[0]["arm"] == "s2"         # the lower TTFT (10/400 < 10/380)
+    d = A.decide_point(c, table, higher)
+    assert d.effect_pct < 0                      # best / runner-up latency, below 1
+    ratios = [(10 / 400) / (10 / 380), (10 / 500) / (10 / 450)]
+    assert d.effect_pct == pytest.approx((math.prod(ratios) ** 0.5 - 1) * 100)
+
+
+def test_at_one_rate_an_arm_holding_the_slo_ranks_before_a_faster_one_that_misses_it():
+    c = point_cells({("s2", "s2"): {1: (600.0, False), 2: (600.0, True)},
+                     ("s0", "s0"): {1: (300.0, True), 2: (300.0, True)}})
+    table = A.point_table(c, A.POINT_METRIC, True)
+    assert list(table["arm"]) == ["s0", "s2"]
+    assert A.limit_at_point(c, "s0", SLO, lambda d: pytest.fail(d)).kind == "held"
+    found = A.limit_at_point(c, "s2", SLO,
+                             lambda d: summary(3.0, {"wait_memory": 2.5, "prefill": 0.2}))
+    assert found.kind == "memory" and found.votes == {"memory": 1} and found.rate == 3.0
+
+
+def test_equal_throughput_at_every_seed_is_level():
+    c = point_cells({("s2", "s2"): {1: (400.0, False), 2: (500.0, False)},
+                     ("d0", "d0"): {1: (400.0, False), 2: (500.0, False)}})
+    d = A.decide_point(c, A.point_table(c, A.POINT_METRIC, True), True)
+    assert d.level and "do not differ" in A.point_margin_words(d, 0.05)
+
+
+def test_peak_state_is_the_peak_total_less_the_weights_not_a_sum_of_kinds():
+    # kinds peak at different moments: 3 + 2 GB would overstate a 4 GB state peak
+    s = {"peak_mem_total_bytes": 18e9, "peak_mem_attention_bytes": 3e9,
+         "peak_mem_ssm_bytes": 2e9}
+    assert A.state_peak_bytes(s, 14e9) == pytest.approx(4e9)
+    assert math.isnan(A.state_peak_bytes({}, 14e9))
+
+
+def test_the_arm_words_name_a_headroom_and_a_checkpoint_policy_away_from_the_default():
+    row = {"org": "s2", "cap": 63, "headroom": 0.19, "ckpt": "marconi/utility"}
+    assert A._arm_words(row) == ("S2 with a running cap of 63, admission headroom 0.19, "
+                                 "checkpoints marconi/utility")
+    assert A._arm_words({**row, "headroom": 0.0, "ckpt": A.DEFAULT_CKPT}) == \
+        "S2 with a running cap of 63"
+
+
+def test_what_would_change_a_level_answer_is_said_from_the_smaller_budget():
+    c = cells({S2: {1: 2, 2: 2}, D0: {1: 1, 2: 1}})
+    smaller = {"decision": A.decide(c, A.arm_table(c)), "budget": "27.50GiB", "share": 0.5,
+               "level": False, "top_rate": 4.0}
+    text = A.smaller_words(smaller, 0.05)
+    assert text.startswith("What would change that: less memory; with 27.50GiB for state "
+                           "(0.5 of it) S2 with a running cap of 63 leads, sustaining 2.00 req/s")
+    assert "ahead of d0 cap 63 split 0.5 by +1.00 req/s at every seed" in text
+    c = cells({S2: {1: 2, 2: 4}, D0: {1: 2, 2: 4}})
+    level = {**smaller, "decision": A.decide(c, A.arm_table(c)), "level": True, "share": 0.25}
+    assert "not less memory either" in A.smaller_words(level, 0.05)
+    at_top = {**level, "top_rate": 3.0}
+    assert "beyond the rate grid" in A.smaller_words(at_top, 0.05)
