@@ -269,6 +269,21 @@ def _limit_clause(limit: LimitFound, unit: str) -> str:
             + (f" (TTFT parts: {parts})" if parts else ""))
 
 
+def _limit_and_peak(limit: LimitFound, unit: str, peak: tuple[float, float] | None, where: str,
+                    held: str) -> list[str]:
+    """What limits the best arm (``held`` when nothing did) and its runs'
+    peak state at ``where``, as sentences."""
+    if limit.kind in ("grid", "held"):
+        out = [held]
+    else:
+        clause = _limit_clause(limit, unit)
+        out = [clause[0].upper() + clause[1:] + "."]
+    if peak is not None and peak[1] > 0:
+        out.append(f"At {where} the runs' peak state was {peak[0] / 1e9:.1f} GB of the "
+                   f"{peak[1] / 1e9:.1f} GB given ({peak[0] / peak[1]:.0%}).")
+    return out
+
+
 def all_level(table: pd.DataFrame) -> bool:
     """Every arm of ``table`` has the same capacity at every seed."""
     return len(table) > 1 and table["per_seed"].nunique() == 1
@@ -323,15 +338,9 @@ def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alph
     else:
         out.append(f"{lead} {_arm_words(best)}. It sustains {capacity_words(best, top_rate, unit)}"
                    f" within {slo}; {margin_words(d, alpha, unit)}.")
-    if limit.kind == "grid":
-        out.append(f"Every capacity reached the top of the rate grid ({top_rate:g} {unit}): "
-                   "no limit was found inside it; pass higher --rates to find where it stops.")
-    else:
-        clause = _limit_clause(limit, unit)
-        out.append(clause[0].upper() + clause[1:] + ".")
-    if peak is not None and peak[1] > 0:
-        out.append(f"At its capacity the runs' peak state was {peak[0] / 1e9:.1f} GB of the "
-                   f"{peak[1] / 1e9:.1f} GB given ({peak[0] / peak[1]:.0%}).")
+    out += _limit_and_peak(limit, unit, peak, "its capacity", held=(
+        f"Every capacity reached the top of the rate grid ({top_rate:g} {unit}): no limit was "
+        "found inside it; pass higher --rates to find where it stops."))
     if limit.kind == "cap":
         out.append("Raise the running cap (vLLM --max-num-seqs, SGLang --max-running-requests) "
                    "to let memory decide.")
@@ -491,14 +500,8 @@ def point_sentences(d: PointDecision, limit: LimitFound, *, slo: str, rate: floa
                                             f"{best['value']:.3g} s")
            + f" ({held}); {point_margin_words(d, alpha)}.",
            f"Compared on {_metric_words(d.metric)}: {why}."]
-    if limit.kind == "held":
-        out.append(f"The SLO held at {rate:g} {unit} at every seed.")
-    else:
-        clause = _limit_clause(limit, unit)
-        out.append(clause[0].upper() + clause[1:] + ".")
-    if peak is not None and peak[1] > 0:
-        out.append(f"At this rate the runs' peak state was {peak[0] / 1e9:.1f} GB of the "
-                   f"{peak[1] / 1e9:.1f} GB given ({peak[0] / peak[1]:.0%}).")
+    out += _limit_and_peak(limit, unit, peak, "this rate",
+                           held=f"The SLO held at {rate:g} {unit} at every seed.")
     if grid:
         out.append(grid)
     return out

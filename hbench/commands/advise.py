@@ -32,23 +32,15 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
-def _headrooms(text: str) -> tuple[float, ...]:
+def _floats(text: str, what: str, inside, words: str) -> tuple[float, ...]:
+    """A comma list of finite numbers for ``--what``, each ``inside(v)``
+    (``words`` says the range), duplicates dropped."""
     from common.numbers import parse_float
 
-    values = tuple(dict.fromkeys(parse_float(x, "--headrooms", finite=True)
-                                 for x in _list(text, "headrooms")))
-    if not all(0 <= v < 1 for v in values):
-        raise HbenchError(f"--headrooms must all be in [0, 1), got {text!r}")
-    return values
-
-
-def _fractions(text: str) -> tuple[float, ...]:
-    from common.numbers import parse_float
-
-    values = tuple(dict.fromkeys(parse_float(x, "--d0-attn-fractions", finite=True)
-                                 for x in _list(text, "d0-attn-fractions")))
-    if not all(0 < v < 1 for v in values):
-        raise HbenchError(f"--d0-attn-fractions must all be in (0, 1), got {text!r}")
+    values = tuple(dict.fromkeys(parse_float(x, f"--{what}", finite=True)
+                                 for x in _list(text, what)))
+    if not all(inside(v) for v in values):
+        raise HbenchError(f"--{what} must all be in {words}, got {text!r}")
     return values
 
 
@@ -169,10 +161,11 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
             raise HbenchError(f"{flag} searches {' and '.join(fields)}; drop --set "
                               f"{named[0]}=... (or drop {flag})")
     org_list = tuple(_list(orgs, "orgs")) if orgs else _default_orgs(base)
-    search = Search(org_list, _ints(caps, "caps"), _fractions(d0_attn_fractions),
+    search = Search(org_list, _ints(caps, "caps"), _floats(d0_attn_fractions, "d0-attn-fractions", lambda v: 0 < v < 1, "(0, 1)"),
                     tuple(_rates(rates)), tuple(int(s) for s in parse_values("seed", seeds)),
                     limits, base, alpha,
-                    headrooms=_headrooms(headrooms) if headrooms else (None,),
+                    headrooms=_floats(headrooms, "headrooms", lambda v: 0 <= v < 1, "[0, 1)")
+                    if headrooms else (None,),
                     ckpts=tuple(dict.fromkeys(parse_ckpt_policy(x)
                                               for x in _list(ckpt_policies, "ckpt-policies")))
                     if ckpt_policies else (None,),
