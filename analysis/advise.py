@@ -292,8 +292,12 @@ def all_level(table: pd.DataFrame) -> bool:
 def smaller_words(smaller: Mapping, alpha: float, unit: str = "req/s") -> str:
     """What would change a level answer: the same arms on less memory
     (`hbench.advise._budget_probe`), in one sentence."""
-    d, label, share = smaller["decision"], smaller["budget"], smaller["share"]
+    label, share = smaller["budget"], smaller["share"]
     where = f"with {label} for state ({share:g} of it)"
+    if "refused" in smaller:
+        return (f"Less memory would not change that: {where} the workload cannot be served "
+                f"({smaller['refused']}).")
+    d = smaller["decision"]
     if smaller["level"] and d.best["capacity_req_s"] >= smaller["top_rate"]:
         return (f"What would change that is beyond the rate grid: {where} every organization "
                 f"still holds the SLO at its top rate ({smaller['top_rate']:g} {unit}); pass "

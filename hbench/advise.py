@@ -326,6 +326,29 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
                   smaller)
 
 
+def _refusal(search: Search, arms: Sequence[Arm]) -> str | None:
+    """Why some run of ``arms`` at ``search``'s lowest rate cannot be served
+    (the run's own checks, then its longest request alone on an empty
+    organization, as an engine checks before its first step), or None."""
+    from adapters.sim.engine import SimEngine
+    from harness.engine.fits import check_fits
+    from harness.run_setup import validate
+    from harness.run_workload import build_run_workload
+
+    lowest = min(search.grid_rates)
+    for arm in arms:
+        for cfg in search.configs(arm):
+            if cfg.rate != lowest:
+                continue
+            try:
+                setup = validate(cfg)
+                check_fits(SimEngine().build(setup), build_run_workload(cfg), cfg,
+                           setup.budget.label)
+            except HbenchError as err:
+                return str(err)
+    return None
+
+
 #: When every organization is level, the search tries them again with these
 #: shares of the memory for state, in order, until they differ.
 SMALLER_BUDGETS = (0.5, 0.25)
@@ -342,7 +365,8 @@ def _budget_probe(search: Search, table, decision, frames: dict, cells, run) -> 
     """The level organizations at the best arm's cap run again on a half, then
     a quarter of the bytes for state, until they differ: what would change a
     level answer. Returns {"budget", "share", "table", "decision", "level"} of
-    the last budget tried, or None when the time budget stopped it."""
+    the last budget tried ({"budget", "share", "refused"} when that budget
+    cannot serve the workload), or None when the time budget stopped it."""
     from harness.results import read_run
 
     best_cap = decision.best["cap"]
@@ -354,6 +378,9 @@ def _budget_probe(search: Search, table, decision, frames: dict, cells, run) -> 
     for share in SMALLER_BUDGETS:
         label = f"{given * share / 2**30:.2f}GiB"
         smaller = replace(search, base={**search.base, "budget": label})
+        refused = _refusal(smaller, arms)
+        if refused:
+            return {"budget": label, "share": share, "refused": refused}
         into: dict = {}
         if not run(smaller, arms, into):
             return found

@@ -255,10 +255,7 @@ def write_advice(result, out: Path, slo: str) -> dict:
         "arms_planned": [a.label for a in result.arms_planned],
         "stopped": result.stopped,
         "probe": result.probe,
-        "smaller_budget": None if result.smaller is None else {
-            "budget": result.smaller["budget"], "share": result.smaller["share"],
-            "level": result.smaller["level"],
-            "arms": [_clean(r) for r in result.smaller["table"].to_dict("records")]},
+        "smaller_budget": _smaller(result.smaller),
         "deploy": [d.line() for d in result.deploy],
         "checks": result.checks,
         "cells": [_clean(r) for r in result.cells.drop(columns=["run_dir"]).to_dict("records")],
@@ -301,6 +298,14 @@ def _margin(d) -> dict:
                 "seeds": d.n}
     return {"diff_req_s": d.diff, "ci_low": d.ci_low, "ci_high": d.ci_high, "p": d.p,
             "significant": d.significant}
+
+
+def _smaller(smaller: dict | None) -> dict | None:
+    """The level organizations on less memory, for advise.json."""
+    if smaller is None or "refused" in smaller:
+        return smaller
+    return {"budget": smaller["budget"], "share": smaller["share"], "level": smaller["level"],
+            "arms": [_clean(r) for r in smaller["table"].to_dict("records")]}
 
 
 def _clean(row):

@@ -217,3 +217,7 @@ def test_what_would_change_a_level_answer_is_said_from_the_smaller_budget():
     assert "not less memory either" in A.smaller_words(level, 0.05)
     at_top = {**level, "top_rate": 3.0}
     assert "beyond the rate grid" in A.smaller_words(at_top, 0.05)
+    refused = {"budget": "0.65GiB", "share": 0.5, "refused": "budget 0.65GiB cannot admit it"}
+    assert A.smaller_words(refused, 0.05) == (
+        "Less memory would not change that: with 0.65GiB for state (0.5 of it) the workload "
+        "cannot be served (budget 0.65GiB cannot admit it).")
