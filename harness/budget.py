@@ -14,15 +14,17 @@ compared at equal memory, never at equal page counts (DESIGN.md section 4). Acce
     12GiB    a whole-model size (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB),
              divided evenly over geom.pool_layers
 
-Conversion per organization (page sizes from the layout, never re-derived):
+This module only parses labels; each organization's split
+(`harness.orgs.split`, its ``pool_split``) turns the bytes into its pools,
+with page sizes from the layout, never re-derived:
 
-    s0        pages = floor(bytes / S0 page)
-    s1, s2    pages = floor(bytes / A)
-    d0, e0    M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
+    s0        pages = floor(bytes / S0 page)                  SharedPages
+    s1, s2    pages = floor(bytes / A)                        SharedPages
+    d0, e0    DualPools: M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
               the rest of the bytes -> floor(rest / C) checkpoint units
               (e0 then moves capacity between the two while serving)
-    u0        one region of floor(bytes / A16) 16-token blocks' bytes, split
-              between its two ends while serving (pool "region")
+    u0        OneRegion: one region of floor(bytes / A16) 16-token blocks'
+              bytes, split between its two ends while serving (pool "region")
 
 Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
 floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`). Every organization
@@ -75,31 +77,26 @@ from harness.budget_label import B_RE, P_RE, SIZE_RE, UNITS, budget_label
 from harness.config import ORG_NAMES
 from harness.geometry import ModelGeometry
 from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, VLLM_PAGINGS, OrgLayout
-from harness.orgs import layout_for
+from harness.orgs import (
+    PoolCapacity,
+    label_page_bytes,
+    layout_for,
+    pool_split,
+    vllm_d0_split,
+)
 
 #: Largest whole-model budget accepted (1 PiB); anything above is a typo.
 MAX_WHOLE_MODEL_BYTES = 1 << 50
 DEFAULT_D0_ATTN_FRACTION = 0.5
 
+__all__ = ["DEFAULT_D0_ATTN_FRACTION", "FORMS", "OrgBudget", "PoolCapacity", "applicable_orgs",
+           "parse_budget_bytes", "resolve_all", "resolve_budget", "vllm_blocks", "vllm_d0_split",
+           "working_point_attn_share"]
+
 FORMS = ("bN (N checkpoints' bytes per pool layer, e.g. b83), Np (N pages of the "
          "organization's page, e.g. 252p), or a whole-model size such as 12GiB, 512MiB, "
          "1.5GB, 123456789B")
 
-
-
-@dataclass(frozen=True)
-class PoolCapacity:
-    """One pool of one organization: what it was given and what that buys."""
-
-    name: str  # "shared" (S0/S1/S2) or "attention" / "checkpoint" (D0)
-    page_bytes: int  # bytes per page per pool layer
-    pages: int  # integer page count
-    target_bytes: int  # bytes this pool was given (per pool layer)
-
-    @property
-    def rounding_loss_bytes(self) -> int:
-        """Bytes of the target no whole page fits in."""
-        return self.target_bytes - self.pages * self.page_bytes
 
 
 @dataclass(frozen=True)
@@ -146,18 +143,11 @@ class OrgBudget:
 
 
 def applicable_orgs(geom: ModelGeometry) -> tuple[str, ...]:
-    """Organizations that make sense for ``geom``: a dual-pool organization
-    (D0) keeps a checkpoint pool, so it needs recurrent state."""
+    """Organizations that make sense for ``geom``: one whose split keeps
+    recurrent state in a pool of its own (D0, E0, U0) needs recurrent state."""
     if geom.slot_checkpoint_bytes:
         return ORG_NAMES
-    return tuple(o for o in ORG_NAMES if not layout_for(o, geom).dual_pool)
-
-
-def _org_page_bytes(org: str, geom: ModelGeometry) -> int:
-    """The page an ``Np`` label counts: S0's page for s0, A for s1/s2/d0."""
-    if org == "s0":
-        return layout_for("s0", geom).attn_page_bytes
-    return layout_for("s1", geom).attn_page_bytes
+    return tuple(o for o in ORG_NAMES if not pool_split(o).needs_state)
 
 
 def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -> tuple[int, str]:
@@ -178,7 +168,7 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
         if org is None:
             raise HbenchError(f"budget {s!r} counts pages, which differ by organization; "
                               "give an organization")
-        per_layer = n * _org_page_bytes(org, geom)
+        per_layer = n * label_page_bytes(org, geom)
     elif (m := SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
         mult = UNITS[m.group(2).lower()][1]
         whole = int(Decimal(m.group(1)) * mult)  # exact: the regex admits only decimals
@@ -205,103 +195,23 @@ def vllm_blocks(text: str, org: str, geom: ModelGeometry, page_bytes: int | None
     return target // (page_bytes or layout_for(org, geom, "vllm").attn_page_bytes)
 
 
-def vllm_d0_split(blocks: int, attn_fraction: float) -> tuple[int, int]:
-    """(attention blocks, checkpoint blocks) of D0 in ``blocks`` vLLM blocks:
-    block 0 is vLLM's null block and belongs to neither pool; the rest is
-    split by ``attn_fraction`` (floored for attention), each pool at least 1."""
-    usable = blocks - 1
-    if usable < 2:
-        raise HbenchError(f"d0 needs at least 3 vLLM blocks (the null block and one per pool); "
-                          f"the budget gives {blocks}: raise the budget")
-    attn = min(max(1, math.floor(attn_fraction * usable)), usable - 1)
-    return attn, usable - attn
-
-
 def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
                    d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> OrgBudget:
     """Turn a budget text into the pools and integer page counts of the
     organization laid out by ``layout`` (for ``geom``), in the layout's paging:
-    the study's pages or vLLM's blocks.
+    the study's pages or vLLM's blocks. The organization's split
+    (`harness.orgs.split`) makes the pools; ``d0_attn_fraction`` is recorded
+    for a split that takes it.
 
     Raises HbenchError if the pools cannot hold one request's state: one
     checkpoint (as ``layout`` lays it out) plus one attention block.
     """
-    if layout.paging in VLLM_PAGINGS:
-        return _resolve_in_vllm_blocks(text, layout, geom, d0_attn_fraction)
-    org = layout.org
-    target, label = parse_budget_bytes(text, geom, org)
-    if layout.one_region:
-        region = PoolCapacity("region", layout.attn_page_bytes,
-                              target // layout.attn_page_bytes, target)
-        _check_one_region(org, label, layout, region.pages)
-        return OrgBudget(org, label, target, (region,), None, geom.pool_layers)
-    if layout.dual_pool:
-        if not 0.0 < d0_attn_fraction < 1.0:
-            raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
-        if layout.ckpt_page_bytes == 0:
-            raise HbenchError(f"{org} keeps a checkpoint pool, but {geom.name} has no recurrent state")
-        # the attention pool takes whole blocks of its share; every byte it
-        # cannot use goes to the checkpoint pool, so D0's loss is under one C
-        blocks = math.floor(d0_attn_fraction * target) // layout.attn_page_bytes
-        m_a = blocks * layout.attn_page_bytes
-        attn = PoolCapacity("attention", layout.attn_page_bytes, blocks, m_a)
-        ckpt = PoolCapacity("checkpoint", layout.ckpt_page_bytes,
-                            (target - m_a) // layout.ckpt_page_bytes, target - m_a)
-        if attn.pages < 1 or ckpt.pages < 1:
-            raise HbenchError(
-                f"budget {label} with d0 attention fraction {d0_attn_fraction} gives "
-                f"{attn.pages} attention blocks and {ckpt.pages} checkpoint units; "
-                "each pool must hold at least one: raise the budget or change the fraction")
-        return OrgBudget(org, label, target, (attn, ckpt), d0_attn_fraction, geom.pool_layers)
-    page = layout.attn_page_bytes
-    shared = PoolCapacity("shared", page, target // page, target)
-    _check_one_request(org, label, layout, shared.pages)
-    return OrgBudget(org, label, target, (shared,), None, geom.pool_layers)
-
-
-def _check_one_region(org: str, label: str, layout, pages: int) -> None:
-    need = layout.attn_page_bytes + layout.ckpt_page_bytes   # one block and one checkpoint
-    if pages * layout.attn_page_bytes < need:
-        raise HbenchError(f"budget {label} gives {org} a region of {pages} pages of "
-                          f"{layout.attn_page_bytes:,} B; one request needs {need:,} B "
-                          "(an attention block and a checkpoint): raise the budget")
-
-
-def _check_one_request(org: str, label: str, layout, pages: int) -> None:
-    need = 1 + layout.ckpt_pages + (1 if layout.conv_slots else 0)  # attention + checkpoint (+slab)
-    if pages < need:
-        raise HbenchError(f"budget {label} gives {org} {pages} pages; one request needs "
-                          f"{need} (an attention block and a checkpoint): raise the budget")
-
-
-def _resolve_in_vllm_blocks(text: str, layout: OrgLayout, geom: ModelGeometry,
-                            d0_attn_fraction: float) -> OrgBudget:
-    """`resolve_budget` under vLLM's paging: the label's bytes in whole vLLM
-    pages (`vllm_blocks`), less vLLM's null block, which is counted with the
-    first pool's rounding loss (allocated, holding nothing)."""
-    org = layout.org
-    target, label = parse_budget_bytes(text, geom, org)
-    page = layout.attn_page_bytes
-    blocks = vllm_blocks(text, org, geom, page)
-    if layout.one_region:
-        if blocks < 3:
-            raise HbenchError(f"{org} needs at least 3 vLLM blocks (the null block, one per "
-                              f"end of its region); the budget gives {blocks}: raise the budget")
-        return OrgBudget(org, label, target, (PoolCapacity("region", page, blocks - 1, target),),
-                         None, geom.pool_layers, layout.paging)
-    if layout.dual_pool:
-        if not 0.0 < d0_attn_fraction < 1.0:
-            raise HbenchError(f"--d0-attn-fraction must be in (0, 1), got {d0_attn_fraction}")
-        attn, ckpt = vllm_d0_split(blocks, d0_attn_fraction)
-        pools = (PoolCapacity("attention", page, attn, target - ckpt * page),
-                 PoolCapacity("checkpoint", page, ckpt, ckpt * page))
-        return OrgBudget(org, label, target, pools, d0_attn_fraction, geom.pool_layers, layout.paging)
-    if blocks < 1:
-        raise HbenchError(f"budget {label} is smaller than one vLLM block of "
-                          f"{page:,} B per pool layer: raise the budget")
-    _check_one_request(org, label, layout, blocks - 1)
-    return OrgBudget(org, label, target, (PoolCapacity("shared", page, blocks - 1, target),),
-                     None, geom.pool_layers, layout.paging)
+    split = pool_split(layout.org)
+    target, label = parse_budget_bytes(text, geom, layout.org)
+    pools = split.pools(target, label, layout, geom, d0_attn_fraction)
+    return OrgBudget(layout.org, label, target, pools,
+                     d0_attn_fraction if split.takes_fraction else None, geom.pool_layers,
+                     layout.paging)
 
 
 def resolve_all(text: str, geom: ModelGeometry,

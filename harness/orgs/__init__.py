@@ -3,8 +3,9 @@
 ``ORGANIZATIONS`` maps the CLI name to the class and is the one list of
 organizations: CLI choices, sweeps, budget tables and layouts (`layout_for`) derive from it.
 Adding an organization means adding its module (a subclass of `Organization`
-with a ``layout_for(geom)``) and one entry here. `build_organization` turns a
-layout and pool sizes into a ready organization.
+with a ``layout_for(geom)`` and a ``pool_split``, `harness.orgs.split`) and one
+entry here. `build_organization` turns a layout and pool sizes into a ready
+organization; `pool_split` says how a budget's bytes become those sizes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.s0 import S0
 from harness.orgs.s1 import S1
 from harness.orgs.s2 import S2
+from harness.orgs.split import PoolCapacity, PoolSplit, check_attn_fraction, vllm_d0_split
 from harness.orgs.u0 import U0
 from harness.orgs.values import (
     Capacity,
@@ -39,6 +41,18 @@ def _organization(org: str) -> type[Organization]:
     if cls is None:
         raise ValueError(f"unknown organization {org!r}")
     return cls
+
+
+def pool_split(org: str) -> PoolSplit:
+    """How ``org`` (a key of `ORGANIZATIONS`) splits a byte target into its pools."""
+    return _organization(org).pool_split
+
+
+def label_page_bytes(org: str, geom) -> int:
+    """The page an ``Np`` budget label counts for ``org`` under model ``geom``
+    (harness/budget.py): its own study page, or the attention page A."""
+    cls = _organization(org)
+    return cls.pool_split.label_page_bytes(cls.layout_for(geom), geom)
 
 
 def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
@@ -64,11 +78,13 @@ def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...],
     attention pages; attention then checkpoint pool for d0 and e0), publishing
     and evicting checkpoints as ``policy`` says (`harness.orgs.policies`)."""
     cls = _organization(layout.org)
-    want = 2 if layout.dual_pool and not layout.one_region else 1
+    want = cls.pool_split.pool_count
     if len(pool_pages) != want:
         raise ValueError(f"{layout.org} takes {want} pool size(s), got {pool_pages}")
     return cls(layout, tuple(pool_pages), policy)
 
 
 __all__ = ["DEFAULT_POLICY", "ORGANIZATIONS", "Capacity", "CheckpointPolicy", "Demand", "Organization", "PageRef", "PoolInfo",
-           "PrefixHit", "RegionCapacity", "StateCopy", "StatePlacement", "Usage", "build_organization", "layout_for"]
+           "PoolCapacity", "PoolSplit", "PrefixHit", "RegionCapacity", "StateCopy", "StatePlacement", "Usage",
+           "build_organization", "check_attn_fraction", "label_page_bytes", "layout_for", "pool_split",
+           "vllm_d0_split"]

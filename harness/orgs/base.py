@@ -44,6 +44,7 @@ from harness.orgs.publication import (
     registered_again,
 )
 from harness.orgs.slabs import SlabTable
+from harness.orgs.split import PoolSplit
 from harness.orgs.values import Demand, PrefixHit
 from harness.orgs.views import ReadOnlyViews
 
@@ -53,6 +54,8 @@ class Organization(ReadOnlyViews):
     (u0 and e0 also how their pools share one region: `harness.orgs.region`)."""
 
     name = "base"
+    #: how a byte target becomes this organization's pools (`harness.orgs.split`)
+    pool_split: PoolSplit
     #: whether pages taken (and nothing freed) leave a refused allocation
     #: refused, so a stretch of decode steps need not ask the waiting head
     #: again after its blocks were taken (`harness.scheduler.stretch`)

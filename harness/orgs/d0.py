@@ -12,10 +12,12 @@ from __future__ import annotations
 from harness.geometry import ModelGeometry
 from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, OrgLayout
 from harness.orgs.base import Organization
+from harness.orgs.split import DualPools
 
 
 class D0(Organization):
     name = "d0"
+    pool_split = DualPools()
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:

@@ -38,10 +38,12 @@ from harness.layout import OrgLayout
 from harness.orgs.d0 import D0
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, ElasticPool, RegionOrganization
+from harness.orgs.split import DualPools
 
 
 class E0(RegionOrganization):
     name = "e0"
+    pool_split = DualPools()   # D0's split; capacity moves between the pools later
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:

@@ -12,10 +12,12 @@ from __future__ import annotations
 from harness.geometry import ModelGeometry
 from harness.layout import BLOCK_TOKENS, OrgLayout
 from harness.orgs.base import Organization
+from harness.orgs.split import SharedPages
 
 
 class S0(Organization):
     name = "s0"
+    pool_split = SharedPages()
     vllm_preempt_pin = "none"    # vLLM serves S0 stock: a preemption pins nothing
 
     @staticmethod

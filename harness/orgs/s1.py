@@ -13,10 +13,12 @@ import math
 from harness.geometry import ModelGeometry
 from harness.layout import BLOCK_TOKENS, OrgLayout
 from harness.orgs.base import Organization
+from harness.orgs.split import SharedPages
 
 
 class S1(Organization):
     name = "s1"
+    pool_split = SharedPages()
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:

@@ -14,10 +14,12 @@ import math
 from harness.geometry import ModelGeometry
 from harness.layout import BLOCK_TOKENS, OrgLayout, slots_per_slab
 from harness.orgs.base import Organization
+from harness.orgs.split import SharedPages
 
 
 class S2(Organization):
     name = "s2"
+    pool_split = SharedPages()
 
     @staticmethod
     def layout_for(geom: ModelGeometry) -> OrgLayout:

@@ -28,6 +28,7 @@ from harness.layout import OrgLayout
 from harness.orgs.d0 import D0
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, CKPT_POOL, ElasticPool, RegionOrganization
+from harness.orgs.split import OneRegion
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class UnifiedPlan:
 
 class U0(RegionOrganization):
     name = "u0"
+    pool_split = OneRegion()
     #: blocks taken can compact a side or take cached checkpoints with them, and a
     #: state prefers a hole to cached attention: a refused admission may then fit
     takes_keep_refusals = False

@@ -270,15 +270,16 @@ def test_usage_reports_bytes_by_kind_and_state():
 
 
 def test_a_fifth_organization_is_one_class_and_one_registry_entry(monkeypatch):
-    """S1's pages with checkpoints every 1024 tokens: only a layout, registered
-    under a new name, and every shared path (layouts, building, serving,
-    placement, invariants) takes it."""
+    """S1's pages with checkpoints every 1024 tokens: only a layout and S1's
+    pool split, registered under a new name, and every shared path (layouts,
+    building, serving, placement, invariants) takes it."""
     from dataclasses import replace
 
     from harness.orgs import ORGANIZATIONS, Organization, layout_for
 
     class Coarse(Organization):
         name = "x1"
+        pool_split = ORGANIZATIONS["s1"].pool_split
 
         @staticmethod
         def layout_for(geom):
