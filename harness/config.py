@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from common.errors import HbenchError
 from harness.budget_label import budget_label
 from harness.layout import PAGINGS, VLLM_STUDY_PAGE_ORGS
-from harness.orgs import ORGANIZATIONS
+from harness.orgs import ORGANIZATIONS, check_attn_fraction
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
 from workloads.bounds import expected_requests
@@ -162,7 +162,6 @@ class RunConfig:
             (self.utility_alpha == "auto" if isinstance(self.utility_alpha, str)
              else self.utility_alpha >= 0.0,
              f"--utility-alpha must be >= 0 or auto, got {self.utility_alpha!r}"),
-            (0.0 < self.d0_attn_fraction < 1.0, "--d0-attn-fraction must be in (0, 1)"),
             (self.device == "cpu" or self.device.startswith("cuda"),
              f"--device must be cpu or cuda[:N], got {self.device!r}"),
             (self.dtype in COMPUTE_DTYPES,
@@ -171,6 +170,7 @@ class RunConfig:
         for ok, msg in checks:
             if not ok:
                 raise HbenchError(msg)
+        check_attn_fraction(self.d0_attn_fraction)
         WorkloadSpec.check_config(self)   # the workload recipe, against the workload's limits
 
     @property

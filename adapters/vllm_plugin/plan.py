@@ -19,7 +19,7 @@ object the organization's *number* of pages from the same pool:
         plus one slot of a slab page for the conv state (as many slots as
         `harness.layout.slots_per_slab` fits: 16 for Falcon-H1)
     D0: one block of a private checkpoint pool; attention keeps the rest
-        (`harness.budget.vllm_d0_split`)
+        (`harness.orgs.split.vllm_d0_split`)
 
 where the grid page is the attention bytes of ``grid_tokens`` tokens (512 in
 the study). The carrier's block id is the one the kernel reads. These are the
@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common.errors import HbenchError
-from harness.budget import vllm_d0_split
 from harness.layout import slots_per_slab
+from harness.orgs import check_attn_fraction, vllm_d0_split
 
 #: the vLLM release whose allocator internals the plugin was written against
 VLLM_VERSION = "0.32.0"
@@ -110,8 +110,10 @@ class Plan:
                             f"{self.org}'s; {self.org} uses {ALIAS_ENV[self.org]}")
         if self.grid_tokens < 1:
             raise PlanError(f"{ENV_GRID} must be a positive token count, got {self.grid_tokens}")
-        if not 0.0 < self.d0_attn_fraction < 1.0:
-            raise PlanError(f"{ENV_D0_FRACTION} must be in (0, 1), got {self.d0_attn_fraction}")
+        try:
+            check_attn_fraction(self.d0_attn_fraction, ENV_D0_FRACTION)
+        except HbenchError as exc:
+            raise PlanError(str(exc)) from None
 
     def env(self) -> dict[str, str]:
         """The environment that makes a vLLM server's plugin enforce this plan."""
@@ -202,7 +204,7 @@ class PageLayout:
 
 def d0_split(num_blocks: int, attn_fraction: float) -> tuple[int, int]:
     """(attention blocks, checkpoint blocks) for D0 from vLLM's ``num_blocks``:
-    `harness.budget.vllm_d0_split`, the split the simulator's ``--paging vllm``
+    `harness.orgs.split.vllm_d0_split`, the split the simulator's ``--paging vllm``
     uses too (block 0 is vLLM's null block)."""
     try:
         return vllm_d0_split(num_blocks, attn_fraction)

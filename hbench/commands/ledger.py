@@ -26,7 +26,7 @@ from harness.ledger import (
     tail_waste_summary,
 )
 from harness.model_configs import geometry_from_options
-from harness.orgs import layout_for
+from harness.orgs import check_attn_fraction, layout_for
 from hbench.commands.geometry import model_options
 
 #: Largest count accepted: more blocks than any GPU holds is a typo.
@@ -50,8 +50,8 @@ def parse_count(text: str | None, flag: str) -> int | None:
 
 
 def parse_fraction(text: str) -> float:
-    """--d0-attn-fraction: a number strictly between 0 and 1."""
-    return parse_float(text, "--d0-attn-fraction", 0.0, 1.0, lo_open=True, hi_open=True)
+    """--d0-attn-fraction: a number strictly between 0 and 1 (`check_attn_fraction`)."""
+    return check_attn_fraction(parse_float(text, "--d0-attn-fraction"))
 
 
 #: Largest lengths file read (64 MiB: millions of lengths).

@@ -131,3 +131,17 @@ def test_each_organization_names_its_split():
         split = pool_split(org)
         pages = (64,) * split.pool_count
         assert len(build_organization(layout_for(org, geom), pages).pools) >= split.pool_count
+
+
+def test_config_plugin_plan_and_cli_refuse_a_fraction_with_the_one_check():
+    from adapters.vllm_plugin.plan import ENV_D0_FRACTION, Plan, PlanError
+    from harness.config import RunConfig
+    from hbench.commands.ledger import parse_fraction
+
+    want = r" must be in \(0, 1\), got 1.0$"
+    with pytest.raises(HbenchError, match="^--d0-attn-fraction" + want):
+        RunConfig(org="d0", d0_attn_fraction=1.0)
+    with pytest.raises(HbenchError, match="^--d0-attn-fraction" + want):
+        parse_fraction("1")
+    with pytest.raises(PlanError, match=f"^{ENV_D0_FRACTION}" + want):
+        Plan("d0", d0_attn_fraction=1.0)
