@@ -14,8 +14,9 @@ refused at the same values. `harness.run_setup.validate` checks what needs
 the model (the token budget against the organization's grid, the estimated
 memory of the run against `MAX_RUN_MEMORY_BYTES`). Every command that runs
 something (run, sweep, reproduce) calls `hbench.runner.validate_run` (that,
-and the simulated GPU's memory) on every config before any work, and
-`hbench.runner.execute` calls it again.
+and the simulated GPU's memory) on every config before any work, and hands
+what it resolved to `hbench.runner.execute`, which validates only a config
+handed to it alone.
 """
 
 from __future__ import annotations

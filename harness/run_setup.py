@@ -3,8 +3,10 @@
 A `RunConfig` names a model (preset or config.json), a state dtype, an
 organization under a paging and a budget label; turning those into a
 `ModelGeometry`, the organization's `OrgLayout` and its `OrgBudget` is done
-exactly once per run, here, and the result travels as one frozen value:
-validation checks it, the runner records it in the manifest, and the engine
+here, once per run: `validate` resolves it before any work, and the result
+travels as one frozen value to the run (`hbench.runner.execute` takes it
+from ``hbench run``, and from each sweep cell, `hbench.sweep.Cell.setup`).
+Validation checks it, the runner records it in the manifest, and the engine
 builds its organization, pools and cost model from it. No engine re-reads a
 config.json, re-derives a layout or re-resolves a budget, so what the
 manifest says and what the engine ran cannot disagree.

@@ -72,9 +72,16 @@ def validate_run(config: RunConfig, *, allow_oversubscribe: bool = False) -> Run
 
 
 def execute(config: RunConfig, out_root: str | Path = "results", *, workload=None,
-            progress=None, run_id: str | None = None, allow_oversubscribe: bool = False) -> Path:
-    """Run ``config`` and write ``out_root/<run-id>/``; returns that path."""
-    setup = validate_run(config, allow_oversubscribe=allow_oversubscribe)   # resolved once
+            progress=None, run_id: str | None = None, allow_oversubscribe: bool = False,
+            setup: RunSetup | None = None) -> Path:
+    """Run ``config`` and write ``out_root/<run-id>/``; returns that path.
+    ``setup``: what `validate_run` returned for ``config``, where the caller
+    validated it before any work (``hbench run``, a sweep's cell), so the run
+    is resolved once; None validates and resolves here."""
+    if setup is None:
+        setup = validate_run(config, allow_oversubscribe=allow_oversubscribe)
+    elif setup.config != config:
+        raise ValueError("execute: the setup given was resolved for another config")
     engine = make_engine(config.engine)
     check_expressible(engine.name, engine.supported_orgs, config.org)
     check_paging(engine, config.resolved_paging)

@@ -35,7 +35,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,6 +52,7 @@ from harness.results import (
     why_not_done,
 )
 from harness.run_address import cell_id
+from harness.run_setup import RunSetup
 from harness.run_workload import build_run_workload, recorded_config
 from hbench.executors import EXECUTORS
 from hbench.interrupts import raise_if_received, signals_interrupt
@@ -69,13 +70,16 @@ __all__ = ["Cell", "CellOutcome", "SweepResult", "load_workload_files", "plan", 
 
 @dataclass(frozen=True)
 class Cell:
-    """One run of a sweep: its config, the hash of its request stream, and
-    the content address that names its run directory."""
+    """One run of a sweep: its config, the hash of its request stream, the
+    content address that names its run directory, and the config as
+    validation resolved it (`hbench.runner.validate_run`), which the cell's
+    run uses instead of resolving it again (None: resolved when it runs)."""
 
     config: RunConfig
     workload_hash: str
     engine_version: str
     cell_id: str
+    setup: RunSetup | None = None
 
 
 def workload_key(config: RunConfig):
@@ -316,7 +320,7 @@ def run_cell(cell: Cell, out: str, force: bool = False, allow_oversubscribe: boo
                 raise HbenchError(f"cell {cell.cell_id}: workload rebuilt with a different hash; "
                                   "the workload builder is not deterministic")
             execute(cell.config, out, workload=workload, run_id=cell.cell_id,
-                    allow_oversubscribe=allow_oversubscribe)
+                    allow_oversubscribe=allow_oversubscribe, setup=cell.setup)
             if not is_done(run_dir):
                 raise HbenchError(_served_nothing_error(run_dir))
         except HbenchError as exc:
@@ -434,6 +438,7 @@ def _arrivals(w) -> list[float]:
 
 def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str = "local",
               force: bool = False, allow_oversubscribe: bool = False,
+              setups: Sequence[RunSetup] | None = None,
               grids: Sequence[Axes] = (), base: Mapping | None = None,
               on_plan: Callable[[int, int], None] | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
@@ -441,7 +446,10 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
               on_rerun: Callable[[str, str], None] | None = None) -> SweepResult:
     """Run every config as a content-addressed cell under ``out``.
 
-    Every config is validated before any work. Done cells (complete, and
+    Every config is validated before any work, unless ``setups`` holds what
+    `validate_run` returned for each (the command validated them already);
+    each cell's run uses its config's setup, so a cell is resolved once.
+    Done cells (complete, and
     some request finished) are skipped unless ``force``; stale ``.tmp-*``
     directories are removed first; ``sweep.json`` (grid, cells, engine
     versions, status) is rewritten atomically at the start and after every
@@ -470,9 +478,12 @@ def run_sweep(configs: Sequence[RunConfig], out, *, jobs: int = 1, executor: str
         raise HbenchError(f"--jobs must be >= 1, got {jobs}")
     if not configs:
         raise HbenchError("the grid expands to no cells")
-    for cfg in configs:   # every cell, before any work
-        validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
-    cells = plan(configs)   # before anything is written: a workload that fails to build writes nothing
+    if setups is None:   # every cell, before any work
+        setups = [validate_run(cfg, allow_oversubscribe=allow_oversubscribe) for cfg in configs]
+    elif [s.config for s in setups] != list(configs):
+        raise ValueError("run_sweep: setups must be the configs' own, in order")
+    # before anything is written: a workload that fails to build writes nothing
+    cells = [replace(c, setup=s) for c, s in zip(plan(configs), setups, strict=True)]
     out = Path(out)
     clean_stale(out)
     by_id = {c.cell_id: c for c in cells}

@@ -109,10 +109,11 @@ def reproduce(name, quick, engine, out, jobs, executor, no_figures, include_inva
     # every cell of every design, before any work: the run's own checks and,
     # for vLLM, what its scheduler in process cannot serve (retention, no venv)
     in_process = None if engine == "sim" else make_engine(engine)
+    setups = {n: [] for n in names}   # each design's cells as validated, run as they are
     for n in names:
         for cfg in configs(n):
             try:
-                validate_run(cfg)
+                setups[n].append(validate_run(cfg))
                 if in_process is not None:
                     in_process.check_in_process(cfg)
             except HbenchError as exc:
@@ -127,7 +128,8 @@ def reproduce(name, quick, engine, out, jobs, executor, no_figures, include_inva
         with Progress(TextColumn(f"[bold]{n}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
             task = bar.add_task(n, total=None)
-            result = run_sweep(configs(n), root, jobs=jobs, executor=executor, grids=grids, base=base,
+            result = run_sweep([s.config for s in setups[n]], root, jobs=jobs, executor=executor,
+                               setups=setups[n], grids=grids, base=base,
                                on_plan=lambda total, done, t=task: bar.update(t, total=total, completed=done),
                                on_cell=lambda o, t=task: bar.advance(t),
                                on_rerun=lambda cell, why: console.print(f"cell {cell}: {why}; rerunning it",

@@ -30,6 +30,8 @@ from workloads.sharegpt.arrivals import ARRIVALS
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from harness.run_setup import RunSetup
+
 D = RunConfig()
 
 
@@ -243,12 +245,12 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
     config = RunConfig(**flags)
     check_flags(typed_flags(ctx), [config])
     check_writable_dir(out)
-    validate_run(config, allow_oversubscribe=allow_oversubscribe)
+    setup = validate_run(config, allow_oversubscribe=allow_oversubscribe)
     clean_stale(out)
     if as_json:   # a script reads stdout: no spinner or progress bar (nor their imports)
-        run_dir = execute(config, out, allow_oversubscribe=allow_oversubscribe)
+        run_dir = execute(config, out, allow_oversubscribe=allow_oversubscribe, setup=setup)
     else:
-        run_dir = _execute_with_progress(config, out, allow_oversubscribe)
+        run_dir = _execute_with_progress(setup, out, allow_oversubscribe)
     data = read_run(run_dir)
     summary = data["summary"]
     if as_json:
@@ -264,9 +266,10 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
                           f"(results kept in {run_dir}); first error: {first[:200]}")
 
 
-def _execute_with_progress(config: RunConfig, out, allow_oversubscribe: bool) -> Path:
-    """`hbench.runner.execute` with a spinner while the workload is built and a
-    progress bar while it is served (on stderr, gone when done)."""
+def _execute_with_progress(setup: RunSetup, out, allow_oversubscribe: bool) -> Path:
+    """`hbench.runner.execute` of the validated ``setup`` with a spinner while
+    the workload is built and a progress bar while it is served (on stderr,
+    gone when done)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -279,6 +282,7 @@ def _execute_with_progress(config: RunConfig, out, allow_oversubscribe: bool) ->
     from harness.run_workload import build_run_workload
     from hbench.runner import execute
 
+    config = setup.config
     console = Console(stderr=True)
     with console.status("building workload"):
         workload = build_run_workload(config)
@@ -287,7 +291,7 @@ def _execute_with_progress(config: RunConfig, out, allow_oversubscribe: bool) ->
         task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}",
                             total=workload.total_requests)
         return execute(config, out, workload=workload, allow_oversubscribe=allow_oversubscribe,
-                       progress=lambda n: bar.update(task, completed=n))
+                       progress=lambda n: bar.update(task, completed=n), setup=setup)
 
 
 def _torch_model_config(model: str, config_path: str | None) -> str:

@@ -125,8 +125,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
     check_flags(_given(grid_file, base, subgrids, axes, extra, allow_oversubscribe), configs)
     if "model" in flags and "config_path" in flags and any(c.engine == "sim" for c in configs):
         raise HbenchError("give --model or --config (--set config_path=...), not both")
-    for cfg in configs:
-        validate_run(cfg, allow_oversubscribe=allow_oversubscribe)
+    setups = [validate_run(cfg, allow_oversubscribe=allow_oversubscribe) for cfg in configs]
     load_workload_files(configs)
     console = Console(stderr=True)
     if dry_run:
@@ -155,7 +154,7 @@ def sweep(grid_file, extra, out, jobs, executor, ray_address, force, allow_overs
             console.print(f"cell {cell}: {why}; rerunning it", highlight=False)
 
         result = run_sweep(configs, out, jobs=jobs, executor=executor, force=force,
-                           allow_oversubscribe=allow_oversubscribe,
+                           allow_oversubscribe=allow_oversubscribe, setups=setups,
                            grids=subgrids, base=base, on_plan=on_plan, on_cell=on_cell,
                            ray_address=ray_address, on_rerun=on_rerun)
     click.echo(f"{len(result.cells)} cells: {result.count('ran')} ran, {result.count('skipped')} already done, "
