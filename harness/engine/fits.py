@@ -15,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from common.errors import HbenchError
+from harness.orgs.protocol import OrganizationProtocol
 
 
-def check_fits(org, workload, config, label: str) -> None:
+def check_fits(org: OrganizationProtocol, workload, config, label: str) -> None:
     """Refuse a budget that cannot serve the longest request even alone
     (HbenchError before any time passes): its first chunk, sized by the token
     budget as the scheduler sizes it, must fit with the admission headroom,
@@ -57,7 +58,7 @@ def check_fits(org, workload, config, label: str) -> None:
             "the budget")
 
 
-def _served_alone(org, config, prompt: int, output: int) -> bool:
+def _served_alone(org: OrganizationProtocol, config, prompt: int, output: int) -> bool:
     """Whether a request of ``prompt`` tokens and ``output`` output tokens is
     served to the end with nothing else running, on an empty twin of ``org``
     with the scheduler's own rules: chunked as the token budget says,

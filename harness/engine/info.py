@@ -9,8 +9,10 @@ interval; device, dtype and measured memory).
 
 from __future__ import annotations
 
+from harness.orgs.protocol import OrganizationProtocol
 
-def engine_info(name: str, setup, org) -> dict:
+
+def engine_info(name: str, setup, org: OrganizationProtocol) -> dict:
     """``engine_info``'s shared keys for engine ``name`` serving ``setup`` with ``org``."""
     capacity = org.capacity()
     return {

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness import step_table
+from harness.orgs.protocol import OrganizationProtocol
 from harness.step_table import StepTable
 
 
@@ -74,7 +75,7 @@ def _ids(rids) -> str:
 class StepRecorder:
     """Builds step rows and run counters for one run of an in-process engine."""
 
-    def __init__(self, org, pool_layers: int, *, spill: bool = False):
+    def __init__(self, org: OrganizationProtocol, pool_layers: int, *, spill: bool = False):
         self.org = org
         self.layers = pool_layers
         self._table = StepTable()               # the finished rows

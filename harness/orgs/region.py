@@ -253,11 +253,6 @@ class RegionOrganization(Organization):
         return {page for _, page in self.ckpts.map[key_at(keys, j)].pages}
 
     # ---- views -------------------------------------------------------------------
-    def page_slots(self, kind: int) -> tuple[int, ...] | None:
-        """Page ids of pool ``kind`` by slot from the pool's end, when the
-        organization places them itself (u0); None lets an engine place them."""
-        return None
-
     def region(self) -> RegionCapacity:
         return RegionCapacity(self.region_bytes,
                               tuple(PoolInfo(p.name, p.ids, p.page_bytes) for p in self.pools))

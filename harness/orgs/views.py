@@ -85,6 +85,12 @@ class ReadOnlyViews:
         `harness.orgs.region.ElasticPool`; none for a pool of fixed size)."""
         return frozenset(self.pools[pool].outside)
 
+    def page_slots(self, kind: int) -> tuple[int, ...] | None:
+        """Page ids of pool ``kind`` by slot from the pool's end, when the
+        organization places them itself in one region (u0); None lets an
+        engine place them."""
+        return None
+
     @property
     def invalidations(self) -> int:
         return self.table.invalidations

@@ -49,8 +49,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from harness.orgs.base import Organization
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
+from harness.orgs.protocol import OrganizationProtocol
 from harness.orgs.values import PrefixHit
 from harness.records import CANCELLED, FAILED, FINISHED
 from harness.scheduler.batch import (
@@ -112,7 +112,7 @@ class SchedulerPolicy:
 
 
 class Scheduler:
-    def __init__(self, org: Organization, policy: SchedulerPolicy):
+    def __init__(self, org: OrganizationProtocol, policy: SchedulerPolicy):
         self.org = org
         self.policy = policy
         self.waiting: deque[SchedRequest] = deque()
