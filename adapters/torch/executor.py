@@ -43,6 +43,7 @@ import torch
 from adapters.torch.model import FalconH1
 from adapters.torch.pools import Pools
 from common.errors import HbenchError
+from harness.orgs.protocol import OrganizationProtocol
 
 
 @dataclass
@@ -64,8 +65,8 @@ class StepTiming:
 
 
 class Executor:
-    def __init__(self, model: FalconH1, pools: Pools, org, keep_logits: bool = False,
-                 kernels: bool = False):
+    def __init__(self, model: FalconH1, pools: Pools, org: OrganizationProtocol,
+                 keep_logits: bool = False, kernels: bool = False):
         self.model = model
         self.kernels = kernels               # decode through the paged state kernels
         self.pools = pools

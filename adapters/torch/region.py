@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.orgs.protocol import OrganizationProtocol
 from harness.orgs.values import PageRef, RegionCapacity
 
 
@@ -65,7 +66,8 @@ class RegionSlots:
     """Where each page of a region organization's two pools lies in the
     region's views (module docstring). ``org`` is read through its views only."""
 
-    def __init__(self, org, views: list[torch.Tensor], region: RegionCapacity):
+    def __init__(self, org: OrganizationProtocol, views: list[torch.Tensor],
+                 region: RegionCapacity):
         self.org = org
         self.views = views
         self.region = region

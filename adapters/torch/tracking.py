@@ -26,12 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from adapters.torch.pools import Pools
+from harness.orgs.protocol import OrganizationProtocol
 
 
 class Poisoner:
     """NaN into every page no entry describes any more (all pages at start)."""
 
-    def __init__(self, org, pools: Pools):
+    def __init__(self, org: OrganizationProtocol, pools: Pools):
         self.org = org
         self.pools = pools
         self.n_pools = len(pools.tensors)
@@ -74,7 +75,7 @@ class TrackedOrg:
     publish copies, possibly none).
     """
 
-    def __init__(self, org, on_admit: CopyFn, on_commit: CopyFn,
+    def __init__(self, org: OrganizationProtocol, on_admit: CopyFn, on_commit: CopyFn,
                  poisoner: Poisoner | None = None, pools: Pools | None = None):
         self._org = org
         self._on_admit = on_admit
