@@ -174,9 +174,10 @@ class Grid:
         return {**{k: getattr(self, k) for k in GRID_KEYS}, "source": self.source,
                 "overridden": list(self.overridden)}
 
-    def describe(self) -> str:
-        return (f"S0/S1/S2 {self.shared_block_tokens}-token pages; D0 {self.dual_block_tokens}-token "
-                f"blocks, a checkpoint every {self.dual_grid_tokens} tokens ({self.origin})")
+    def describe(self, with_origin: bool = True) -> str:
+        words = (f"S0/S1/S2 {self.shared_block_tokens}-token pages; D0 {self.dual_block_tokens}-token "
+                 f"blocks, a checkpoint every {self.dual_grid_tokens} tokens")
+        return f"{words} ({self.origin})" if with_origin else words
 
 
 def rule_grid(geom) -> Grid:

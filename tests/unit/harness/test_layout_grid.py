@@ -11,9 +11,11 @@ import json
 import pytest
 
 from common.errors import HbenchError
+from harness.config import RunConfig
 from harness.layout import Grid, grid_for, rule_grid, sglang_grid, vllm_grid
 from harness.model_configs import from_config, geometry_from_options, load_config, preset
 from harness.orgs import layout_for
+from harness.run_grid import run_grid
 from tests.support import FIXTURES
 
 FIX = FIXTURES / "configs"
@@ -124,6 +126,15 @@ def test_a_malformed_declared_grid_is_refused(record, words):
     with pytest.raises(HbenchError, match="hbench_grid|grid") as err:
         from_config(cfg)
     assert words in str(err.value)
+
+
+def test_a_run_config_picks_and_overrides_the_grid():
+    assert tokens(run_grid(RunConfig(), FALCON)) == (512, 16, 1792)
+    grid = run_grid(RunConfig(grid_from="vllm", shared_block_tokens=1024), FALCON)
+    assert tokens(grid) == (1024, 1568, 1568)
+    assert grid.origin == "vLLM's block rule, overridden by --shared-block-tokens"
+    with pytest.raises(HbenchError, match="multiple of dual_block_tokens 16"):
+        run_grid(RunConfig(dual_grid_tokens=1000), FALCON)
 
 
 def test_layouts_follow_the_grid():
