@@ -31,6 +31,7 @@ import numpy as np
 
 from common.atomic import atomic_path, atomic_write_text, new_dirs_removed_on_error
 from common.errors import HbenchError
+from harness.model_configs import STUDY_GRID
 
 WEIGHTS_STREAM = 11   # numpy stream id for weight initialisation
 SPECIAL_TOKENS = ("<|pad|>", "<|begin_of_text|>", "<|end_of_text|>")  # ids 0, 1, 2
@@ -65,7 +66,12 @@ class TinyFalconH1:
         return self.mamba_d_ssm + 2 * self.mamba_n_groups * self.mamba_d_state
 
     def hf_config(self, vocab_size: int) -> dict:
-        """config.json as Falcon-H1 checkpoints write it (model_type falcon_h1)."""
+        """config.json as Falcon-H1 checkpoints write it (model_type falcon_h1),
+        declaring the study's grid (``hbench_grid``,
+        `harness.model_configs.STUDY_GRID`): a tiny model stands in for
+        Falcon-H1-7B, and hbench's vLLM plugin pages at its 512 tokens. A
+        directory written before the key existed gets the geometry rule's grid
+        (the same for ``proportional``; 16-token pages for ``tiny``)."""
         d = asdict(self)
         rms_norm = d.pop("mamba_rms_norm")   # keeps the key where config.json always had it
         d.update(
@@ -98,6 +104,7 @@ class TinyFalconH1:
             ssm_out_multiplier=1.0,
             mlp_multipliers=[1.0, 1.0],
             ssm_multipliers=[1.0, 1.0, 1.0, 1.0, 1.0],
+            hbench_grid=dict(STUDY_GRID),
         )
         return d
 

@@ -188,7 +188,7 @@ class VllmEngine(ServedEngine):
     def __init__(self, python: str | None = None, cpu: bool | None = None,
                  align: bool | None = None, ssm_cache_dtype: bool | None = None,
                  cpu_block_size: int | None = None, num_blocks: int | None = None,
-                 grid_tokens: int = 512, extra_args: tuple[str, ...] = (),
+                 grid_tokens: int | None = None, extra_args: tuple[str, ...] = (),
                  reserve_full_isl: bool | None = None, **kwargs):
         """``cpu``, ``align`` (has --mamba-cache-mode), ``ssm_cache_dtype``
         (has --mamba-ssm-cache-dtype) and ``reserve_full_isl`` (has
@@ -196,7 +196,8 @@ class VllmEngine(ServedEngine):
         ``cpu_block_size`` pins the CPU block and step size (None: the block
         vLLM resolves for the run's geometry, `step_tokens`);
         ``num_blocks`` overrides the block count derived from the budget;
-        ``grid_tokens`` is the plugin's S1/S2 page grid (512 in the study);
+        ``grid_tokens`` is the plugin's S1/S2 page grid (None: the model's
+        shared page, `harness.layout.grid_for`; 512 for Falcon-H1-7B);
         ``extra_args`` are appended to the server command."""
         super().__init__(**kwargs)
         self.python = python or vllm_python()
@@ -390,9 +391,21 @@ class VllmEngine(ServedEngine):
         """The plugin plan for ``config`` (None for S0: stock vLLM)."""
         if config.org not in PLUGIN_ORGS:
             return None
+        grid = self.grid_tokens or self.plugin_grid_tokens(config)
         if config.org == "d0":
-            return Plan("d0", self.grid_tokens, config.d0_attn_fraction)
-        return Plan(config.org, self.grid_tokens)
+            return Plan("d0", grid, config.d0_attn_fraction)
+        return Plan(config.org, grid)
+
+    @staticmethod
+    def plugin_grid_tokens(config) -> int:
+        """The plugin's page grid for ``config``'s model: its shared page
+        (`harness.layout.grid_for`; the plugin's default where hbench knows no
+        geometry for the model)."""
+        from adapters.vllm_plugin.plan import DEFAULT_GRID_TOKENS
+        from harness.layout import grid_for
+
+        geom = run_geometry(config)
+        return DEFAULT_GRID_TOKENS if geom is None else grid_for(geom).shared_block_tokens
 
     def block_count(self, config) -> int | None:
         return self.num_blocks if self.num_blocks is not None else block_count_for(config, self.cpu)

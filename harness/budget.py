@@ -76,7 +76,7 @@ from common.numbers import MAX_NUMBER_CHARS
 from harness.budget_label import B_RE, P_RE, SIZE_RE, UNITS, budget_label
 from harness.config import ORG_NAMES
 from harness.geometry import ModelGeometry
-from harness.layout import D0_BLOCK_TOKENS, D0_GRID_TOKENS, VLLM_PAGINGS, OrgLayout
+from harness.layout import VLLM_PAGINGS, OrgLayout, grid_for
 from harness.orgs import (
     PoolCapacity,
     label_page_bytes,
@@ -224,9 +224,13 @@ def resolve_all(text: str, geom: ModelGeometry,
 
 
 def working_point_attn_share(geom: ModelGeometry, mean_input_tokens: int = 3332,
-                             grid_tokens: int = D0_GRID_TOKENS,
-                             block_tokens: int = D0_BLOCK_TOKENS) -> float:
-    """Share of one running request's D0 bytes that is attention (module docstring)."""
+                             grid_tokens: int | None = None,
+                             block_tokens: int | None = None) -> float:
+    """Share of one running request's D0 bytes that is attention (module
+    docstring); the D0 block and grid default to the model's (`grid_for`)."""
+    grid = grid_for(geom)
+    grid_tokens = grid_tokens or grid.dual_grid_tokens
+    block_tokens = block_tokens or grid.dual_block_tokens
     attn = math.ceil(mean_input_tokens / block_tokens) * block_tokens * geom.slot_attn_bytes_per_token
     ckpts = 1 + mean_input_tokens // grid_tokens
     recurrent = ckpts * geom.slot_checkpoint_bytes

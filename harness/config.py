@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 
 from common.errors import HbenchError
 from harness.budget_label import budget_label
-from harness.layout import PAGINGS, VLLM_STUDY_PAGE_ORGS
+from harness.layout import GRID_SOURCES, MAX_GRID_TOKENS, PAGINGS, VLLM_STUDY_PAGE_ORGS
 from harness.orgs import ORGANIZATIONS, check_attn_fraction
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
@@ -86,6 +86,13 @@ class RunConfig:
     ssm_state_dtype: str = "bf16"
     d0_attn_fraction: float = 0.5          # D0: share of the budget for the attention pool
     paging: str | None = None              # study or vllm pages (harness/layout.py); None: the engine's own
+    # where pages and checkpoints fall (harness/layout.py `Grid`, harness/run_grid.py):
+    # the model's declared grid (else the geometry rule's), the rule, or an engine's
+    # shape, each number replaceable; recorded in to_dict only when set (`GRID_FIELDS`)
+    grid_from: str = "declared"
+    shared_block_tokens: int | None = None  # S0/S1/S2 attention page = checkpoint grid
+    dual_block_tokens: int | None = None    # D0/U0/E0 attention block
+    dual_grid_tokens: int | None = None     # D0/U0/E0 checkpoint interval
     # scheduler policy
     cap: int = 63                          # max running requests
     token_budget: int = 8192               # tokens per step (prefill chunks + decodes)
@@ -163,6 +170,18 @@ class RunConfig:
             (self.utility_alpha == "auto" if isinstance(self.utility_alpha, str)
              else self.utility_alpha >= 0.0,
              f"--utility-alpha must be >= 0 or auto, got {self.utility_alpha!r}"),
+            (self.grid_from in GRID_SOURCES,
+             f"unknown --grid-from {self.grid_from!r}; choose from {', '.join(GRID_SOURCES)}"),
+            *((value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                 and 1 <= value <= MAX_GRID_TOKENS),
+               f"{_flag(name)} must be a whole number of tokens in [1, {MAX_GRID_TOKENS:,}], "
+               f"got {value!r}")
+              for name, value in self._grid_tokens()),
+            (None in (self.dual_block_tokens, self.dual_grid_tokens)
+             or not isinstance(self.dual_grid_tokens, int) or not isinstance(self.dual_block_tokens, int)
+             or self.dual_block_tokens < 1 or self.dual_grid_tokens % self.dual_block_tokens == 0,
+             f"--dual-grid-tokens {self.dual_grid_tokens} must be a multiple of "
+             f"--dual-block-tokens {self.dual_block_tokens}"),
             (self.device == "cpu" or self.device.startswith("cuda"),
              f"--device must be cpu or cuda[:N], got {self.device!r}"),
             (self.dtype in COMPUTE_DTYPES,
@@ -173,6 +192,9 @@ class RunConfig:
                 raise HbenchError(msg)
         check_attn_fraction(self.d0_attn_fraction)
         WorkloadSpec.check_config(self)   # the workload recipe, against the workload's limits
+
+    def _grid_tokens(self) -> list[tuple[str, object]]:
+        return [(name, getattr(self, name)) for name in GRID_FIELDS[1:]]
 
     @property
     def expected_requests(self) -> float:
@@ -217,10 +239,13 @@ class RunConfig:
         return self.gpu if is_profile_path(self.gpu) else None
 
     def to_dict(self) -> dict:
-        """Every field by name. The fields are scalars, so this equals
-        `dataclasses.asdict` without its deep copies (a large grid builds and
-        hashes thousands of configs)."""
-        return {name: getattr(self, name) for name in _FIELD_NAMES}
+        """Every field by name, but the `GRID_FIELDS` only when set away from
+        their defaults, so a run on the model's own grid hashes (and is
+        addressed) as it did before the grid could be chosen. The fields are
+        scalars, so this equals `dataclasses.asdict` without its deep copies
+        (a large grid builds and hashes thousands of configs)."""
+        return {name: value for name in _FIELD_NAMES
+                if (value := getattr(self, name)) != _GRID_DEFAULTS.get(name, _KEEP)}
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
@@ -237,6 +262,10 @@ class RunConfig:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
+#: The grid fields (`RunConfig.to_dict` leaves them out at their defaults).
+GRID_FIELDS = ("grid_from", "shared_block_tokens", "dual_block_tokens", "dual_grid_tokens")
+_GRID_DEFAULTS = {f.name: f.default for f in fields(RunConfig) if f.name in GRID_FIELDS}
+_KEEP = object()
 
 
 def run_bytes(requests: float, mean_prompt_tokens: float, *, made_on_read: bool = False) -> float:

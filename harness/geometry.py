@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from common.errors import HbenchError
+from harness.layout import Grid
 
 KIB = 1024
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -77,6 +78,9 @@ class ModelGeometry:
     ssm_norm: bool = True
     norms_per_layer: int = 2
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+    #: The grid the model's preset or config.json (``hbench_grid``) declares,
+    #: if any (`harness.layout.grid_for`); not a size, so not compared.
+    declared_grid: Grid | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES or self.ssm_state_dtype not in DTYPE_BYTES:
@@ -271,4 +275,5 @@ class ModelGeometry:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("extra")
+        d.pop("declared_grid")
         return d

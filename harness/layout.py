@@ -9,16 +9,20 @@ finds an organization's layout through the registry. Budgets
 organizations (harness/orgs/) all read an `OrgLayout`; none stores a size of
 its own.
 
-Sizes are bytes per pool layer (see harness/geometry.py). For Falcon-H1-7B
-(A = 512 KiB, C = 1557 KiB):
+Where pages and checkpoints fall is a `Grid`, derived from the model's
+geometry (`rule_grid`), declared by a preset or a config.json
+(``hbench_grid``), or shaped as an engine shapes it (`vllm_grid`,
+`sglang_grid`); `grid_for` picks one. Sizes are bytes per pool layer (see
+harness/geometry.py). For Falcon-H1-7B (A = 512 KiB, C = 1557 KiB; the rule
+gives the study's grid, 512 / 16 / 1792):
 
     org  attention unit           checkpoint members             grid
-    S0   1 page of max(A, C)      1 page of max(A, C)            512
-    S1   1 page of A              ceil(SSM/A) + ceil(conv/A)     512
-    S2   1 page of A              ceil(SSM/A) pages + 1 slot     512
-    D0   16-token block (A/32)    1 unit of C (own pool)         1792
-    U0   as D0, both pools the two ends of one region            1792
-    E0   as D0, capacity moved between the pools on demand       1792
+    S0   1 page of max(A, C)      1 page of max(A, C)            shared block (512)
+    S1   1 page of A              ceil(SSM/A) + ceil(conv/A)     shared block (512)
+    S2   1 page of A              ceil(SSM/A) pages + 1 slot     shared block (512)
+    D0   dual block (16 tokens)   1 unit of C (own pool)         dual grid (1792)
+    U0   as D0, both pools the two ends of one region            dual grid (1792)
+    E0   as D0, capacity moved between the pools on demand       dual grid (1792)
 
 Those are the study's pages (``paging="study"``). vLLM 0.32 cannot shrink a
 page: every block of its pool is one page whose attention part holds
@@ -34,7 +38,7 @@ simulator can serve the same memory as a plugin run at the same budget:
     S2   1 vLLM block        ceil(SSM/A) blocks + 1 slab slot      block
     D0   1 vLLM block        1 block of a private pool             block
 
-(A: the study's 512-token attention page, which sets the counts.)
+(A: the organization's own attention page under its grid, which sets the counts.)
 States follow vLLM's align mode and its default retention too
 (``publish_in_place``, `harness.orgs.publication`): at every block edge the running
 state is the edge's state, and the request takes a new state object when it
@@ -52,11 +56,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-#: Attention block (and checkpoint grid) of the shared-pool organizations.
-BLOCK_TOKENS = 512
-#: D0's attention block and checkpoint interval (the study's values).
-D0_BLOCK_TOKENS = 16
-D0_GRID_TOKENS = 1792
+from common.errors import HbenchError
+
 #: How pages are laid out: the study's page sizes, or vLLM 0.32's blocks as
 #: its CPU build resolves them (``vllm``) or as a CUDA vLLM does (``vllm-gpu``).
 PAGINGS = ("study", "vllm", "vllm-gpu")
@@ -83,6 +84,158 @@ def vllm_block_tokens(attn_bytes_per_token: int, state_bytes: int,
     if attn_bytes_per_token <= 0:
         raise ValueError("a vLLM block needs attention bytes per token")
     return align * max(1, -(-state_bytes // (align * attn_bytes_per_token)))
+
+
+#: Where a run's grid comes from (``--grid-from``): what the model declares
+#: (a preset's, or a config.json's ``hbench_grid``; the rule where it declares
+#: none), the geometry rule, or an engine's shape.
+GRID_SOURCES = ("declared", "rule", "vllm", "sglang")
+#: The rule's smallest block, and D0's attention block: 16 tokens, the KV
+#: block of FlashAttention-style kernels and vLLM's default for attention.
+RULE_MIN_BLOCK = 16
+#: The rule's shared page is at most this fraction of an SSM state, so one
+#: state spans at least this many pages (Falcon-H1-7B: exactly 3 of 512 KiB).
+RULE_STATE_PAGES = 3
+#: The rule's D0 checkpoint interval is a multiple of this many tokens.
+RULE_GRID_STEP = 256
+#: SGLang's ``--mamba-track-interval`` default: a state is kept every this many
+#: decode tokens (none at intervals inside a prefill, only at its end).
+SGLANG_TRACK_INTERVAL = 256
+#: Largest block or grid hbench lays out (a page of a million tokens already
+#: holds more than any model length).
+MAX_GRID_TOKENS = 2**20
+#: The three numbers of a grid, by the names a config.json's ``hbench_grid``
+#: and a manifest's ``grid`` record use.
+GRID_KEYS = ("shared_block_tokens", "dual_block_tokens", "dual_grid_tokens")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grid:
+    """Where attention pages and checkpoints fall, in tokens, for every organization.
+
+    ``shared_block_tokens``: S0/S1/S2's attention page, which is also their
+    checkpoint grid. ``dual_block_tokens`` / ``dual_grid_tokens``: D0's (U0's,
+    E0's) attention block and checkpoint interval, a multiple of the block.
+    ``source`` says where the numbers came from, in words a run's title and
+    manifest repeat (``geometry rule``, ``declared by preset falcon-h1-7b``,
+    ``vLLM's block rule``, ``SGLang's track interval``, ...);
+    ``overridden`` names the flags that replaced any of them.
+    """
+
+    shared_block_tokens: int
+    dual_block_tokens: int
+    dual_grid_tokens: int
+    source: str
+    overridden: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in GRID_KEYS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GRID_TOKENS:
+                raise HbenchError(f"grid ({self.origin}): {key} must be a whole number of tokens "
+                                  f"in [1, {MAX_GRID_TOKENS:,}], got {value!r}")
+        if self.dual_grid_tokens % self.dual_block_tokens:
+            raise HbenchError(f"grid ({self.origin}): dual_grid_tokens {self.dual_grid_tokens} must be "
+                              f"a multiple of dual_block_tokens {self.dual_block_tokens}")
+
+    @classmethod
+    def from_record(cls, record, source: str) -> Grid:
+        """A grid from a JSON object holding exactly `GRID_KEYS` (a config.json's
+        ``hbench_grid``); a malformed one is a one-line HbenchError."""
+        if not isinstance(record, dict) or set(record) != set(GRID_KEYS):
+            raise HbenchError(f"{source}: hbench_grid must be an object with exactly the keys "
+                              f"{', '.join(GRID_KEYS)} (tokens), got {record!r}")
+        return cls(**record, source=source)
+
+    def with_overrides(self, **tokens: int | None) -> Grid:
+        """This grid with the given `GRID_KEYS` replaced (None keeps one); the
+        flag of each replaced value joins ``overridden``."""
+        given = {k: v for k, v in tokens.items() if v is not None}
+        if not given:
+            return self
+        flags = tuple("--" + k.replace("_", "-") for k in GRID_KEYS if k in given)
+        return replace(self, **given, overridden=self.overridden + flags)
+
+    def tokens_for(self, dual_pool: bool) -> tuple[int, int]:
+        """(attention block, checkpoint grid) of a shared-pool or a dual-pool organization."""
+        if dual_pool:
+            return self.dual_block_tokens, self.dual_grid_tokens
+        return self.shared_block_tokens, self.shared_block_tokens
+
+    @property
+    def origin(self) -> str:
+        """Where the grid came from, overrides included."""
+        if not self.overridden:
+            return self.source
+        return f"{self.source}, overridden by {', '.join(self.overridden)}"
+
+    def record(self) -> dict:
+        """The manifest's ``grid`` record (plain JSON values)."""
+        return {**{k: getattr(self, k) for k in GRID_KEYS}, "source": self.source,
+                "overridden": list(self.overridden)}
+
+    def describe(self, with_origin: bool = True) -> str:
+        words = (f"S0/S1/S2 {self.shared_block_tokens}-token pages; D0 {self.dual_block_tokens}-token "
+                 f"blocks, a checkpoint every {self.dual_grid_tokens} tokens")
+        return f"{words} ({self.origin})" if with_origin else words
+
+
+def rule_grid(geom) -> Grid:
+    """The grid hbench derives from a model's geometry (bytes per pool layer):
+
+    - shared page: the largest power of two >= `RULE_MIN_BLOCK` tokens whose
+      attention page holds at most 1/`RULE_STATE_PAGES` of an SSM state (the
+      smallest, 16, where even that page is larger; 16 with no SSM state);
+    - D0 block: `RULE_MIN_BLOCK` tokens;
+    - D0 grid: a checkpoint's bytes in attention tokens, rounded up to a
+      multiple of `RULE_GRID_STEP` (at least one step).
+
+    Falcon-H1-7B (1,024 B a token, SSM 1,572,864 B, checkpoint 1,594,368 B)
+    gets the study's 512 (512 x 1,024 x 3 = 1,572,864) / 16 / 1792 (1,557
+    tokens, rounded up)."""
+    per_token = geom.slot_attn_bytes_per_token
+    if per_token <= 0:
+        raise HbenchError(f"{geom.name}: a grid needs attention bytes per token")
+    shared = RULE_MIN_BLOCK
+    while 2 * shared * per_token * RULE_STATE_PAGES <= geom.slot_ssm_bytes:
+        shared *= 2
+    steps = -(-geom.slot_checkpoint_bytes // (per_token * RULE_GRID_STEP))
+    return Grid(shared_block_tokens=min(shared, MAX_GRID_TOKENS), dual_block_tokens=RULE_MIN_BLOCK,
+                dual_grid_tokens=min(max(1, steps) * RULE_GRID_STEP, MAX_GRID_TOKENS),
+                source="geometry rule")
+
+
+def vllm_grid(geom, align: int = 16) -> Grid:
+    """vLLM's shape: one block size for everything, raised until its attention
+    page holds a whole state (`vllm_block_tokens`, at a CUDA vLLM's 16-token
+    alignment), a state kept at each block edge (align mode)."""
+    block = vllm_block_tokens(geom.slot_attn_bytes_per_token, geom.slot_checkpoint_bytes, align)
+    block = min(block, MAX_GRID_TOKENS)
+    return Grid(shared_block_tokens=block, dual_block_tokens=block, dual_grid_tokens=block,
+                source="vLLM's block rule")
+
+
+def sglang_grid(geom) -> Grid:
+    """SGLang's shape: a state every `SGLANG_TRACK_INTERVAL` tokens (its
+    ``--mamba-track-interval``), also the shared organizations' page; D0's
+    attention in `RULE_MIN_BLOCK`-token blocks (SGLang's token pool pages
+    by 1 token; hbench keeps 16 so a pool's page count stays small). SGLang
+    keeps those states during decode and none at intervals inside a prefill;
+    hbench publishes at the grid's boundaries as ``--ckpt-publish`` says."""
+    return Grid(shared_block_tokens=SGLANG_TRACK_INTERVAL, dual_block_tokens=RULE_MIN_BLOCK,
+                dual_grid_tokens=SGLANG_TRACK_INTERVAL, source="SGLang's track interval")
+
+
+def grid_for(geom, grid_from: str = "declared") -> Grid:
+    """The grid ``grid_from`` (`GRID_SOURCES`) names for ``geom``: what the
+    model declares (``geom.declared_grid``; the rule where nothing is
+    declared), the rule, or an engine's shape."""
+    if grid_from == "declared":
+        return geom.declared_grid or rule_grid(geom)
+    makers = {"rule": rule_grid, "vllm": vllm_grid, "sglang": sglang_grid}
+    if grid_from not in makers:
+        raise HbenchError(f"unknown --grid-from {grid_from!r}; choose from {', '.join(GRID_SOURCES)}")
+    return makers[grid_from](geom)
 
 
 def slots_per_slab(page_bytes: int, conv_bytes: int) -> int:

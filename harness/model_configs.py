@@ -14,16 +14,25 @@ Supported ``model_type`` values (see `BUILDERS`):
 
 Each builder reads only the fields geometry needs and turns a missing or
 ill-typed one into a one-line `HbenchError`.
+
+A config (or a preset) may also declare its grid, where pages and
+checkpoints fall (`harness.layout.Grid`), under the key ``hbench_grid``:
+``{"shared_block_tokens": 512, "dual_block_tokens": 16, "dual_grid_tokens":
+1792}``. `from_config` keeps it as ``ModelGeometry.declared_grid``; a model
+that declares none gets the geometry rule's (`harness.layout.rule_grid`).
+Hugging Face ignores the key, so a served model directory may carry it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 from common.errors import HbenchError
 from common.safe_json import load_json_object
 from harness.geometry import DTYPE_BYTES, ModelGeometry
+from harness.layout import Grid
 
 
 def load_config(path: str | Path) -> dict:
@@ -271,8 +280,10 @@ BUILDERS = {
 }
 
 
-def from_config(cfg: dict, name: str | None = None, **dtypes) -> ModelGeometry:
-    """Build the geometry for any supported ``model_type``."""
+def from_config(cfg: dict, name: str | None = None, declared_by: str = "declared in config.json",
+                **dtypes) -> ModelGeometry:
+    """Build the geometry for any supported ``model_type``, with the grid the
+    config declares (``hbench_grid``, recorded as declared by ``declared_by``)."""
     if not isinstance(cfg, dict):
         raise HbenchError("a model config must be a JSON object")
     model_type = cfg.get("model_type")
@@ -281,9 +292,12 @@ def from_config(cfg: dict, name: str | None = None, **dtypes) -> ModelGeometry:
             f"unsupported model_type {model_type!r}; supported: {', '.join(sorted(BUILDERS))}"
         )
     try:
-        return BUILDERS[model_type](cfg, name or model_type, **dtypes)
+        geom = BUILDERS[model_type](cfg, name or model_type, **dtypes)
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise HbenchError(f"malformed {model_type} config: {exc}") from None
+    if cfg.get("hbench_grid") is None:
+        return geom
+    return dataclasses.replace(geom, declared_grid=Grid.from_record(cfg["hbench_grid"], declared_by))
 
 
 def _falcon_h1(hidden, inter, layers, heads, kv, head_dim, m_heads, m_head_dim, d_state, vocab,
@@ -308,6 +322,12 @@ def _falcon_h1(hidden, inter, layers, heads, kv, head_dim, m_heads, m_head_dim, 
     }
 
 
+#: The study's grid for Falcon-H1-7B (512-token S0/S1/S2 pages; D0 16-token
+#: blocks, a checkpoint every 1792 tokens), as an ``hbench_grid`` record: its
+#: preset declares it, and so do the tiny models standing in for it
+#: (`adapters.tiny_model`).
+STUDY_GRID = {"shared_block_tokens": 512, "dual_block_tokens": 16, "dual_grid_tokens": 1792}
+
 # Preset configs (the fields geometry needs). Depth, dim, heads, KV heads,
 # Mamba heads, head dims, d_state and context length (max_position_embeddings)
 # come from the Falcon-H1 table in the transformers documentation
@@ -325,7 +345,9 @@ PRESETS: dict[str, dict] = {
     "falcon-h1-0.5b": _falcon_h1(1024, 2048, 36, 8, 2, 64, 24, 64, 128, 32784, 16384),
     "falcon-h1-1.5b": _falcon_h1(2048, 4096, 24, 8, 2, 128, 48, 64, 256, 65537, 131072),
     "falcon-h1-3b": _falcon_h1(2560, 6144, 32, 10, 2, 128, 32, 128, 256, 65537, 131072),
-    "falcon-h1-7b": _falcon_h1(3072, 12288, 44, 12, 2, 128, 24, 128, 256, 130049, 262144),
+    # the study's model declares the study's grid (which the geometry rule also gives it)
+    "falcon-h1-7b": {**_falcon_h1(3072, 12288, 44, 12, 2, 128, 24, 128, 256, 130049, 262144),
+                     "hbench_grid": STUDY_GRID},
     "falcon-h1-34b": _falcon_h1(5120, 21504, 72, 20, 4, 128, 32, 128, 256, 261120, 262144),
 }
 
@@ -334,7 +356,7 @@ def preset(name: str, **dtypes) -> ModelGeometry:
     key = name.lower()
     if key not in PRESETS:
         raise HbenchError(f"unknown model {name!r}; presets: {', '.join(sorted(PRESETS))}")
-    return from_config(PRESETS[key], name=key, **dtypes)
+    return from_config(PRESETS[key], name=key, declared_by=f"declared by preset {key}", **dtypes)
 
 
 DEFAULT_MODEL = "falcon-h1-7b"
@@ -350,10 +372,12 @@ def geometry_from_options(model: str | None, config_path: str | None, dtype: str
         raise HbenchError("give --model or --config, not both")
     dtypes = dict(dtype=dtype, ssm_state_dtype=ssm_dtype)
     if config_path:
-        return from_config(load_config(config_path), **dtypes)
+        return from_config(load_config(config_path), declared_by=f"declared in {config_path} (hbench_grid)",
+                           **dtypes)
     if model and model.lower() not in PRESETS and (Path(model) / "config.json").is_file():
         # a model directory a real engine serves: its own config.json is the geometry
-        return from_config(load_config(Path(model) / "config.json"), **dtypes)
+        path = Path(model) / "config.json"
+        return from_config(load_config(path), declared_by=f"declared in {path} (hbench_grid)", **dtypes)
     return preset(model or DEFAULT_MODEL, **dtypes)
 
 

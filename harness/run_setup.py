@@ -26,9 +26,10 @@ from harness.config import (
     run_bytes,
 )
 from harness.geometry import ModelGeometry
-from harness.layout import OrgLayout
+from harness.layout import Grid, OrgLayout
 from harness.model_configs import geometry_for_run
 from harness.orgs import layout_for
+from harness.run_grid import run_grid
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,24 @@ class RunSetup:
     geometry: ModelGeometry
     layout: OrgLayout       # the organization's layout under the run's paging
     budget: OrgBudget
+    grid: Grid | None = None   # the grid the layout was laid out on (harness/run_grid.py)
 
     @classmethod
     def resolve(cls, config: RunConfig) -> RunSetup:
         """Resolve ``config``'s model, layout and budget (HbenchError if the
         model or the budget is unknown)."""
         geom = geometry_for_run(config)
-        layout = layout_for(config.org, geom, config.resolved_paging)
+        grid = run_grid(config, geom)
+        layout = layout_for(config.org, geom, config.resolved_paging, grid)
         return cls(config, geom, layout,
-                   resolve_budget(config.budget, layout, geom, config.d0_attn_fraction))
+                   resolve_budget(config.budget, layout, geom, config.d0_attn_fraction), grid)
 
     def with_config(self, config: RunConfig) -> RunSetup:
         """The same resolution under a config that differs only in what the
         geometry and budget do not depend on (e.g. a saved workload's recipe)."""
         for name in ("model", "config_path", "ssm_state_dtype", "budget", "org",
-                     "d0_attn_fraction", "resolved_paging"):
+                     "d0_attn_fraction", "resolved_paging", "grid_from", "shared_block_tokens",
+                     "dual_block_tokens", "dual_grid_tokens"):
             assert getattr(config, name) == getattr(self.config, name), name
         return dataclasses.replace(self, config=config)
 

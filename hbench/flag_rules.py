@@ -21,6 +21,7 @@ a value it was given is the engine's (`adapters.registry.check_paging`,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 
@@ -28,7 +29,7 @@ import click
 from click.core import ParameterSource
 
 from common.errors import HbenchError
-from harness.config import RunConfig
+from harness.config import GRID_FIELDS, RunConfig
 from workloads.spec import CONFIG_NAMES, WorkloadSpec
 
 #: RunConfig fields of the workload recipe (`workloads.spec.WorkloadSpec`):
@@ -63,6 +64,16 @@ def priced(c: RunConfig) -> bool:
 
 def own_org(c: RunConfig) -> bool:
     return c.engine in OWN_ENGINES
+
+
+@functools.cache
+def dual_pool_orgs() -> frozenset[str]:
+    """The organizations laid out in two pools (D0's block and grid apply to them)."""
+    from harness.model_configs import DEFAULT_MODEL, preset
+    from harness.orgs import ORGANIZATIONS, layout_for
+
+    geom = preset(DEFAULT_MODEL)
+    return frozenset(org for org in ORGANIZATIONS if layout_for(org, geom).dual_pool)
 
 
 def gamma(c: RunConfig) -> bool:
@@ -146,6 +157,15 @@ RULES: tuple[Rule, ...] = (
          "split of its pools)"),
     Rule(("paging",), lambda c, g: c.engine != "sglang",
          "does not apply to --engine sglang, which lays out its own pools"),
+    Rule(GRID_FIELDS, lambda c, g: own_org(c),
+         "applies to --engine sim or torch only, whose pages hbench lays out; a real engine "
+         "picks its own blocks"),
+    Rule(GRID_FIELDS, lambda c, g: c.resolved_paging == "study",
+         "does not apply with --paging vllm or vllm-gpu: vLLM's blocks are the grid there"),
+    Rule(("shared_block_tokens",), lambda c, g: c.org not in dual_pool_orgs(),
+         "applies to the shared-pool organizations only (--org s0, s1 or s2: their page)"),
+    Rule(("dual_block_tokens", "dual_grid_tokens"), lambda c, g: c.org in dual_pool_orgs(),
+         "applies to the organizations with two pools only (--org d0, u0 or e0)"),
 )
 
 

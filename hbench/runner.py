@@ -17,6 +17,7 @@ from adapters.sim.profile import check_gpu_memory, hardware_for
 from harness.config import RunConfig
 from harness.results import free_run_id, write_run
 from harness.run_address import new_run_id
+from harness.run_grid import grid_record
 from harness.run_setup import RunSetup, validate
 from harness.run_workload import build_run_workload, recorded_config
 from workloads.kinds import WORKLOAD_KINDS
@@ -99,5 +100,6 @@ def execute(config: RunConfig, out_root: str | Path = "results", *, workload=Non
         engine_name=engine.name, engine_version=recorded_version(engine),
         weights_bytes=setup.geometry.weights_bytes,
         extra_manifest={"cache_state": run.engine_info.get("cache_state", "cold"),
-                        "warmup_requests": config.warmup_requests},
+                        "warmup_requests": config.warmup_requests,
+                        "grid": grid_record(setup.grid, setup.layout, config.grid_from)},
     )

@@ -111,22 +111,23 @@ def engine_config(config, directory: Path):
         raise HbenchError(f"vLLM refused the run's configuration: {exc}") from None
     resolve_gpu_block_size(vllm_config, config)
     if config.resolved_paging == "study":      # S1/S2 only: adapters.vllm checks
-        use_grid_pages(vllm_config)
+        from adapters.vllm import VllmEngine
+
+        use_grid_pages(vllm_config, VllmEngine.plugin_grid_tokens(config))
     return vllm_config
 
 
-def use_grid_pages(vllm_config) -> None:
+def use_grid_pages(vllm_config, grid_tokens: int) -> None:
     """S1 and S2 at the study's page (module docstring, step 2b): vLLM's block
-    is the plugin's grid (512 tokens), one page the attention bytes of a block
+    is the plugin's grid (``grid_tokens``, the model's shared page: 512 tokens
+    for Falcon-H1-7B), one page the attention bytes of a block
     (512 KiB for Falcon-H1-7B), and the Mamba group's page the same size, so
     that the plugin's carrier and member pages are the study's pages. A served
     vLLM cannot do this (its kernel reads a whole state from one block id:
     docs/engines.md, "Why the plugin's S1/S2 are not physical"); in process
     no state tensor exists and only the block counts act."""
-    from adapters.vllm_plugin.plan import DEFAULT_GRID_TOKENS
-
     cache = vllm_config.cache_config
-    cache.block_size = cache.mamba_block_size = DEFAULT_GRID_TOKENS
+    cache.block_size = cache.mamba_block_size = grid_tokens
     cache.mamba_page_size_padded = attention_spec(vllm_config).page_size_bytes
 
 

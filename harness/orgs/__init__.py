@@ -10,7 +10,7 @@ organization; `pool_split` says how a budget's bytes become those sizes.
 
 from __future__ import annotations
 
-from harness.layout import PAGINGS, VLLM_PAGINGS, OrgLayout, vllm_block_tokens
+from harness.layout import PAGINGS, VLLM_PAGINGS, Grid, OrgLayout, grid_for, vllm_block_tokens
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.e0 import E0
@@ -52,16 +52,17 @@ def label_page_bytes(org: str, geom) -> int:
     """The page an ``Np`` budget label counts for ``org`` under model ``geom``
     (harness/budget.py): its own study page, or the attention page A."""
     cls = _organization(org)
-    return cls.pool_split.label_page_bytes(cls.layout_for(geom), geom)
+    return cls.pool_split.label_page_bytes(cls.layout_for(geom, grid_for(geom)), geom)
 
 
-def layout_for(org: str, geom, paging: str = "study") -> OrgLayout:
+def layout_for(org: str, geom, paging: str = "study", grid: Grid | None = None) -> OrgLayout:
     """The layout of ``org`` (a key of `ORGANIZATIONS`) for model geometry
-    ``geom``: the study's pages, or with a vLLM paging (``"vllm"``,
+    ``geom`` under ``grid`` (None: the grid the model declares, else the
+    geometry rule's, `harness.layout.grid_for`): the study's pages, or with a vLLM paging (``"vllm"``,
     ``"vllm-gpu"``) the same organization in vLLM's blocks of that paging's
     alignment (`OrgLayout.in_vllm_blocks`)."""
     cls = _organization(org)
-    layout = cls.layout_for(geom)
+    layout = cls.layout_for(geom, grid or grid_for(geom))
     if paging == "study":
         return layout
     if paging in VLLM_PAGINGS:

@@ -65,7 +65,8 @@ class Organization(ReadOnlyViews):
     vllm_preempt_pin = "joint"
 
     @staticmethod
-    def layout_for(geom) -> OrgLayout:
+    def layout_for(geom, grid) -> OrgLayout:
+        """The layout for model geometry ``geom`` under ``grid`` (`harness.layout.Grid`)."""
         raise NotImplementedError
 
     @staticmethod

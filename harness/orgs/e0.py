@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from harness.geometry import ModelGeometry
-from harness.layout import OrgLayout
+from harness.layout import Grid, OrgLayout
 from harness.orgs.d0 import D0
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, ElasticPool, RegionOrganization
@@ -46,8 +46,8 @@ class E0(RegionOrganization):
     pool_split = DualPools()   # D0's split; capacity moves between the pools later
 
     @staticmethod
-    def layout_for(geom: ModelGeometry) -> OrgLayout:
-        return replace(D0.layout_for(geom), org="e0")
+    def layout_for(geom: ModelGeometry, grid: Grid) -> OrgLayout:
+        return replace(D0.layout_for(geom, grid), org="e0")
 
     @staticmethod
     def make_pools(layout: OrgLayout, pool_pages: tuple[int, ...]) -> list:

@@ -10,7 +10,7 @@ here but the layout: `harness.orgs.base` does the rest.
 from __future__ import annotations
 
 from harness.geometry import ModelGeometry
-from harness.layout import BLOCK_TOKENS, OrgLayout
+from harness.layout import Grid, OrgLayout
 from harness.orgs.base import Organization
 from harness.orgs.split import SharedPages
 
@@ -21,11 +21,12 @@ class S0(Organization):
     vllm_preempt_pin = "none"    # vLLM serves S0 stock: a preemption pins nothing
 
     @staticmethod
-    def layout_for(geom: ModelGeometry) -> OrgLayout:
+    def layout_for(geom: ModelGeometry, grid: Grid) -> OrgLayout:
         ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
-        attn = BLOCK_TOKENS * geom.slot_attn_bytes_per_token
+        block = grid.shared_block_tokens
+        attn = block * geom.slot_attn_bytes_per_token
         page = max(attn, ssm + conv)
-        return OrgLayout(org="s0", attn_block_tokens=BLOCK_TOKENS, grid_tokens=BLOCK_TOKENS,
+        return OrgLayout(org="s0", attn_block_tokens=block, grid_tokens=block,
                          attn_page_bytes=page, ckpt_page_bytes=page,
                          ssm_pages=1 if ssm + conv else 0,
                          attn_block_bytes=attn, ssm_bytes=ssm, conv_bytes=conv)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from harness.geometry import ModelGeometry
-from harness.layout import BLOCK_TOKENS, OrgLayout
+from harness.layout import Grid, OrgLayout
 from harness.orgs.base import Organization
 from harness.orgs.split import SharedPages
 
@@ -21,10 +21,11 @@ class S1(Organization):
     pool_split = SharedPages()
 
     @staticmethod
-    def layout_for(geom: ModelGeometry) -> OrgLayout:
+    def layout_for(geom: ModelGeometry, grid: Grid) -> OrgLayout:
         ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
-        page = BLOCK_TOKENS * geom.slot_attn_bytes_per_token
-        return OrgLayout(org="s1", attn_block_tokens=BLOCK_TOKENS, grid_tokens=BLOCK_TOKENS,
+        block = grid.shared_block_tokens
+        page = block * geom.slot_attn_bytes_per_token
+        return OrgLayout(org="s1", attn_block_tokens=block, grid_tokens=block,
                          attn_page_bytes=page, ckpt_page_bytes=page,
                          ssm_pages=math.ceil(ssm / page), conv_pages=math.ceil(conv / page),
                          attn_block_bytes=page, ssm_bytes=ssm, conv_bytes=conv)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from harness.geometry import ModelGeometry
-from harness.layout import BLOCK_TOKENS, OrgLayout, slots_per_slab
+from harness.layout import Grid, OrgLayout, slots_per_slab
 from harness.orgs.base import Organization
 from harness.orgs.split import SharedPages
 
@@ -22,11 +22,12 @@ class S2(Organization):
     pool_split = SharedPages()
 
     @staticmethod
-    def layout_for(geom: ModelGeometry) -> OrgLayout:
+    def layout_for(geom: ModelGeometry, grid: Grid) -> OrgLayout:
         ssm, conv = geom.slot_ssm_bytes, geom.slot_conv_bytes
-        page = BLOCK_TOKENS * geom.slot_attn_bytes_per_token
+        block = grid.shared_block_tokens
+        page = block * geom.slot_attn_bytes_per_token
         slots = slots_per_slab(page, conv) if conv > 0 else 0
-        return OrgLayout(org="s2", attn_block_tokens=BLOCK_TOKENS, grid_tokens=BLOCK_TOKENS,
+        return OrgLayout(org="s2", attn_block_tokens=block, grid_tokens=block,
                          attn_page_bytes=page, ckpt_page_bytes=page,
                          ssm_pages=math.ceil(ssm / page), conv_slots=conv > 0,
                          slot_bytes=page // slots if slots else 0, slab_slots=slots,

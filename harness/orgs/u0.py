@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.geometry import ModelGeometry
-from harness.layout import OrgLayout
+from harness.layout import Grid, OrgLayout
 from harness.orgs.d0 import D0
 from harness.orgs.policies import DEFAULT_POLICY
 from harness.orgs.region import ATTN_POOL, CKPT_POOL, ElasticPool, RegionOrganization
@@ -52,8 +52,8 @@ class U0(RegionOrganization):
     takes_keep_refusals = False
 
     @staticmethod
-    def layout_for(geom: ModelGeometry) -> OrgLayout:
-        return replace(D0.layout_for(geom), org="u0", one_region=True)
+    def layout_for(geom: ModelGeometry, grid: Grid) -> OrgLayout:
+        return replace(D0.layout_for(geom, grid), org="u0", one_region=True)
 
     @staticmethod
     def make_pools(layout: OrgLayout, pool_pages: tuple[int, ...]) -> list:

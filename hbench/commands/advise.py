@@ -17,6 +17,7 @@ import click
 
 from common.errors import HbenchError
 from hbench.commands.capacity import DEFAULT_REQUESTS, _list, _rates
+from hbench.commands.grid_flags import grid_fields, grid_options
 from hbench.flag_types import FLOAT, INT, PATH
 
 DEFAULT_RATES = "0.5,1,1.5,2,3,4,6,8"
@@ -84,6 +85,7 @@ def _floats(text: str, what: str, inside, words: str) -> tuple[float, ...]:
               help="Requests (sessions for multiturn) per run.")
 @click.option("--set", "extra", multiple=True, metavar="KEY=VALUE",
               help="Any other RunConfig field for every run (repeatable), e.g. --set headroom=0.1.")
+@grid_options
 @click.option("--time-budget", default=None,
               help="Stop starting new arms after this long (90s, 20m, 1.5h) and answer with what "
                    "ran; finished cells are kept and a repeated call reuses them.")
@@ -99,8 +101,8 @@ def _floats(text: str, what: str, inside, words: str) -> tuple[float, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print advise.json instead of sentences.")
 @click.pass_context
 def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs, caps,
-           d0_attn_fractions, headrooms, ckpt_policies, at_rate, seeds, requests, extra, time_budget, dry_run, alpha, out, jobs,
-           as_json):
+           d0_attn_fractions, headrooms, ckpt_policies, at_rate, seeds, requests, extra,
+           time_budget, dry_run, alpha, out, jobs, as_json, **grid):
     """Which organization and settings to use for a model, GPU, memory and traffic.
 
     \b
@@ -145,7 +147,7 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
     limits = parse_slo(slo)
     budget_seconds = parse_duration(time_budget)
     base = {"model": model, "gpu": gpu, "budget": budget, "workload_kind": workload_kind,
-            "requests": requests}
+            "requests": requests, **grid_fields(grid)}
     if config_path is not None:
         from common.input_files import check_input_file
 
@@ -171,8 +173,8 @@ def advise(ctx, model, config_path, gpu, budget, workload_kind, slo, rates, orgs
                     if ckpt_policies else (None,),
                     at_rate=at_rate)
     check(search)
-    check_flags({k: v for k, v in given.items() if k in ("model", "gpu", "budget")},
-                [cfg for arm in search.arms()[:1] for cfg in search.configs(arm)[:1]])
+    check_flags({k: v for k, v in given.items() if k in ("model", "gpu", "budget", *grid)},
+                [search.configs(arm)[0] for arm in search.arms()])
     check_writable_dir(out)
     arms = search.arms()
     todo, done = pending_cells(search, out, arms)
@@ -343,13 +345,14 @@ def _peak(result) -> tuple[float, float] | None:
 
 def _grid_words(result) -> str:
     """Which pages and grids the runs used, and where they came from."""
-    from harness.model_configs import geometry_for_run
-    from harness.orgs import layout_for
+    import dataclasses
 
-    cfg = _base_config(result.search.base)
-    geom = geometry_for_run(cfg)
+    from harness.run_grid import grid_record, grid_words
+    from harness.run_setup import RunSetup
+
     best = result.decision.best["org"]
-    lay = layout_for(best, geom, cfg.resolved_paging)
-    return (f"Pages: {best.upper()} ran with {lay.attn_block_tokens}-token attention blocks and "
-            f"a checkpoint every {lay.grid_tokens} tokens, the study's values for Falcon-H1-7B "
-            "(harness/layout.py) applied to every model; a real engine picks its own.")
+    setup = RunSetup.resolve(dataclasses.replace(_base_config(result.search.base), org=best))
+    words = grid_words(grid_record(setup.grid, setup.layout, setup.config.grid_from))
+    return (f"Pages: {best.upper()} ran with {words}; every arm's grid: "
+            f"{setup.grid.describe(with_origin=False)}. A real engine picks its own "
+            "(--grid-from vllm or sglang runs an engine's shape).")

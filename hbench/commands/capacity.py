@@ -15,6 +15,7 @@ import click
 from analysis.run_validity import INCLUDE_INVALID_HELP
 from common.errors import HbenchError
 from common.numbers import parse_float
+from hbench.commands.grid_flags import grid_fields, grid_options
 from hbench.flag_types import FLOAT, INT, PATH
 
 #: Requests per run when neither --requests nor a run length (--set duration_s) is given.
@@ -38,6 +39,19 @@ def _rates(text: str) -> list[float]:
 @click.command("capacity", context_settings={"max_content_width": 100})
 @click.option("--org", "orgs", default="s2,d0", show_default=True, help="Organizations, comma list.")
 @click.option("--budget", "budgets", default="b63,b83,b108", show_default=True, help="Budgets, comma list.")
+@click.option("--model", default=None,
+              help="Model preset (hbench geometry --help lists them) [default: falcon-h1-7b].")
+@click.option("--config", "config_path", type=click.Path(), default=None,
+              help="A hybrid model's Hugging Face config.json instead of a preset (model_type "
+                   "falcon_h1, bamba, granitemoehybrid, jamba or nemotron_h; an hbench_grid key "
+                   "declares its grid).")
+@click.option("--gpu", default=None,
+              help="Simulated hardware: a preset (hbench hardware) or a cost profile from hbench "
+                   "calibrate [default: a100-pcie-40gb].")
+@click.option("--workload-kind", type=click.Choice(["sharegpt", "multiturn"]), default=None,
+              help="Traffic: ShareGPT prompts with shared contexts (the study's) or multi-turn "
+                   "chat sessions (rates then count sessions) [default: sharegpt].")
+@grid_options
 @click.option("--slo", default="ttft_p99<=2s,tpot_p99<=100ms", show_default=True,
               help="Run-level limits, comma list of METRIC_pQ<=VALUE(s|ms), metric ttft/tpot/itl/e2e.")
 @click.option("--rates", default="0.5,1,1.5,2,3,4", show_default=True,
@@ -63,7 +77,7 @@ def _rates(text: str) -> list[float]:
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json instead of tables.")
 @click.pass_context
 def capacity(ctx, orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt_evict, extra, alpha, out,
-             jobs, include_invalid, as_json):
+             jobs, include_invalid, as_json, model, config_path, gpu, workload_kind, **grid):
     """Largest arrival rate each organization x budget sustains within --slo.
 
     \b
@@ -95,7 +109,12 @@ def capacity(ctx, orgs, budgets, slo, rates, seeds, requests, ckpt_publish, ckpt
     limits = parse_slo(slo)
     grid_rates = _rates(rates)
     seed_list = [int(s) for s in parse_values("seed", seeds)]
+    if model is not None and config_path is not None:
+        raise HbenchError("give --model or --config, not both")
     base = {"ckpt_publish": ckpt_publish, "ckpt_evict": ckpt_evict}
+    chosen = {"model": model, "config_path": config_path, "gpu": gpu,
+              "workload_kind": workload_kind, **grid_fields(grid)}
+    base.update({k: v for k, v in chosen.items() if v is not None})
     # the grid's axes are always given; the rest where typed
     given = {"org": "--org", "budget": "--budget", "rate": "--rates", "seed": "--seeds",
              **{k: v for k, v in typed_flags(ctx).items() if k in ("requests", *base)}}

@@ -14,7 +14,7 @@ from common.input_files import read_input_text
 from common.numbers import parse_float, parse_int
 from common.safe_json import loads_json
 from harness.budget import DEFAULT_D0_ATTN_FRACTION, applicable_orgs, resolve_all
-from harness.layout import BLOCK_TOKENS, D0_BLOCK_TOKENS
+from harness.layout import grid_for
 from harness.ledger import (
     WASTE_KINDS,
     allocation,
@@ -95,11 +95,11 @@ def read_lengths(path: str) -> list[int]:
 def ledger_report(geom, x_a: int, x_r: int, x_a16: int, budget_text: str | None,
                   fraction: float, lengths: list[int] | None) -> dict:
     orgs = applicable_orgs(geom)
-    rep: dict = {"model": geom.name, "x_a": x_a, "x_r": x_r, "x_a16": x_a16, "orgs": {}}
+    rep: dict = {"model": geom.name, "x_a": x_a, "x_r": x_r, "x_a16": x_a16,
+                 "grid": grid_for(geom).record(), "orgs": {}}
     for org in orgs:
-        lay = layout_for(org, geom)   # d0, u0, e0 count 16-token blocks, the rest 512-token ones
-        rep["orgs"][org] = allocation(org, lay, x_a if lay.attn_block_tokens == BLOCK_TOKENS
-                                      else x_a16, x_r)
+        lay = layout_for(org, geom)   # d0, u0, e0 count their own blocks, the rest shared pages
+        rep["orgs"][org] = allocation(org, lay, x_a16 if lay.dual_pool else x_a, x_r)
     ratio = break_even_ratio(geom)
     rep["break_even_ratio"] = ratio
     rep["delta01_kib"] = delta01_kib(geom, x_a, x_r)
@@ -116,7 +116,7 @@ def ledger_report(geom, x_a: int, x_r: int, x_a16: int, budget_text: str | None,
             rep["kv_budget"] = {"whole_model_bytes": whole,
                                 "retained_tokens": kv_tokens_for(geom, whole)}
     if not geom.slot_checkpoint_bytes:
-        tokens = x_a * BLOCK_TOKENS
+        tokens = x_a * grid_for(geom).shared_block_tokens
         rep["kv_of_x_a"] = {"tokens": tokens, "whole_model_bytes": kv_budget_bytes(geom, tokens)}
     if lengths is not None:
         rep["tail_waste"] = tail_waste_summary(lengths, geom)
@@ -124,8 +124,11 @@ def ledger_report(geom, x_a: int, x_r: int, x_a16: int, budget_text: str | None,
 
 
 def print_ledger(rep: dict, console: Console) -> None:
-    console.print(f"[bold]{rep['model']}[/]: x_A = {rep['x_a']} attention blocks of 512 tokens "
-                  f"(D0: x_A16 = {rep['x_a16']} blocks of 16), x_R = {rep['x_r']} checkpoints")
+    grid = rep["grid"]
+    console.print(f"[bold]{rep['model']}[/]: x_A = {rep['x_a']} attention blocks of "
+                  f"{grid['shared_block_tokens']} tokens (D0: x_A16 = {rep['x_a16']} blocks of "
+                  f"{grid['dual_block_tokens']}), x_R = {rep['x_r']} checkpoints; grid from "
+                  f"{grid['source']}")
     t = Table(title="Allocation per organization (KiB per pool layer)")
     for col in ("org", "allocated", "logical", *WASTE_KINDS, "slabs"):
         t.add_column(col, justify="left" if col == "org" else "right")
@@ -171,11 +174,12 @@ def print_ledger(rep: dict, console: Console) -> None:
 @click.command("ledger")
 @model_options
 @click.option("--xa", "xa", default="16", show_default=True, metavar="N",
-              help="x_A: attention blocks of 512 tokens (S0/S1/S2).")
+              help="x_A: S0/S1/S2 attention blocks (the model's shared page: 512 tokens "
+                   "for Falcon-H1-7B).")
 @click.option("--xr", "xr", default="4", show_default=True, metavar="N",
               help="x_R: checkpoints (SSM + conv state at one position).")
 @click.option("--xa16", "xa16", default=None, metavar="N",
-              help="x_A16: D0's 16-token blocks (default: the same tokens, 32 x x_A).")
+              help="x_A16: D0's blocks (default: the same tokens; 32 x x_A for Falcon-H1-7B).")
 @click.option("--budget", "budget_text", default=None, metavar="BUDGET",
               help="Also check the mix against a budget (bN, Np or a size; see hbench budget).")
 @click.option("--d0-attn-fraction", "d0_attn_fraction", default=str(DEFAULT_D0_ATTN_FRACTION),
@@ -206,7 +210,8 @@ def ledger(model, config_path, dtype, ssm_dtype, xa, xr, xa16, budget_text, d0_a
     x_a, x_r = parse_count(xa, "--xa"), parse_count(xr, "--xr")
     x_a16 = parse_count(xa16, "--xa16")
     if x_a16 is None:
-        x_a16 = x_a * (BLOCK_TOKENS // D0_BLOCK_TOKENS)
+        grid = grid_for(geom)
+        x_a16 = -(-x_a * grid.shared_block_tokens // grid.dual_block_tokens)
     fraction = parse_fraction(d0_attn_fraction)
     lengths = read_lengths(lengths_from) if lengths_from else None
     rep = ledger_report(geom, x_a, x_r, x_a16, budget_text, fraction, lengths)

@@ -17,10 +17,11 @@ import click
 from adapters.registry import ENGINES
 from common.errors import HbenchError, HbenchFailure
 from common.metric_labels import SUMMARY_ROWS
-from harness.config import ADMISSIONS, COMPUTE_DTYPES, ORG_NAMES, RunConfig
+from harness.config import ADMISSIONS, COMPUTE_DTYPES, GRID_FIELDS, ORG_NAMES, RunConfig
 from harness.layout import PAGINGS
 from harness.orgs.evict_policy import EVICT_POLICIES
 from harness.orgs.publish_policy import PUBLISH_POLICIES
+from hbench.commands.grid_flags import grid_fields, grid_options
 from hbench.commands.workload import multiturn_options
 from hbench.flag_rules import check_flags, typed_flags
 from hbench.flag_types import FLOAT, INT, FloatOr
@@ -46,11 +47,14 @@ def print_summary(console: Console, run_dir, summary: dict, manifest: dict) -> N
     from rich.table import Table
 
     from harness.results import org_expression
+    from harness.run_grid import grid_words
     from harness.validity import describe_validity, failed_details, valid_as
 
     cfg = manifest["config"]
+    grid = grid_words(manifest.get("grid"))
     t = Table(title=f"{cfg['org'].upper()} @ {manifest['budget']['label']}  "
-                    f"({cfg['engine']}, {cfg['rate']} req/s, q={cfg['q']}, seed {cfg['seed']})")
+                    f"({cfg['engine']}, {cfg['rate']} req/s, q={cfg['q']}, seed {cfg['seed']}"
+                    + (f"; grid: {grid}" if grid else "") + ")")
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_column("unit")
@@ -132,7 +136,9 @@ def _why_not_valid(reasons: list[str], cfg: dict) -> str:
 @click.option("--model", default=D.model, show_default=True,
               help="Model preset (see hbench geometry); torch engine: a model directory.")
 @click.option("--config", "config_path", type=click.Path(), default=None,
-              help="A Hugging Face config.json instead of the preset.")
+              help="A Hugging Face config.json instead of the preset (model_type falcon_h1, "
+                   "bamba, granitemoehybrid, jamba or nemotron_h; llama, mistral, qwen2, qwen3 "
+                   "for the ledger only; an hbench_grid key declares its grid).")
 @click.option("--gpu", default=D.gpu, show_default=True,
               help="Simulated hardware: a preset (see hbench hardware) or a measured "
                    "cost profile file from hbench calibrate (profile.json).")
@@ -145,6 +151,7 @@ def _why_not_valid(reasons: list[str], cfg: dict) -> str:
                    "blocks as its CPU build resolves them (vllm; on sim: the blocks and rules "
                    "of a vLLM run at this budget, to compare with it) or as a CUDA vLLM does "
                    "(vllm-gpu: vLLM's scheduler in process). Default: the engine's own.")
+@grid_options
 @click.option("--rate", type=FLOAT, default=D.rate, show_default=True, help="Arrivals per second.")
 @click.option("--arrival", type=click.Choice(list(ARRIVALS)), default=D.arrival, show_default=True)
 @click.option("--burstiness", type=FLOAT, default=D.burstiness, show_default=True,
@@ -242,6 +249,7 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
         raise HbenchError("give --model or --config, not both")
     if flags["engine"] == "torch":
         flags["config_path"] = _torch_model_config(flags["model"], flags["config_path"])
+    flags = {k: v for k, v in flags.items() if k not in GRID_FIELDS} | grid_fields(flags)
     config = RunConfig(**flags)
     check_flags(typed_flags(ctx), [config])
     check_writable_dir(out)
@@ -268,8 +276,8 @@ def run(ctx, out, as_json, allow_oversubscribe, **flags):
 
 def _execute_with_progress(setup: RunSetup, out, allow_oversubscribe: bool) -> Path:
     """`hbench.runner.execute` of the validated ``setup`` with a spinner while
-    the workload is built and a progress bar while it is served (on stderr,
-    gone when done)."""
+    the workload is built and a progress bar, titled with the run and its
+    grid, while it is served (on stderr, gone when done)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -279,6 +287,7 @@ def _execute_with_progress(setup: RunSetup, out, allow_oversubscribe: bool) -> P
         TimeElapsedColumn,
     )
 
+    from harness.run_grid import grid_record, grid_words
     from harness.run_workload import build_run_workload
     from hbench.runner import execute
 
@@ -288,7 +297,9 @@ def _execute_with_progress(setup: RunSetup, out, allow_oversubscribe: bool) -> P
         workload = build_run_workload(config)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}",
+        # the run's title while it runs; a refusal stays the only line printed
+        words = grid_words(grid_record(setup.grid, setup.layout, config.grid_from))
+        task = bar.add_task(f"{config.engine}:{config.org}@{config.budget}, grid: {words}",
                             total=workload.total_requests)
         return execute(config, out, workload=workload, allow_oversubscribe=allow_oversubscribe,
                        progress=lambda n: bar.update(task, completed=n), setup=setup)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.errors import HbenchError, HbenchFailure
+from hbench.commands.grid_flags import GRID_FLAGS
 from hbench.executors import EXECUTORS
 from hbench.flag_types import INT
 
@@ -43,6 +44,8 @@ AXES = [
     ("--workload-kind", "workload_kind", "workload generators (sharegpt, multiturn)"),
     ("--think-time", "think_time_s", "multi-turn mean think times in s"),
     ("--max-turns", "max_turns", "multi-turn turns per session at most"),
+    # the grid flags (hbench/commands/grid_flags.py), each a comma list here
+    *((flag, field, text[0].lower() + text[1:].rstrip(".")) for flag, field, text in GRID_FLAGS),
 ]
 
 

@@ -46,7 +46,10 @@ def test_advise_answers_with_the_arm_its_limit_and_what_to_deploy(tmp_path):
     assert doc["limit"]["kind"] in ("cap", "memory", "token budget", "compute", "grid")
     assert "What to deploy:" in text and ("vLLM 0.32.0" in text and "SGLang 0.5.23" in text)
     assert "hbench probe --endpoint" in text
-    assert "harness/layout.py" in text          # the grid is named, not hidden
+    # the grid is named with its source, not hidden (nor claimed for every model)
+    assert "every arm's grid: S0/S1/S2 512-token pages; D0 16-token blocks, a checkpoint every " \
+        "1792 tokens" in " ".join(text.split())
+    assert "declared by preset falcon-h1-7b" in text and "every model" not in text
     for name in ("advise.json", "advise.md", "report.html"):
         assert (out / name).is_file()
     assert "<h2>Answer</h2>" in (out / "report.html").read_text()

@@ -82,7 +82,9 @@ def test_ledger_pure_attention_shows_kv_budget():
     rep = run_json("ledger", "--config", FIX / "llama.json", "--xa", 2, "--xr", 0,
                    "--budget", "1GiB")
     assert rep["kv_budget"]["retained_tokens"] == 2**30 // (2 * 32 * 8 * 128 * 2)
-    assert rep["kv_of_x_a"]["whole_model_bytes"] == 1024 * 131072
+    # x_A = 2 pages of the rule's 16 tokens (no SSM state), 131,072 B a token
+    assert rep["kv_of_x_a"]["whole_model_bytes"] == 2 * 16 * 131072
+    assert rep["grid"]["shared_block_tokens"] == 16 and rep["grid"]["source"] == "geometry rule"
 
 
 @pytest.mark.parametrize("args, words", [

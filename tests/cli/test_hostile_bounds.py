@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.config import MAX_RUN_MEMORY_BYTES, RunConfig, run_bytes
+from harness.config import GRID_FIELDS, MAX_RUN_MEMORY_BYTES, RunConfig, run_bytes
 from harness.grid import MAX_GRID_CELLS, count_cells, expand, normalize_axes
 from harness.run_setup import check_memory, run_requests, validate
 from tests.support import REPO_ROOT
@@ -365,9 +365,18 @@ def test_cells_are_counted_without_building_them():
 
 
 def test_to_dict_is_asdict():
-    cfg = RunConfig(seed=4, q=0.5, dataset="x.json")
-    assert cfg.to_dict() == dataclasses.asdict(cfg)
-    assert list(cfg.to_dict()) == list(dataclasses.asdict(cfg))
+    """Every field, in order, but the grid fields at their defaults (left out
+    so a default run hashes as it did before they existed)."""
+    for cfg in (RunConfig(seed=4, q=0.5, dataset="x.json"),
+                RunConfig(seed=4, grid_from="rule", shared_block_tokens=256,
+                          dual_block_tokens=32, dual_grid_tokens=64)):
+        full = {k: v for k, v in dataclasses.asdict(cfg).items()
+                if k not in GRID_FIELDS or v != RunConfig.__dataclass_fields__[k].default}
+        assert cfg.to_dict() == full
+        assert list(cfg.to_dict()) == list(full)
+    assert set(GRID_FIELDS) <= set(RunConfig(grid_from="vllm", shared_block_tokens=1,
+                                             dual_block_tokens=1, dual_grid_tokens=1).to_dict())
+    assert not set(GRID_FIELDS) & set(RunConfig().to_dict())
 
 
 def test_dry_run_of_a_large_allowed_grid_answers_in_seconds_without_deriving(tmp_path, monkeypatch):

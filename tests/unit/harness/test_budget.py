@@ -104,7 +104,8 @@ def test_pure_attention_model_has_no_bn_and_no_d0():
         resolve_budget("b83", layout_for("s1", LLAMA), LLAMA)
     budgets = resolve_all("12GiB", LLAMA)
     assert sorted(budgets) == ["s0", "s1", "s2"]
-    assert budgets["s1"].pool("shared").pages == (12 * 2**30 // 32) // (512 * 4096)
+    # no SSM state: the geometry rule's smallest page, 16 tokens of 4,096 B
+    assert budgets["s1"].pool("shared").pages == (12 * 2**30 // 32) // (16 * 4096)
 
 
 def test_pool_lookup_names_the_missing_pool():

@@ -129,6 +129,7 @@ def test_pure_attention_kv_budget():
     llama = from_config(load_config(FIX / "llama.json"))
     assert kv_budget_bytes(llama, 1000) == 2 * 32 * 8 * 128 * 2 * 1000
     assert kv_tokens_for(llama, 2**30) == 2**30 // (2 * 32 * 8 * 128 * 2)
-    assert alloc("s1", 4, 0, geom=llama)["allocated_kib"] == 4 * 512 * 4
+    # no SSM state: the geometry rule's smallest page, 16 tokens of 4 KiB (2 x 8 x 128 x 2 B)
+    assert alloc("s1", 4, 0, geom=llama)["allocated_kib"] == 4 * 16 * 4
     with pytest.raises(HbenchError, match="no recurrent state"):
         alloc("s1", 4, 1, geom=llama)

@@ -282,8 +282,8 @@ def test_a_fifth_organization_is_one_class_and_one_registry_entry(monkeypatch):
         pool_split = ORGANIZATIONS["s1"].pool_split
 
         @staticmethod
-        def layout_for(geom):
-            return replace(ORGANIZATIONS["s1"].layout_for(geom), org="x1", grid_tokens=1024)
+        def layout_for(geom, grid):
+            return replace(ORGANIZATIONS["s1"].layout_for(geom, grid), org="x1", grid_tokens=1024)
 
     monkeypatch.setitem(ORGANIZATIONS, "x1", Coarse)
     assert layout_for("x1", GEOM).grid_tokens == 1024

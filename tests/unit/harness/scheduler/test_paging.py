@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from adapters.vllm import VllmEngine
 from adapters.vllm_plugin.plan import PageLayout, d0_split
 from common.errors import HbenchError
 from harness.budget import resolve_budget, vllm_blocks, vllm_d0_split
 from harness.config import RunConfig
-from harness.layout import vllm_block_tokens
+from harness.layout import grid_for, vllm_block_tokens
 from harness.model_configs import PRESETS, preset
 from harness.orgs import layout_for
 from harness.results import read_run
@@ -85,12 +86,15 @@ def test_d0_split_refuses_a_budget_without_room_for_both_pools():
 @pytest.mark.parametrize("org", ["s1", "s2", "d0"])
 def test_plugin_and_simulator_charge_the_same_pages(name, org):
     """The plugin counts from vLLM's state bytes (float32 on CPU: every size
-    doubled); the simulator from hbench's geometry. Same counts either way."""
+    doubled) at the model's page grid (`VllmEngine.plugin_grid_tokens`); the
+    simulator from hbench's geometry. Same counts either way."""
     geom = preset(name)
     lay = layout_for(org, geom, "vllm")
+    grid = VllmEngine.plugin_grid_tokens(RunConfig(model=name))
+    assert grid == grid_for(geom).shared_block_tokens
     for scale in (1, 2):
         plugin = PageLayout(org, scale * geom.slot_ssm_bytes, scale * geom.slot_conv_bytes,
-                            scale * geom.slot_attn_bytes_per_token, 512)
+                            scale * geom.slot_attn_bytes_per_token, grid)
         want = 1 if org == "d0" else lay.ckpt_pages
         assert plugin.pages_per_checkpoint == want
         assert plugin.slab_slots == lay.slab_slots
