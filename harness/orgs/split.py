@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from common.errors import HbenchError
-from harness.layout import BLOCK_TOKENS, VLLM_PAGINGS, OrgLayout
+from harness.layout import VLLM_PAGINGS, OrgLayout, grid_for
 
 
 def check_attn_fraction(fraction: float, name: str = "--d0-attn-fraction") -> float:
@@ -78,8 +78,9 @@ class PoolSplit:
 
     def label_page_bytes(self, layout: OrgLayout, geom) -> int:
         """The page an ``Np`` budget label counts, from the organization's
-        study ``layout``: the 512-token attention page A unless overridden."""
-        return BLOCK_TOKENS * geom.slot_attn_bytes_per_token
+        study ``layout``: the model's shared attention page A (`grid_for`)
+        unless overridden."""
+        return grid_for(geom).shared_block_tokens * geom.slot_attn_bytes_per_token
 
     def pools(self, target: int, label: str, layout: OrgLayout, geom,
               fraction: float) -> tuple[PoolCapacity, ...]:

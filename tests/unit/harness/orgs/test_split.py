@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from common.errors import HbenchError
-from harness.layout import OrgLayout
+from harness.layout import Grid, OrgLayout
 from harness.model_configs import preset
 from harness.orgs import ORGANIZATIONS, build_organization, layout_for, pool_split
 from harness.orgs.split import (
@@ -20,7 +20,9 @@ from harness.orgs.split import (
     vllm_d0_split,
 )
 
-GEOM = SimpleNamespace(name="tiny", slot_attn_bytes_per_token=2)
+# a model that declares a 512-token shared page (as the study's preset does)
+GEOM = SimpleNamespace(name="tiny", slot_attn_bytes_per_token=2, declared_grid=Grid(
+    shared_block_tokens=512, dual_block_tokens=16, dual_grid_tokens=1792, source="declared"))
 
 
 def shared_layout(paging: str = "study", page: int = 100) -> OrgLayout:
@@ -110,7 +112,7 @@ def test_one_region_in_study_pages_and_vllm_blocks():
 
 def test_label_pages():
     # an Np label counts the organization's own page under SharedPages, else
-    # the 512-token attention page A (512 x 2 B here)
+    # the model's shared attention page A (its declared 512 tokens x 2 B here)
     assert SharedPages().label_page_bytes(shared_layout(), GEOM) == 100
     assert DualPools().label_page_bytes(dual_layout(), GEOM) == 1024
     assert OneRegion().label_page_bytes(dual_layout(), GEOM) == 1024
