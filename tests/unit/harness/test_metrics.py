@@ -22,6 +22,7 @@ from harness.metrics import (
     weighted_median,
 )
 from harness.records import CANCELLED, FAILED, EngineRun, RequestRecord
+from harness.request_table import RequestTable
 from tests.support.compare import same
 
 
@@ -64,7 +65,7 @@ def make_run(requests, steps=None, **kw):
             {"waiting": 0, "running": 3, "slab_occupancy": 0.75},
             {"waiting": 1, "running": 2},
         ]
-    return EngineRun(requests=requests, steps=steps, **fields)
+    return EngineRun(requests=RequestTable.of(requests), steps=steps, **fields)
 
 
 def three_requests():
