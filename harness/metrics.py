@@ -656,17 +656,19 @@ def turn_summary(run: EngineRun) -> dict:
     measured = ~table.array("warmup") & (turn >= 0)
     later = measured & (turn >= 1)
     seen = later & ~np.isnan(reused)
-    reused_sum = (int(np.minimum(reused[seen], history[seen]).sum()) if seen.any() else NAN)
+    reused_sum = int(np.minimum(reused[seen], history[seen]).sum()) if seen.any() else NAN
     survived = survived[later]
     arrival, first = table.array("arrival_s"), table.array("first_token_s")
     done = measured & (table.array("status") == STATUSES.index(FINISHED)) & ~np.isnan(first)
-    ttfts = {k: first[done & ((turn == 0) == (k == 0))] - arrival[done & ((turn == 0) == (k == 0))]
-             for k in (0, 1)}
+
+    def ttft_p50(rows: np.ndarray) -> float:
+        return percentile(first[rows] - arrival[rows], 50)
+
     return {
         "sessions": len(set(table.array("session")[measured].tolist())),
         "later_turns": int(later.sum()),
-        "turn0_ttft_p50_s": percentile(ttfts[0], 50),
-        "later_turn_ttft_p50_s": percentile(ttfts[1], 50),
+        "turn0_ttft_p50_s": ttft_p50(done & (turn == 0)),
+        "later_turn_ttft_p50_s": ttft_p50(done & (turn >= 1)),
         "history_tokens": int(history[later].sum()),
         "history_reused_tokens": reused_sum,
         "history_reuse_fraction": _ratio(reused_sum, int(history[seen].sum())),
