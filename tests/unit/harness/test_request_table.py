@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.metrics import measured_start, per_request_table, summarize
+from harness.metrics import measured_start, summarize
+from harness.per_request import per_request_table
 from harness.records import NULLABLE_FIELDS, EngineRun
 from harness.request_table import FLOAT_FIELDS, INT_FIELDS, ITL_FIELDS, RequestTable
 from harness.token_times import inter_token_gaps_of, token_time_stats

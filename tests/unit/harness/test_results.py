@@ -19,7 +19,8 @@ import pytest
 from common.errors import HbenchError
 from harness import provenance, results, run_address
 from harness.config import RunConfig
-from harness.metrics import per_request_table, summarize
+from harness.metrics import summarize
+from harness.per_request import per_request_table
 from harness.records import EngineRun, RequestRecord
 from harness.request_table import RequestTable
 from harness.seal import SEAL, sealed
