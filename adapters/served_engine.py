@@ -24,6 +24,7 @@ from adapters.registry import check_expressible, check_paging
 from adapters.server_process import ServerProcess, free_port
 from common.errors import HbenchError
 from harness.records import EngineRun
+from harness.request_table import RequestTable
 
 #: seconds a server may run no request while requests wait before the run is
 #: stopped: such a server cannot admit them (a budget too small for the
@@ -177,7 +178,7 @@ class ServedEngine:
         counters.update(own_counters)
         counters.update(scraper.server_latency())
         peak.update(own_peak)
-        return EngineRun(requests=result.records, steps=scraper.rows,
+        return EngineRun(requests=RequestTable.of(result.records), steps=scraper.rows,
                          window_start_s=result.window_start_s, window_end_s=result.window_end_s,
                          engine_info=info, peak_memory=peak, counters=counters)
 

@@ -321,11 +321,11 @@ def latency_cdf_figure(requests_by_org: Mapping) -> Figure | None:
 def turn_figure(requests: Mapping[tuple[str, str], pd.DataFrame]) -> Figure | None:
     """Multi-turn runs: history reuse fraction and TTFT p50 by turn index, a
     column of panels per budget (budgets are never pooled) and one line per
-    organization (`harness.metrics.turn_table` over its runs at that budget);
+    organization (`harness.per_request.turn_table` over its runs at that budget);
     TTFT on a log axis, since later turns can wait orders of magnitude longer.
     ``requests`` maps (org, budget) to the requests of those runs. None when
     no run has a turn index."""
-    from harness.metrics import turn_table
+    from harness.per_request import turn_table
 
     tables = {key: turn_table(req) for key, req in sorted(requests.items(), key=lambda kv: str(kv[0]))
               if "turn" in req.columns}

@@ -23,7 +23,7 @@ request arrived, so it is never negative and shorter than one step.
 Real engines' step tables carry no reasons: their attribution is empty.
 
 The tables are mappings of column name to values: a run's own columns
-(`harness.metrics.request_columns`, `harness.metrics.attribution_steps`:
+(`harness.per_request.request_columns`, `harness.metrics.attribution_steps`:
 arrays and lists, so a run computes its attribution without pandas) or
 frames read back from a results directory.
 """

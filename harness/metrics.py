@@ -1,11 +1,13 @@
 """Run-level metrics from an `EngineRun`: pure functions, identical for every engine.
 
 `summarize` turns one run into a flat dict of scalars (the ``summary.json`` of
-a results directory); `per_request_table` turns it into one row per request
-(``requests.parquet``). Analysis code reads these keys by name, so
-`SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
-A multi-turn run (records with a ``turn`` index) adds `TURN_SUMMARY_KEYS` to
-its summary and `TURN_COLUMNS` to its per-request table (`turn_history`). A
+a results directory); `harness.per_request.per_request_table` turns it into
+one row per request (``requests.parquet``). Both read the run's one request table
+(`harness.request_table.RequestTable`) as arrays, whichever engine filled
+it, so each metric has one implementation. Analysis code reads these keys by
+name, so `SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
+A multi-turn run (requests with a ``turn`` index) adds `TURN_SUMMARY_KEYS` to
+its summary (and `harness.per_request.TURN_COLUMNS` to its per-request table). A
 run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
 from the actual send beside TTFT from the scheduled arrival, the server's own
 latency histograms beside the client's numbers, and the plugin's page peaks.
@@ -15,7 +17,7 @@ A run of u0 or e0 adds `REGION_SUMMARY_KEYS`; a run of SGLang's memory code
 
 Which requests count where:
 
-- warm-up requests (``RequestRecord.warmup``) are excluded from every summary
+- warm-up requests (the ``warmup`` column) are excluded from every summary
   metric, including counts;
 - throughput, ``output_tokens`` and the latency distributions (TTFT, ITL,
   TPOT, end-to-end) use finished requests only: a failed or cancelled request
@@ -24,8 +26,8 @@ Which requests count where:
   J_adopt, R_max, attention depth) and dispatch lag use every non-warm-up
   request, because the engine did that work whether or not the request
   finished. A counter the engine did not observe for a request (None in its
-  record, `harness.records.NULLABLE_FIELDS`: a served engine's client never
-  sees preemptions or recomputed tokens) is left out; a summary counter no
+  record and NaN in its column, `harness.records.NULLABLE_FIELDS`: a served
+  engine's client never sees preemptions or recomputed tokens) is left out; a summary counter no
   request observed is null (not observed), never 0.
 
 The measured period starts at the first measured (non-warm-up) arrival:
@@ -64,31 +66,15 @@ Percentiles are numpy's linear interpolation; an empty sample gives NaN
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
-from harness.records import (
-    CANCELLED,
-    FAILED,
-    FINISHED,
-    STATUSES,
-    EngineRun,
-    RequestColumns,
-    RequestRecord,
-)
+from harness.per_request import request_columns, turn_history
+from harness.records import CANCELLED, FAILED, FINISHED, STATUSES, EngineRun
+from harness.request_table import RequestTable
 from harness.step_table import StepTable, has_step_key, step_values
-from harness.token_times import (
-    counted_percentiles,
-    inter_token_gaps_of,
-    percentiles,
-    token_time_stats,
-)
-
-if TYPE_CHECKING:
-    import pandas as pd
-    import pyarrow as pa
+from harness.token_times import counted_percentiles, percentiles
 
 SUMMARY_KEYS = (
     "throughput_ledger_tok_s", "throughput_span_tok_s", "output_tokens",
@@ -109,49 +95,6 @@ SUMMARY_KEYS = (
     *ATTRIBUTION_KEYS,
 )
 
-# Columns of `per_request_table`, in order, with the NumPy dtype each is built
-# as ("object": text, a list of str, written as an Arrow string column;
-# `NULLABLE_INT`: a whole count that may be missing, built as float64 with
-# NaN for None and written as an Arrow int64 column with nulls).
-NULLABLE_INT = "Int64"
-REQUEST_COLUMNS = {
-    "request_id": "int64",
-    "arrival_s": "float64",
-    "dispatch_s": "float64",
-    "first_token_s": "float64",
-    "finish_s": "float64",
-    "prompt_tokens": "int64",
-    "target_output_tokens": "int64",
-    "output_tokens": "int64",
-    "reused_tokens": NULLABLE_INT,
-    "initial_input_tokens": NULLABLE_INT,
-    "recomputed_tokens": NULLABLE_INT,
-    "preemptions": NULLABLE_INT,
-    "j_adopt": NULLABLE_INT,
-    "r_max": NULLABLE_INT,
-    "attn_depth": NULLABLE_INT,
-    "prefix_group": "int64",
-    "status": "object",
-    "error": "object",
-    "warmup": "bool",
-    "ttft_s": "float64",
-    "e2e_s": "float64",
-    "itl_mean_s": "float64",
-    "itl_p50_s": "float64",
-    "itl_p99_s": "float64",
-    "itl_max_s": "float64",
-    "tpot_s": "float64",
-    "n_token_times": "int64",
-}
-
-# Multi-turn runs (records with a turn index) add these columns and summary keys.
-TURN_COLUMNS = {
-    "session": "int64",
-    "turn": "int64",
-    "history_tokens": "int64",
-    "history_recomputed_tokens": NULLABLE_INT,
-    "history_survived": "float64",
-}
 TURN_SUMMARY_KEYS = (
     "sessions", "later_turns", "turn0_ttft_p50_s", "later_turn_ttft_p50_s",
     "history_tokens", "history_reused_tokens", "history_reuse_fraction",
@@ -226,9 +169,8 @@ def _mean(values) -> float:
 
 
 def _observed(values) -> np.ndarray:
-    """``values`` (None or NaN where not observed) as float64, the observed ones only."""
-    arr = np.array([NAN if v is None else v for v in values], dtype=float) \
-        if isinstance(values, list) else np.asarray(values, dtype=float)
+    """``values`` (NaN where not observed) as float64, the observed ones only."""
+    arr = np.asarray(values, dtype=float)
     return arr[~np.isnan(arr)]
 
 
@@ -249,40 +191,8 @@ def _median(values) -> float:
     return float(np.median(arr)) if arr.size else NAN
 
 
-def _diff(later: float | None, earlier: float | None) -> float:
-    if later is None or earlier is None:
-        return NAN
-    return float(later) - float(earlier)
-
-
 def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 and math.isfinite(den) else NAN
-
-
-def ttft(r: RequestRecord) -> float:
-    """Time to first token: first token minus arrival (NaN without a first token)."""
-    return _diff(r.first_token_s, r.arrival_s)
-
-
-def e2e(r: RequestRecord) -> float:
-    """End-to-end latency: finish minus arrival (NaN without a finish time)."""
-    return _diff(r.finish_s, r.arrival_s)
-
-
-def tpot(r: RequestRecord) -> float:
-    """Time per output token after the first: (finish - first) / (tokens - 1).
-
-    NaN for requests with fewer than two output tokens or missing times.
-    """
-    if r.output_tokens < 2:
-        return NAN
-    return _diff(r.finish_s, r.first_token_s) / (r.output_tokens - 1)
-
-
-def inter_token_gaps(r: RequestRecord) -> np.ndarray:
-    """Gaps between consecutive token times (empty with fewer than two, or
-    once they were dropped: `harness.token_times.drop_token_times`)."""
-    return inter_token_gaps_of(r.token_times)
 
 
 def weighted_median(values, weights) -> float:
@@ -336,12 +246,9 @@ def _row_times(rows) -> np.ndarray:
 
 def measured_start(run: EngineRun) -> float:
     """First measured (non-warm-up) arrival; NaN if no request is measured."""
-    if isinstance(run.requests, RequestColumns):
-        cols = run.requests
-        arrivals = cols.array("arrival_s")[~cols.array("warmup")]
-        return float(arrivals.min()) if arrivals.size else NAN
-    arrivals = [r.arrival_s for r in run.requests if not r.warmup]
-    return min(arrivals) if arrivals else NAN
+    table = run.requests
+    arrivals = table.array("arrival_s")[~table.array("warmup")]
+    return float(arrivals.min()) if arrivals.size else NAN
 
 
 #: The step columns the summary reads (`summarize`, `_validity`): all a
@@ -517,8 +424,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     first, whose table it writes; the second is made last, when the summary's
     other step columns are no longer held, and let go); read, never changed.
     """
-    m = (_ColumnsMeasured(run) if isinstance(run.requests, RequestColumns)
-         else _RecordsMeasured(run))
+    m = _Measured(run.requests)
     start = measured_start(run)
     rows = measured_steps(run, start)
 
@@ -578,7 +484,7 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     summary.update(_attribution(run, tables))
     assert tuple(summary) == SUMMARY_KEYS, "summary keys drifted from SUMMARY_KEYS"
     if served:
-        summary.update(served_summary(run, m.finished))
+        summary.update(served_summary(run, m))
     if m.any_turn:
         summary.update(turn_summary(run))
     summary.update({k: counters[k] for k in REGION_SUMMARY_KEYS if k in counters})
@@ -588,53 +494,19 @@ def summarize(run: EngineRun, *, weights_bytes: int = 0, config=None,
     return summary
 
 
-class _RecordsMeasured:
-    """What `summarize` reads of a run's records: the measured (non-warm-up)
-    requests and the finished ones among them."""
+class _Measured:
+    """What `summarize` reads of a run's request table: the measured
+    (non-warm-up) requests (``mask``) and the finished ones among them
+    (``finished``), as arrays."""
 
-    def __init__(self, run: EngineRun):
-        measured = [r for r in run.requests if not r.warmup]
-        finished = [r for r in measured if r.status == FINISHED]
-        self.measured, self.finished = measured, finished
-        self.output_tokens = int(sum(r.output_tokens for r in finished))
-        completions = [r.finish_s for r in finished if r.finish_s is not None]
-        self.last_completion = max(completions) if completions else None
-        self.ttfts = [ttft(r) for r in finished if r.first_token_s is not None]
-        self.e2es = [e2e(r) for r in finished if r.finish_s is not None]
-        self.tpots = [t for t in (tpot(r) for r in finished) if not math.isnan(t)]
-        self.itl_percentiles = _itl_percentiles(run, finished)
-        self.lags = [_diff(r.dispatch_s, r.arrival_s) for r in measured if r.dispatch_s is not None]
-        # NaN where no measured request observed the counter (a served engine)
-        for f in ("preemptions", "initial_input_tokens", "reused_tokens", "recomputed_tokens"):
-            setattr(self, f, _observed_sum([getattr(r, f) for r in measured]))
-        self.finished_count = len(finished)
-        self.failed = sum(r.status == FAILED for r in measured)
-        self.cancelled = sum(r.status == CANCELLED for r in measured)
-        self.count = len(measured)
-        self.arrivals = [r.arrival_s for r in measured]
-        # a multi-turn run's open-loop process is its session starts (first
-        # turns); later turns are closed-loop (harness.validity)
-        self.starts = [r.arrival_s for r in measured if r.turn <= 0]
-        self.later_turns = len([r for r in measured if r.turn >= 1])
-        self.any_turn = any(r.turn >= 0 for r in run.requests)
-
-    def field(self, name: str) -> list:
-        return [getattr(r, name) for r in self.measured]
-
-
-class _ColumnsMeasured:
-    """`_RecordsMeasured` from a `RequestColumns`' arrays: the same values
-    (the same float operations, element by element), no record made."""
-
-    def __init__(self, run: EngineRun):
-        cols = run.requests
-        self._cols = cols
-        self.mask = measured = ~cols.array("warmup")
-        status = cols.array("status")
-        fin = measured & (status == STATUSES.index(FINISHED))
-        arrival, first, finish = (cols.array(f) for f in ("arrival_s", "first_token_s",
-                                                          "finish_s"))
-        out = cols.array("output_tokens")
+    def __init__(self, table: RequestTable):
+        self._table = table
+        self.mask = measured = ~table.array("warmup")
+        status = table.array("status")
+        self.finished = fin = measured & (status == STATUSES.index(FINISHED))
+        arrival, first, finish = (table.array(f) for f in ("arrival_s", "first_token_s",
+                                                           "finish_s"))
+        out = table.array("output_tokens")
         self.output_tokens = int(out[fin].sum())
         completions = finish[fin & ~np.isnan(finish)]
         self.last_completion = float(completions.max()) if completions.size else None
@@ -645,92 +517,42 @@ class _ColumnsMeasured:
         two = fin & (out >= 2)
         tpots = (finish[two] - first[two]) / (out[two] - 1)
         self.tpots = tpots[~np.isnan(tpots)]
-        self.itl_percentiles = _itl_percentiles_of(run.itl_pool, [])
-        dispatch = cols.array("dispatch_s")
+        # over every gap of the finished measured requests (the table's sample)
+        self.itl_percentiles = counted_percentiles(*table.itl_gaps(), (50, 90, 99))
+        dispatch = table.array("dispatch_s")
         sent = measured & ~np.isnan(dispatch)
         self.lags = (dispatch[sent] - arrival[sent]).tolist()
-        # float64 columns, NaN where a request did not observe the counter
+        # float64 columns, NaN where a request did not observe the counter;
+        # the sum NaN where no measured request observed it (a served engine)
         for f in ("preemptions", "initial_input_tokens", "reused_tokens", "recomputed_tokens"):
-            setattr(self, f, _observed_sum(cols.array(f)[measured]))
+            setattr(self, f, _observed_sum(table.array(f)[measured]))
         self.finished_count = int(fin.sum())
         self.failed = int((measured & (status == STATUSES.index(FAILED))).sum())
         self.cancelled = int((measured & (status == STATUSES.index(CANCELLED))).sum())
         self.count = int(measured.sum())
-        turn = cols.array("turn")
+        turn = table.array("turn")
         self.arrivals = arrival[measured].tolist()
+        # a multi-turn run's open-loop process is its session starts (first
+        # turns); later turns are closed-loop (harness.validity)
         self.starts = arrival[measured & (turn <= 0)].tolist()
         self.later_turns = int((measured & (turn >= 1)).sum())
-        self.any_turn = bool((turn >= 0).any())
-        self.finished = None      # a served run's records are never columns
+        self.any_turn = table.has_turns()
 
     def field(self, name: str) -> np.ndarray:
-        return self._cols.array(name)[self.mask]
+        return self._table.array(name)[self.mask]
 
 
-def _itl_percentiles(run: EngineRun, finished: list[RequestRecord]) -> tuple[float, ...]:
-    """ITL p50 / p90 / p99 over every gap of the finished measured requests:
-    those still holding their token times and, where the engine dropped them
-    as requests finished, the run's ``itl_pool``."""
-    gaps = [inter_token_gaps(r) for r in finished if r.itl is None]
-    if run.itl_pool is None:
-        assert all(r.itl is None for r in finished), "dropped token times need the run's itl_pool"
-        return tuple(percentile(np.concatenate(gaps) if gaps else np.empty(0), q)
-                     for q in (50, 90, 99))
-    return _itl_percentiles_of(run.itl_pool, gaps)
-
-
-def _itl_percentiles_of(pool, gaps: list[np.ndarray]) -> tuple[float, ...]:
-    """ITL p50 / p90 / p99 over the gaps in ``pool`` and ``gaps``."""
-    values, counts = pool.counted()
-    if gaps:
-        held = np.concatenate(gaps)
-        values = np.concatenate([values, held])
-        counts = np.concatenate([counts, np.ones(held.size, dtype=np.int64)])
-    return counted_percentiles(values, counts, (50, 90, 99))
-
-
-def served_summary(run: EngineRun, finished: list[RequestRecord]) -> dict:
+def served_summary(run: EngineRun, m: _Measured) -> dict:
     """`SERVED_SUMMARY_KEYS` of a served run: TTFT from the send over finished
     measured requests, and what the engine reported in ``run.counters``."""
-    sends = [_diff(r.first_token_s, r.dispatch_s) for r in finished
-             if r.first_token_s is not None and r.dispatch_s is not None]
-    p50, p99 = percentiles(sends, (50, 99))
+    table = run.requests
+    first, dispatch = table.array("first_token_s"), table.array("dispatch_s")
+    both = m.finished & ~np.isnan(first) & ~np.isnan(dispatch)
+    p50, p99 = percentiles(first[both] - dispatch[both], (50, 99))
     out = {"ttft_send_p50_s": p50, "ttft_send_p99_s": p99}
     for key in SERVED_SUMMARY_KEYS[2:]:
         value = run.counters.get(key)
         out[key] = NAN if value is None else value
-    return out
-
-
-def _grid(run: EngineRun) -> int:
-    return int(run.engine_info.get("grid_tokens") or 1)
-
-
-def turn_history(run: EngineRun) -> dict[int, tuple[int, int | None, float]]:
-    """Per multi-turn request id: (history tokens, history tokens recomputed,
-    survived) where history is what the previous turn left reusable (its
-    prompt plus its output), recomputed = history minus the reused tokens (at
-    least 0), and survived is 1.0 if the request reused at least the previous
-    turn's deepest grid point inside its prompt (the state that turn's prefill
-    left in the cache outlived the think time), 0.0 if not, NaN for first
-    turns and turns whose previous prompt is shorter than one grid interval.
-    A request whose reuse was not observed (None) has recomputed None and
-    survived NaN."""
-    grid = _grid(run)
-    by_turn = {(r.session, r.turn): r for r in run.requests if r.turn >= 0}
-    out = {}
-    for (s, k), r in by_turn.items():
-        prev = by_turn.get((s, k - 1))
-        if prev is None:
-            out[r.request_id] = (0, 0, NAN)
-            continue
-        history = prev.prompt_tokens + prev.output_tokens
-        if r.reused_tokens is None:
-            out[r.request_id] = (history, None, NAN)
-            continue
-        best = prev.prompt_tokens // grid * grid
-        survived = NAN if best == 0 else float(r.reused_tokens >= best)
-        out[r.request_id] = (history, max(0, history - r.reused_tokens), survived)
     return out
 
 
@@ -741,55 +563,33 @@ def turn_summary(run: EngineRun) -> dict:
     (not observed) when none was."""
     from harness.validity import delivered_rate
 
-    hist = turn_history(run)
-    measured = [r for r in run.requests if not r.warmup and r.turn >= 0]
-    later = [r for r in measured if r.turn >= 1]
-    history = sum(hist[r.request_id][0] for r in later)
-    seen = [r for r in later if r.reused_tokens is not None]
-    reused = sum(min(r.reused_tokens, hist[r.request_id][0]) for r in seen) if seen else NAN
-    seen_history = sum(hist[r.request_id][0] for r in seen)
-    survived = [hist[r.request_id][2] for r in later if not math.isnan(hist[r.request_id][2])]
-    ttfts = {k: [ttft(r) for r in measured if r.status == FINISHED
-                 and r.first_token_s is not None and (r.turn == 0) == (k == 0)] for k in (0, 1)}
+    table = run.requests
+    history, recomputed, survived = turn_history(run)
+    turn, reused = table.array("turn"), table.array("reused_tokens")
+    measured = ~table.array("warmup") & (turn >= 0)
+    later = measured & (turn >= 1)
+    seen = later & ~np.isnan(reused)
+    reused_sum = int(np.minimum(reused[seen], history[seen]).sum()) if seen.any() else NAN
+    survived = survived[later]
+    arrival, first = table.array("arrival_s"), table.array("first_token_s")
+    done = measured & (table.array("status") == STATUSES.index(FINISHED)) & ~np.isnan(first)
+
+    def ttft_p50(rows: np.ndarray) -> float:
+        return percentile(first[rows] - arrival[rows], 50)
+
     return {
-        "sessions": len({r.session for r in measured}),
-        "later_turns": len(later),
-        "turn0_ttft_p50_s": percentile(ttfts[0], 50),
-        "later_turn_ttft_p50_s": percentile(ttfts[1], 50),
-        "history_tokens": int(history),
-        "history_reused_tokens": reused if math.isnan(reused) else int(reused),
-        "history_reuse_fraction": _ratio(reused, seen_history),
-        "history_recomputed_tokens": _observed_sum([hist[r.request_id][1] for r in later]),
-        "history_survived_fraction": _mean(survived),
+        "sessions": len(set(table.array("session")[measured].tolist())),
+        "later_turns": int(later.sum()),
+        "turn0_ttft_p50_s": ttft_p50(done & (turn == 0)),
+        "later_turn_ttft_p50_s": ttft_p50(done & (turn >= 1)),
+        "history_tokens": int(history[later].sum()),
+        "history_reused_tokens": reused_sum,
+        "history_reuse_fraction": _ratio(reused_sum, int(history[seen].sum())),
+        "history_recomputed_tokens": _observed_sum(recomputed[later]),
+        "history_survived_fraction": _mean(survived[~np.isnan(survived)]),
         # sessions/s: the open-loop load a multi-turn run was offered (arm parity)
-        "delivered_session_rate": delivered_rate([r.arrival_s for r in measured if r.turn == 0]),
+        "delivered_session_rate": delivered_rate(arrival[measured & (turn == 0)].tolist()),
     }
-
-
-def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
-    """Per turn index (measured, finished requests of a multi-turn run's
-    per-request table as read back): requests, TTFT p50 / mean, mean reused
-    and history tokens, reuse fraction (reused / history) and survived
-    fraction. An analysis of a table, so pandas is imported here: a run does
-    not call it."""
-    import pandas as pd
-
-    df = requests[(~requests["warmup"]) & (requests["turn"] >= 0)
-                  & (requests["status"] == FINISHED)]
-    rows = []
-    for k, g in df.groupby("turn", sort=True):
-        hist = g["history_tokens"].sum()
-        rows.append({
-            "turn": int(k), "requests": len(g),
-            "ttft_p50_s": percentile(g["ttft_s"].dropna().to_numpy(), 50),
-            "ttft_mean_s": float(g["ttft_s"].mean()),
-            "reused_tokens_mean": float(g["reused_tokens"].mean()),
-            "history_tokens_mean": float(g["history_tokens"].mean()),
-            "reuse_fraction": _ratio(float(np.minimum(g["reused_tokens"], g["history_tokens"])
-                                           .sum()), float(hist)) if hist else NAN,
-            "survived_fraction": float(g["history_survived"].mean()),
-        })
-    return pd.DataFrame(rows)
 
 
 def attribution_steps(run: EngineRun) -> dict:
@@ -828,133 +628,3 @@ def _validity(run: EngineRun, m, rows, lags, summary: dict, config) -> dict:
             stream=((summary["itl_p50_s"], summary["tpot_p50_s"]) if is_served(run) else None),
             later_turns=m.later_turns if m.any_turn else None),
     }
-
-
-def _itl_stats(r: RequestRecord) -> tuple[float, float, float, float]:
-    """A request's inter-token gaps: mean, p50, p99 and max (NaN without gaps)."""
-    return (r.itl or token_time_stats(r.token_times))[1:]
-
-
-def _opt(value: float | None) -> float:
-    return NAN if value is None else value
-
-
-#: How each column of `per_request_table` comes from a record (the ITL columns
-#: from `_itl_stats`), in `REQUEST_COLUMNS` order.
-_REQUEST_VALUES = {
-    "request_id": lambda r: r.request_id,
-    "arrival_s": lambda r: r.arrival_s,
-    "dispatch_s": lambda r: _opt(r.dispatch_s),
-    "first_token_s": lambda r: _opt(r.first_token_s),
-    "finish_s": lambda r: _opt(r.finish_s),
-    "prompt_tokens": lambda r: r.prompt_tokens,
-    "target_output_tokens": lambda r: r.target_output_tokens,
-    "output_tokens": lambda r: r.output_tokens,
-    "reused_tokens": lambda r: r.reused_tokens,
-    "initial_input_tokens": lambda r: r.initial_input_tokens,
-    "recomputed_tokens": lambda r: r.recomputed_tokens,
-    "preemptions": lambda r: r.preemptions,
-    "j_adopt": lambda r: r.j_adopt,
-    "r_max": lambda r: r.r_max,
-    "attn_depth": lambda r: r.attn_depth,
-    "prefix_group": lambda r: r.prefix_group,
-    "status": lambda r: r.status,
-    "error": lambda r: r.error,
-    "warmup": lambda r: r.warmup,
-    "ttft_s": ttft,
-    "e2e_s": e2e,
-    "tpot_s": tpot,
-    "n_token_times": lambda r: len(r.token_times) if r.itl is None else r.itl[0],
-}
-_ITL_COLUMNS = ("itl_mean_s", "itl_p50_s", "itl_p99_s", "itl_max_s")
-assert set(_REQUEST_VALUES) | set(_ITL_COLUMNS) == set(REQUEST_COLUMNS)
-
-
-def _request_column(requests, name: str, dtype: str):
-    """Column ``name`` of the per-request table: an array of ``dtype`` built
-    from the records (a list for object columns, float64 with NaN for None
-    for `NULLABLE_INT` ones), no row dict per request."""
-    get = _REQUEST_VALUES[name]
-    if dtype == "object":
-        return [get(r) for r in requests]
-    if dtype == NULLABLE_INT:
-        return np.fromiter((_opt(get(r)) for r in requests), dtype=np.float64,
-                           count=len(requests))
-    return np.fromiter((get(r) for r in requests), dtype=dtype, count=len(requests))
-
-
-def request_columns(run: EngineRun) -> dict[str, np.ndarray | list]:
-    """The columns of `per_request_table`, in order: NumPy arrays of their
-    `REQUEST_COLUMNS` dtypes (and a multi-turn run's `TURN_COLUMNS`), a text
-    column as a list of str. Missing times are NaN, and so are counters the
-    engine did not observe (`NULLABLE_INT` columns are float64). Built column by column
-    from the records (no row dict per request), or from a `RequestColumns`'
-    arrays."""
-    requests = run.requests
-    if isinstance(requests, RequestColumns) and not (requests.array("turn") >= 0).any():
-        return _columns_of(requests)
-    columns = dict(REQUEST_COLUMNS)
-    itl = np.array([_itl_stats(r) for r in requests], dtype=np.float64).reshape(-1, 4)
-    data = {}
-    for name, dtype in REQUEST_COLUMNS.items():
-        if name in _ITL_COLUMNS:
-            data[name] = itl[:, _ITL_COLUMNS.index(name)].copy()
-        else:
-            data[name] = _request_column(requests, name, dtype)
-    if any(r.turn >= 0 for r in requests):
-        columns.update(TURN_COLUMNS)
-        hist = turn_history(run)
-        h = [hist.get(r.request_id, (0, 0, NAN)) for r in requests]
-        data.update(session=[r.session for r in requests], turn=[r.turn for r in requests],
-                    history_tokens=[x[0] for x in h], history_recomputed_tokens=[x[1] for x in h],
-                    history_survived=[x[2] for x in h])
-    return _typed(data, columns)
-
-
-def _typed(data: dict, dtypes: dict[str, str]) -> dict[str, np.ndarray | list]:
-    """``data``'s columns in ``dtypes``' order, each an array of its dtype (a
-    text column as it is; a `NULLABLE_INT` one float64, None as NaN)."""
-    def typed(values, dtype: str):
-        if dtype == "object":
-            return values
-        if dtype == NULLABLE_INT:
-            if isinstance(values, list):
-                values = [_opt(v) for v in values]
-            return np.asarray(values, dtype=np.float64)
-        return np.asarray(values, dtype=dtype)
-
-    return {name: typed(data[name], dtype) for name, dtype in dtypes.items()}
-
-
-def _columns_of(cols: RequestColumns) -> dict[str, np.ndarray | list]:
-    """`request_columns` of a `RequestColumns` (no turns) from its arrays:
-    the values the records give, element by element, and the same dtypes."""
-    arrival, first, finish = (cols.array(f) for f in ("arrival_s", "first_token_s", "finish_s"))
-    out = cols.array("output_tokens")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tpots = np.where(out >= 2, (finish - first) / (out - 1), NAN)
-    derived = {"ttft_s": first - arrival, "e2e_s": finish - arrival, "tpot_s": tpots,
-               "status": cols.statuses(), "error": cols.errors()}
-    return _typed({name: derived[name] if name in derived else cols.array(name)
-                   for name in REQUEST_COLUMNS}, REQUEST_COLUMNS)
-
-
-def per_request_table(run: EngineRun, columns: dict | None = None) -> pa.Table:
-    """One row per request (warm-up included, flagged by ``warmup``), as
-    ``requests.parquet`` holds it: `request_columns` (``columns``, where the
-    caller has made them) as an Arrow table, a missing time a null and a
-    text column ``string`` (``null`` when no row has text), as pandas wrote
-    the same columns. A counter the engine did not observe is a null of an
-    int64 column (`NULLABLE_INT`; pandas reads the column back as float64
-    with NaN). Built through `common.arrow_arrays`, so writing it loads no
-    pandas.
-
-    Token times are summarized (ITL mean/p50/p99/max, count), not stored:
-    they would dominate the file.
-    """
-    from common.arrow_arrays import table
-
-    columns = request_columns(run) if columns is None else columns
-    nullable = [name for name, dtype in {**REQUEST_COLUMNS, **TURN_COLUMNS}.items()
-                if dtype == NULLABLE_INT and name in columns]
-    return table(columns, nan_is_null=True, nullable_ints=nullable)

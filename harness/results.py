@@ -6,7 +6,7 @@ One run is one directory ``<out_root>/<run_id>/``::
                       revision, packages, host; "status": "complete" and
                       "files": the size and sha256 of each file below
     summary.json      `harness.metrics.summarize` (flat scalars)
-    requests.parquet  `harness.metrics.per_request_table` (one row per request)
+    requests.parquet  `harness.per_request.per_request_table` (one row per request)
     steps.parquet     the engine's per-step rows (`harness.step_table.write_steps`:
                       a simulated run's a row group per packed chunk)
 
@@ -69,7 +69,7 @@ from common.errors import HbenchError
 from common.input_files import read_input_bytes
 from common.safe_json import load_json_object, loads_json
 from common.tree_walk import walk
-from harness import metrics, provenance
+from harness import metrics, per_request, provenance
 from harness.config import RunConfig
 from harness.records import EngineRun
 from harness.results_schema import check_manifest, check_summary, read_table
@@ -199,10 +199,10 @@ def write_run(
     manifest.update(extra_manifest or {})
     # Serialize before touching the disk so a bad value fails without debris.
     manifest = to_jsonable(manifest)
-    columns = metrics.request_columns(run)
+    columns = per_request.request_columns(run)
     summary = to_jsonable(metrics.summarize(run, weights_bytes=weights_bytes, config=config,
                                             tables=(columns, None)))
-    requests = metrics.per_request_table(run, columns)
+    requests = per_request.per_request_table(run, columns)
 
     try:
         with new_dirs_removed_on_error(out_root):

@@ -3,12 +3,12 @@
 A request's token times feed two things: its row of the per-request table
 (token count and the mean, p50, p99 and max of its inter-token gaps,
 `token_time_stats`) and the summary's ITL percentiles over the gaps of every
-finished measured request (`harness.metrics.summarize`). An engine whose
-requests are many (the simulator) sums each request up as it finishes
-(`drop_token_times`): its statistics go into its record, its gaps into a
-`GapPool` of (value, count) pairs, and its token times are dropped. The
-requests of one batch decode in the same steps, so their gaps are the same
-few values, and the pool holds a small fraction of the bytes.
+finished measured request (`harness.metrics.summarize`). Both are taken as
+the request's row goes into its run's `harness.request_table.RequestTable`:
+its statistics into the row, its gaps into the table's `GapPool` of
+(value, count) pairs, and the token times are not kept. The requests of one
+batch decode in the same steps, so their gaps are the same few values, and
+the pool holds a small fraction of the bytes.
 
 `percentiles` and `counted_percentiles` give what ``np.percentile``'s
 default (linear) method gives, bit for bit (numpy's virtual index and its
@@ -21,8 +21,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from harness.records import FINISHED, RequestRecord
 
 NAN = float("nan")
 
@@ -123,6 +121,12 @@ class GapPool:
             if self._buffered >= self.SEGMENT:
                 self._reduce()
 
+    def add_counted(self, values, counts) -> None:
+        """Gaps already counted: ``values[i]`` occurs ``counts[i]`` times."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.size:
+            self._segments.append((values, np.asarray(counts, dtype=np.int64)))
+
     def _reduce(self) -> None:
         if self._buffer:
             values, counts = np.unique(np.concatenate(self._buffer), return_counts=True)
@@ -138,28 +142,12 @@ class GapPool:
                 np.concatenate([c for _, c in self._segments]).astype(np.int64))
 
 
-def token_time_stats(times) -> tuple:
+def token_time_stats(times, gaps: np.ndarray | None = None) -> tuple:
     """A request's token count and the mean, p50, p99 and max of its
-    inter-token gaps (NaN without gaps): what its row of `per_request_table` says."""
-    gaps = inter_token_gaps_of(times)
+    inter-token gaps (NaN without gaps): what its row of the per-request
+    table says. ``gaps``: its `inter_token_gaps_of`, where made already."""
+    gaps = inter_token_gaps_of(times) if gaps is None else gaps
     if not gaps.size:
         return (len(times), NAN, NAN, NAN, NAN)
     p50, p99 = percentiles(gaps, (50, 99))
     return (len(times), float(gaps.mean()), p50, p99, float(gaps.max()))
-
-
-_NO_TIMES = np.empty(0)
-_NO_TIMES.flags.writeable = False
-
-
-def drop_token_times(record: RequestRecord, pool: GapPool) -> None:
-    """Sum up a request's token times once it has ended and drop them: its
-    `token_time_stats` go to ``record.itl``, its gaps to ``pool`` if the
-    summary's ITL counts them (a finished measured request). What
-    `summarize` and `per_request_table` give is unchanged, given the run's
-    ``itl_pool``; 8 bytes a token are not held to the end of a long run."""
-    times = record.token_times
-    record.itl = token_time_stats(times)
-    if record.status == FINISHED and not record.warmup:
-        pool.add(inter_token_gaps_of(times))
-    record.token_times = _NO_TIMES

@@ -106,8 +106,8 @@ def serve(workload, setup) -> EngineRun:
                                   geom.pool_layers, geom)
     loop = EngineLoop(workload, sched, executor, VirtualClock(),
                       warmup_requests=config.warmup_requests)
-    records = loop.run()
-    last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+    table = loop.run()
+    last = table.last_finish()
     window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
     described = pools.describe()
     info = {
@@ -135,7 +135,7 @@ def serve(workload, setup) -> EngineRun:
         "sglang_mamba_slots_in_use_peak": memory.mamba_in_use_peak,
         "sglang_mamba_slots": described["mamba_slots"],
     }
-    return EngineRun(requests=records, steps=executor.rows, window_start_s=0.0,
+    return EngineRun(requests=table, steps=executor.rows, window_start_s=0.0,
                      window_end_s=window_end, engine_info=info, peak_memory=executor.peak,
                      counters=counters)
 

@@ -27,7 +27,7 @@ from harness.engine.loop import EngineLoop
 from harness.engine.recorder import StepRecorder
 from harness.layout import PAGINGS
 from harness.orgs import CheckpointPolicy, build_organization
-from harness.records import EngineRun, last_finish
+from harness.records import EngineRun
 from harness.scheduler import Scheduler, SchedulerPolicy
 
 #: The benchmark notices completions by polling at this interval (assumed, like a
@@ -81,9 +81,9 @@ class SimEngine:
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
                           warmup_requests=config.warmup_requests, progress=progress,
                           check=org.check_invariants if config.debug_invariants else None,
-                          compact=True)   # an ended request leaves columns only
-        records = loop.run()
-        last = last_finish(records)
+                          compact=True)   # an ended request leaves its row only
+        table = loop.run()
+        last = table.last_finish()
         window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
         info = engine_info(self.name, setup, org)
         info.update(hardware=config.gpu, poll_interval_s=POLL_INTERVAL_S)
@@ -96,6 +96,6 @@ class SimEngine:
         if "compactions" in counters:         # one that compacts its sides (u0)
             counters["compaction_copy_s"] = priced["compaction_copy_s"]
         counters.update(org.policy_counters())   # --utility-alpha auto: the tuned alpha
-        return EngineRun(requests=records, steps=recorder.table(), window_start_s=0.0,
+        return EngineRun(requests=table, steps=recorder.table(), window_start_s=0.0,
                          window_end_s=window_end, engine_info=info, peak_memory=recorder.peak,
-                         counters=counters, itl_pool=loop.itl_pool)
+                         counters=counters)

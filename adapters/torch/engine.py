@@ -186,10 +186,10 @@ class TorchEngine:
         loop = EngineLoop(workload, sched, executor, clock,
                           warmup_requests=config.warmup_requests, progress=progress,
                           check=org.check_invariants if config.debug_invariants else None)
-        records = loop.run()
+        table = loop.run()
         scale = pools.byte_scale
         rows = [_scaled(row, scale) for row in recorder.rows]
-        last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+        last = table.last_finish()
         process_peak = (torch.cuda.max_memory_allocated(device) if device.startswith("cuda")
                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         self.outputs = executor.outputs
@@ -199,7 +199,7 @@ class TorchEngine:
             "publish_copies": tensors.copies["publish"],
             "poisoned_pages": poisoner.poisoned if poisoner else 0,
             "preemptions": sched.preemptions,
-            "adopted_requests": sum(1 for r in records if r.j_adopt > 0),
+            "adopted_requests": int((table.array("j_adopt") > 0).sum()),
             "steps": len(rows),
         }
         if pools.slots is not None:     # u0, e0: what the region did, in pages and moves
@@ -222,7 +222,7 @@ class TorchEngine:
             "budget": int(counters["rounding_waste_bytes"]["budget"] * scale),
             "pages": max((sum(r[f"waste_{k}_bytes"] for k in ("attention", "ssm", "conv"))
                           for r in rows), default=0)}
-        return EngineRun(requests=records, steps=rows, window_start_s=0.0, window_end_s=last,
+        return EngineRun(requests=table, steps=rows, window_start_s=0.0, window_end_s=last,
                          engine_info=info,
                          peak_memory={k: int(v * scale) for k, v in recorder.peak.items()},
                          counters=counters)

@@ -221,8 +221,8 @@ def serve(workload, setup) -> EngineRun:
                                 info_vllm["page_bytes"], geom.pool_layers, evictions)
     loop = EngineLoop(workload, sched, executor, VirtualClock(),
                       warmup_requests=config.warmup_requests)
-    records = loop.run()
-    last = max((r.finish_s for r in records if r.finish_s is not None), default=0.0)
+    table = loop.run()
+    last = table.last_finish()
     window_end = math.ceil(last / POLL_INTERVAL_S - 1e-9) * POLL_INTERVAL_S
     info = {
         "engine": "vllm", "mode": "in-process", "pool_layers": geom.pool_layers,
@@ -247,7 +247,7 @@ def serve(workload, setup) -> EngineRun:
     }
     if plugin:
         info["vllm"]["plugin"] = plugin_counters(sched.core)
-    return EngineRun(requests=records, steps=executor.rows, window_start_s=0.0,
+    return EngineRun(requests=table, steps=executor.rows, window_start_s=0.0,
                      window_end_s=window_end, engine_info=info, peak_memory=executor.peak,
                      counters=counters)
 

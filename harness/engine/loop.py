@@ -24,8 +24,8 @@ once, each step's end handed to `step_ends`, which hands the scheduler the
 arrivals before that end in the same event order), else one step
 (`Scheduler.schedule`, `Executor.execute`) whose completion goes on the heap.
 At most one step is in flight. When the heap is empty every request has
-ended (`Scheduler.check_drained`); `records` are the requests' records in
-request-id order.
+ended (`Scheduler.check_drained`); `run` returns the run's request table
+(`harness.request_table.RequestTable`), a row per request.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ import heapq
 from array import array
 
 from harness.orgs.keys import SharedPrefixKeys
-from harness.records import RequestColumns
+from harness.request_table import RequestTable
 from harness.scheduler.batch import DONE
-from harness.token_times import GapPool, drop_token_times
 
 #: Event kinds; at equal times a finishing step is handled before an arrival.
 STEP_DONE, ARRIVAL = 0, 1
@@ -44,7 +43,7 @@ STEP_DONE, ARRIVAL = 0, 1
 
 class _Ended:
     """What the scheduler's table holds for a request that ended and went into
-    the loop's columns (``compact``): only that it ended."""
+    the loop's request table (``compact``): only that it ended."""
 
     state = DONE
 
@@ -64,21 +63,19 @@ class EngineLoop:
     """One run of ``workload`` through ``sched`` and ``executor`` on ``clock``.
     ``progress(n)`` is told how many requests have ended (finished or failed)
     whenever that grows; ``check()`` (e.g. the organization's invariants)
-    runs after every completed step. ``compact``: each request that ends
-    leaves only fixed-width columns behind, so that a long run holds no
-    Python object and no token time per request to its end: its token times
-    are summed up into its record and the loop's ``itl_pool``
-    (`harness.token_times.drop_token_times`), the record goes into
-    ``columns`` (`harness.records.RequestColumns`, what `run` then returns)
-    and the scheduler's entry for it becomes a stand-in that says only that
-    it ended."""
+    runs after every completed step. Each request's record becomes a row of
+    ``table`` (`harness.request_table.RequestTable`, what `run` returns):
+    once the run drained, or, ``compact``, as soon as it ends, so that a
+    long run holds no Python object and no token time per request to its
+    end (the scheduler's entry for it becomes a stand-in that says only
+    that it ended)."""
 
     def __init__(self, workload, sched, executor, clock, *, warmup_requests: int = 0,
                  progress=None, check=None, compact: bool = False):
         self.sched, self.executor, self.clock = sched, executor, clock
         self.progress, self.check = progress, check
-        self.itl_pool = GapPool() if compact else None
-        self.columns = RequestColumns() if compact else None
+        self.compact = compact
+        self.table = RequestTable()
         self.warm_ids = workload.warmup_ids(warmup_requests)
         self.sessions = _session_loop(workload) if workload.sessions else None
         self.sent: dict[int, object] = {}          # request id -> its workload request (sessions)
@@ -113,8 +110,8 @@ class EngineLoop:
         heapq.heappush(self.events, (t, kind, self.seq, payload))
         self.seq += 1
 
-    def run(self) -> list:
-        """Handle every event (see the module docstring); the requests' records."""
+    def run(self) -> RequestTable:
+        """Handle every event (see the module docstring); the request table."""
         events, sched, executor, clock = self.events, self.sched, self.executor, self.clock
         in_flight = False
         while events:
@@ -136,17 +133,14 @@ class EngineLoop:
             if not in_flight and sched.has_work and not (events and events[0][0] < now):
                 in_flight = self._plan()
         sched.check_drained()
-        if self.columns is not None:      # those that failed or were cancelled
-            for r in sched.requests.values():
-                if r is not _ENDED:
-                    self._keep(r)
-            return self.columns.seal()
-        return [r.record for r in sorted(sched.requests.values(), key=lambda r: r.rid)]
+        for r in sched.requests.values():      # all, or (compact) those failed or cancelled
+            if r is not _ENDED:
+                self.table.append(r.record)
+        return self.table.seal()
 
     def _keep(self, r) -> None:
-        """The ended request ``r`` as columns (``compact``)."""
-        drop_token_times(r.record, self.itl_pool)
-        self.columns.add(r.record)
+        """The ended request ``r`` as a row (``compact``)."""
+        self.table.append(r.record)
         self.sched.requests[r.rid] = _ENDED
 
     def _plan(self) -> bool:
@@ -213,7 +207,7 @@ class EngineLoop:
             # token times again (its record keeps what the results need): a
             # long run holds only the unfinished requests'
             r.tokens, r.keys, r.token_times = array("i"), [], array("d")
-            if self.columns is not None:
+            if self.compact:
                 self._keep(r)
         if requests:
             self._ended(len(requests))

@@ -8,7 +8,8 @@ from scipy import stats
 
 from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.metrics import TURN_SUMMARY_KEYS, per_request_table, summarize, turn_table
+from harness.metrics import TURN_SUMMARY_KEYS, summarize
+from harness.per_request import per_request_table, turn_table
 from harness.run_setup import validate
 from workloads.build import build_workload
 from workloads.multiturn.derive import stream, think_times

@@ -20,6 +20,7 @@ from harness import results as R
 from harness.config import RunConfig
 from harness.grid import expand
 from harness.records import FAILED
+from harness.request_table import RequestTable
 from harness.results import is_complete, list_runs
 from harness.run_address import cell_id
 from harness.run_setup import RunSetup
@@ -301,9 +302,10 @@ def _every_request_fails(monkeypatch):
 
     def failing(self, workload, setup, progress=None):
         run = real_run(self, workload, setup, progress)
-        # the simulator's records are made on read from its columns: replace them
-        run.requests = [dataclasses.replace(r, status=FAILED, error="connection refused")
-                        for r in run.requests]
+        # the rows read back as records: a new table of them, failed
+        run.requests = RequestTable.of(
+            dataclasses.replace(r, status=FAILED, error="connection refused")
+            for r in run.requests)
         return run
 
     monkeypatch.setattr(SimEngine, "run", failing)

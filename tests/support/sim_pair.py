@@ -4,13 +4,12 @@ the scheduler (`SimEngine(fast=False)`), and stretches of quiet decode steps
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from adapters.sim.engine import SimEngine
 from harness.config import ORG_NAMES, RunConfig
 from harness.metrics import summarize
+from harness.request_table import FLOAT_FIELDS, INT_FIELDS
 from harness.run_setup import RunSetup
 from harness.run_workload import build_run_workload
 from tests.support.compare import same
@@ -37,6 +36,15 @@ def random_config(rng: np.random.Generator) -> RunConfig:
     )
 
 
+def _gap_sample(table) -> list[tuple[float, int]]:
+    """The table's ITL sample as (value, count) pairs, each value once, in order."""
+    values, counts = table.itl_gaps()
+    sample: dict[float, int] = {}
+    for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+        sample[v] = sample.get(v, 0) + c
+    return sorted(sample.items())
+
+
 def run_both(config: RunConfig):
     workload = build_run_workload(config)
     setup = RunSetup.resolve(config)
@@ -46,16 +54,13 @@ def run_both(config: RunConfig):
 
 
 def assert_identical(slow, fast) -> None:
-    assert len(slow.requests) == len(fast.requests)
-    for a, b in zip(slow.requests, fast.requests, strict=True):
-        da, db = dataclasses.asdict(a), dataclasses.asdict(b)
-        ta, tb = da.pop("token_times"), db.pop("token_times")
-        ia, ib = da.pop("itl"), db.pop("itl")       # the simulator's summed-up token times
-        assert da == db, f"request {a.request_id} differs"
-        assert np.array_equal(np.asarray(ta), np.asarray(tb)), f"request {a.request_id} times"
-        assert (ia is None) == (ib is None), f"request {a.request_id} itl"
-        assert ia is None or all(same(x, y) for x, y in zip(ia, ib, strict=True)), \
-            f"request {a.request_id} itl"
+    a, b = slow.requests, fast.requests
+    assert len(a) == len(b)
+    for name in (*INT_FIELDS, *FLOAT_FIELDS, "status", "warmup"):
+        x, y = a.array(name), b.array(name)
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), f"requests' {name} differ"
+    assert a.errors() == b.errors()
+    assert _gap_sample(a) == _gap_sample(b), "the ITL samples differ"
     assert len(slow.steps) == len(fast.steps)
     for i, (ra, rb) in enumerate(zip(slow.steps, fast.steps, strict=True)):
         assert list(ra) == list(rb), f"step {i}: columns differ"

@@ -205,12 +205,12 @@ def test_share_hits_the_prefix_cache_and_isolate_does_not(served):
     isolate = engine.run_on(server.endpoint, shared_prefix_workload(prefix, 6, "iso"), config)
 
     for run in (share, isolate):
+        assert (run.requests.array("n_token_times") == OUTPUT_LEN).all()
+        assert (run.requests.array("itl_mean_s") > 0).all()    # the last token after the first
         for r in run.requests:
             assert r.status == "finished", r.error
-            assert r.output_tokens == OUTPUT_LEN and len(r.token_times) == OUTPUT_LEN
-            assert r.first_token_s > r.dispatch_s >= 0
-            assert all(b >= a for a, b in zip(r.token_times, r.token_times[1:], strict=False))
-            assert r.token_times[-1] > r.token_times[0]
+            assert r.output_tokens == OUTPUT_LEN
+            assert r.finish_s >= r.first_token_s > r.dispatch_s >= 0
             assert r.prompt_tokens > 256
         assert run.engine_info["resolved"]["block_size"] == 128
         assert run.engine_info["resolved"]["mamba_cache_mode"] == "align"

@@ -10,18 +10,10 @@ import pyarrow as pa
 import pytest
 
 from harness.attribution import SUMMARY_KEYS as ATTRIBUTION_KEYS
-from harness.metrics import (
-    REQUEST_COLUMNS,
-    SUMMARY_KEYS,
-    TURN_COLUMNS,
-    per_request_table,
-    percentile,
-    percentiles,
-    request_columns,
-    summarize,
-    weighted_median,
-)
+from harness.metrics import SUMMARY_KEYS, percentile, percentiles, summarize, weighted_median
+from harness.per_request import REQUEST_COLUMNS, TURN_COLUMNS, per_request_table, request_columns
 from harness.records import CANCELLED, FAILED, EngineRun, RequestRecord
+from harness.request_table import RequestTable
 from tests.support.compare import same
 
 
@@ -64,7 +56,7 @@ def make_run(requests, steps=None, **kw):
             {"waiting": 0, "running": 3, "slab_occupancy": 0.75},
             {"waiting": 1, "running": 2},
         ]
-    return EngineRun(requests=requests, steps=steps, **fields)
+    return EngineRun(requests=RequestTable.of(requests), steps=steps, **fields)
 
 
 def three_requests():

@@ -19,8 +19,10 @@ import pytest
 from common.errors import HbenchError
 from harness import provenance, results, run_address
 from harness.config import RunConfig
-from harness.metrics import per_request_table, summarize
+from harness.metrics import summarize
+from harness.per_request import per_request_table
 from harness.records import EngineRun, RequestRecord
+from harness.request_table import RequestTable
 from harness.seal import SEAL, sealed
 
 WORKLOAD_HASH = "ab" * 32
@@ -39,7 +41,7 @@ def make_run(*, with_warmup=False):
         reqs.insert(0, RequestRecord(9, -3.0, 8, 2, first_token_s=-2.0, finish_s=-1.0,
                                      token_times=[-2.0, -1.0], output_tokens=2, warmup=True))
     steps = [{"t": 0.5, "waiting": 1, "running": 2}, {"t": 1.0, "waiting": 0, "running": 3}]
-    return EngineRun(reqs, steps, 0.0, 4.0, engine_info={"blocks": 254},
+    return EngineRun(RequestTable.of(reqs), steps, 0.0, 4.0, engine_info={"blocks": 254},
                      peak_memory={"attention": 10, "ssm": 20, "conv": 3})
 
 
@@ -157,7 +159,7 @@ def _reject_constant(name):
 
 
 def test_nan_is_written_as_null(tmp_path):
-    run = EngineRun([], [], 0.0, 1.0)   # nothing finished: every latency is NaN
+    run = EngineRun(RequestTable.of([]), [], 0.0, 1.0)   # nothing finished: every latency is NaN
     path = write(tmp_path, run=run)
     summary = json.loads((path / results.SUMMARY).read_text(), parse_constant=_reject_constant)
     assert summary["ttft_p99_s"] is None and summary["waiting_median"] is None

@@ -25,6 +25,7 @@ from adapters.metrics_scrape import (
 from harness.config import RunConfig
 from harness.metrics import SERVED_SUMMARY_KEYS, SUMMARY_KEYS, summarize
 from harness.records import EngineRun, RequestRecord
+from harness.request_table import RequestTable
 from tests.support.scripted_server import Script, ScriptedServer
 from tests.support.served import VLLM_CACHE_INFO, served_setup, vllm_engine, vllm_s0
 from workloads.workload import Workload, WorkloadRequest
@@ -99,7 +100,7 @@ def record(i, arrival, dispatch, first):
 
 def test_served_summary_keeps_ttft_from_arrival_and_from_send():
     reqs = [record(0, 0.0, 0.5, 1.0), record(1, 1.0, 1.0, 1.25), record(2, 2.0, 2.25, 2.5)]
-    run = EngineRun(requests=reqs, steps=[], window_start_s=0.0, window_end_s=3.0,
+    run = EngineRun(requests=RequestTable.of(reqs), steps=[], window_start_s=0.0, window_end_s=3.0,
                     engine_info={"launched": False},
                     counters={"server_ttft_p50_s": 0.2, "member_pages_peak": 7})
     s = summarize(run)
@@ -112,7 +113,7 @@ def test_served_summary_keeps_ttft_from_arrival_and_from_send():
 
 
 def test_a_simulated_run_has_no_served_keys():
-    run = EngineRun(requests=[record(0, 0.0, None, 1.0)], steps=[], window_start_s=0.0,
+    run = EngineRun(requests=RequestTable.of([record(0, 0.0, None, 1.0)]), steps=[], window_start_s=0.0,
                     window_end_s=2.0, engine_info={})
     assert not set(SERVED_SUMMARY_KEYS) & set(summarize(run))
 

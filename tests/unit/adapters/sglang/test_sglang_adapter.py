@@ -15,6 +15,7 @@ from adapters.metrics_scrape import extract, parse_prometheus
 from adapters.sglang import SglangEngine, mamba_full_memory_ratio
 from common.errors import HbenchError
 from harness.config import RunConfig
+from harness.request_table import RequestTable
 from tests.support import FIXTURES
 from tests.support.scripted_server import Script, ScriptedServer
 from tests.support.served import served_setup
@@ -62,9 +63,11 @@ def test_sglang_stream_and_metrics_become_an_engine_run():
                         models=("tiny-falcon-h1",)) as srv:
         run = SglangEngine(scrape_interval_s=0.05).run(workload(), served_setup(d0(endpoint=srv.endpoint.url)))
         bodies = list(srv.bodies)
+    assert isinstance(run.requests, RequestTable)
     assert [r.status for r in run.requests] == ["finished"] * 3
+    assert run.requests.array("n_token_times").tolist() == [4] * 3   # empty-text token counted
     for r in run.requests:
-        assert r.output_tokens == 4 and len(r.token_times) == 4   # empty-text token counted
+        assert r.output_tokens == 4
         assert r.prompt_tokens == 300 and r.reused_tokens == 256 and r.initial_input_tokens == 44
         assert r.first_token_s - r.dispatch_s >= 0.1 - 0.005   # the recorded first pause
     assert all(b["model"] == "tiny-falcon-h1" and b["return_token_ids"] is True for b in bodies)

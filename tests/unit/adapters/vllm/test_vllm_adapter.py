@@ -20,6 +20,7 @@ from adapters.vllm import VllmEngine
 from common.errors import HbenchError
 from harness.config import RunConfig
 from harness.records import EngineRun
+from harness.request_table import RequestTable
 from tests.support.scripted_server import Script, ScriptedServer
 from tests.support.served import VLLM_CACHE_INFO, served_setup, vllm_engine, vllm_s0
 from workloads.workload import Workload, WorkloadRequest
@@ -421,7 +422,7 @@ def test_plugin_counters_become_hbenchs_invalidations_slab_occupancy_and_d0_memo
     assert [r.get("invalidations_checkpoint") for r in rows] == [0, 3]
     assert "slab_occupancy" not in rows[0] and rows[1]["slab_occupancy"] == 24 / 32
     assert counters == {"invalidations_checkpoint": 6} and peak == {}
-    run = EngineRun(requests=[], steps=rows, window_start_s=0.0, window_end_s=2.0,
+    run = EngineRun(requests=RequestTable.of([]), steps=rows, window_start_s=0.0, window_end_s=2.0,
                     engine_info={"launched": True}, counters=counters)
     s = summarize(run)
     assert s["invalidations_checkpoint"] == 6 and s["slab_occupancy_mean"] == 0.75

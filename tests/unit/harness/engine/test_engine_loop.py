@@ -17,6 +17,8 @@ import pytest
 
 from harness.engine.clock import VirtualClock, WallClock
 from harness.engine.loop import ARRIVAL, STEP_DONE, EngineLoop
+from harness.records import RequestRecord
+from harness.request_table import RequestTable
 from tests.support import REPO_ROOT
 
 
@@ -37,8 +39,9 @@ class Scheduler:
 
     def add(self, rid, arrival_s, ids, output_len, salt, group, warmup=False, keys=None):
         self.log.append(("add", rid, self.clock.now))
-        r = SimpleNamespace(rid=rid, record=("record", rid), tokens=None, keys=None,
-                            token_times=None)
+        record = RequestRecord(request_id=rid, arrival_s=arrival_s, prompt_tokens=1,
+                               target_output_tokens=output_len)
+        r = SimpleNamespace(rid=rid, record=record, tokens=None, keys=None, token_times=None)
         self.requests[rid] = r
         self.waiting.append(r)
         return r
@@ -114,9 +117,11 @@ def test_a_step_done_at_t_comes_before_an_arrival_at_t():
     assert ended == [1, 2, 3]
 
 
-def test_records_come_in_request_id_order():
-    _, records, _ = run([(5, 0.0), (2, 0.5), (9, 0.7)])
-    assert records == [("record", 2), ("record", 5), ("record", 9)]
+def test_the_request_table_is_in_request_id_order():
+    _, table, _ = run([(5, 0.0), (2, 0.5), (9, 0.7)])
+    assert isinstance(table, RequestTable)
+    assert table.array("request_id").tolist() == [2, 5, 9]
+    assert table.array("arrival_s").tolist() == [0.5, 0.0, 0.7]
 
 
 def test_requests_are_read_one_at_a_time_as_they_arrive():
