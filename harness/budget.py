@@ -1,68 +1,13 @@
-"""Budget labels -> bytes -> each organization's integer page counts.
+"""Budget labels -> bytes, for each organization's split into pages.
 
 A budget is one byte target per pool layer (harness/geometry.py explains
 pool layers). Every organization turns the *same* target into its own page
-counts from its layout (`harness.orgs.layout_for`; a run's is
-`RunSetup.layout`) and keeps its own rounding loss, so organizations are
-compared at equal memory, never at equal page counts (DESIGN.md section 4). Accepted budget texts:
-
-    bN       N x geom.slot_checkpoint_bytes per pool layer: N coarse S0 pages
-             for Falcon-H1 (the study's labels b63, b83, b108)
-    Np       N pages of the organization's own page: the S0 page for s0, the
-             512-token attention page A for s1/s2, and N x A bytes for d0
-             (the bytes S1/S2 get from the same label)
-    12GiB    a whole-model size (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB),
-             divided evenly over geom.pool_layers
-
-This module only parses labels; each organization's split
-(`harness.orgs.split`, its ``pool_split``) turns the bytes into its pools,
-with page sizes from the layout, never re-derived:
-
-    s0        pages = floor(bytes / S0 page)                  SharedPages
-    s1, s2    pages = floor(bytes / A)                        SharedPages
-    d0, e0    DualPools: M_A = floor(f x bytes) -> floor(M_A / A16) 16-token blocks;
-              the rest of the bytes -> floor(rest / C) checkpoint units
-              (e0 then moves capacity between the two while serving)
-    u0        OneRegion: one region of floor(bytes / A16) 16-token blocks'
-              bytes, split between its two ends while serving (pool "region")
-
-Falcon-H1-7B at b83: 83 x 1,594,368 B; S0 83 pages, S1/S2
-floor(83 x 1557 / 512) = 252 pages (`hbench budget b83`). Every organization
-is thus given the label's bytes and allocates them less a rounding loss
-smaller than its largest page (`OrgBudget.allocated_bytes`), so any two
-organizations' allocations differ by less than one page.
-
-Under vLLM's paging (a layout of ``paging="vllm"``, harness/layout.py) every
-page is one vLLM block, the same for every organization (it holds one padded
-Mamba state, e.g. 1,664 tokens of Falcon-H1-7B), so the label's bytes buy
-every organization the same block count, the one hbench hands vLLM as
---num-gpu-blocks-override (`vllm_blocks`):
-
-    blocks = floor(bytes / vLLM page)     (block 0 is vLLM's null block)
-    s0, s1, s2   pages = blocks - 1
-    u0           region = blocks - 1
-    d0, e0       attention = floor(f x (blocks - 1)), checkpoint = the rest
-
-Falcon-H1-7B at b83: floor(83 x 1,594,368 / 1,703,936) = 77 blocks for every
-organization. S1 and S2 then spend whole vLLM blocks on each member page of
-a checkpoint (4 and 3 + a slab slot), which is what their allocator policy
-costs at vLLM's page size; the study's small pages they do not get.
-
-Why D0's default attention fraction f is 0.5. The two D0 pools are sized once,
-so f should match the bytes a typical running request keeps of each kind. At
-the study's working point (mean input 3,332 tokens, grid 1792, 16-token
-blocks) one request holds, per layer of Falcon-H1-7B:
-
-    attention   ceil(3332 / 16) = 209 blocks x 16 KiB          = 3,344 KiB
-    recurrent   (1 live + floor(3332 / 1792) = 1 published)
-                = 2 checkpoints x 1557 KiB                     = 3,114 KiB
-    attention share = 3344 / (3344 + 3114)                    = 0.518
-
-The cap (63 running requests) scales both sides alike and so drops out.
-`working_point_attn_share` computes this for any geometry (the test
-re-derives 0.518); generated tokens (up to 1,024) push the share up, cached
-checkpoints of finished requests push it down, so hbench uses the round 0.5
-and reports f with every D0 result.
+counts (its ``pool_split``, `harness.orgs.split`) and keeps its own rounding
+loss, so organizations are compared at equal memory, never at equal page
+counts (DESIGN.md section 4). This module only parses labels (``b83``,
+``254p``, ``12GiB``) and says why D0's default attention fraction is 0.5
+(`working_point_attn_share`); docs/architecture.md, "Budgets", gives the
+forms, the splits' arithmetic and Falcon-H1-7B's numbers.
 """
 
 from __future__ import annotations

@@ -1,55 +1,14 @@
-"""Physical layout of an organization: the shape every organization shares.
+"""Physical layout of an organization, and where its pages and checkpoints fall.
 
 An `OrgLayout` turns a `ModelGeometry` into page sizes and member counts
-(DESIGN.md section 2). Each organization defines its own layout in its module
-(`harness.orgs.s0` .. `harness.orgs.e0`, method ``layout_for``); this module
-holds the shared value type and the shared constants; `harness.orgs.layout_for`
-finds an organization's layout through the registry. Budgets
-(harness/budget.py), the allocation ledger (harness/ledger.py) and the
-organizations (harness/orgs/) all read an `OrgLayout`; none stores a size of
-its own.
-
-Where pages and checkpoints fall is a `Grid`, derived from the model's
-geometry (`rule_grid`), declared by a preset or a config.json
-(``hbench_grid``), or shaped as an engine shapes it (`vllm_grid`,
-`sglang_grid`); `grid_for` picks one. Sizes are bytes per pool layer (see
-harness/geometry.py). For Falcon-H1-7B (A = 512 KiB, C = 1557 KiB; the rule
-gives the study's grid, 512 / 16 / 1792):
-
-    org  attention unit           checkpoint members             grid
-    S0   1 page of max(A, C)      1 page of max(A, C)            shared block (512)
-    S1   1 page of A              ceil(SSM/A) + ceil(conv/A)     shared block (512)
-    S2   1 page of A              ceil(SSM/A) pages + 1 slot     shared block (512)
-    D0   dual block (16 tokens)   1 unit of C (own pool)         dual grid (1792)
-    U0   as D0, both pools the two ends of one region            dual grid (1792)
-    E0   as D0, capacity moved between the pools on demand       dual grid (1792)
-
-Those are the study's pages (``paging="study"``). vLLM 0.32 cannot shrink a
-page: every block of its pool is one page whose attention part holds
-``vllm_block_tokens`` tokens and is at least one Mamba state, and block 0 is
-its null block. hbench's vLLM plugin (`adapters.vllm_plugin`) therefore
-charges each object the organization's *number* of pages in those blocks;
-``paging="vllm"`` (`OrgLayout.in_vllm_blocks`) is that layout, so the
-simulator can serve the same memory as a plugin run at the same budget:
-
-    org  attention unit      checkpoint                            grid
-    S0   1 vLLM block        1 block                               block
-    S1   1 vLLM block        ceil(SSM/A) + ceil(conv/A) blocks     block
-    S2   1 vLLM block        ceil(SSM/A) blocks + 1 slab slot      block
-    D0   1 vLLM block        1 block of a private pool             block
-
-(A: the organization's own attention page under its grid, which sets the counts.)
-States follow vLLM's align mode and its default retention too
-(``publish_in_place``, `harness.orgs.publication`): at every block edge the running
-state is the edge's state, and the request takes a new state object when it
-computes past the edge; the edge's state is published where it is only at the
-request's replay boundary and a shared-prefix junction (`kept_edges`), else
-freed. A prefix computed again is cached twice, as vLLM caches every block
-under its hash, and a preemption pins what the engine pins
-(``preempt_pin``: the plugin its joint hit, stock vLLM nothing). The study
-instead reserves a spare for each grid boundary of the prompt before the
-chunk that reaches it and publishes them all. Here only edges a chunk ends on
-are published (on CPU vLLM's chunk is one block, so every edge is one).
+(DESIGN.md section 2); each organization defines its own (``layout_for`` in
+`harness.orgs.s0` .. `harness.orgs.e0`) and budgets, the ledger and the
+organizations all read it, none storing a size of its own. Where pages and
+checkpoints fall is a `Grid`: the model geometry's rule (`rule_grid`), a
+preset's or config.json's declared grid (``hbench_grid``), or an engine's
+shape (`vllm_grid`, `sglang_grid`); `grid_for` picks one, so no model runs on
+another's constants. docs/architecture.md, "Layouts and grids", tabulates
+each organization's units in the study's pages and in vLLM's blocks.
 """
 
 from __future__ import annotations

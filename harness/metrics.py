@@ -1,66 +1,13 @@
 """Run-level metrics from an `EngineRun`: pure functions, identical for every engine.
 
 `summarize` turns one run into a flat dict of scalars (the ``summary.json`` of
-a results directory); `harness.per_request.per_request_table` turns it into
-one row per request (``requests.parquet``). Both read the run's one request table
-(`harness.request_table.RequestTable`) as arrays, whichever engine filled
-it, so each metric has one implementation. Analysis code reads these keys by
-name, so `SUMMARY_KEYS` is the contract: adding or renaming a key is a schema change.
-A multi-turn run (requests with a ``turn`` index) adds `TURN_SUMMARY_KEYS` to
-its summary (and `harness.per_request.TURN_COLUMNS` to its per-request table). A
-run a real server served adds `SERVED_SUMMARY_KEYS` (`served_summary`): TTFT
-from the actual send beside TTFT from the scheduled arrival, the server's own
-latency histograms beside the client's numbers, and the plugin's page peaks.
-A run of u0 or e0 adds `REGION_SUMMARY_KEYS`; a run of SGLang's memory code
-`SGLANG_SUMMARY_KEYS`; a run of vLLM's scheduler in process
-`VLLM_INPROCESS_SUMMARY_KEYS`.
-
-Which requests count where:
-
-- warm-up requests (the ``warmup`` column) are excluded from every summary
-  metric, including counts;
-- throughput, ``output_tokens`` and the latency distributions (TTFT, ITL,
-  TPOT, end-to-end) use finished requests only: a failed or cancelled request
-  has no meaningful completion time and its partial tokens were not served;
-- work and cache counters (reused / initial / recomputed tokens, preemptions,
-  J_adopt, R_max, attention depth) and dispatch lag use every non-warm-up
-  request, because the engine did that work whether or not the request
-  finished. A counter the engine did not observe for a request (None in its
-  record and NaN in its column, `harness.records.NULLABLE_FIELDS`: a served
-  engine's client never sees preemptions or recomputed tokens) is left out; a summary counter no
-  request observed is null (not observed), never 0.
-
-The measured period starts at the first measured (non-warm-up) arrival:
-
-- the ledger window runs from there (or from the engine's window start, if
-  later) to the engine's window end;
-- everything taken from the step table covers step rows that start in the
-  measured period (a row's ``start_s``, or its ``time_s`` for engines whose
-  rows are samples): queue medians, memory peaks, rounding waste,
-  invalidations, slab occupancy.
-
-Step-based definitions (README, "What each number means"):
-
-- ``waiting_median`` / ``running_median`` are over time: each row weighs its
-  ``duration_s`` and idle gaps between rows count as zeros (rows without a
-  duration, such as a scraped gauge, weigh the same), so they equal the
-  median a gauge sampled at a fixed interval would give;
-- ``peak_mem_total_bytes`` is the largest per-row total of the per-kind
-  ``mem_<kind>_bytes`` plus the weights; ``peak_mem_<kind>_bytes`` are per-kind
-  peaks, each at its own moment, and are never summed;
-- ``rounding_waste_bytes`` is the budget's rounding loss plus the largest
-  per-row total of ``waste_<kind>_bytes``;
-- invalidations are counted by kind (``invalidations_attention`` blocks,
-  ``invalidations_checkpoint`` checkpoints) and in tokens
-  (``invalidated_tokens`` = attention blocks x the engine's block tokens),
-  because a D0 attention block is 16 tokens and an S1 block 512.
-
-Validity (``validity``, the one nested object, and ``delivered_rate_req_s``)
-and the TTFT attribution (``ttft_p50_<cause>_s``, ``ttft_p99_<cause>_s``) are
-computed by `harness.validity` and `harness.attribution`.
-
-Percentiles are numpy's linear interpolation; an empty sample gives NaN
-(written to JSON as null by `harness.results`).
+a results directory), reading the run's one request table
+(`harness.request_table.RequestTable`) and step table as arrays, whichever
+engine filled them, so each metric has one implementation. Analysis code
+reads these keys by name, so `SUMMARY_KEYS` (and the multi-turn, served,
+region, SGLang and vLLM-in-process key sets) are the contract: adding or
+renaming a key is a schema change. Which requests and steps each metric
+counts is in docs/statistics.md, "What each summary metric counts".
 """
 
 from __future__ import annotations
