@@ -62,9 +62,9 @@ returns why the stretch ended, and the loop plans the next step with
   order (`Organization.release_retired`): the scheduler plans that step
   request by request (`Organization.allocate_all` refuses until then).
 
-``HBENCH_SIM_FAST=0`` makes the simulator plan every step with
-`Scheduler.schedule` (`adapters.sim.engine.stretches_enabled`);
-`tests/unit/harness/scheduler/test_scheduler_stretch.py` checks that both give identical results.
+``SimEngine(fast=False)`` makes the simulator plan every step with
+`Scheduler.schedule`; `tests/unit/harness/scheduler/test_scheduler_stretch.py`
+checks that both give identical results.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.sim.engine import SimEngine, stretches_enabled
+from adapters.sim.engine import SimEngine
 from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
 from harness.run_setup import RunSetup
@@ -106,15 +106,6 @@ def test_stretches_skip_steps(schedule_calls):
     fast_run = SimEngine(fast=True).run(workload, setup)
     assert slow_calls == len(run.steps) == len(fast_run.steps)
     assert calls["n"] < len(run.steps) / 2
-
-
-def test_env_switch(monkeypatch):
-    monkeypatch.setenv("HBENCH_SIM_FAST", "0")
-    assert not stretches_enabled()
-    monkeypatch.setenv("HBENCH_SIM_FAST", "1")
-    assert stretches_enabled()
-    monkeypatch.delenv("HBENCH_SIM_FAST")
-    assert stretches_enabled()
 
 
 def test_generated_token_vectorized_is_the_scalar_rule():
