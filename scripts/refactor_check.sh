@@ -25,5 +25,6 @@ sweep --org s0,s2,d0 --budget b83 --workload-kind multiturn --rate 3 --seeds 1 \
     --requests 60 --out "$out/multiturn"
 sweep --org s0,s1,s2,d0 --budget b63,b83 --paging vllm --rate 3 --seeds 1 --requests 60 \
     --out "$out/vllm"
-sweep --org u0,e0 --budget b63,b83 --rate 3 --seeds 1 --requests 60 --out "$out/region"
+sweep --org u0,e0 --budget b63,b83 --paging study,vllm --rate 3 --seeds 1 --requests 60 \
+    --out "$out/region"
 echo "wrote $out/{smoke,q4,q6,multiturn,vllm,region}"
