@@ -64,12 +64,12 @@ class SimEngine:
         org = self.build(setup)
         check_fits(org, workload, config, budget.label)
         hardware = hardware_for(config.gpu)
-        sched = Scheduler(org, SchedulerPolicy.from_config(config))
+        sched = Scheduler(org, SchedulerPolicy.from_config(config), stretches=self.fast)
         recorder = StepRecorder(org, geom.pool_layers, spill=True)   # steps.parquet as it fills
         pricing = CostModel(geom, hardware)
         if org.region() is not None:   # pools that trade capacity within one region (u0, e0)
             pricing = MovePricing(pricing, org, geom.pool_layers)
-        executor = CostExecutor(sched, pricing, recorder, stretches=self.fast)
+        executor = CostExecutor(sched, pricing, recorder)
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
                           warmup_requests=config.warmup_requests, progress=progress,
                           check=org.check_invariants if config.debug_invariants else None,

@@ -2,8 +2,8 @@
 
 Each case runs one small random configuration twice, with stretches off
 (`SimEngine(fast=False)`: every step planned by `Scheduler.schedule` and
-completed by `Scheduler.complete`) and on (`Scheduler.schedule_stretch`,
-`harness.scheduler.stretch`), and requires identical per-request records (token times included),
+completed by `Scheduler.complete`) and on (`Scheduler.schedule` hands out
+runs of quiet decode steps, `harness.scheduler.stretch`), and requires identical per-request records (token times included),
 step rows, counters and summaries. The configurations are drawn from a seeded
 generator over organizations, budgets, rates, q, headroom, retention,
 SHARE/ISOLATE, caps, token budgets and seeds, small enough to run in seconds.
@@ -70,18 +70,21 @@ def test_stretches_keep_invariants(org):
 
 @pytest.fixture
 def schedule_calls(monkeypatch):
-    """Counts the steps the scheduler plans while the engine loop runs
-    (``calls["n"]``; not the pre-run check's rehearsal, `check_fits`)."""
+    """Counts the single steps the scheduler plans while the engine loop runs
+    (``calls["n"]``; not the stretches it hands out, nor the pre-run check's
+    rehearsal, `check_fits`)."""
     from harness.engine.loop import EngineLoop
     from harness.scheduler import Scheduler
+    from harness.scheduler.stretch import Stretch
 
     calls = {"n": 0}
     looping = []
     schedule, run = Scheduler.schedule, EngineLoop.run
 
     def counting(self):
-        calls["n"] += 1 if looping else 0
-        return schedule(self)
+        plan = schedule(self)
+        calls["n"] += 1 if looping and not isinstance(plan, Stretch) else 0
+        return plan
 
     def loop_run(self):
         looping.append(True)
@@ -218,35 +221,67 @@ def test_stretches_identical_when_decodes_publish_in_place(org):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", [
-    # D0 at a small budget: preempts inside stretches, and hands a step whose
-    # first running request needs a block that does not fit to the scheduler
+    # D0 at a small budget: decode blocks that do not fit, preempting
     RunConfig(org="d0", budget="b40", rate=20.0, requests=30, max_output=1024, seed=2),
     # a preempted request that itself needed a block in that step
     RunConfig(org="s1", budget="b40", rate=20.0, q=1.0, requests=30, mean_input=1500,
               max_output=1024, cap=16, seed=2, debug_invariants=True),
 ], ids=["d0", "s1"])
-def test_preemptions_inside_stretches(config, monkeypatch):
-    """A block that does not fit preempts inside the stretch as
-    `Scheduler.schedule` would (catching the victim up first): the same rows
-    (the preempting step's and the fresh one after it), records and counters
-    as the scheduler's steps."""
+def test_a_block_that_does_not_fit_ends_the_stretch(config, monkeypatch):
+    """A block that does not fit ends the stretch (``"no room"``), every
+    request brought up to date, and `Scheduler.schedule` plans that step: it
+    preempts as it does for any step, so the preemptions, rows, records and
+    counters are those of the scheduler's steps."""
     from harness.scheduler.stretch import NO_ROOM, Stretch
 
-    calls = {"preempting": 0, "handed over": 0}
-    preempt_for, run = Stretch._preempt_for, Stretch.run
+    ended = {"no room": 0}
+    plan = Stretch.plan
 
-    def counting_preempt_for(self, crossing, j):
-        calls["preempting"] += 1
-        return preempt_for(self, crossing, j)
+    def counting_plan(self, arrived):
+        kind = plan(self, arrived)
+        ended["no room"] += kind == NO_ROOM
+        return kind
 
-    def counting_run(self, loop):
-        reason = run(self, loop)
-        calls["handed over"] += reason == NO_ROOM
-        return reason
-
-    monkeypatch.setattr(Stretch, "_preempt_for", counting_preempt_for)
-    monkeypatch.setattr(Stretch, "run", counting_run)
+    monkeypatch.setattr(Stretch, "plan", counting_plan)
     slow, fast = run_both(config)
-    assert calls["preempting"] > 0
-    assert calls["handed over"] > 0 or config.org != "d0"
+    assert ended["no room"] > 0
+    assert fast.counters["preemptions"] > 0
     assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("org, pages", [("d0", (400, 40)), ("s2", (60,))])
+def test_advance_over_several_tokens_is_their_single_completions(org, pages):
+    """`Scheduler.advance` brings a decoding request up by many tokens at once
+    (a stretch's one commit): the same tokens, prefix keys, token times,
+    positions and finish as that many single completions (`complete`)."""
+    from harness.model_configs import preset
+    from harness.orgs import build_organization, layout_for
+    from harness.scheduler import Scheduler, SchedulerPolicy
+    from harness.scheduler.batch import RUNNING
+
+    def started():
+        o = build_organization(layout_for(org, preset("falcon-h1-7b")), pages)
+        sched = Scheduler(o, SchedulerPolicy())
+        r = sched.add(0, 0.0, list(range(100)), 90, None)
+        sched.complete(sched.schedule(), 0.5)        # prefill: the first token
+        return sched, r
+
+    one, a = started()
+    for k in range(1, 90):                          # 89 single decode steps, one by one
+        batch = one.schedule()
+        assert [(i.start, i.end, i.prefill) for i in batch.items] == [(99 + k, 100 + k, False)]
+        one.complete(batch, 0.5 + k)
+    many, b = started()
+    times = np.arange(1.5, 40.0)                     # 39 tokens in one go, then 50
+    assert many.org.allocate_all([(0, 100 + 39 + 50, 100)])
+    assert not many.advance(b, 139, times) and b.state == RUNNING
+    assert many.advance(b, 189, np.arange(40.5, 90.0))
+    many.end_step()
+    assert a.record.status == b.record.status == "finished"
+    assert a.generated == b.generated == 90 and a.computed == b.computed == 189
+    assert list(a.tokens) == list(b.tokens) and a.keys == b.keys and len(a.keys) == 189 // 16
+    assert list(a.token_times) == list(b.token_times)
+    assert a.record.finish_s == b.record.finish_s == 89.5
+    one.org.check_invariants()
+    many.org.check_invariants()
+    assert one.org.usage().pages == many.org.usage().pages
