@@ -15,7 +15,7 @@ Times and rows are those of the same steps planned one by one.
 from __future__ import annotations
 
 from harness.engine.shape import StepShape
-from harness.scheduler.stretch import ADMIT, FRESH, QUIET, REPEAT
+from harness.scheduler.stretch import ADMIT, FRESH, PREEMPT, QUIET, REPEAT
 
 
 def run_stretch(loop, stretch, pricing, recorder) -> str:
@@ -35,7 +35,7 @@ def run_stretch(loop, stretch, pricing, recorder) -> str:
             on_finish(finished, end)
         if check is not None:
             check()
-        kind = stretch.plan(arrived)
+        kind = QUIET if finished is None and not arrived else stretch.plan(arrived)
         if kind is QUIET:      # the last row again, a token more of context each
             values = pricing.decode_values(d, stretch.context)
             duration = values[5]
@@ -56,6 +56,12 @@ def run_stretch(loop, stretch, pricing, recorder) -> str:
             cost = pricing.step(StepShape.of_step(batch.items, d, context))
             recorder.admission_step_started(end, cost, d, batch, len(sched.running),
                                             len(sched.waiting))
+            duration = cost.total_s
+        elif kind is PREEMPT:
+            batch = stretch.preempted
+            cost = pricing.step(StepShape.of_step((), d, context))
+            recorder.decode_step_started(end, cost, d, len(sched.waiting), batch.wait_reason,
+                                         batch.preempted)
             duration = cost.total_s
         else:
             return kind

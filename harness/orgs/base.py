@@ -276,10 +276,16 @@ class Organization(ReadOnlyViews):
             counts.append(b)
             total += b
         pools = self.pools
-        if pools[0].available - total < 0 or any(p.available < 0 for p in pools[1:]):
+        if pools[0].available < total:
             return False
+        for p in pools[1:]:
+            if p.available < 0:
+                return False
         self._copies = ()
-        if total:
+        if total == len(requests):          # a block each (a step's decodes, mostly)
+            for (rid, _, _), page in zip(requests, self.attn.new_blocks(total), strict=True):
+                reqs[rid].attn.append(page)
+        elif total:
             new = iter(self.attn.new_blocks(total))
             for (rid, _, _), b in zip(requests, counts, strict=True):
                 if b:

@@ -15,9 +15,9 @@ step out from `schedule` as a run of them (`harness.scheduler.stretch.Stretch`),
 so that the loop does not plan and complete each one: the run holds the
 requests' progress between events and applies this module's rules where
 something happens (`advance`, `finish_request`, `end_step`, `refusal`,
-`admit`, and the organization's `allocate`, as `schedule` calls it), each
-written once here; whatever else (a preemption, a chunked prefill, a state
-due for release) ends the run and `schedule` plans that step. The values
+`admit`, `make_room` and `_decode_rooms` for the blocks decodes reach),
+each written once here; whatever else (a chunked prefill, a state due for
+release) ends the run and `schedule` plans that step. The values
 (`SchedRequest`, `StepBatch`, `generated_token`) are in
 `harness.scheduler.batch`.
 
@@ -216,10 +216,11 @@ class Scheduler:
 
     def schedule(self) -> StepBatch | Stretch:
         """The next step's batch, or (built with ``stretches``) a run of quiet
-        decode steps starting with it (`_stretch`). A round that only preempted or failed requests
-        computes nothing, so the scheduler plans again at once (the freed pages
-        may admit someone); the returned batch lists every request preempted or
-        failed on the way. Its items are empty only when no work is left.
+        decode steps starting with it (`_stretch`). A round that only
+        preempted or failed requests computes nothing, so the scheduler plans
+        again at once (the freed pages may admit someone); the returned batch
+        lists every request preempted or failed on the way. Its items are
+        empty only when no work is left.
 
         Ends by asserting the step's token budget and the running cap.
         """
@@ -251,8 +252,8 @@ class Scheduler:
         (`harness.scheduler.stretch`), if it is one: every running request
         decodes one token and each one's room for it is allocated
         (`_decode_rooms`, as `schedule` plans such a step), and the waiting
-        head is not admitted (`refusal`). Otherwise None, and
-        nothing changed but rooms `schedule` finds in place."""
+        head is not admitted (`refusal`). Otherwise None, and nothing changed
+        but rooms `schedule` finds in place."""
         if not self._decode_rooms():
             return None
         reason = self.refusal(self.policy.token_budget - len(self.running))
@@ -282,7 +283,7 @@ class Scheduler:
             grid = self.org.grid
             batch.items = [BatchItem(r, r.computed, r.computed + 1, False, grid)
                            for r in self.running]
-            self.admit(batch, budget - len(batch.items))
+            self.admit_unless_preempted(batch, budget - len(batch.items))
             return batch
         for r in list(self.running):
             if r.state != RUNNING:          # preempted earlier in this loop
@@ -298,27 +299,45 @@ class Scheduler:
             if end <= start or end - start > budget:
                 batch.skipped.append(r.rid)
                 continue
-            while not self.org.allocate(r.rid, end, r.prefill_until):
-                # the study's engine publishes fewer checkpoints this step before
-                # preempting anyone; vLLM (in place) preempts for the chunk it planned
-                if prefill and not self.org.in_place:
-                    smaller = self._fit_chunk(r, start, end)
-                    if smaller is not None:
-                        end = smaller
-                        continue
-                victim = self.running[-1]   # most recently admitted; not yet planned
-                self.preempt(victim)
-                batch.preempted.append(victim.rid)
-                if victim is r:
-                    break
+            end = self.make_room(r, start, end, prefill, batch.preempted)
             if r.state == RUNNING:
                 batch.items.append(BatchItem(r, start, end, prefill, self.org.grid))
                 budget -= end - start
+        self.admit_unless_preempted(batch, budget)
+        return batch
+
+    def make_room(self, r: SchedRequest, start: int, end: int, prefill: bool,
+                  preempted: list[int], before_preempt=None) -> int:
+        """Allocate running ``r``'s chunk [start, end) (policy 1): a prefill
+        chunk that does not fit is first shortened to an earlier grid boundary
+        (not in place), then the most recently admitted running request is
+        preempted (its id appended to ``preempted``; ``before_preempt(victim)``
+        runs first) until it fits or ``r`` itself was preempted. Returns the
+        chunk's end (``start`` when ``r`` was preempted)."""
+        while not self.org.allocate(r.rid, end, r.prefill_until):
+            # the study's engine publishes fewer checkpoints this step before
+            # preempting anyone; vLLM (in place) preempts for the chunk it planned
+            if prefill and not self.org.in_place:
+                smaller = self._fit_chunk(r, start, end)
+                if smaller is not None:
+                    end = smaller
+                    continue
+            victim = self.running[-1]   # most recently admitted; not yet planned
+            if before_preempt is not None:
+                before_preempt(victim)
+            self.preempt(victim)
+            preempted.append(victim.rid)
+            if victim is r:
+                return start
+        return end
+
+    def admit_unless_preempted(self, batch: StepBatch, budget: int) -> None:
+        """Policy 2 for a planned ``batch``: `admit` with ``budget`` tokens left,
+        unless the step preempted someone; then the waiting wait for memory."""
         if not batch.preempted:
             self.admit(batch, budget)
         elif self.waiting:
             batch.wait_reason = WAIT_MEMORY
-        return batch
 
     def admit(self, batch: StepBatch, budget: int) -> None:
         """Admit waiting requests FCFS into ``batch`` (policy 2 of the module

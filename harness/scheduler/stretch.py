@@ -16,18 +16,21 @@ functions, at each:
   `Scheduler.complete` and joins the stretch once it decodes;
 * the next step (`Stretch.plan`): the requests whose context reaches a new
   attention block get it from `Organization.allocate_all`, in running
-  order, as `Scheduler.schedule` gives a step's decodes their room; after an arrival, a finish, a release or an
-  eviction the waiting head's prefix could feel, the waiting head is
-  answered by `Scheduler.refusal`, and if it starts, `Scheduler.admit`
-  admits it after the decodes.
+  order, as `Scheduler.schedule` gives a step's decodes their room; if they
+  do not all fit, each gets it by `Scheduler.make_room`, which preempts (a
+  victim is brought up to date first and leaves the stretch), and the step
+  after is asked about the waiting queue afresh; after an arrival, a
+  finish, a release or an eviction the waiting head's prefix could feel,
+  the waiting head is answered by `Scheduler.refusal`, and if it starts,
+  `Scheduler.admit` admits it after the decodes.
 
 A request is brought up to date (tokens, prefix keys, token times: a slice
 of the stretch's step end times, and the organization's computed position:
-one ``commit``) only when it finishes and when the stretch ends. A decode
+one ``commit``) only when it finishes, is preempted and when the stretch ends. A decode
 commit only registers the blocks it completed, which nothing can tell from
 later until then: the block's key chains tokens only that request generated,
 so no other request's prefix holds it before the request has finished (a
-session's next turn), and its page is referenced, so not evictable. Where a
+session's next turn) or been preempted, and its page is referenced, so not evictable. Where a
 decode commit may publish a checkpoint (in place, vLLM's blocks) a request
 is brought up to date at each block it completes, as `Scheduler.complete`
 would.
@@ -37,9 +40,10 @@ The stretch ends, and the scheduler plans the next step with
 
 * ``"prefill"``: a request admitted inside it goes on with its prefill in chunks;
 * ``"idle"``: its last request finished;
-* ``"no room"``: a new block does not fit: `Scheduler.schedule` preempts for
-  it (the blocks given before it in running order stay, as that step finds
-  them);
+* ``"no room"``: a new block does not fit and the stretch may not preempt
+  for it (where a decode commit may publish in place, or where the first
+  running request itself might be preempted: the scheduler then plans again
+  at once);
 * ``"release"``: in vLLM's blocks a request went past a state in the last
   step, which is released when the request is planned next, in running
   order (`Organization.release_retired`).
@@ -61,7 +65,8 @@ from harness.scheduler.batch import RUNNING, StepBatch
 #: waiting requests wait as before), the same decodes or fewer (``REPEAT``),
 #: decodes whose row is made afresh after an admission (``FRESH``), or decodes
 #: and the chunks of the requests it admits (``ADMIT``).
-QUIET, REPEAT, FRESH, ADMIT = "quiet", "repeat", "fresh", "admit"
+#: ``PREEMPT``: the decodes left after preempting for a block (``preempted``).
+QUIET, REPEAT, FRESH, ADMIT, PREEMPT = "quiet", "repeat", "fresh", "admit", "preempt"
 #: Why a stretch ended (`Stretch.plan`; module docstring).
 PREFILL, IDLE, NO_ROOM, RELEASE = "prefill", "idle", "no room", "release"
 
@@ -80,6 +85,7 @@ class Stretch:
         self.starts = [r.computed for r in reqs]
         self.decodes, self.context = len(reqs), sum(self.starts)
         self.admitted: StepBatch | None = None
+        self.preempted: StepBatch | None = None   # a ``PREEMPT`` step's (no items)
         self.fresh = self.shrunk = False
         bt = self.org.attn_block_tokens
         self.bt = bt
@@ -97,8 +103,9 @@ class Stretch:
             self.by_phase.setdefault(-(c + 1) % bt, []).append(i)
         # completion j emits request i's last token iff j == output_len - generated - 1
         self.finish_at: dict[int, list[int]] = {}
+        self.finish_j: list[int] = []      # that completion, per request
         for i, r in enumerate(reqs):
-            self.finish_at.setdefault(r.output_len - r.generated - 1, []).append(i)
+            self._finishes_at(i, r.output_len - r.generated - 1)
         self._head, self._head_keys = None, set()    # the waiting head and its prefix keys
         # what the last completion left for planning
         self._crossing: list[int] | tuple = ()
@@ -108,18 +115,23 @@ class Stretch:
         self._released = False
 
     # ---- a step ended ------------------------------------------------------------
-    def complete(self, end: float) -> list:
+    def complete(self, end: float) -> list | None:
         """The step in flight ended at ``end``: its commits by the scheduler's
-        rules (module docstring); the requests that finished."""
+        rules (module docstring); the requests that finished, or None when
+        nothing happened but a token more of context each (no block
+        completed, nobody finished, admitted or preempted, nothing released:
+        the next step is `QUIET` unless a request arrived)."""
         j = self.j
         self.j = j + 1
         self.times.append(end)
+        self.context += self.decodes     # every request's context grew by one token
         crossing = self.by_phase.get(j % self.bt, ())
         ending = self.finish_at.pop(j, ())
-        if not (crossing or ending or self.admitted is not None or self.org.retiring):
+        if not (crossing or ending or self.admitted is not None or self.preempted is not None
+                or self.org.retiring):
             self._crossing = self._ending = ()    # nothing to commit yet (module docstring)
             self._released = False
-            return []
+            return None
         sched, finished = self.sched, []
         if ending:
             crossing = self._complete_with_finishes(crossing, ending, j, finished)
@@ -135,7 +147,7 @@ class Stretch:
             self._joined = self._join(admitted.items, j)
         # in vLLM's blocks an edge continued past in step j falls due as
         # `Scheduler.complete` lets it (`Scheduler.end_step`)
-        self._released = sched.end_step()
+        self._released = bool(self.org.retiring) and sched.end_step()
         self._crossing, self._ending = crossing, ending
         return finished
 
@@ -157,9 +169,14 @@ class Stretch:
             self.done.append(j + 1)
             self.live.append(True)
             self.by_phase.setdefault(-(start + 1) % self.bt, []).append(i)
-            self.finish_at.setdefault(r.output_len - r.generated + j, []).append(i)
+            self._finishes_at(i, r.output_len - r.generated + j)
             joined.append(i)
         return joined
+
+    def _finishes_at(self, i: int, j: int) -> None:
+        """Request i emits its last token at completion j."""
+        self.finish_at.setdefault(j, []).append(i)
+        self.finish_j.append(j)
 
     def _complete_with_finishes(self, crossing, ending, j: int, finished: list) -> list[int]:
         """Completion j of the requests it finishes (and, unless `defer`, of those
@@ -190,10 +207,10 @@ class Stretch:
         arrivals while the last one ran: `QUIET`, `REPEAT`, `FRESH` or `ADMIT` (the
         attributes say the rest), or why the stretch ended (every request is
         then up to date)."""
-        self.context += self.decodes     # every request's context grew by one token
         crossing, ending = self._crossing, self._ending
         if not (crossing or ending or arrived or self._released or self._joined
-                or self._prefilling or self.admitted is not None):
+                or self._prefilling or self.admitted is not None
+                or self.preempted is not None):
             return QUIET
         sched, org = self.sched, self.org
         j = self.j
@@ -205,7 +222,8 @@ class Stretch:
             self.decodes += len(joined)
             self.context += sum(self.starts[i] + j for i in joined)
             crossing = [*crossing, *(i for i in joined if (self.starts[i] + j) % self.bt == 0)]
-        replan, self.admitted = self.admitted is not None, None
+        replan = self.admitted is not None or self.preempted is not None
+        self.admitted = self.preempted = None
         if self._prefilling:   # a chunked prefill goes on: the scheduler plans the step
             return self._end(PREFILL)
         if not self.decodes:
@@ -230,7 +248,10 @@ class Stretch:
                                      for i in crossing])
             org.watch_invalidations(None)
             if not fits:
-                return self._end(NO_ROOM)
+                if not self._may_preempt(crossing):
+                    return self._end(NO_ROOM)
+                self.preempted = self._preempt_for(crossing, j)
+                return PREEMPT
             evicted = ((bool(lost) and self._head_may_differ(lost))
                        or not org.takes_keep_refusals)
         self.reason = None     # the last step's, unless the waiting queue is asked again
@@ -248,6 +269,42 @@ class Stretch:
                 self.admitted = batch
                 return ADMIT
         return FRESH if replan else REPEAT
+
+    def _may_preempt(self, crossing: list[int]) -> bool:
+        """Whether the step whose crossing requests' blocks do not all fit may
+        be planned here (`_preempt_for`): not where a decode commit may publish
+        in place, and not if the first running request might be preempted too
+        (nothing would run: the scheduler plans again at once, admitting in the
+        same step)."""
+        return self.defer and (self.reqs[crossing[0]] is not self.sched.running[0]
+                               or self.org.available_pages()[0] > 0)
+
+    def _preempt_for(self, crossing: list[int], j: int) -> StepBatch:
+        """The step `Scheduler.schedule` plans when the crossing requests'
+        blocks do not all fit: in running order each gets its room by
+        `Scheduler.make_room`, which preempts; a victim is brought up to date
+        first and leaves the stretch. Returns the step's batch without its
+        items (who was preempted, why the waiting wait:
+        `Scheduler.admit_unless_preempted`)."""
+        sched, reqs, live, starts = self.sched, self.reqs, self.live, self.starts
+        where = {reqs[k].rid: k for k in range(len(reqs)) if live[k]}
+        batch = StepBatch()
+
+        def leave(victim) -> None:
+            k = where[victim.rid]
+            self._advance(k, j)
+            live[k] = False
+            self.by_phase[-(starts[k] + 1) % self.bt].remove(k)
+            self.finish_at[self.finish_j[k]].remove(k)
+            self.decodes -= 1
+            self.context -= starts[k] + j
+
+        for i in crossing:
+            if live[i]:
+                c = starts[i] + j
+                sched.make_room(reqs[i], c, c + 1, False, batch.preempted, leave)
+        sched.admit_unless_preempted(batch, sched.policy.token_budget - self.decodes)
+        return batch
 
     def _head_may_differ(self, lost: list) -> bool:
         """Whether the waiting head's admission may read differently after
