@@ -8,14 +8,15 @@ the top functions by cumulative and by own time are listed as a share of
 the profiled `SimEngine.run`.
 
     python -m benchmarks.bench_run [--orgs s0,s1,s2,d0] [--requests 240] [--rate 3]
-        [--repeats 1] [--cpu 0] [--profile s2] [--top 20] [--json out.json]
-        [--against TREE [--rounds 3]] [--rss 1000,4000] [--scale 1000,16000]
+        [--workload-kind multiturn] [--repeats 1] [--cpu 0] [--profile s2] [--top 20] [--json out.json]
+        [--against TREE [--rounds 3] [--cpu-time]] [--rss 1000,4000] [--scale 1000,16000]
 
 ``--against TREE`` compares two versions of the code: it runs this benchmark
 alternately in TREE (another checkout, e.g. made with ``git worktree add``)
 and in this checkout, ``--rounds`` times each (which goes first alternates),
 and reports per organization the best ``SimEngine.run`` time of each and this
-checkout's over TREE's. ``--rss N,M`` runs one simulated run of N (then M)
+checkout's over TREE's (``--cpu-time``: the process's CPU time, steadier
+than wall time on a loaded machine). ``--rss N,M`` runs one simulated run of N (then M)
 requests of the first organization in a fresh process each and reports the
 process's peak resident set size (``ru_maxrss``), whole process included.
 ``--scale N,M`` asks whether a request costs the same in a long run as in a
@@ -52,23 +53,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def config_for(org: str, args) -> RunConfig:
     return dataclasses.replace(RunConfig(), org=org, budget=args.budget, requests=args.requests,
-                               rate=args.rate, seed=args.seed)
+                               rate=args.rate, seed=args.seed,
+                               workload_kind=args.workload_kind)
 
 
 def time_org(org: str, args) -> dict:
     config = config_for(org, args)
-    builds, runs = [], []
+    builds, runs, cpus = [], [], []
     run = None
     for _ in range(args.repeats):
         t = time.perf_counter()
         workload = build_run_workload(config)
         builds.append(time.perf_counter() - t)
         gc.collect()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         run = SimEngine().run(workload, RunSetup.resolve(config))
         runs.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
     best = min(runs)
-    return {"build_s": builds, "run_s": runs, "best_run_s": best,
+    return {"build_s": builds, "run_s": runs, "best_run_s": best, "best_cpu_s": min(cpus),
             "median_run_s": statistics.median(runs), "steps": len(run.steps),
             "simulated_s": run.window_end_s, "preemptions": run.counters["preemptions"],
             "requests_per_wall_s": len(run.requests) / best}
@@ -109,9 +112,11 @@ def against(args, orgs: list[str]) -> int:
     alternate(args.against, "benchmarks.bench_run",
               ["--orgs", ",".join(orgs), "--requests", str(args.requests), "--rate",
                str(args.rate), "--budget", args.budget, "--seed", str(args.seed),
-               "--repeats", str(args.repeats), "--cpu", str(args.cpu)],
-              orgs, "best_run_s", args.rounds,
-              f"SimEngine.run ({args.repeats} repeats each)", args.json)
+               "--workload-kind", args.workload_kind, "--repeats", str(args.repeats),
+               "--cpu", str(args.cpu)],
+              orgs, "best_cpu_s" if args.cpu_time else "best_run_s", args.rounds,
+              f"SimEngine.run {'CPU' if args.cpu_time else 'wall'} time "
+              f"({args.repeats} repeats each)", args.json)
     return 0
 
 
@@ -193,6 +198,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=3.0)
     ap.add_argument("--budget", default="b83")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload-kind", default="sharegpt", help="sharegpt or multiturn (chat)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--cpu", type=int, default=0, help="pin to this CPU (-1: do not pin)")
     ap.add_argument("--profile", choices=ORG_NAMES, help="also profile one run of this org")
@@ -200,6 +206,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--against", help="compare with the checkout at this path (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="with --against: runs per checkout")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="with --against: compare process CPU time, not wall time")
     ap.add_argument("--rss", help="peak RSS of one run per request count, e.g. 1000,4000")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scale", help="engine CPU time per request per request count, e.g. 1000,16000")

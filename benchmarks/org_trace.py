@@ -171,6 +171,16 @@ class RecordingOrg:
                           flag | (RECORDED_OK if ok else 0)))
         return ok
 
+    def allocate_all(self, requests) -> bool:
+        # logged as the ``allocate`` of each, in order, when all fit (what they
+        # take); when not, nothing changed and the scheduler allocates one by one
+        ok = self._org.allocate_all(requests)
+        if ok:
+            for rid, end, prefill_until in requests:
+                self.rows.append((ALLOCATE, rid, NO_KEYS, end, prefill_until, NO_KEYS,
+                                  RECORDED_OK))
+        return ok
+
     def commit(self, rid, keys, computed: int, prefill_until: int) -> list[int]:
         kidx, nk = self._key_ref(keys)
         self.rows.append((COMMIT, rid, kidx, computed, prefill_until, nk, 0))

@@ -125,8 +125,6 @@ class SglangScheduler:
                 r.tokens.append(generated_token(r.rid, r.generated))
         return finished
 
-    def schedule_stretch(self, *args):
-        return None
 
     # ---- SGLang's rules -----------------------------------------------------------
     def _reserved(self) -> float:

@@ -85,8 +85,6 @@ class SglangStepExecutor:
         r = request
         return [*r.tokens[r.prompt_len:], generated_token(r.rid, r.generated)]
 
-    def schedule_stretch(self):
-        return None
 
 
 def serve(workload, setup) -> EngineRun:

@@ -11,7 +11,6 @@ for bit.
 from __future__ import annotations
 
 import math
-import os
 
 from adapters.sim.cost import CostModel
 from adapters.sim.executor import CostExecutor
@@ -34,27 +33,21 @@ from harness.scheduler import Scheduler, SchedulerPolicy
 #: serving benchmark's client loop); the ledger window ends at the next poll.
 POLL_INTERVAL_S = 0.05
 
-def stretches_enabled() -> bool:
-    """Stretches of quiet decode steps are on unless ``HBENCH_SIM_FAST`` is
-    ``0`` (or ``false``/``off``): then the scheduler plans every step."""
-    return os.environ.get("HBENCH_SIM_FAST", "1").strip().lower() not in ("0", "false", "off")
-
-
 #: Where the import walk of the simulator's code digest starts: the engine,
 #: and through its imports the scheduler, organizations and cost model.
 DIGEST_ROOTS = ("adapters.sim.engine",)
 
 
 class SimEngine:
-    """The simulator. ``fast`` switches stretches of quiet decode steps
-    (`harness.scheduler.stretch`) on or off; None (the default) follows
-    ``HBENCH_SIM_FAST`` (on unless ``0``). Both give identical results."""
+    """The simulator. ``fast=False`` plans every step with `Scheduler.schedule`
+    instead of handing quiet decode steps out as stretches
+    (`harness.scheduler.stretch`); tests hold the two to identical results."""
 
     name = "sim"
     supported_orgs = ORG_NAMES   # the simulator expresses every registered organization
     supported_pagings = PAGINGS  # the study's pages, or vLLM's blocks to mirror a vLLM run
 
-    def __init__(self, fast: bool | None = None):
+    def __init__(self, fast: bool = True):
         self.fast = fast
 
     def version(self) -> str:
@@ -71,13 +64,12 @@ class SimEngine:
         org = self.build(setup)
         check_fits(org, workload, config, budget.label)
         hardware = hardware_for(config.gpu)
-        sched = Scheduler(org, SchedulerPolicy.from_config(config))
+        sched = Scheduler(org, SchedulerPolicy.from_config(config), stretches=self.fast)
         recorder = StepRecorder(org, geom.pool_layers, spill=True)   # steps.parquet as it fills
-        fast = self.fast if self.fast is not None else stretches_enabled()
         pricing = CostModel(geom, hardware)
         if org.region() is not None:   # pools that trade capacity within one region (u0, e0)
             pricing = MovePricing(pricing, org, geom.pool_layers)
-        executor = CostExecutor(sched, pricing, recorder, stretches=fast)
+        executor = CostExecutor(sched, pricing, recorder)
         loop = EngineLoop(workload, sched, executor, VirtualClock(),
                           warmup_requests=config.warmup_requests, progress=progress,
                           check=org.check_invariants if config.debug_invariants else None,

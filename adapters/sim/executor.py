@@ -4,20 +4,20 @@
 it prices each planned step with the roofline cost model
 (`adapters.sim.cost.CostModel` applied to its `StepShape`), records its row
 and completes it with the scheduler's deterministic stand-in tokens. Because
-it can price steps ahead it hands out stretches of quiet decode steps
-(`Scheduler.schedule_stretch`) unless ``stretches`` is off.
+it can price steps ahead it runs the stretches of quiet decode steps the
+scheduler hands out (`harness.engine.stretch.run_stretch`).
 """
 
 from __future__ import annotations
 
 from harness.engine.shape import StepShape
+from harness.engine.stretch import run_stretch
 from harness.scheduler.batch import generated_token
 
 
 class CostExecutor:
-    def __init__(self, sched, cost_model, recorder, stretches: bool = True):
+    def __init__(self, sched, cost_model, recorder):
         self.sched, self.cost_model, self.recorder = sched, cost_model, recorder
-        self.stretches = stretches
         self.start = 0.0
 
     def begin_step(self, now: float) -> None:
@@ -41,7 +41,5 @@ class CostExecutor:
         r = request
         return [*r.tokens[r.prompt_len:], generated_token(r.rid, r.generated)]
 
-    def schedule_stretch(self):
-        if not self.stretches:
-            return None
-        return self.sched.schedule_stretch(self.cost_model, self.recorder)
+    def run_stretch(self, stretch, loop) -> str:
+        return run_stretch(loop, stretch, self.cost_model, self.recorder)

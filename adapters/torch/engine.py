@@ -270,8 +270,6 @@ class TensorExecutor:
     def generated_ids(self, request) -> list[int]:
         return self.outputs.get(request.rid, [])
 
-    def schedule_stretch(self) -> None:
-        return None     # every step is computed, none can be priced ahead
 
 
 def _fill_timing(row: dict, start: float, end: float, timing) -> None:

@@ -112,11 +112,6 @@ class TrackedOrg:
         self._moved()
         return ok
 
-    def next_blocks(self, rids) -> bool:
-        ok = self._org.next_blocks(rids)
-        self._moved()
-        return ok
-
     def end_step(self) -> None:
         self._org.end_step()
         self._moved()

@@ -169,8 +169,6 @@ class VllmScheduler:
                 finished.append(r)
         return finished
 
-    def schedule_stretch(self, *args):
-        return None
 
     # ---- reading vLLM's decisions -------------------------------------------------
     def _watch_first_lookups(self) -> None:

@@ -147,8 +147,6 @@ class VllmStepExecutor:
         """Every sampled token was appended to the request (vLLM's too)."""
         return list(request.tokens[request.prompt_len:])
 
-    def schedule_stretch(self):
-        return None
 
 
 def describe(vllm_config, kv_cache_config, block_size: int, hash_block_size: int,

@@ -13,10 +13,10 @@ Per step the loop calls, in this order::
     ... events before `end` (arrivals) ...
     finished = executor.complete(batch, end)
 
-An executor that can price quiet decode steps ahead hands them out as a
-stretch (`schedule_stretch`: the scheduler's `Scheduler.schedule_stretch`),
-which the loop runs before it plans single steps; one that must compute each
-step returns None.
+A scheduler built with ``stretches`` (the simulator's) may instead hand out a
+run of quiet decode steps (`harness.scheduler.stretch.Stretch`); the loop
+gives it to `run_stretch`, which only an executor that prices steps ahead
+has (`harness.engine.stretch`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,6 @@ class Executor(Protocol):
         """Every token id finished ``request`` generated (a session's next
         turn continues with them)."""
 
-    def schedule_stretch(self) -> Stretch | None:
-        """The next steps as a stretch of quiet decode steps this executor
-        prices ahead, or None: plan a single step."""
+    def run_stretch(self, stretch: Stretch, loop) -> str:
+        """Price and record the steps of ``stretch`` as they end (only an
+        executor whose scheduler hands out stretches is asked)."""

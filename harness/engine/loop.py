@@ -18,11 +18,11 @@ event it handles:
 
 Whenever no step is in flight, there is work and no event before the clock's
 time is left (on a virtual clock none ever is; on a wall clock the events
-that fell due while a step ran come first), the loop plans: a stretch
-of quiet decode steps if the executor prices them ahead (it runs them at
-once, each step's end handed to `step_ends`, which hands the scheduler the
-arrivals before that end in the same event order), else one step
-(`Scheduler.schedule`, `Executor.execute`) whose completion goes on the heap.
+that fell due while a step ran come first), the loop plans
+(`Scheduler.schedule`): one step (`Executor.execute`) whose completion goes
+on the heap, or a stretch of quiet decode steps (`Executor.run_stretch`
+runs them at once, each step's end handed to `step_ends`, which hands the
+scheduler the arrivals before that end in the same event order).
 At most one step is in flight. When the heap is empty every request has
 ended (`Scheduler.check_drained`); `run` returns the run's request table
 (`harness.request_table.RequestTable`), a row per request.
@@ -36,6 +36,7 @@ from array import array
 from harness.orgs.keys import SharedPrefixKeys
 from harness.request_table import RequestTable
 from harness.scheduler.batch import DONE
+from harness.scheduler.stretch import Stretch
 
 #: Event kinds; at equal times a finishing step is handled before an arrival.
 STEP_DONE, ARRIVAL = 0, 1
@@ -144,16 +145,15 @@ class EngineLoop:
         self.sched.requests[r.rid] = _ENDED
 
     def _plan(self) -> bool:
-        """Start work at the clock's time: stretches while the executor hands
+        """Start work at the clock's time: stretches while the scheduler hands
         them out, then one step; whether a step is in flight."""
         sched, executor = self.sched, self.executor
         while sched.has_work:
-            stretch = executor.schedule_stretch()
-            if stretch is not None:
-                stretch.run(self)       # every step of it completed: plan anew
-                continue
             executor.begin_step(self.clock.now)
             batch = sched.schedule()
+            if isinstance(batch, Stretch):
+                executor.run_stretch(batch, self)   # every step of it completed: plan anew
+                continue
             if batch.failed:
                 self._ended(len(batch.failed))
             if not batch.items:

@@ -99,11 +99,12 @@ class StepRecorder:
                     _ids(batch.skipped))
 
     def decode_step_started(self, now: float, cost, running: int, waiting: int,
-                            wait_reason: str) -> None:
+                            wait_reason: str, preempted=()) -> None:
         """`step_started` for a batch of one decode per running request that
-        admits, preempts and skips no one (a step a stretch plans): the
-        same row without the batch."""
-        self._start(now, cost, running, waiting, running, 0, running, 0, wait_reason, "", "", "")
+        admits and skips no one and preempted ``preempted`` (ids) to make
+        room (a step a stretch plans): the same row without the batch."""
+        self._start(now, cost, running, waiting, running, 0, running, len(preempted),
+                    wait_reason, "", _ids(preempted), "")
 
     def admission_step_started(self, now: float, cost, decodes: int, batch, running: int,
                                waiting: int) -> None:

@@ -14,6 +14,7 @@ from harness.layout import PAGINGS, VLLM_PAGINGS, Grid, OrgLayout, grid_for, vll
 from harness.orgs.base import Organization
 from harness.orgs.d0 import D0
 from harness.orgs.e0 import E0
+from harness.orgs.entries import may_change_lookup
 from harness.orgs.policies import DEFAULT_POLICY, CheckpointPolicy
 from harness.orgs.s0 import S0
 from harness.orgs.s1 import S1
@@ -87,5 +88,5 @@ def build_organization(layout: OrgLayout, pool_pages: tuple[int, ...],
 
 __all__ = ["DEFAULT_POLICY", "ORGANIZATIONS", "Capacity", "CheckpointPolicy", "Demand", "Organization", "PageRef", "PoolInfo",
            "PoolCapacity", "PoolSplit", "PrefixHit", "RegionCapacity", "StateCopy", "StatePlacement", "Usage",
-           "build_organization", "check_attn_fraction", "label_page_bytes", "layout_for", "pool_split",
+           "build_organization", "check_attn_fraction", "label_page_bytes", "layout_for", "may_change_lookup", "pool_split",
            "vllm_d0_split"]

@@ -264,8 +264,9 @@ class Organization(ReadOnlyViews):
         ``requests`` in order if all of them fit together, else False (nothing
         changed; always while a request's passed state is due, `release_retired`,
         which `allocate` releases at its turn). When none needs a
-        checkpoint-sized object (`Publication.needs_state`),
-        the attention blocks are taken in one go: the same pages in the same order."""
+        checkpoint-sized object (`Publication.needs_state`), the attention
+        blocks are taken in one go: the same pages in the same order. The
+        scheduler asks it for a step's decodes (`Scheduler._decode_rooms`)."""
         bt, reqs, needs_state = self.attn_block_tokens, self.reqs, self.publication.needs_state
         if self.retired:      # released at each one's turn: plan them one by one
             return False
@@ -279,27 +280,20 @@ class Organization(ReadOnlyViews):
             counts.append(b)
             total += b
         pools = self.pools
-        if pools[0].available - total < 0 or any(p.available < 0 for p in pools[1:]):
+        if pools[0].available < total:
             return False
+        for p in pools[1:]:
+            if p.available < 0:
+                return False
         self._copies = ()
-        if total:
+        if total == len(requests):          # a block each (a step's decodes, mostly)
+            for (rid, _, _), page in zip(requests, self.attn.new_blocks(total), strict=True):
+                reqs[rid].attn.append(page)
+        elif total:
             new = iter(self.attn.new_blocks(total))
             for (rid, _, _), b in zip(requests, counts, strict=True):
                 if b:
                     reqs[rid].attn.extend(islice(new, b))
-        return True
-
-    def next_blocks(self, rids) -> bool:
-        """One more attention block for each of ``rids`` (running requests decoding
-        past their last full block) in order if pool 0 has the pages, else False
-        (nothing changed): `allocate_all` without the asking, for requests that
-        need no checkpoint-sized object (the study's spares were all reserved)."""
-        if self.pools[0].available < len(rids):
-            return False
-        self._copies = ()
-        reqs = self.reqs
-        for rid, page in zip(rids, self.attn.new_blocks(len(rids)), strict=True):
-            reqs[rid].attn.append(page)
         return True
 
     def _allocate_all_one_by_one(self, requests) -> bool:

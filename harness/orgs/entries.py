@@ -29,6 +29,14 @@ from harness.orgs.slabs import NO_SLOT, SlabTable
 ATTN_ENTRY, CKPT_ENTRY = "attn", "ckpt"
 
 
+def may_change_lookup(lost, keys) -> bool:
+    """Whether invalidating ``lost`` (what `Organization.watch_invalidations`
+    logs: its ``kind`` and prefix ``key``) may change a prefix lookup over
+    ``keys`` (a set): a checkpoint may (it ends a hit, or frees room a
+    refused head needs), an attention block only if the prefix holds its key."""
+    return lost.kind != ATTN_ENTRY or lost.key in keys
+
+
 def unmap_copy(lookup: dict, copies: dict, key: int, item) -> None:
     """Take ``item`` (registered under ``key``, or one of its waiting copies) out
     of ``lookup``: if ``lookup`` finds it, the oldest copy in ``copies[key]`` is

@@ -8,7 +8,7 @@ are `ElasticPool` s, whose page ids are fixed while the pages in the pool
 change, and `RegionOrganization` stages the pages an action needs before
 it and settles the region after it:
 
-    allocate(rid, ...)                        (allocate_all, next_blocks alike)
+    allocate(rid, ...)                        (allocate_all alike)
       demand = pages_needed(...)              per pool, as for D0
       plan   = _plan(demand, new pages)       the organization's rule; None:
                                               refused (counted), nothing changed
@@ -187,41 +187,51 @@ class RegionOrganization(Organization):
         return True
 
     def allocate_all(self, requests) -> bool:
-        """`Organization.allocate_all`: all of them or none. Asked for all at
-        once; when none needs a checkpoint-sized object, acted request by
-        request as `allocate` acts (so a stretch of decode steps takes the
-        same pages as steps planned one by one; for one kind of page, what
-        fits together fits one after another). Otherwise (in place, an edge
-        crossed) the pages of all are staged at once, so what one takes from
-        the region the others' plan already counted."""
+        """`Organization.allocate_all`: all of them or none, asked for all at
+        once. When none needs a checkpoint-sized object (a step's decodes
+        taking attention blocks) each one's blocks are staged and taken in
+        order, and the region settles once after them (for one kind of page,
+        what fits together fits one after another). Otherwise (in place, an
+        edge crossed) the pages of all are staged at once, so what one takes
+        from the region the others' plan already counted."""
         if self.retired:      # as `Organization.allocate_all`
             return False
+        bt, reqs, needs_state = self.attn_block_tokens, self.reqs, self.publication.needs_state
+        blocks = []
+        for rid, end, prefill_until in requests:
+            st = reqs[rid]
+            if needs_state(st, end, prefill_until):
+                return self._allocate_all_staged(requests)
+            b = -(-end // bt) - len(st.attn)
+            blocks.append(b if b > 0 else 0)
+        total = sum(blocks)
+        if self._plan((total, 0), (total, 0)) is None:
+            return False      # not a refusal: each request's own call is (module docstring)
+        self._copies = ()
+        if total:
+            for (rid, _, _), b in zip(requests, blocks, strict=True):
+                if b:
+                    assert self._stage((b, 0), (b, 0)), f"{self.name}: {rid} did not fit"
+                    reqs[rid].attn.extend(self.attn.new_blocks(b))
+            self._settle()
+        return True
+
+    def _allocate_all_staged(self, requests) -> bool:
         needs = [self.pages_needed(rid, end, prefill_until).pages
                  for rid, end, prefill_until in requests]
         total = tuple(map(sum, zip(*needs, strict=True))) if needs else (0, 0)
-        if self._plan(total, total) is None:
-            return False      # not a refusal: each request's own call is (module docstring)
+        plan = self._plan(total, total)
+        if plan is None:
+            return False      # not a refusal (module docstring)
         if not total[CKPT_POOL]:
             for rid, end, prefill_until in requests:
                 assert self.allocate(rid, end, prefill_until), \
                     f"{self.name}: {rid} did not fit after all of them did"
             return True
-        self._apply(self._plan(total, total))
+        self._apply(plan)
         for rid, end, prefill_until in requests:
             assert Organization.allocate(self, rid, end, prefill_until), \
                 f"{self.name}: staged pages did not serve {rid}"
-        self._settle()
-        return True
-
-    def next_blocks(self, rids) -> bool:
-        """`Organization.next_blocks`: asked for all, acted one by one (as
-        `allocate_all`)."""
-        if self._plan((len(rids), 0), (len(rids), 0)) is None:
-            if len(rids) == 1:
-                self._refused((1, 0))
-            return False
-        for rid in rids:
-            assert self._stage((1, 0), (1, 0)) and super().next_blocks([rid])
         self._settle()
         return True
 

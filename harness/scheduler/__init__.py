@@ -9,11 +9,16 @@ engine drives it:
     ... execute batch.items for batch-dependent time ...
     sched.complete(batch, now)         # commit, publish, emit tokens, finish
 
-An engine that prices steps ahead (the simulator) first asks for a stretch
-of quiet decode steps (`schedule_stretch`, `harness.scheduler.stretch`): the
-same steps, planned and completed by the same rules (`admit`, `preempt`,
-`refusal`, `complete`, `finish_request`) without a round trip per step. Its
-values (`SchedRequest`, `StepBatch`, `generated_token`) are in
+Most steps only decode one token per running request. A scheduler built
+with ``stretches`` (the simulator's, which prices steps ahead) hands such a
+step out from `schedule` as a run of them (`harness.scheduler.stretch.Stretch`),
+so that the loop does not plan and complete each one: the run holds the
+requests' progress between events and applies this module's rules where
+something happens (`advance`, `finish_request`, `end_step`, `refusal`,
+`admit`, `make_room` and `_decode_rooms` for the blocks decodes reach),
+each written once here; whatever else (a chunked prefill, a state due for
+release) ends the run and `schedule` plans that step. The values
+(`SchedRequest`, `StepBatch`, `generated_token`) are in
 `harness.scheduler.batch`.
 
 Policy, in the order it is applied each step:
@@ -48,6 +53,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 from harness.orgs.keys import KEY_TOKENS, chain_keys, extend_keys, key_at
 from harness.orgs.protocol import OrganizationProtocol
@@ -112,9 +119,10 @@ class SchedulerPolicy:
 
 
 class Scheduler:
-    def __init__(self, org: OrganizationProtocol, policy: SchedulerPolicy):
+    def __init__(self, org: OrganizationProtocol, policy: SchedulerPolicy, stretches: bool = False):
         self.org = org
         self.policy = policy
+        self.stretches = stretches     # `schedule` hands out quiet decode runs (`Stretch`)
         self.waiting: deque[SchedRequest] = deque()
         self.running: list[SchedRequest] = []
         self.requests: dict[int, SchedRequest] = {}
@@ -206,14 +214,20 @@ class Scheduler:
                 hi = mid
         return ends[lo - 1] if lo else None
 
-    def schedule(self) -> StepBatch:
-        """The next step's batch. A round that only preempted or failed requests
-        computes nothing, so the scheduler plans again at once (the freed pages
-        may admit someone); the returned batch lists every request preempted or
-        failed on the way. Its items are empty only when no work is left.
+    def schedule(self) -> StepBatch | Stretch:
+        """The next step's batch, or (built with ``stretches``) a run of quiet
+        decode steps starting with it (`_stretch`). A round that only
+        preempted or failed requests computes nothing, so the scheduler plans
+        again at once (the freed pages may admit someone); the returned batch
+        lists every request preempted or failed on the way. Its items are
+        empty only when no work is left.
 
         Ends by asserting the step's token budget and the running cap.
         """
+        if self.stretches:
+            stretch = self._stretch()
+            if stretch is not None:
+                return stretch
         batch = StepBatch()
         for _ in range(len(self.requests) + 2):
             round_ = self._schedule_round()
@@ -233,34 +247,44 @@ class Scheduler:
         assert running <= cap, f"{running} running requests exceed the cap {cap}"
         return batch
 
-    def schedule_stretch(self, pricing, recorder) -> Stretch | None:
+    def _stretch(self) -> Stretch | None:
         """The next step as the first of a stretch of quiet decode steps
         (`harness.scheduler.stretch`), if it is one: every running request
-        decodes one token (all within the token budget), their new attention
-        blocks all fit, and the waiting head is not admitted (`refusal`). Then
-        the blocks are allocated and the stretch returned (``pricing`` prices
-        its steps, ``recorder`` records them); otherwise None, and nothing
-        changed but blocks `schedule` will find in place (when it admits the
-        head)."""
-        running = self.running
-        d = len(running)
-        if not d or d > self.policy.token_budget:
+        decodes one token and each one's room for it is allocated
+        (`_decode_rooms`, as `schedule` plans such a step), and the waiting
+        head is not admitted (`refusal`). Otherwise None, and nothing changed
+        but rooms `schedule` finds in place."""
+        if not self._decode_rooms():
             return None
-        for r in running:
-            if r.computed < r.prefill_until:
-                return None
-        starts = [r.computed for r in running]
-        if not self.org.allocate_all([(r.rid, c + 1, r.prefill_until)
-                                      for r, c in zip(running, starts, strict=True)]):
-            return None
-        reason = self.refusal(self.policy.token_budget - d)
+        reason = self.refusal(self.policy.token_budget - len(self.running))
         if reason is None:
             return None
-        return Stretch(self, list(running), starts, reason, pricing, recorder)
+        return Stretch(self, list(self.running), reason)
+
+    def _decode_rooms(self) -> bool:
+        """Whether the next step only decodes: every running request (at least
+        one) decodes one token, all within the token budget, and each one's
+        room for it is allocated, in running order, all together
+        (`Organization.allocate_all`: the pages one after another would take).
+        False changes nothing; the step is then planned request by request."""
+        running = self.running
+        if not running or len(running) > self.policy.token_budget:
+            return False
+        for r in running:
+            if r.computed < r.prefill_until:
+                return False
+        return self.org.allocate_all([(r.rid, r.computed + 1, r.prefill_until)
+                                      for r in running])
 
     def _schedule_round(self) -> StepBatch:
         batch = StepBatch()
         budget = self.policy.token_budget
+        if self._decode_rooms():       # most steps: a decode each, all fit
+            grid = self.org.grid
+            batch.items = [BatchItem(r, r.computed, r.computed + 1, False, grid)
+                           for r in self.running]
+            self.admit_unless_preempted(batch, budget - len(batch.items))
+            return batch
         for r in list(self.running):
             if r.state != RUNNING:          # preempted earlier in this loop
                 continue
@@ -275,64 +299,70 @@ class Scheduler:
             if end <= start or end - start > budget:
                 batch.skipped.append(r.rid)
                 continue
-            while not self.org.allocate(r.rid, end, r.prefill_until):
-                # the study's engine publishes fewer checkpoints this step before
-                # preempting anyone; vLLM (in place) preempts for the chunk it planned
-                if prefill and not self.org.in_place:
-                    smaller = self._fit_chunk(r, start, end)
-                    if smaller is not None:
-                        end = smaller
-                        continue
-                victim = self.running[-1]   # most recently admitted; not yet planned
-                self.preempt(victim)
-                batch.preempted.append(victim.rid)
-                if victim is r:
-                    break
+            end = self.make_room(r, start, end, prefill, batch.preempted)
             if r.state == RUNNING:
                 batch.items.append(BatchItem(r, start, end, prefill, self.org.grid))
                 budget -= end - start
+        self.admit_unless_preempted(batch, budget)
+        return batch
+
+    def make_room(self, r: SchedRequest, start: int, end: int, prefill: bool,
+                  preempted: list[int], before_preempt=None) -> int:
+        """Allocate running ``r``'s chunk [start, end) (policy 1): a prefill
+        chunk that does not fit is first shortened to an earlier grid boundary
+        (not in place), then the most recently admitted running request is
+        preempted (its id appended to ``preempted``; ``before_preempt(victim)``
+        runs first) until it fits or ``r`` itself was preempted. Returns the
+        chunk's end (``start`` when ``r`` was preempted)."""
+        while not self.org.allocate(r.rid, end, r.prefill_until):
+            # the study's engine publishes fewer checkpoints this step before
+            # preempting anyone; vLLM (in place) preempts for the chunk it planned
+            if prefill and not self.org.in_place:
+                smaller = self._fit_chunk(r, start, end)
+                if smaller is not None:
+                    end = smaller
+                    continue
+            victim = self.running[-1]   # most recently admitted; not yet planned
+            if before_preempt is not None:
+                before_preempt(victim)
+            self.preempt(victim)
+            preempted.append(victim.rid)
+            if victim is r:
+                return start
+        return end
+
+    def admit_unless_preempted(self, batch: StepBatch, budget: int) -> None:
+        """Policy 2 for a planned ``batch``: `admit` with ``budget`` tokens left,
+        unless the step preempted someone; then the waiting wait for memory."""
         if not batch.preempted:
             self.admit(batch, budget)
         elif self.waiting:
             batch.wait_reason = WAIT_MEMORY
-        return batch
 
     def admit(self, batch: StepBatch, budget: int) -> None:
         """Admit waiting requests FCFS into ``batch`` (policy 2 of the module
         docstring) with ``budget`` tokens of the step left: each one's first
         chunk is allocated and appended to ``batch``; one that cannot start
-        with nothing running fails."""
+        with nothing running fails. Each head is answered by `_head` (as
+        `refusal` answers it); the first one refused sets ``wait_reason``."""
         org = self.org
         pending = self._states_this_step(batch)
-        while self.waiting and len(self.running) < self.policy.cap and budget > 0:
-            r = self.waiting[0]
-            hit = org.lookup(r.keys, len(r.tokens) - 1)
-            if pending and self._hits_state_this_step(r, hit, pending):
-                batch.wait_reason = WAIT_MEMORY
+        while True:
+            reason, hit, end = self._head(budget, pending)
+            if reason is not None:
+                batch.wait_reason = reason
                 break
-            start = hit.j_adopt
-            # the first chunk is what the step's remaining token budget allows (on
-            # the grid unless it ends the prefill), as in vLLM V1; if it does not
-            # fit with headroom, admission stops for this step: no shorter chunk
-            end = org.chunk_stop(r.rid, start, self._chunk_end(start, r.prefill_until, budget),
-                                 r.prefill_until, hit, r.prompt_len)
-            if end <= start:
-                batch.wait_reason = WAIT_BUDGET
-                break
-            if not self._admissible(r, hit, end):
-                if self.running:
-                    batch.wait_reason = WAIT_MEMORY
-                    break
+            r = self.waiting.popleft()
+            if end is None:
                 # Nothing runs, so nothing will ever free pages for it: fail it
                 # rather than wait forever.
-                self.waiting.popleft()
                 org.abandon(r.rid)
                 self._close(r, FAILED, "cannot be admitted with nothing running: "
                             "budget or headroom too small for this request")
                 batch.failed.append(r.rid)
                 continue
+            start = hit.j_adopt
             assert org.allocate(r.rid, end, r.prefill_until, r.keys, hit, r.prompt_len)
-            self.waiting.popleft()
             self._on_admit(r, hit)
             self.running.append(r)
             batch.admitted.append(r.rid)
@@ -341,8 +371,38 @@ class Scheduler:
             if org.in_place:
                 for e, k in self._registers(r, start, end).items():
                     pending.setdefault(e, set()).add(k)
-        if self.waiting and not batch.wait_reason:
-            batch.wait_reason = WAIT_CAP if len(self.running) >= self.policy.cap else WAIT_BUDGET
+
+    def _head(self, budget: int, pending: dict[int, set[int]] | None = None):
+        """The admission rule for the waiting head with ``budget`` tokens of the
+        step left (asks, changes nothing): ``(reason, hit, end)``, where
+        ``reason`` is why it waits (`WAIT_CAP`, `WAIT_BUDGET`, `WAIT_MEMORY`;
+        "" when nobody waits), or None when it starts now with the first chunk
+        [``hit.j_adopt``, ``end``), or fails (``end`` None: it does not fit
+        with nothing running). ``pending``: the states this step registers
+        (`_states_this_step`), which a head whose prefix reaches one waits for."""
+        if not self.waiting:
+            return "", None, 0
+        if len(self.running) >= self.policy.cap:
+            return WAIT_CAP, None, 0
+        if budget <= 0:
+            return WAIT_BUDGET, None, 0
+        org, r = self.org, self.waiting[0]
+        hit = org.lookup(r.keys, len(r.tokens) - 1)
+        if pending and self._hits_state_this_step(r, hit, pending):
+            return WAIT_MEMORY, hit, 0
+        # the first chunk is what the step's remaining token budget allows (on
+        # the grid unless it ends the prefill), as in vLLM V1; if it does not
+        # fit with headroom, admission stops for this step: no shorter chunk
+        end = org.chunk_stop(r.rid, hit.j_adopt,
+                             self._chunk_end(hit.j_adopt, r.prefill_until, budget),
+                             r.prefill_until, hit, r.prompt_len)
+        if end <= hit.j_adopt:
+            return WAIT_BUDGET, hit, end
+        if self._admissible(r, hit, end):
+            return None, hit, end
+        if self.running:
+            return WAIT_MEMORY, hit, end
+        return None, hit, None          # it fails: nothing runs to free pages for it
 
     # vLLM registers a Mamba state's block in the prefix cache when it allocates
     # it, and makes a request whose hit ends on a state registered in the same
@@ -392,24 +452,9 @@ class Scheduler:
         """Why `admit` with ``budget`` tokens left would not admit the waiting
         head now, given running requests: `WAIT_CAP`, `WAIT_BUDGET`,
         `WAIT_MEMORY`, "" when nobody waits, or None when it would admit (or
-        fail) it. Changes nothing: a stretch asks it after the organization
-        changed, and records the reason."""
-        if not self.waiting:
-            return ""
-        if len(self.running) >= self.policy.cap:
-            return WAIT_CAP
-        if budget <= 0:
-            return WAIT_BUDGET
-        org, r = self.org, self.waiting[0]
-        hit = org.lookup(r.keys, len(r.tokens) - 1)
-        end = org.chunk_stop(r.rid, hit.j_adopt,
-                             self._chunk_end(hit.j_adopt, r.prefill_until, budget),
-                             r.prefill_until, hit, r.prompt_len)
-        if end <= hit.j_adopt:
-            return WAIT_BUDGET
-        if self._admissible(r, hit, end) or not self.running:
-            return None
-        return WAIT_MEMORY
+        fail) it (`_head`). Changes nothing: a stretch asks it after the
+        organization changed, and records the reason."""
+        return self._head(budget)[0]
 
     def _admissible(self, r: SchedRequest, hit: PrefixHit, end: int) -> bool:
         """Whether waiting ``r`` may start with the chunk [J_adopt, end) now
@@ -470,40 +515,77 @@ class Scheduler:
 
     def complete(self, batch: StepBatch, now: float,
                  next_tokens: dict[int, int] | None = None) -> list[SchedRequest]:
-        """The batch's tokens are computed at ``now``: commit, publish, emit, finish.
+        """The batch's tokens are computed at ``now``: each item is committed and
+        emits its token (`advance`), then the step ends (`end_step`); the
+        requests that finished.
 
         ``next_tokens`` (rid -> token id) are the tokens an engine that really
         computes generated; without it each request continues with the
         deterministic stand-in `generated_token`.
         """
-        org = self.org
         finished = []
+        emitted = (now,)
         for item in batch.items:
             r = item.req
             if r.state != RUNNING:
                 continue
-            published = org.commit(r.rid, r.keys, item.end, r.prefill_until)
-            r.computed = item.end
-            if published and self.policy.retention:
-                for j in published:
-                    if self.popularity.get(key_at(r.keys, j), 0) >= self.policy.retention_threshold:
-                        org.retain(r.rid, j, r.keys)
-            if r.computed < len(r.tokens):
-                continue            # mid-prefill chunk: nothing emitted
-            # the step produced the next token
-            r.generated += 1
-            r.token_times.append(now)
-            if r.record.first_token_s is None:
-                r.record.first_token_s = now
-            if r.generated >= r.output_len:
-                self.finish_request(r, now)
+            # a mid-prefill chunk emits nothing
+            times = emitted if item.end >= len(r.tokens) else ()
+            if self.advance(r, item.end, times, next_tokens):
                 finished.append(r)
-            else:
-                r.tokens.append(generated_token(r.rid, r.generated) if next_tokens is None
-                                else next_tokens[r.rid])
-                if len(r.tokens) % KEY_TOKENS == 0:
-                    extend_keys(r.keys, r.tokens, r.salt)
-        if org.retiring:
-            org.end_step()
+        self.end_step()
         return finished
 
+    def advance(self, r: SchedRequest, end: int, times,
+                next_tokens: dict[int, int] | None = None) -> bool:
+        """Running ``r``'s state is computed up to ``end`` and it emitted a token
+        at each of ``times`` (none for a mid-prefill chunk; several when a
+        stretch brings a decoding request up to date, `harness.scheduler.stretch`):
+        the tokens before the last are fed back, the organization commits (a
+        popular published checkpoint is retained), and ``r`` finishes with its
+        last token or is fed the next one (``next_tokens[r.rid]`` or
+        `generated_token`). Returns whether it finished."""
+        org, n = self.org, len(times)
+        g = r.generated
+        if n > 1:       # tokens emitted by the earlier of these completions
+            _feed(r, g + 1, g + n)
+        published = org.commit(r.rid, r.keys, end, r.prefill_until)
+        r.computed = end
+        if published and self.policy.retention:
+            for j in published:
+                if self.popularity.get(key_at(r.keys, j), 0) >= self.policy.retention_threshold:
+                    org.retain(r.rid, j, r.keys)
+        if not n:
+            return False
+        r.generated = g = g + n
+        r.token_times.extend(times)
+        if r.record.first_token_s is None:
+            r.record.first_token_s = times[0]
+        if g >= r.output_len:
+            self.finish_request(r, times[-1])
+            return True
+        r.tokens.append(generated_token(r.rid, g) if next_tokens is None
+                        else next_tokens[r.rid])
+        if len(r.tokens) % KEY_TOKENS == 0:
+            extend_keys(r.keys, r.tokens, r.salt)
+        return False
+
+    def end_step(self) -> bool:
+        """A step's commits are done: what the organization held for the step
+        falls due (`Organization.end_step`, in vLLM's blocks); whether anything did."""
+        if self.org.retiring:
+            self.org.end_step()
+            return True
+        return False
+
+
+def _feed(r: SchedRequest, first: int, stop: int) -> None:
+    """Feed ``r`` its generated tokens ``first`` .. ``stop - 1`` and chain their keys."""
+    tokens, n = r.tokens, stop - first
+    if n > 32:
+        ids = generated_token(r.rid, np.arange(first, stop, dtype=np.int64))
+        tokens.frombytes(ids.astype(np.dtype(tokens.typecode)).tobytes())
+    else:
+        rid = r.rid
+        tokens.extend([generated_token(rid, k) for k in range(first, stop)])
+    extend_keys(r.keys, tokens, r.salt)

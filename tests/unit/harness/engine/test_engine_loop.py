@@ -19,6 +19,7 @@ from harness.engine.clock import VirtualClock, WallClock
 from harness.engine.loop import ARRIVAL, STEP_DONE, EngineLoop
 from harness.records import RequestRecord
 from harness.request_table import RequestTable
+from harness.scheduler.stretch import Stretch as HandedOut
 from tests.support import REPO_ROOT
 
 
@@ -33,8 +34,8 @@ def workload(*arrivals):
 class Scheduler:
     """Every waiting request runs in the next step and finishes with it."""
 
-    def __init__(self, log, clock):
-        self.log, self.clock = log, clock
+    def __init__(self, log, clock, stretch=None):
+        self.log, self.clock, self.stretch = log, clock, stretch
         self.waiting, self.running, self.requests = [], [], {}
 
     def add(self, rid, arrival_s, ids, output_len, salt, group, warmup=False, keys=None):
@@ -51,6 +52,9 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self):
+        if self.stretch is not None:       # handed out once, first
+            stretch, self.stretch = self.stretch, None
+            return stretch
         self.running, self.waiting = self.running + self.waiting, []
         self.log.append(("plan", [r.rid for r in self.running], self.clock.now))
         return SimpleNamespace(items=list(self.running), failed=[])
@@ -67,9 +71,9 @@ class Executor:
     """Each step takes ``duration``; ``work`` advances a fake wall clock by
     that much while it runs (and ``commit`` while it is completed)."""
 
-    def __init__(self, sched, log, duration=1.0, work=None, commit=None, stretch=None):
+    def __init__(self, sched, log, duration=1.0, work=None, commit=None):
         self.sched, self.log, self.duration = sched, log, duration
-        self.work, self.commit, self.stretch = work, commit, stretch
+        self.work, self.commit = work, commit
         self.start = None
 
     def begin_step(self, now):
@@ -90,9 +94,8 @@ class Executor:
     def generated_ids(self, r):
         return []
 
-    def schedule_stretch(self):
-        stretch, self.stretch = self.stretch, None
-        return stretch
+    def run_stretch(self, stretch, loop):
+        return stretch.run(loop)
 
 
 def run(arrivals, clock=None, **executor):
@@ -151,8 +154,9 @@ def test_the_event_order_is_time_then_kind():
     assert (1.0, STEP_DONE, 7) < (1.0, ARRIVAL, 0) < (1.0, ARRIVAL, 1) < (1.5, STEP_DONE, 0)
 
 
-class Stretch:
-    """Runs the waiting head for three steps of 0.5 s through
+class Stretch(HandedOut):
+    """Handed out by the scheduler (a `harness.scheduler.stretch.Stretch`):
+    runs the waiting head for three steps of 0.5 s through
     `EngineLoop.step_ends`, then finishes it."""
 
     def __init__(self, seen):
@@ -169,8 +173,8 @@ class Stretch:
 def test_a_stretch_gets_the_arrivals_before_each_step_end_in_event_order():
     seen, log = [], []
     clock = VirtualClock()
-    sched = Scheduler(log, clock)
-    ex = Executor(sched, log, stretch=Stretch(seen))
+    sched = Scheduler(log, clock, stretch=Stretch(seen))
+    ex = Executor(sched, log)
     loop = EngineLoop(workload((0, 0.0), (1, 0.2), (2, 1.0), (3, 1.2)), sched, ex, clock)
     loop.run()
     # (step end, arrivals while it ran), clock: the arrival at 1.0, the second

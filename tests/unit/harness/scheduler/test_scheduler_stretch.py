@@ -2,8 +2,8 @@
 
 Each case runs one small random configuration twice, with stretches off
 (`SimEngine(fast=False)`: every step planned by `Scheduler.schedule` and
-completed by `Scheduler.complete`) and on (`Scheduler.schedule_stretch`,
-`harness.scheduler.stretch`), and requires identical per-request records (token times included),
+completed by `Scheduler.complete`) and on (`Scheduler.schedule` hands out
+runs of quiet decode steps, `harness.scheduler.stretch`), and requires identical per-request records (token times included),
 step rows, counters and summaries. The configurations are drawn from a seeded
 generator over organizations, budgets, rates, q, headroom, retention,
 SHARE/ISOLATE, caps, token budgets and seeds, small enough to run in seconds.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adapters.sim.engine import SimEngine, stretches_enabled
+from adapters.sim.engine import SimEngine
 from common.errors import HbenchError
 from harness.config import ORG_NAMES, RunConfig
 from harness.run_setup import RunSetup
@@ -70,18 +70,21 @@ def test_stretches_keep_invariants(org):
 
 @pytest.fixture
 def schedule_calls(monkeypatch):
-    """Counts the steps the scheduler plans while the engine loop runs
-    (``calls["n"]``; not the pre-run check's rehearsal, `check_fits`)."""
+    """Counts the single steps the scheduler plans while the engine loop runs
+    (``calls["n"]``; not the stretches it hands out, nor the pre-run check's
+    rehearsal, `check_fits`)."""
     from harness.engine.loop import EngineLoop
     from harness.scheduler import Scheduler
+    from harness.scheduler.stretch import Stretch
 
     calls = {"n": 0}
     looping = []
     schedule, run = Scheduler.schedule, EngineLoop.run
 
     def counting(self):
-        calls["n"] += 1 if looping else 0
-        return schedule(self)
+        plan = schedule(self)
+        calls["n"] += 1 if looping and not isinstance(plan, Stretch) else 0
+        return plan
 
     def loop_run(self):
         looping.append(True)
@@ -106,15 +109,6 @@ def test_stretches_skip_steps(schedule_calls):
     fast_run = SimEngine(fast=True).run(workload, setup)
     assert slow_calls == len(run.steps) == len(fast_run.steps)
     assert calls["n"] < len(run.steps) / 2
-
-
-def test_env_switch(monkeypatch):
-    monkeypatch.setenv("HBENCH_SIM_FAST", "0")
-    assert not stretches_enabled()
-    monkeypatch.setenv("HBENCH_SIM_FAST", "1")
-    assert stretches_enabled()
-    monkeypatch.delenv("HBENCH_SIM_FAST")
-    assert stretches_enabled()
 
 
 def test_generated_token_vectorized_is_the_scalar_rule():
@@ -235,27 +229,63 @@ def test_stretches_identical_when_decodes_publish_in_place(org):
               max_output=1024, cap=16, seed=2, debug_invariants=True),
 ], ids=["d0", "s1"])
 def test_preemptions_inside_stretches(config, monkeypatch):
-    """A block that does not fit preempts inside the stretch as
-    `Scheduler.schedule` would (catching the victim up first): the same rows
-    (the preempting step's and the fresh one after it), records and counters
-    as the scheduler's steps."""
-    from harness.scheduler.stretch import NO_ROOM, Stretch
+    """A block that does not fit preempts inside the stretch by the
+    scheduler's own `Scheduler.make_room` (the victim brought up to date
+    first), or, where the first running request might be the victim, ends
+    the stretch (``"no room"``) for `Scheduler.schedule`: the same rows (the
+    preempting step's and the fresh one after it), records and counters as
+    the scheduler's steps."""
+    from harness.scheduler.stretch import NO_ROOM, PREEMPT, Stretch
 
-    calls = {"preempting": 0, "handed over": 0}
-    preempt_for, run = Stretch._preempt_for, Stretch.run
+    kinds = {PREEMPT: 0, NO_ROOM: 0}
+    plan = Stretch.plan
 
-    def counting_preempt_for(self, crossing, j):
-        calls["preempting"] += 1
-        return preempt_for(self, crossing, j)
+    def counting_plan(self, arrived):
+        kind = plan(self, arrived)
+        if kind in kinds:
+            kinds[kind] += 1
+        return kind
 
-    def counting_run(self, loop):
-        reason = run(self, loop)
-        calls["handed over"] += reason == NO_ROOM
-        return reason
-
-    monkeypatch.setattr(Stretch, "_preempt_for", counting_preempt_for)
-    monkeypatch.setattr(Stretch, "run", counting_run)
+    monkeypatch.setattr(Stretch, "plan", counting_plan)
     slow, fast = run_both(config)
-    assert calls["preempting"] > 0
-    assert calls["handed over"] > 0 or config.org != "d0"
+    assert kinds[PREEMPT] > 0
+    assert kinds[NO_ROOM] > 0 or config.org != "d0"
     assert_identical(slow, fast)
+
+
+@pytest.mark.parametrize("org, pages", [("d0", (400, 40)), ("s2", (60,))])
+def test_advance_over_several_tokens_is_their_single_completions(org, pages):
+    """`Scheduler.advance` brings a decoding request up by many tokens at once
+    (a stretch's one commit): the same tokens, prefix keys, token times,
+    positions and finish as that many single completions (`complete`)."""
+    from harness.model_configs import preset
+    from harness.orgs import build_organization, layout_for
+    from harness.scheduler import Scheduler, SchedulerPolicy
+    from harness.scheduler.batch import RUNNING
+
+    def started():
+        o = build_organization(layout_for(org, preset("falcon-h1-7b")), pages)
+        sched = Scheduler(o, SchedulerPolicy())
+        r = sched.add(0, 0.0, list(range(100)), 90, None)
+        sched.complete(sched.schedule(), 0.5)        # prefill: the first token
+        return sched, r
+
+    one, a = started()
+    for k in range(1, 90):                          # 89 single decode steps, one by one
+        batch = one.schedule()
+        assert [(i.start, i.end, i.prefill) for i in batch.items] == [(99 + k, 100 + k, False)]
+        one.complete(batch, 0.5 + k)
+    many, b = started()
+    times = np.arange(1.5, 40.0)                     # 39 tokens in one go, then 50
+    assert many.org.allocate_all([(0, 100 + 39 + 50, 100)])
+    assert not many.advance(b, 139, times) and b.state == RUNNING
+    assert many.advance(b, 189, np.arange(40.5, 90.0))
+    many.end_step()
+    assert a.record.status == b.record.status == "finished"
+    assert a.generated == b.generated == 90 and a.computed == b.computed == 189
+    assert list(a.tokens) == list(b.tokens) and a.keys == b.keys and len(a.keys) == 189 // 16
+    assert list(a.token_times) == list(b.token_times)
+    assert a.record.finish_s == b.record.finish_s == 89.5
+    one.org.check_invariants()
+    many.org.check_invariants()
+    assert one.org.usage().pages == many.org.usage().pages
