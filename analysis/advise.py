@@ -306,9 +306,18 @@ def smaller_words(smaller: Mapping, alpha: float, unit: str = "req/s") -> str:
         return (f"What would change that: not less memory either; {where} every organization "
                 f"still sustains {capacity_words(d.best, smaller['top_rate'], unit)}, level at "
                 "every seed, so for this model and traffic the layout does not decide.")
-    return (f"What would change that: less memory; {where} {_arm_words(d.best)} leads, "
-            f"sustaining {capacity_words(d.best, smaller['top_rate'], unit)}, "
-            f"{margin_words(d, alpha, unit)}.")
+    top = smaller["top_rate"]
+    table = smaller["table"]
+    leaders = table[table["per_seed"] == d.best["per_seed"]]
+    if leaders["org"].nunique() < 2:
+        return (f"What would change that: less memory; {where} {_arm_words(d.best)} leads, "
+                f"sustaining {capacity_words(d.best, top, unit)}, {margin_words(d, alpha, unit)}.")
+    names = ", ".join(dict.fromkeys(str(o).upper() for o in leaders["org"]))
+    behind = "; ".join(f"{str(r['org']).upper()} {capacity_words(r, top, unit)}"
+                       for r in table[table["per_seed"] != d.best["per_seed"]].to_dict("records"))
+    return (f"What would change that: less memory; {where} {names} still sustain "
+            f"{capacity_words(d.best, top, unit)}, level at every seed, while "
+            f"{behind} falls behind.")
 
 
 def sentences(d: Decision, limit: LimitFound, *, slo: str, top_rate: float, alpha: float,

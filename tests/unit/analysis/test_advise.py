@@ -206,12 +206,19 @@ def test_the_arm_words_name_a_headroom_and_a_checkpoint_policy_away_from_the_def
 
 def test_what_would_change_a_level_answer_is_said_from_the_smaller_budget():
     c = cells({S2: {1: 2, 2: 2}, D0: {1: 1, 2: 1}})
-    smaller = {"decision": A.decide(c, A.arm_table(c)), "budget": "27.50GiB", "share": 0.5,
-               "level": False, "top_rate": 4.0}
+    smaller = {"decision": A.decide(c, A.arm_table(c)), "table": A.arm_table(c),
+               "budget": "27.50GiB", "share": 0.5, "level": False, "top_rate": 4.0}
     text = A.smaller_words(smaller, 0.05)
     assert text.startswith("What would change that: less memory; with 27.50GiB for state "
                            "(0.5 of it) S2 with a running cap of 63 leads, sustaining 2.00 req/s")
     assert "ahead of d0 cap 63 split 0.5 by +1.00 req/s at every seed" in text
+    c = cells({S2: {1: 2, 2: 2}, D0: {1: 2, 2: 2}, S0: {1: 1, 2: 2}})
+    t = A.arm_table(c)
+    some = {**smaller, "decision": A.decide(c, t), "table": t}
+    assert A.smaller_words(some, 0.05) == (
+        "What would change that: less memory; with 27.50GiB for state (0.5 of it) D0, S2 still "
+        "sustain 2.00 req/s (every seed), level at every seed, while S0 1.50 req/s [1.00, 2.00] "
+        "falls behind.")
     c = cells({S2: {1: 2, 2: 4}, D0: {1: 2, 2: 4}})
     level = {**smaller, "decision": A.decide(c, A.arm_table(c)), "level": True, "share": 0.25}
     assert "not less memory either" in A.smaller_words(level, 0.05)
