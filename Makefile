@@ -36,8 +36,8 @@ run: install
 ## it the tier fails and names its slowest tests. A budget is the tier's time measured
 ## by .ci/run on the 2-core machine with room for a noisy host (docs/testing.md).
 TEST_WORKERS ?= 2
-BUDGET_FAST ?= 120
-BUDGET_SLOW ?= 1200
+BUDGET_FAST ?= 180
+BUDGET_SLOW ?= 1650
 BUDGET_ALONE ?= 300
 FAST := --dist loadfile -m "not slow and not alone" tests/unit tests/cli
 test: install
