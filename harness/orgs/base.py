@@ -270,21 +270,21 @@ class Organization(ReadOnlyViews):
         bt, reqs, needs_state = self.attn_block_tokens, self.reqs, self.publication.needs_state
         if self.retired:      # released at each one's turn: plan them one by one
             return False
+        # a decode (past the prefill) takes a checkpoint-sized object only where
+        # commits publish in place: otherwise `needs_state` reads no further than
+        # the prefill's end, which its last chunk reserved
+        decodes_ask = self.in_place
         counts, total = [], 0
         for rid, end, prefill_until in requests:
             st = reqs[rid]
-            if needs_state(st, end, prefill_until):
+            if (decodes_ask or end <= prefill_until) and needs_state(st, end, prefill_until):
                 return self._allocate_all_one_by_one(requests)
             b = -(-end // bt) - len(st.attn)
             b = b if b > 0 else 0
             counts.append(b)
             total += b
-        pools = self.pools
-        if pools[0].available < total:
+        if self.pools[0].available < total:    # the other pools are asked for nothing
             return False
-        for p in pools[1:]:
-            if p.available < 0:
-                return False
         self._copies = ()
         if total == len(requests):          # a block each (a step's decodes, mostly)
             for (rid, _, _), page in zip(requests, self.attn.new_blocks(total), strict=True):

@@ -2,55 +2,32 @@
 
 Most steps are pure decode with an unchanged batch: every running request
 computes one token, and only token counters, the clock and the growing
-context change. When the next step is such a step, `Scheduler.schedule`
-hands it out as the first of a `Stretch`; the engine loop prices and records
-its steps (`harness.engine.stretch.run_stretch`) and tells the stretch when
-each ends. The stretch holds the requests' progress between the events that
-need the scheduler's rules, and applies those rules, the scheduler's own
-functions, at each:
+context change. `Scheduler.schedule` hands such a step out as the first of
+a `Stretch`; the engine loop prices and records its steps
+(`harness.engine.stretch.run_stretch`) and tells the stretch when each ends
+(`complete`), then asks what the next one is (`plan`). Where something
+happens (a request finishes or reaches a new attention block, an arrival, an
+admission, a preemption, a state due for release) the stretch applies the
+scheduler's own functions: `Scheduler.advance`, `complete`, `refusal`,
+`admit`, `make_room`, `admit_unless_preempted`, `end_step`, and the
+organization's `allocate_all` for the blocks decodes reach.
 
-* a completed step (`Stretch.complete`): a request that emits its last token
-  is brought up to date (`Scheduler.advance`, the rule `Scheduler.complete`
-  applies to every item) and finished, in batch order among that step's
-  other commits; a request admitted in the last step is completed by
-  `Scheduler.complete` and joins the stretch once it decodes;
-* the next step (`Stretch.plan`): the requests whose context reaches a new
-  attention block get it from `Organization.allocate_all`, in running
-  order, as `Scheduler.schedule` gives a step's decodes their room; if they
-  do not all fit, each gets it by `Scheduler.make_room`, which preempts (a
-  victim is brought up to date first and leaves the stretch), and the step
-  after is asked about the waiting queue afresh; after an arrival, a
-  finish, a release or an eviction the waiting head's prefix could feel,
-  the waiting head is answered by `Scheduler.refusal`, and if it starts,
-  `Scheduler.admit` admits it after the decodes.
+A request is brought up to date (one ``commit`` for all the tokens since)
+only when it finishes, is preempted, or the stretch ends, unless a decode
+commit may publish in place: why that is exact, and which events make the
+waiting head be asked again, is in docs/architecture.md ("Quiet decode
+stretches").
 
-A request is brought up to date (tokens, prefix keys, token times: a slice
-of the stretch's step end times, and the organization's computed position:
-one ``commit``) only when it finishes, is preempted and when the stretch ends. A decode
-commit only registers the blocks it completed, which nothing can tell from
-later until then: the block's key chains tokens only that request generated,
-so no other request's prefix holds it before the request has finished (a
-session's next turn) or been preempted, and its page is referenced, so not evictable. Where a
-decode commit may publish a checkpoint (in place, vLLM's blocks) a request
-is brought up to date at each block it completes, as `Scheduler.complete`
-would.
+The stretch ends, and `Scheduler.schedule` plans the next step, when a
+request admitted inside it goes on with a chunked prefill (``"prefill"``),
+its last request finished (``"idle"``), a new block does not fit and it may
+not preempt for it (``"no room"``: in place, or the first running request
+might be the victim), or in vLLM's blocks a passed state is due for release
+when its request is planned next (``"release"``).
 
-The stretch ends, and the scheduler plans the next step with
-`Scheduler.schedule`, when (`Stretch.plan` returns the reason):
-
-* ``"prefill"``: a request admitted inside it goes on with its prefill in chunks;
-* ``"idle"``: its last request finished;
-* ``"no room"``: a new block does not fit and the stretch may not preempt
-  for it (where a decode commit may publish in place, or where the first
-  running request itself might be preempted: the scheduler then plans again
-  at once);
-* ``"release"``: in vLLM's blocks a request went past a state in the last
-  step, which is released when the request is planned next, in running
-  order (`Organization.release_retired`).
-
-``SimEngine(fast=False)`` makes the simulator plan every step with
-`Scheduler.schedule`; `tests/unit/harness/scheduler/test_scheduler_stretch.py`
-checks that both give identical results.
+``SimEngine(fast=False)`` plans every step with `Scheduler.schedule`;
+`tests/unit/harness/scheduler/test_scheduler_stretch.py` checks that both
+give identical results.
 """
 
 from __future__ import annotations
@@ -93,6 +70,7 @@ class Stretch:
         # not at each block it completes (module docstring), unless a decode
         # commit may publish a checkpoint in place
         self.defer = not self.org.in_place
+        self._retiring = self.org.retiring     # requests past a state this step (in place)
         self.done = [0] * len(reqs)        # completions applied to each request
         self.live = [True] * len(reqs)     # not finished yet
         self.times = array("d")            # end time of each completed step
@@ -128,7 +106,7 @@ class Stretch:
         crossing = self.by_phase.get(j % self.bt, ())
         ending = self.finish_at.pop(j, ())
         if not (crossing or ending or self.admitted is not None or self.preempted is not None
-                or self.org.retiring):
+                or self._retiring):
             self._crossing = self._ending = ()    # nothing to commit yet (module docstring)
             self._released = False
             return None
@@ -147,7 +125,7 @@ class Stretch:
             self._joined = self._join(admitted.items, j)
         # in vLLM's blocks an edge continued past in step j falls due as
         # `Scheduler.complete` lets it (`Scheduler.end_step`)
-        self._released = bool(self.org.retiring) and sched.end_step()
+        self._released = bool(self._retiring) and sched.end_step()
         self._crossing, self._ending = crossing, ending
         return finished
 

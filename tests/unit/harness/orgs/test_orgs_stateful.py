@@ -166,6 +166,10 @@ class OrgMachine(RuleBasedStateMachine):
                 assert snapshot(org, self._admitted()) == before, \
                     "a failed allocate changed the organization"
             return None
+        if decode and not org.in_place and hasattr(org, "publication"):
+            # what `Organization.allocate_all` skips asking: a decode needs no
+            # checkpoint-sized object unless commits publish in place
+            assert not org.publication.needs_state(org.reqs[rid], end, r["prefill_until"])
         if decode:
             r["tokens"].append(7 + rid * 31 + len(r["tokens"]))
             extend_keys(r["keys"], r["tokens"], r["salt"])
