@@ -1,25 +1,18 @@
 """A vLLM-V1-style continuous-batching scheduler over any organization.
 
 Engine-independent: it decides which requests compute how many tokens in the
-next step, and talks to the organization only through `harness.orgs.base`'s
-ask/act calls. The engine loop (`harness.engine.loop`) of an in-process
-engine drives it:
+next step, and talks to the organization only through its protocol
+(`harness.orgs.protocol`). An in-process engine's loop drives it:
 
     batch = sched.schedule()           # admission, chunking, preemption
     ... execute batch.items for batch-dependent time ...
     sched.complete(batch, now)         # commit, publish, emit tokens, finish
 
 Most steps only decode one token per running request. A scheduler built
-with ``stretches`` (the simulator's, which prices steps ahead) hands such a
-step out from `schedule` as a run of them (`harness.scheduler.stretch.Stretch`),
-so that the loop does not plan and complete each one: the run holds the
-requests' progress between events and applies this module's rules where
-something happens (`advance`, `finish_request`, `end_step`, `refusal`,
-`admit`, `make_room` and `_decode_rooms` for the blocks decodes reach),
-each written once here; whatever else (a chunked prefill, a state due for
-release) ends the run and `schedule` plans that step. The values
-(`SchedRequest`, `StepBatch`, `generated_token`) are in
-`harness.scheduler.batch`.
+with ``stretches`` (the simulator's) hands such a step out as a run of them
+(`harness.scheduler.stretch.Stretch`), which applies this module's rules,
+written once here, where something happens. The values (`SchedRequest`,
+`StepBatch`, `generated_token`) are in `harness.scheduler.batch`.
 
 Policy, in the order it is applied each step:
 1. Running requests in admission order: a decode token each, or the next
@@ -43,10 +36,8 @@ Policy, in the order it is applied each step:
    prefix was demanded by at least ``retention_threshold`` distinct requests
    are retained until the producer finishes or is preempted.
 
-Each `StepBatch` also says why the requests left waiting were not admitted
-(``wait_reason``: memory, cap or budget) and who was admitted or skipped;
-the scheduler only records these, the step recorder writes them and
-`harness.attribution` splits each TTFT by them.
+Each `StepBatch` also says why the waiting were not admitted (``wait_reason``:
+memory, cap or budget), which `harness.attribution` splits each TTFT by.
 """
 
 from __future__ import annotations
