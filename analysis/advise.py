@@ -472,11 +472,17 @@ def limit_at_point(cells: pd.DataFrame, arm: str, limits: Sequence[Limit],
 METRIC_WORDS = {POINT_METRIC: "throughput (output tokens/s, ledger timebase)"}
 
 
-def _metric_words(metric: str) -> str:
+def metric_words(metric: str) -> str:
+    """A compared metric's key in words: ``ttft_p99_s`` -> ``TTFT p99``."""
     if metric in METRIC_WORDS:
         return METRIC_WORDS[metric]
     name, _, quantile = metric.removesuffix("_s").rpartition("_")
     return f"{name.upper()} {quantile}"
+
+
+def metric_axis(metric: str) -> str:
+    """`metric_words` with the unit an axis needs (latencies are in seconds)."""
+    return metric_words(metric) + ("" if metric in METRIC_WORDS else " (s)")
 
 
 def point_margin_words(d: PointDecision, alpha: float) -> str:
@@ -484,7 +490,7 @@ def point_margin_words(d: PointDecision, alpha: float) -> str:
     if d.runner_up is None:
         return "it is the only organization searched"
     other = d.runner_up["arm"]
-    what = _metric_words(d.metric)
+    what = metric_words(d.metric)
     if d.level:
         return f"{other} serves exactly the same {what} at every seed: the organizations do not differ here"
     if d.n < 2 or not math.isfinite(d.p):
@@ -509,10 +515,10 @@ def point_sentences(d: PointDecision, limit: LimitFound, *, slo: str, rate: floa
     held = f"{best['seeds_held']} of {best['seeds']} seeds held {slo}"
     out = [f"{setting} at {rate:g} {unit}: use {_arm_words(best)}. "
            f"It serves {best['throughput']:.1f} output tok/s"
-           + ("" if d.higher_is_better else f" with {_metric_words(d.metric)} "
+           + ("" if d.higher_is_better else f" with {metric_words(d.metric)} "
                                             f"{best['value']:.3g} s")
            + f" ({held}); {point_margin_words(d, alpha)}.",
-           f"Compared on {_metric_words(d.metric)}: {why}."]
+           f"Compared on {metric_words(d.metric)}: {why}."]
     out += _limit_and_peak(limit, unit, peak, "this rate",
                            held=f"The SLO held at {rate:g} {unit} at every seed.")
     if grid:

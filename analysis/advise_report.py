@@ -11,11 +11,12 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.advise import POINT_METRIC, metric_axis
 from analysis.html_report import STYLE, png_data_uri
 from common.palette import org_color
 
 
-def capacity_figure(table: pd.DataFrame, top_rate: float) -> Figure:
+def capacity_figure(table: pd.DataFrame, top_rate: float, unit: str = "req/s") -> Figure:
     """Each arm's capacity (mean over seeds) with its interval, best first."""
     fig = Figure(figsize=(7.5, 0.45 * len(table) + 1.4))
     ax = fig.add_subplot()
@@ -27,13 +28,13 @@ def capacity_figure(table: pd.DataFrame, top_rate: float) -> Figure:
                 fmt="none", ecolor="#333", capsize=3)
     ax.set_yticks(list(y), list(rows["arm"]))
     ax.axvline(top_rate, color="#999", linestyle="--", linewidth=1)
-    ax.set_xlabel("capacity within the SLO, req/s (dashed: top of the rate grid)")
+    ax.set_xlabel(f"capacity within the SLO, {unit} (dashed: top of the rate grid)")
     ax.set_xlim(0, top_rate * 1.08)
     fig.tight_layout()
     return fig
 
 
-def point_figure(table: pd.DataFrame) -> Figure:
+def point_figure(table: pd.DataFrame, unit: str = "req/s") -> Figure:
     """Each arm's compared metric at one rate (mean over seeds), best on top."""
     fig = Figure(figsize=(7.5, 0.45 * len(table) + 1.4))
     ax = fig.add_subplot()
@@ -42,7 +43,8 @@ def point_figure(table: pd.DataFrame) -> Figure:
     ax.barh(list(y), rows["value"], color=[org_color(o) for o in rows["org"]])
     ax.set_yticks(list(y), [f"{a} ({h}/{n} seeds held the SLO)" for a, h, n in
                             zip(rows["arm"], rows["seeds_held"], rows["seeds"], strict=True)])
-    ax.set_xlabel(f"{table['metric'].iloc[0]} at {table['rate'].iloc[0]:g}, mean over seeds")
+    ax.set_xlabel(f"{metric_axis(table['metric'].iloc[0])} at {table['rate'].iloc[0]:g} {unit}, "
+                  "mean over seeds")
     fig.tight_layout()
     return fig
 
@@ -66,11 +68,18 @@ def advice_html(doc: dict, table: pd.DataFrame) -> str:
     asked = doc["asked"]
     answer = "".join(f"<p>{html.escape(s)}</p>" for s in doc["answer"])
     point = asked.get("at_rate") is not None
-    fig = point_figure(table) if point else capacity_figure(table, max(asked["rates"]))
+    unit = asked.get("rate_unit", "req/s")
+    fig = point_figure(table, unit) if point else capacity_figure(table, max(asked["rates"]), unit)
     columns = POINT_COLUMNS if point else CAPACITY_COLUMNS
+    if point and table["metric"].iloc[0] == POINT_METRIC:    # compared on throughput itself
+        columns = tuple(c for c in columns if c[0] != "throughput")
     cols = [c for c, _ in columns]
     names = [n for _, n in columns]
-    section = f"Each arm at {asked['at_rate']:g}" if point else "Capacity of each arm"
+    if point:       # the compared metric's own name, unit and rate
+        names[cols.index("value")] = f"{metric_axis(table['metric'].iloc[0])} (mean over seeds)"
+    else:
+        names[cols.index("capacity_req_s")] = f"capacity, {unit} (mean over seeds)"
+    section = f"Each arm at {asked['at_rate']:g} {unit}" if point else "Capacity of each arm"
     head = "".join(f"<th>{c}</th>" for c in names)
     body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>"
                    for r in doc["arms"])
@@ -86,23 +95,28 @@ def advice_html(doc: dict, table: pd.DataFrame) -> str:
             f"<h2>What to deploy</h2><ul>{deploy}</ul>"
             f"<h2>Check it on your server</h2><ul>{checks}</ul>"
             f"<p class='note'>{len(doc['cells'])} runs; seeds {asked['seeds']}, rates "
-            f"{asked['rates']} req/s; SLO {html.escape(asked['slo'])}.</p></body></html>\n")
+            f"{asked['rates']} {unit}; SLO {html.escape(asked['slo'])}.</p></body></html>\n")
 
 
 def advice_markdown(doc: dict) -> str:
     asked = doc["asked"]
+    unit = asked.get("rate_unit", "req/s")
     lines = ["# hbench advise", "", *doc["answer"], ""]
     if asked.get("at_rate") is not None:
-        lines += ["| arm | compared metric | output tok/s | seeds holding the SLO |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['arm']} | {r['value']:.4g} | {r['throughput']:.1f} | "
-                  f"{r['seeds_held']} of {r['seeds']} |" for r in doc["arms"]]
+        metric = doc["arms"][0]["metric"]
+        tok_s = metric != POINT_METRIC       # a latency: throughput beside it
+        lines += [f"At {asked['at_rate']:g} {unit}:", "",
+                  f"| arm | {metric_axis(metric)} |{' output tok/s |' if tok_s else ''} "
+                  "seeds holding the SLO |", "|---|---|---|" + ("---|" if tok_s else "")]
+        lines += [f"| {r['arm']} | {r['value']:.4g} |"
+                  + (f" {r['throughput']:.1f} |" if tok_s else "")
+                  + f" {r['seeds_held']} of {r['seeds']} |" for r in doc["arms"]]
     else:
-        lines += ["| arm | capacity req/s | interval | per seed |", "|---|---|---|---|"]
+        lines += [f"| arm | capacity {unit} | interval | per seed |", "|---|---|---|---|"]
         lines += [f"| {r['arm']} | {r['capacity_req_s']:.2f} | [{r['ci_low']:.2f}, "
                   f"{r['ci_high']:.2f}] | {r['per_seed']} |" for r in doc["arms"]]
     lines += ["", "What to deploy:", "", *(f"- {x}" for x in doc["deploy"]), "",
               "Check it on your server:", "", *(f"- `{x}`" for x in doc["checks"]), "",
-              f"{len(doc['cells'])} runs; seeds {asked['seeds']}, rates {asked['rates']} req/s; "
+              f"{len(doc['cells'])} runs; seeds {asked['seeds']}, rates {asked['rates']} {unit}; "
               f"SLO {asked['slo']}.", ""]
     return "\n".join(lines)

@@ -243,7 +243,7 @@ def write_advice(result, out: Path, slo: str) -> dict:
             "d0_attn_fractions": list(search.fractions),
             "headrooms": [h for h in search.headrooms if h is not None],
             "ckpt_policies": [c for c in search.ckpts if c is not None],
-            "at_rate": search.at_rate},
+            "at_rate": search.at_rate, "rate_unit": _unit(search.base)},
         "answer": _answer(result, slo),
         "best": _clean(result.decision.best),
         "runner_up": _clean(result.decision.runner_up),
@@ -345,13 +345,11 @@ def _peak(result) -> tuple[float, float] | None:
 
 def _grid_words(result) -> str:
     """Which pages and grids the runs used, and where they came from."""
-    import dataclasses
-
     from harness.run_grid import grid_record, grid_words
-    from harness.run_setup import RunSetup
 
     best = result.decision.best["org"]
-    setup = RunSetup.resolve(dataclasses.replace(_base_config(result.search.base), org=best))
+    arm = next(a for a in result.arms_run if a.label == result.decision.best["arm"])
+    setup = result.search.setup(result.search.configs(arm)[0])    # as its runs had it
     words = grid_words(grid_record(setup.grid, setup.layout, setup.config.grid_from))
     return (f"Pages: {best.upper()} ran with {words}; every arm's grid: "
             f"{setup.grid.describe(with_origin=False)}. A real engine picks its own "

@@ -143,8 +143,14 @@ def test_at_one_rate_the_arms_are_compared_there_with_their_searched_settings(tm
     assert doc["margin"]["metric"] in ("throughput_ledger_tok_s", "ttft_p99_s")
     assert f"at 3 req/s: use {best['org'].upper()} with a running cap of 63" in done.output
     assert "Compared on " in done.output and "paired seeds" in done.output
-    assert "<h2>Each arm at 3</h2>" in (out / "report.html").read_text()
-    assert "seeds holding the SLO" in (out / "advise.md").read_text()
+    page, md = (out / "report.html").read_text(), (out / "advise.md").read_text()
+    assert "<h2>Each arm at 3 req/s</h2>" in page
+    # the compared metric by its name and unit, never its column key
+    words = {"throughput_ledger_tok_s": "throughput (output tokens/s, ledger timebase)",
+             "ttft_p99_s": "TTFT p99 (s)"}[doc["margin"]["metric"]]
+    assert f"<th>{words} (mean over seeds)</th>" in page
+    assert "At 3 req/s:" in md and f"| arm | {words} |" in md
+    assert "seeds holding the SLO" in md and doc["margin"]["metric"] not in md
 
 
 @pytest.mark.parametrize("args, message", [
