@@ -96,6 +96,19 @@ class Search:
     headrooms: tuple[float | None, ...] = (None,)   # None: every run's own (base)
     ckpts: tuple[str | None, ...] = (None,)
     at_rate: float | None = None    # one rate: compare the arms there (module docstring)
+    #: each planned run's checked setup by config digest (`setup`)
+    _setups: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def setup(self, cfg):
+        """``cfg``'s `harness.run_setup.RunSetup`, checked by the run's own checks
+        (`hbench.runner.validate_run`) once per search: the up-front check, the
+        smaller-budget probe and the sweep all use it."""
+        key = cfg.digest()
+        if key not in self._setups:
+            from hbench.runner import validate_run
+
+            self._setups[key] = validate_run(cfg)
+        return self._setups[key]
 
     def arms(self) -> list[Arm]:
         """Every planned arm, the first setting of each axis for every
@@ -169,11 +182,9 @@ def parse_duration(text: str | None) -> float | None:
 
 def check(search: Search) -> None:
     """Every planned run passes the run's own checks before any work."""
-    from hbench.runner import validate_run
-
     for arm in search.arms():
         for cfg in search.configs(arm):
-            validate_run(cfg)
+            search.setup(cfg)
 
 
 def pending_cells(search: Search, out: Path, arms: Sequence[Arm]) -> tuple[int, int]:
@@ -205,7 +216,8 @@ def _run_arm(search: Search, arm: Arm, out: Path, jobs: int):
     from hbench.capacity import search as capacity_search
 
     orgs, budgets, rates, seeds, base = search.grid(arm)
-    cells = capacity_search(orgs, budgets, rates, seeds, search.limits, out, base, jobs=jobs)
+    cells = capacity_search(orgs, budgets, rates, seeds, search.limits, out, base, jobs=jobs,
+                            setups=[search.setup(c) for c in search.configs(arm)])
     cfg = search.configs(arm)[0]            # the settings every run of the arm has
     cells["arm"] = arm.label
     cells["cap"] = arm.cap
@@ -332,7 +344,6 @@ def _refusal(search: Search, arms: Sequence[Arm]) -> str | None:
     organization, as an engine checks before its first step), or None."""
     from adapters.sim.engine import SimEngine
     from harness.engine.fits import check_fits
-    from harness.run_setup import validate
     from harness.run_workload import build_run_workload
 
     lowest = min(search.grid_rates)
@@ -341,7 +352,7 @@ def _refusal(search: Search, arms: Sequence[Arm]) -> str | None:
             if cfg.rate != lowest:
                 continue
             try:
-                setup = validate(cfg)
+                setup = search.setup(cfg)
                 check_fits(SimEngine().build(setup), build_run_workload(cfg), cfg,
                            setup.budget.label)
             except HbenchError as err:

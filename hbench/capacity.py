@@ -45,14 +45,17 @@ def capacity_configs(orgs, budgets, rates, seeds, base: dict) -> list:
 
 
 def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int = 1,
-           on_cell=None, on_rerun=None, include_invalid: bool = False) -> pd.DataFrame:
+           on_cell=None, on_rerun=None, include_invalid: bool = False,
+           setups=None) -> pd.DataFrame:
     """Run (or reuse) every cell of the rate grid; one row per cell with its
     verdict, goodput and run directory. ``meets`` is the SLO verdict of a run
     that may count (`analysis.run_validity.keeps`: a run whose SLO metrics
     are not valid, latency under a growing queue, held its SLO in a transient
     and counts as missing it unless ``include_invalid``); ``valid`` is that
     verdict, ``slo_held`` the SLO verdict alone. A reused cell is verified against its
-    manifest's checksums; a damaged one is rerun (``on_rerun(cell, why)``)."""
+    manifest's checksums; a damaged one is rerun (``on_rerun(cell, why)``).
+    ``setups``: the grid's runs already checked, in `capacity_configs` order
+    (`hbench.sweep.run_sweep`)."""
     import pandas as pd
 
     from analysis.capacity import goodput, meets_slo
@@ -62,7 +65,7 @@ def search(orgs, budgets, rates, seeds, limits, out: Path, base: dict, jobs: int
     from hbench.sweep import run_sweep
 
     configs = capacity_configs(orgs, budgets, rates, seeds, base)
-    result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell, on_rerun=on_rerun)
+    result = run_sweep(configs, out, jobs=jobs, on_cell=on_cell, on_rerun=on_rerun, setups=setups)
     if result.failed:
         raise HbenchFailure(f"{len(result.failed)} cells failed; first: {result.failed[0].error}")
     rows = []

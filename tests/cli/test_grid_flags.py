@@ -131,21 +131,27 @@ def test_sweep_takes_grid_axes(tmp_path):
 def test_advise_states_the_grid_and_where_it_came_from():
     from types import SimpleNamespace
 
+    from hbench.advise import Arm, Search
     from hbench.commands.advise import _grid_words
+
+    def advised(base, org):
+        """An advise result whose best arm is ``org`` at cap 63, as its runs had it."""
+        arm = Arm(org, 63, 0.5 if org == "d0" else None)
+        search = Search(orgs=(org,), caps=(63,), fractions=(0.5,), rates=(1.0,), seeds=(1,),
+                        limits=(), base=base)
+        return SimpleNamespace(decision=SimpleNamespace(best={"org": org, "arm": arm.label}),
+                               search=search, arms_run=[arm])
 
     base = {"model": "falcon-h1-7b", "config_path": str(FIX / "nemotron_h.json"), "gpu": "a100-pcie-40gb",
             "budget": "8GiB", "workload_kind": "sharegpt", "requests": 10}
-    result = SimpleNamespace(decision=SimpleNamespace(best={"org": "s1"}),
-                             search=SimpleNamespace(base=base))
-    words = _grid_words(result)
+    words = _grid_words(advised(base, "s1"))
     assert words.startswith("Pages: S1 ran with 1024-token pages, a checkpoint every page "
                             "(geometry rule); every arm's grid: S0/S1/S2 1024-token pages; "
                             "D0 16-token blocks, a checkpoint every 3328 tokens."), words
     assert "Falcon-H1-7B" not in words and "every model" not in words
-    result.search.base = {**base, "config_path": None, "grid_from": "sglang"}
-    result.decision.best["org"] = "d0"
+    sglang = advised({**base, "config_path": None, "grid_from": "sglang"}, "d0")
     assert "D0 ran with 16-token blocks, a checkpoint every 256 tokens (SGLang's track interval)" \
-        in _grid_words(result)
+        in _grid_words(sglang)
 
 
 def test_advise_refuses_bad_grid_values(tmp_path):

@@ -38,3 +38,17 @@ def test_a_sweep_resolves_each_cell_once(tmp_path, monkeypatch):
                                    "--out", str(tmp_path / "sw")])
     assert res.exit_code == 0, res.output
     assert sorted(c.org for c in calls) == ["d0", "s0"]
+
+
+def test_advise_resolves_each_planned_run_once(tmp_path, monkeypatch):
+    """Its up-front check, the smaller-budget probe's refusal check and the
+    sweep share one checked setup per run."""
+    calls = count_resolutions(monkeypatch)
+    out = tmp_path / "adv"
+    res = CliRunner().invoke(cli, ["advise", "--requests", "8", "--seeds", "1-2", "--orgs", "s2,d0",
+                                   "--budget", "b83", "--at-rate", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    digests = [c.digest() for c in calls]
+    assert len(digests) == len(set(digests)) >= 4
+    runs = {p.parent.name for p in out.glob("*/manifest.json")}
+    assert len(runs) == len(digests)
