@@ -1,8 +1,9 @@
 """`hbench run` ends a run that is not valid with one line saying why and the
 command that finds a rate that is; a valid run prints no such line.
 
-The command is run as printed (shlex-split, only ``--out`` added): every run
-it makes must have the configuration of the run it follows, but for the rate
+The command is run as printed (shlex-split, only ``--out`` added; on the
+torch engine, which really computes, one cell of its grid): every run it
+makes must have the configuration of the run it follows, but for the rate
 and the seed it searches.
 """
 
@@ -54,14 +55,15 @@ def run_suggestion(argv: list[str], out: Path) -> list[dict]:
     return [read_run(out / c["cell_id"])["manifest"]["config"] for c in cells]
 
 
-def assert_same_runs(original: dict, configs: list[dict], rates: set[float]) -> None:
+def assert_same_runs(original: dict, configs: list[dict], rates: set[float],
+                     seeds: set[int] = frozenset({1, 2, 3})) -> None:
     """Each run the suggestion made is the original run but for its rate and
     seed, which cover the suggested grid."""
-    assert len(configs) == 4 * 3
+    assert len(configs) == len(rates) * len(seeds)
     for cfg in configs:
         differ = {k for k in original if cfg.get(k) != original[k]}
         assert differ <= {"rate", "seed"}, {k: (original[k], cfg.get(k)) for k in differ}
-    assert {c["rate"] for c in configs} == rates and {c["seed"] for c in configs} == {1, 2, 3}
+    assert {c["rate"] for c in configs} == rates and {c["seed"] for c in configs} == seeds
 
 
 # a simulated H100 with 2,000-token prompts, overloaded at b20
@@ -123,7 +125,11 @@ def test_the_torch_example_suggestion_runs_on_the_torch_engine(tmp_path):
         "--requests", "48", "--rate", "20", "--mean-input", "1000", "--max-output", "16",
         "--contexts", "4", "--max-model-len", "2048")
     assert {"engine", "model", "config_path"} <= set(changed_fields(original))
-    assert_same_runs(original, run_suggestion(argv, tmp_path / "cap"), {5.0, 10.0, 15.0, 20.0})
+    # one cell of the suggested grid (every torch run really computes)
+    rates, seeds = argv.index("--rates") + 1, argv.index("--seeds") + 1
+    assert (argv[rates], argv[seeds]) == ("5,10,15,20", "1-3")
+    argv[rates], argv[seeds] = "10", "2"
+    assert_same_runs(original, run_suggestion(argv, tmp_path / "cap"), {10.0}, {2})
 
 
 def test_a_saved_workload_run_says_what_capacity_cannot_carry():
