@@ -49,7 +49,11 @@ from pathlib import Path
 from adapters.registry import make_engine
 from common.errors import HbenchError
 from harness.config import RunConfig
-from harness.results import new_run_id, write_run
+from harness.results import write_run
+try:
+    from harness.run_address import new_run_id
+except ImportError:      # a tree from before run ids had their own module
+    from harness.results import new_run_id
 from harness.run_workload import build_run_workload, recorded_config
 from hbench.runner import budget_manifest, validate_run
 t = [time.time()]
