@@ -95,8 +95,10 @@ def applicable_orgs(geom: ModelGeometry) -> tuple[str, ...]:
     return tuple(o for o in ORG_NAMES if not pool_split(o).needs_state)
 
 
-def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -> tuple[int, str]:
-    """(bytes per pool layer, canonical label) of a budget text; see the module docstring."""
+def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None,
+                       grid=None) -> tuple[int, str]:
+    """(bytes per pool layer, canonical label) of a budget text; see the module
+    docstring. ``Np`` counts ``org``'s pages on ``grid`` (None: the model's)."""
     if org is not None and org not in ORG_NAMES:
         raise HbenchError(f"unknown organization {org!r}; choose from {', '.join(ORG_NAMES)}")
     s = str(text).strip()
@@ -113,7 +115,7 @@ def parse_budget_bytes(text: str, geom: ModelGeometry, org: str | None = None) -
         if org is None:
             raise HbenchError(f"budget {s!r} counts pages, which differ by organization; "
                               "give an organization")
-        per_layer = n * label_page_bytes(org, geom)
+        per_layer = n * label_page_bytes(org, geom, grid)
     elif (m := SIZE_RE.fullmatch(s)) and m.group(2).lower() in UNITS:
         mult = UNITS[m.group(2).lower()][1]
         whole = int(Decimal(m.group(1)) * mult)  # exact: the regex admits only decimals
@@ -141,7 +143,7 @@ def vllm_blocks(text: str, org: str, geom: ModelGeometry, page_bytes: int | None
 
 
 def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
-                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION) -> OrgBudget:
+                   d0_attn_fraction: float = DEFAULT_D0_ATTN_FRACTION, grid=None) -> OrgBudget:
     """Turn a budget text into the pools and integer page counts of the
     organization laid out by ``layout`` (for ``geom``), in the layout's paging:
     the study's pages or vLLM's blocks. The organization's split
@@ -149,10 +151,12 @@ def resolve_budget(text: str, layout: OrgLayout, geom: ModelGeometry,
     for a split that takes it.
 
     Raises HbenchError if the pools cannot hold one request's state: one
-    checkpoint (as ``layout`` lays it out) plus one attention block.
+    checkpoint (as ``layout`` lays it out) plus one attention block. ``grid``:
+    the grid ``layout`` was laid out on (None: the model's), whose pages an
+    ``Np`` label counts.
     """
     split = pool_split(layout.org)
-    target, label = parse_budget_bytes(text, geom, layout.org)
+    target, label = parse_budget_bytes(text, geom, layout.org, grid)
     pools = split.pools(target, label, layout, geom, d0_attn_fraction)
     return OrgBudget(layout.org, label, target, pools,
                      d0_attn_fraction if split.takes_fraction else None, geom.pool_layers,

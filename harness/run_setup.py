@@ -48,7 +48,8 @@ class RunSetup:
         grid = run_grid(config, geom)
         layout = layout_for(config.org, geom, config.resolved_paging, grid)
         return cls(config, geom, layout,
-                   resolve_budget(config.budget, layout, geom, config.d0_attn_fraction), grid)
+                   resolve_budget(config.budget, layout, geom, config.d0_attn_fraction, grid),
+                   grid)
 
     def with_config(self, config: RunConfig) -> RunSetup:
         """The same resolution under a config that differs only in what the

@@ -49,11 +49,14 @@ def pool_split(org: str) -> PoolSplit:
     return _organization(org).pool_split
 
 
-def label_page_bytes(org: str, geom) -> int:
+def label_page_bytes(org: str, geom, grid: Grid | None = None) -> int:
     """The page an ``Np`` budget label counts for ``org`` under model ``geom``
-    (harness/budget.py): its own study page, or the attention page A."""
+    on ``grid`` (None: the model's, `harness.layout.grid_for`; a run's, with
+    its overrides, `harness.run_grid.run_grid`) (harness/budget.py): its own
+    study page, or the attention page A."""
     cls = _organization(org)
-    return cls.pool_split.label_page_bytes(cls.layout_for(geom, grid_for(geom)), geom)
+    grid = grid or grid_for(geom)
+    return cls.pool_split.label_page_bytes(cls.layout_for(geom, grid), geom, grid)
 
 
 def layout_for(org: str, geom, paging: str = "study", grid: Grid | None = None) -> OrgLayout:

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from common.errors import HbenchError
-from harness.layout import VLLM_PAGINGS, OrgLayout, grid_for
+from harness.layout import VLLM_PAGINGS, OrgLayout
 
 
 def check_attn_fraction(fraction: float, name: str = "--d0-attn-fraction") -> float:
@@ -76,11 +76,11 @@ class PoolSplit:
     #: whether the split takes an attention fraction (recorded with the budget)
     takes_fraction = False
 
-    def label_page_bytes(self, layout: OrgLayout, geom) -> int:
+    def label_page_bytes(self, layout: OrgLayout, geom, grid) -> int:
         """The page an ``Np`` budget label counts, from the organization's
-        study ``layout``: the model's shared attention page A (`grid_for`)
-        unless overridden."""
-        return grid_for(geom).shared_block_tokens * geom.slot_attn_bytes_per_token
+        study ``layout`` on ``grid`` (a `harness.layout.Grid`): the shared
+        attention page A of that grid."""
+        return grid.shared_block_tokens * geom.slot_attn_bytes_per_token
 
     def pools(self, target: int, label: str, layout: OrgLayout, geom,
               fraction: float) -> tuple[PoolCapacity, ...]:
@@ -104,7 +104,7 @@ class PoolSplit:
 class SharedPages(PoolSplit):
     """One pool of the organization's own pages: floor(bytes / page)."""
 
-    def label_page_bytes(self, layout: OrgLayout, geom) -> int:
+    def label_page_bytes(self, layout: OrgLayout, geom, grid) -> int:
         return layout.attn_page_bytes
 
     def in_pages(self, target, label, layout, geom, fraction):

@@ -28,3 +28,16 @@ def test_the_simulator_builds_the_organization_of_the_setups_layout():
     org = SimEngine().build(setup)
     assert org.layout is setup.layout
     assert org.capacity().pools[0].pages == setup.budget.pools[0].pages
+
+
+@pytest.mark.parametrize("org", ["s2", "d0"])
+def test_an_np_label_counts_the_pages_of_the_runs_own_grid(org):
+    """``Np`` is N of the run's shared pages: with ``--shared-block-tokens 256``
+    half the bytes of N of the model's 512-token pages."""
+    default = RunSetup.resolve(RunConfig(org=org, budget="400p"))
+    halved = RunSetup.resolve(RunConfig(org=org, budget="400p", shared_block_tokens=256))
+    per_token = GEOM.slot_attn_bytes_per_token
+    assert default.budget.target_bytes == 400 * 512 * per_token
+    assert halved.budget.target_bytes == 400 * 256 * per_token
+    if org == "s2":      # its pages are the grid's shared pages: still 400 of them
+        assert halved.budget.pools[0].pages == default.budget.pools[0].pages == 400

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from common.errors import HbenchError
-from harness.layout import Grid, OrgLayout
+from harness.layout import Grid, OrgLayout, grid_for
 from harness.model_configs import preset
 from harness.orgs import ORGANIZATIONS, build_organization, layout_for, pool_split
 from harness.orgs.split import (
@@ -113,9 +113,10 @@ def test_one_region_in_study_pages_and_vllm_blocks():
 def test_label_pages():
     # an Np label counts the organization's own page under SharedPages, else
     # the model's shared attention page A (its declared 512 tokens x 2 B here)
-    assert SharedPages().label_page_bytes(shared_layout(), GEOM) == 100
-    assert DualPools().label_page_bytes(dual_layout(), GEOM) == 1024
-    assert OneRegion().label_page_bytes(dual_layout(), GEOM) == 1024
+    grid = grid_for(GEOM)
+    assert SharedPages().label_page_bytes(shared_layout(), GEOM, grid) == 100
+    assert DualPools().label_page_bytes(dual_layout(), GEOM, grid) == 1024
+    assert OneRegion().label_page_bytes(dual_layout(), GEOM, grid) == 1024
 
 
 def test_check_attn_fraction():
