@@ -216,9 +216,10 @@ def _run_arm(search: Search, arm: Arm, out: Path, jobs: int):
     from hbench.capacity import search as capacity_search
 
     orgs, budgets, rates, seeds, base = search.grid(arm)
+    configs = search.configs(arm)
     cells = capacity_search(orgs, budgets, rates, seeds, search.limits, out, base, jobs=jobs,
-                            setups=[search.setup(c) for c in search.configs(arm)])
-    cfg = search.configs(arm)[0]            # the settings every run of the arm has
+                            setups=[search.setup(c) for c in configs])
+    cfg = configs[0]            # the settings every run of the arm has
     cells["arm"] = arm.label
     cells["cap"] = arm.cap
     cells["d0_attn_fraction"] = arm.d0_attn_fraction if arm.d0_attn_fraction is not None \
@@ -255,6 +256,12 @@ def _evaluate(search: Search, frames: dict):
     decision = A.decide(cells, table, search.alpha)
     limit = A.limit_found(cells, decision.best["arm"], search.limits, summary_of)
     return cells, table, decision, limit
+
+
+def best_config(search: Search, arms: Sequence[Arm], decision):
+    """The best arm's first run's `RunConfig` among ``arms`` (typed as its runs were)."""
+    arm = next(a for a in arms if a.label == decision.best["arm"])
+    return search.configs(arm)[0]
 
 
 def cap_probe_arms(table, done: Sequence[Arm]) -> list[Arm]:
@@ -332,7 +339,7 @@ def advise(search: Search, out: Path, *, jobs: int = 1, time_budget_s: float | N
     if not point and stopped is None and level_at_best_cap(table, decision):
         smaller = _budget_probe(search, table, decision, frames, cells,
                                 lambda s, arms, into: run_arms(s, arms, steps[0] + len(arms), into))
-    cfg = search.configs(frames[decision.best["arm"]][0])[0]   # typed as its runs were
+    cfg = best_config(search, [a for a, _ in frames.values()], decision)
     return Advice(search, cells, table, decision, limit, [a for a, _ in frames.values()],
                   planned, stopped, probe, deployments(cfg), check_commands(cfg), first,
                   smaller)

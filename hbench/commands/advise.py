@@ -346,10 +346,10 @@ def _peak(result) -> tuple[float, float] | None:
 def _grid_words(result) -> str:
     """Which pages and grids the runs used, and where they came from."""
     from harness.run_grid import grid_record, grid_words
+    from hbench.advise import best_config
 
     best = result.decision.best["org"]
-    arm = next(a for a in result.arms_run if a.label == result.decision.best["arm"])
-    setup = result.search.setup(result.search.configs(arm)[0])    # as its runs had it
+    setup = result.search.setup(best_config(result.search, result.arms_run, result.decision))
     words = grid_words(grid_record(setup.grid, setup.layout, setup.config.grid_from))
     return (f"Pages: {best.upper()} ran with {words}; every arm's grid: "
             f"{setup.grid.describe(with_origin=False)}. A real engine picks its own "
